@@ -1,0 +1,86 @@
+"""The backend registry: a backend turns a captured `torch.fx.GraphModule` and
+example inputs into a callable that runs it.
+
+    @torchweld.register_backend("my_backend")
+    def my_backend(gm, example_inputs):
+        return gm.forward
+
+A backend receives `gm` (whose nodes carry `meta["example_value"]`) and
+`example_inputs` (the real tensors of the first call, in placeholder order), and
+returns any callable taking those inputs positionally. It may also accept a
+keyword `mode=` or `options=`; `lookup_backend` binds them when present.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Callable
+
+import torch
+
+from torchweld.errors import InvalidArgument
+
+Backend = Callable[[torch.fx.GraphModule, list], Callable]
+
+_REGISTRY: dict[str, Backend] = {}
+
+
+def register_backend(name: str | Callable | None = None, *, fn: Backend | None = None):
+    """Register a backend under `name`, as a decorator or directly with `fn=`."""
+    if callable(name) and fn is None:  # @register_backend without a name
+        return register_backend(name.__name__, fn=name)
+    if fn is None:
+        return lambda f: register_backend(name, fn=f)
+    if not isinstance(name, str) or not name:
+        raise InvalidArgument(f"a backend name must be a non-empty string, got {name!r}")
+    if name in _REGISTRY and _REGISTRY[name] is not fn:
+        raise InvalidArgument(f"a backend named {name!r} is already registered")
+    _REGISTRY[name] = fn
+    return fn
+
+
+def list_backends() -> list[str]:
+    _load_builtin_backends()
+    return sorted(_REGISTRY)
+
+
+def backend_name(backend: str | Backend) -> str:
+    if isinstance(backend, str):
+        return backend
+    return getattr(backend, "__name__", type(backend).__name__)
+
+
+def lookup_backend(backend: str | Backend, mode: str | None = None, options: dict | None = None) -> Backend:
+    """The callable for `backend` (a name or a callable), with mode/options bound if it takes them."""
+    _load_builtin_backends()
+    if isinstance(backend, str):
+        if backend not in _REGISTRY:
+            raise InvalidArgument(
+                f"unknown backend {backend!r}; registered backends: {', '.join(sorted(_REGISTRY))}"
+            )
+        fn = _REGISTRY[backend]
+    elif callable(backend):
+        fn = backend
+    else:
+        raise InvalidArgument(f"backend must be a name or a callable(gm, example_inputs), got {backend!r}")
+    extra = {}
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        params = {}
+    if "mode" in params:
+        extra["mode"] = mode
+    if "options" in params:
+        extra["options"] = options or {}
+    return functools.partial(fn, **extra) if extra else fn
+
+
+def _load_builtin_backends() -> None:
+    from torchweld.backends import eager  # noqa: F401  (registers on import)
+
+    import importlib
+    import importlib.util
+
+    for name in ("weld", "cudagraphs"):  # further built-in backends, where present
+        if importlib.util.find_spec(f"torchweld.backends.{name}") is not None:
+            importlib.import_module(f"torchweld.backends.{name}")

@@ -1,0 +1,48 @@
+"""Every knob torchweld has, in one place; tests change them with `config.patch`.
+
+This is the only module-level mutable state in torchweld (besides append-only
+import-time registries such as the opcode table and the backend registry).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Iterator
+
+# -- capture -----------------------------------------------------------------
+cache_size_limit: int = 8  # cache entries per code object; past it the frame runs eagerly
+suppress_errors: bool = False  # a backend that raises: run the frame eagerly with a warning
+inline_depth_limit: int = 32  # nested inlined user calls before the frame gives up
+
+# -- logs (also set by the TORCHWELD_LOGS environment variable) ---------------
+logs: str = os.environ.get("TORCHWELD_LOGS", "")  # e.g. "graph_breaks,guards,+recompiles"
+
+# -- weld backend ---------------------------------------------------------------
+cache_dir: str = os.environ.get("TORCHWELD_CACHE_DIR", os.path.expanduser("~/.cache/torchweld"))
+
+
+@contextlib.contextmanager
+def patch(**changes: object) -> Iterator[None]:
+    """Temporarily set config values: `with config.patch(cache_size_limit=2): ...`."""
+    import sys
+
+    module = sys.modules[__name__]
+    old = {}
+    for name, value in changes.items():
+        if not hasattr(module, name) or name.startswith("_") or name == "patch":
+            raise AttributeError(f"torchweld.config has no setting {name!r}")
+        old[name] = getattr(module, name)
+        setattr(module, name, value)
+    if "logs" in changes:
+        from torchweld import logs
+
+        logs.configure()
+    try:
+        yield
+    finally:
+        for name, value in old.items():
+            setattr(module, name, value)
+        if "logs" in changes:
+            from torchweld import logs
+
+            logs.configure()
