@@ -28,6 +28,7 @@ import dataclasses
 import json
 import os
 import time
+import traceback
 import uuid
 from pathlib import Path
 from typing import Any, Callable, Iterable, Protocol, Sequence
@@ -36,7 +37,7 @@ import torch
 import torch.fx
 from torch.utils import _pytree as pytree
 
-from torchweld.errors import TorchweldError
+from torchweld.errors import TorchweldError, UserLocation
 
 UNTIMED_OPS = ("placeholder", "output")
 NUMERIC_COLUMNS = ("nodes", "mean (ms)", "share")  # right-aligned in tables
@@ -311,11 +312,22 @@ def as_graph_module(model_or_fn: torch.nn.Module | Callable[..., Any]) -> torch.
         return torch.fx.symbolic_trace(model_or_fn)
     except Exception as err:  # tracing runs user code: any error it raises means "cannot trace"
         name = getattr(model_or_fn, "__qualname__", type(model_or_fn).__name__)
+        where = _user_location(err)
+        line = f"    {where.source_line}\n" if where.source_line else ""
         raise ProfileError(
-            f"torch.fx.symbolic_trace cannot trace {name}: {type(err).__name__}: {err}\n"
+            f"{where}: torch.fx.symbolic_trace cannot trace {name}: {type(err).__name__}: {err}\n{line}"
             "Capture the model into a torch.fx.GraphModule another way (for example with torchweld) "
             "and pass that GraphModule to profile()."
         ) from err
+
+
+def _user_location(err: BaseException) -> UserLocation:
+    """The innermost frame of the traceback outside torch: the user's line that tracing failed on."""
+    torch_dir = os.path.dirname(torch.__file__)
+    frames = [frame for frame, _ in traceback.walk_tb(err.__traceback__)]
+    frames = [f for f in frames if not f.f_code.co_filename.startswith(torch_dir)] or frames
+    frame = frames[-1]
+    return UserLocation(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
 
 
 def _spans(marks: Iterable[tuple[torch.fx.Node, Any, Any]], clock: NodeClock, run: int) -> list[NodeSpan]:
