@@ -81,7 +81,11 @@ class CpuClock:
 
 
 class CudaEventClock:
-    """GPU time on the current CUDA stream, measured with timing events read after a synchronize."""
+    """GPU time on the current CUDA stream, measured with timing events read after a synchronize.
+
+    Events time the stream, not the kernels alone: when the GPU runs ahead of
+    the interpreter, the gaps where it waits for the next launch count too.
+    """
 
     device = "cuda"
 

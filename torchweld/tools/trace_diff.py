@@ -181,7 +181,8 @@ def compare_traces(control: TraceInput, test: TraceInput) -> "pd.DataFrame":
     Indexed by name; columns `category` ("cpu_op" or "kernel"), `control_counts`,
     `test_counts`, `diff_counts`, `control_duration`, `test_duration`,
     `diff_duration`. An operator missing from one set counts 0 there. Both sets
-    must hold the same number of traces, since totals are compared.
+    must hold the same number of traces, since totals are compared. A name seen
+    both as a CPU operator and as a kernel (rare) has one row for each.
     """
     pd = _pandas()
     control_set, test_set = _as_trace_set(control), _as_trace_set(test)
