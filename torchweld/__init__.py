@@ -1,0 +1,17 @@
+"""torchweld: a just-in-time compiler for PyTorch programs.
+
+    fast = torchweld.compile(model)          # or @torchweld.compile on a function
+    torchweld.explain(fn)(*args)             # what was captured, where it broke, why
+"""
+from torchweld import config, logs
+from torchweld.api import CompiledFunction, CompiledModule, compile, disable, reset
+from torchweld.backends import list_backends, register_backend
+from torchweld.errors import BackendCompilerFailed, InvalidArgument, Unsupported
+from torchweld.tools.explain import ExplainOutput, explain
+
+logs.configure()
+
+__all__ = [
+    "BackendCompilerFailed", "CompiledFunction", "CompiledModule", "ExplainOutput", "InvalidArgument",
+    "Unsupported", "compile", "config", "disable", "explain", "list_backends", "logs", "register_backend", "reset",
+]

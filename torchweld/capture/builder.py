@@ -1,0 +1,109 @@
+"""Turn a real Python object that enters the frame into a Value of the right kind,
+guarding what the capture will assume about it."""
+from __future__ import annotations
+
+import types
+from typing import TYPE_CHECKING
+
+import torch
+
+from torchweld.capture.callables import OpaqueCallableValue, TorchCallableValue, UserFunctionValue
+from torchweld.capture.objects import ClassValue, NNModuleValue, PythonModuleValue, UserObjectValue
+from torchweld.capture.sources import AttrSource, ItemSource, Source
+from torchweld.capture.values import (
+    ConstantValue, DictValue, ListValue, TupleValue, Value, is_constant_literal,
+)
+from torchweld.errors import Unsupported
+
+if TYPE_CHECKING:
+    from torchweld.capture.translator import Translator
+
+
+# Libraries whose functions always run natively: they compute on real data.
+NATIVE_ONLY_MODULES = {"numpy", "scipy", "pandas", "logging", "warnings", "os", "sys", "time", "random", "pdb"}
+
+
+def is_torch_callable(obj: object) -> bool:
+    """A function torch defines, called as one graph node rather than inlined."""
+    module = getattr(obj, "__module__", None) or ""
+    if isinstance(obj, (types.BuiltinFunctionType, types.BuiltinMethodType)):
+        return module.startswith("torch") or getattr(obj, "__self__", None) is torch._C._VariableFunctions
+    if isinstance(obj, types.FunctionType):
+        return module.startswith("torch.") and "_contextlib" not in obj.__code__.co_filename
+    return isinstance(obj, torch._ops.OpOverloadPacket) or isinstance(obj, torch._ops.OpOverload)
+
+
+def wrap(tx: "Translator", obj: object, source: Source | None, guard: bool = True) -> Value:
+    """The Value for `obj`, read from `source`; `guard=False` trusts it never changes."""
+    from torchweld.capture.builtins import BuiltinValue, is_modelled_builtin
+
+    guards = tx.output.guards if (guard and source is not None) else None
+
+    if getattr(obj, "__torchweld_disabled__", False):
+        return OpaqueCallableValue(obj, f"{getattr(obj, '__qualname__', obj)} is marked with torchweld.disable")
+    if isinstance(obj, torch.Tensor):
+        if source is None:
+            raise Unsupported("a tensor reached the frame without a source to read it from")
+        return tx.output.input_tensor(source, obj)
+    if is_constant_literal(obj):
+        if guards:
+            guards.constant(source, obj)
+        return ConstantValue(obj, source)
+    if type(obj) in (list, tuple):
+        if guards:
+            guards.length(source, type(obj), len(obj))
+        items = [wrap(tx, item, ItemSource(source, i) if source else None, guard) for i, item in enumerate(obj)]
+        return (ListValue if type(obj) is list else TupleValue)(items, source)
+    if isinstance(obj, tuple) and hasattr(type(obj), "_fields"):  # named tuples, torch.return_types
+        if guards:
+            guards.type_is(source, type(obj))
+        items = [wrap(tx, getattr(obj, f), AttrSource(source, f) if source else None, guard) for f in obj._fields]
+        return TupleValue(items, source, fields=tuple(obj._fields), tuple_type=type(obj))
+    if type(obj) is dict:
+        keys = list(obj)
+        if not all(is_constant_literal(k) for k in keys):
+            raise Unsupported("a dict whose keys are not constants")
+        if guards:
+            guards.dict_keys(source, keys)
+        return DictValue({k: wrap(tx, v, ItemSource(source, k) if source else None, guard) for k, v in obj.items()}, source)
+    if isinstance(obj, torch.nn.Module):
+        if guards:
+            guards.identity(source, obj)
+        return NNModuleValue(obj, source)
+    if is_torch_callable(obj):
+        if guards:
+            guards.identity(source, obj)
+        return TorchCallableValue(obj, source)
+    if is_modelled_builtin(obj):
+        if guards:
+            guards.identity(source, obj)
+        return BuiltinValue(obj, source)
+    if isinstance(obj, types.FunctionType):
+        if guards:
+            guards.identity(source, obj)
+        root = (getattr(obj, "__module__", None) or "").split(".")[0]
+        if root in NATIVE_ONLY_MODULES:
+            return OpaqueCallableValue(obj, f"call to {root} function {obj.__qualname__} needs Python")
+        return UserFunctionValue(obj, source)
+    if isinstance(obj, types.MethodType):
+        from torchweld.capture.callables import BoundMethodValue
+
+        func = wrap(tx, obj.__func__, AttrSource(source, "__func__") if source else None, guard)
+        owner = wrap(tx, obj.__self__, AttrSource(source, "__self__") if source else None, guard)
+        return BoundMethodValue(func, owner, source)
+    if isinstance(obj, types.ModuleType):
+        if guards:
+            guards.identity(source, obj)
+        return PythonModuleValue(obj, source)
+    if isinstance(obj, type):
+        if guards:
+            guards.identity(source, obj)
+        return ClassValue(obj, source)
+    if isinstance(obj, (types.BuiltinFunctionType, types.BuiltinMethodType, types.MethodWrapperType)):
+        name = getattr(obj, "__qualname__", None) or repr(obj)
+        return OpaqueCallableValue(obj, f"call to {name}, a function capture does not model")
+    if source is None:
+        raise Unsupported(f"a {type(obj).__name__} object without a source")
+    if guards:
+        guards.type_is(source, type(obj))
+    return UserObjectValue(obj, source)

@@ -1,0 +1,321 @@
+"""Python builtins and the `operator` and `math` modules, evaluated on Values at
+capture time. One small function per builtin, registered in `BUILTINS`."""
+from __future__ import annotations
+
+import builtins
+import operator
+from typing import TYPE_CHECKING, Callable
+
+import torch
+
+from torchweld.capture import operators
+from torchweld.capture.objects import ClassValue, NNModuleValue, PythonModuleValue, UserObjectValue
+from torchweld.capture.sources import Source
+from torchweld.capture.values import (
+    ConstantValue, DictValue, IteratorValue, ListValue, SetValue, TensorValue, TupleValue, Value, const,
+)
+from torchweld.errors import Unsupported
+
+if TYPE_CHECKING:
+    from torchweld.capture.translator import Translator
+
+BuiltinRule = Callable[..., Value]
+BUILTINS: dict[object, BuiltinRule] = {}
+
+
+def rule(*fns: object):
+    def register(impl: BuiltinRule) -> BuiltinRule:
+        for fn in fns:
+            if fn in BUILTINS:
+                raise ValueError(f"two rules for builtin {fn}")
+            BUILTINS[fn] = impl
+        return impl
+    return register
+
+
+def is_modelled_builtin(obj: object) -> bool:
+    try:
+        if obj in BUILTINS:
+            return True
+    except TypeError:  # unhashable
+        return False
+    module = getattr(obj, "__module__", None)
+    return module in ("_operator", "math") and callable(obj)
+
+
+class BuiltinValue(Value):
+    def __init__(self, fn: object, source: Source | None = None):
+        self.fn = fn
+        self.source = source
+
+    def python_type(self) -> type:
+        return type(self.fn)
+
+    def as_constant(self) -> object:
+        return self.fn
+
+    def call(self, tx, args, kwargs):
+        impl = BUILTINS.get(self.fn)
+        if impl is not None:
+            return impl(tx, *args, **kwargs)
+        if getattr(self.fn, "__module__", None) == "_operator":
+            return _operator_call(tx, self.fn, args)
+        return _fold_call(self.fn, args, kwargs)  # math.*
+
+    def __repr__(self) -> str:
+        return f"BuiltinValue({getattr(self.fn, '__name__', self.fn)})"
+
+
+def _fold_call(fn: object, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    if any(isinstance(a, TensorValue) for a in [*args, *kwargs.values()]):
+        raise Unsupported(f"{fn.__module__}.{fn.__name__} of a tensor needs its value")
+    a = [v.as_constant() for v in args]
+    k = {n: v.as_constant() for n, v in kwargs.items()}
+    try:
+        return const(fn(*a, **k))
+    except Exception as e:
+        raise Unsupported(f"{getattr(fn, '__name__', fn)} raised {type(e).__name__}: {e} at capture time") from None
+
+
+_UNARY = {operator.neg, operator.pos, operator.invert, operator.not_, operator.abs, operator.truth}
+_COMPARE = {operator.lt, operator.le, operator.eq, operator.ne, operator.gt, operator.ge}
+
+
+def _operator_call(tx, fn, args: list[Value]) -> Value:
+    if fn is operator.getitem:
+        return operators.getitem(tx, *args)
+    if fn is operator.setitem:
+        operators.setitem(tx, *args)
+        return ConstantValue(None)
+    if fn is operator.is_:
+        return ConstantValue(operators.is_same(*args))
+    if fn is operator.is_not:
+        return ConstantValue(not operators.is_same(*args))
+    if fn is operator.contains:
+        return ConstantValue(operators.contains(tx, args[1], args[0]))
+    if fn in _UNARY:
+        return operators.unary(tx, fn, args[0])
+    if fn in _COMPARE:
+        return operators.compare(tx, fn, *args)
+    if len(args) == 2:
+        return operators.binary(tx, fn, *args)
+    return _fold_call(fn, args, {})
+
+
+# ---------------------------------------------------------------------------
+# rules
+# ---------------------------------------------------------------------------
+
+
+@rule(len)
+def _len(tx, obj: Value) -> Value:
+    if isinstance(obj, TensorValue):
+        if obj.fake.dim() == 0:
+            raise Unsupported("len() of a 0-d tensor")
+        return ConstantValue(obj.fake.shape[0])
+    if isinstance(obj, NNModuleValue):
+        return ConstantValue(len(obj.module))
+    if isinstance(obj, DictValue):
+        return ConstantValue(len(obj.entries))
+    return ConstantValue(len(obj.items(tx)))
+
+
+def _real_type(v: Value) -> type:
+    if isinstance(v, TensorValue):
+        return v.cls
+    return v.python_type()
+
+
+@rule(isinstance)
+def _isinstance(tx, obj: Value, classes: Value) -> Value:
+    return ConstantValue(issubclass(_real_type(obj), classes.as_constant()))
+
+
+@rule(issubclass)
+def _issubclass(tx, cls: Value, classes: Value) -> Value:
+    return ConstantValue(issubclass(cls.as_constant(), classes.as_constant()))
+
+
+@rule(type)
+def _type(tx, obj: Value) -> Value:
+    return ClassValue(_real_type(obj))
+
+
+@rule(range)
+def _range(tx, *args: Value) -> Value:
+    return ConstantValue(range(*(a.as_constant() for a in args)))
+
+
+@rule(enumerate)
+def _enumerate(tx, iterable: Value, start: Value = ConstantValue(0)) -> Value:
+    first = start.as_constant()
+    return ListValue([TupleValue([ConstantValue(first + i), v]) for i, v in enumerate(iterable.items(tx))])
+
+
+@rule(zip)
+def _zip(tx, *iterables: Value, strict: Value = ConstantValue(False)) -> Value:
+    columns = [it.items(tx) for it in iterables]
+    if strict.as_constant() and len({len(c) for c in columns}) > 1:
+        raise Unsupported("zip(strict=True) over iterables of different lengths")
+    return ListValue([TupleValue(list(row)) for row in zip(*columns)])
+
+
+@rule(reversed)
+def _reversed(tx, seq: Value) -> Value:
+    return ListValue(list(reversed(seq.items(tx))))
+
+
+@rule(iter)
+def _iter(tx, obj: Value) -> Value:
+    return obj if isinstance(obj, IteratorValue) else IteratorValue(obj.items(tx))
+
+
+@rule(next)
+def _next(tx, it: Value, *default: Value) -> Value:
+    if not isinstance(it, IteratorValue):
+        raise Unsupported(f"next() on {it}")
+    item = it.next()
+    if item is None:
+        if default:
+            return default[0]
+        raise Unsupported("next() on an exhausted iterator raises StopIteration")
+    return item
+
+
+@rule(list)
+def _list(tx, iterable: Value | None = None) -> Value:
+    return ListValue([] if iterable is None else iterable.items(tx))
+
+
+@rule(tuple)
+def _tuple(tx, iterable: Value | None = None) -> Value:
+    return TupleValue([] if iterable is None else iterable.items(tx))
+
+
+@rule(set, frozenset)
+def _set(tx, iterable: Value | None = None) -> Value:
+    return SetValue([] if iterable is None else iterable.items(tx))
+
+
+@rule(dict)
+def _dict(tx, *args: Value, **kwargs: Value) -> Value:
+    entries: dict[object, Value] = {}
+    if args:
+        source = args[0]
+        if isinstance(source, DictValue):
+            entries.update(source.entries)
+        else:
+            for pair in source.items(tx):
+                key, value = pair.items(tx)
+                entries[key.as_constant()] = value
+    entries.update(kwargs)
+    return DictValue(entries)
+
+
+@rule(sorted)
+def _sorted(tx, iterable: Value, **kwargs: Value) -> Value:
+    return _fold_call(sorted, [iterable], kwargs)
+
+
+def _min_max(fn):
+    def impl(tx, *args: Value, **kwargs: Value) -> Value:
+        if any(isinstance(a, TensorValue) for a in args):
+            if len(args) == 2 and not kwargs:
+                target = torch.maximum if fn is max else torch.minimum
+                if all(isinstance(a, TensorValue) for a in args):
+                    return tx.output.call_function(target, list(args), {})
+            raise Unsupported(f"{fn.__name__}() of tensors needs their values")
+        if len(args) == 1:
+            return _fold_call(fn, [TupleValue(args[0].items(tx))], kwargs)
+        return _fold_call(fn, list(args), kwargs)
+    return impl
+
+
+rule(min)(_min_max(min))
+rule(max)(_min_max(max))
+
+
+@rule(abs)
+def _abs(tx, x: Value) -> Value:
+    return operators.unary(tx, operator.abs, x)
+
+
+@rule(sum)
+def _sum(tx, iterable: Value, start: Value = ConstantValue(0)) -> Value:
+    if isinstance(iterable, TensorValue):
+        raise Unsupported("sum() over a tensor's values needs them; use tensor.sum()")
+    total = start
+    for item in iterable.items(tx):
+        total = operators.binary(tx, operator.add, total, item)
+    return total
+
+
+@rule(any)
+def _any(tx, iterable: Value) -> Value:
+    return ConstantValue(any(i.truth(tx) for i in iterable.items(tx)))
+
+
+@rule(all)
+def _all(tx, iterable: Value) -> Value:
+    return ConstantValue(all(i.truth(tx) for i in iterable.items(tx)))
+
+
+@rule(bool)
+def _bool(tx, x: Value = ConstantValue(False)) -> Value:
+    return ConstantValue(x.truth(tx))
+
+
+def _number(fn):
+    def impl(tx, *args: Value) -> Value:
+        if any(isinstance(a, TensorValue) for a in args):
+            raise Unsupported(f"data-dependent: {fn.__name__}() of a tensor reads its value out of the graph")
+        return _fold_call(fn, list(args), {})
+    return impl
+
+
+for _fn in (int, float, complex, str, round, divmod, hash, repr, chr, ord, pow):
+    rule(_fn)(_number(_fn))
+
+
+@rule(callable)
+def _callable(tx, obj: Value) -> Value:
+    return ConstantValue(hasattr(obj, "call") and type(obj).call is not Value.call)
+
+
+def _real_object(v: Value) -> object | None:
+    for attr in ("module", "obj", "cls"):
+        if isinstance(v, (NNModuleValue, UserObjectValue, PythonModuleValue, ClassValue)) and hasattr(v, attr):
+            return getattr(v, attr)
+    return None
+
+
+@rule(getattr)
+def _getattr(tx, obj: Value, name: Value, *default: Value) -> Value:
+    attr = name.as_constant()
+    if default and not _hasattr(tx, obj, name).as_constant():
+        return default[0]
+    return obj.getattr(tx, attr)
+
+
+@rule(hasattr)
+def _hasattr(tx, obj: Value, name: Value) -> Value:
+    attr = name.as_constant()
+    if isinstance(obj, TensorValue):
+        return ConstantValue(hasattr(obj.fake, attr))
+    real = _real_object(obj)
+    if real is not None:
+        present = hasattr(real, attr)
+        if obj.source is not None:
+            tx.output.guards.has_attr(obj.source, attr, present)
+        return ConstantValue(present)
+    return ConstantValue(hasattr(obj.as_constant(), attr))
+
+
+@rule(id)
+def _id(tx, obj: Value) -> Value:
+    raise Unsupported("id() of an object inside a compiled function")
+
+
+@rule(builtins.print)
+def _print(tx, *args: Value, **kwargs: Value) -> Value:
+    raise Unsupported("print() needs Python")

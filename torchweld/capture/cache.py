@@ -1,0 +1,115 @@
+"""The cache of one compiled code object: entries of (guard, transformed code),
+each one generated Python function with the frame's own signature.
+
+An entry is called with the frame's arguments. It evaluates its guards; on a
+miss it returns `MISS`, otherwise it runs the compiled graph and rebuilds the
+frame's return value. A cache keeps its entries in the order they were made.
+"""
+from __future__ import annotations
+
+import builtins
+import dataclasses
+import inspect
+import sys
+import types
+from typing import Callable
+
+import weakref
+
+from torchweld.capture.guards import GuardSet
+from torchweld.capture.report import TranslationReport
+
+MISS = object()
+
+# Every live compiled function's cache, so that torchweld.reset() can empty them.
+LIVE_CACHES: "weakref.WeakSet" = weakref.WeakSet()
+
+
+@dataclasses.dataclass
+class CacheEntry:
+    run: Callable  # the generated entry: guards, then graph, then the return value
+    check: Callable  # the guards alone, for recompile diagnosis
+    guards: GuardSet
+    report: TranslationReport
+    source: str  # the generated entry's Python source (the `bytecode` log shows it)
+    alive: bool = True
+    watchers: list = dataclasses.field(default_factory=list)
+
+    def failing_guard(self, args: tuple, kwargs: dict) -> str | None:
+        """The readable text of the first guard these arguments fail, if any."""
+        for guard in self.guards.guards:
+            single = _compile_check(self._signature, guard.expr, self._namespace)
+            single.__defaults__, single.__kwdefaults__ = self.run.__defaults__, self.run.__kwdefaults__
+            try:
+                ok = single(*args, **kwargs)
+            except Exception:
+                ok = False
+            if not ok:
+                return guard.text
+        return None
+
+    _signature: str = ""
+    _namespace: dict = dataclasses.field(default_factory=dict)
+
+
+def signature_of(code: types.CodeType) -> tuple[str, str]:
+    """(parameter list, call-through argument list) spelled like the code's own."""
+    names = code.co_varnames
+    n_pos, n_kw = code.co_argcount, code.co_kwonlyargcount
+    params: list[str] = []
+    passes: list[str] = []
+    for i, name in enumerate(names[:n_pos]):
+        params.append(name)
+        passes.append(name)
+        if i + 1 == code.co_posonlyargcount:
+            params.append("/")
+    index = n_pos + n_kw
+    if code.co_flags & inspect.CO_VARARGS:
+        params.append(f"*{names[index]}")
+        passes.append(f"*{names[index]}")
+        index += 1
+    elif n_kw:
+        params.append("*")
+    for name in names[n_pos:n_pos + n_kw]:
+        params.append(name)
+        passes.append(f"{name}={name}")
+    if code.co_flags & inspect.CO_VARKEYWORDS:
+        params.append(f"**{names[index]}")
+        passes.append(f"**{names[index]}")
+    return ", ".join(params), ", ".join(passes)
+
+
+def _compile_check(signature: str, guard_expr: str, namespace: dict) -> Callable:
+    source = f"def ___check({signature}):\n    return {guard_expr}\n"
+    exec(compile(source, "<torchweld guard>", "exec"), namespace)
+    return namespace.pop("___check")
+
+
+def build_entry(fn: types.FunctionType, guards: GuardSet, body: list[str], constants: dict[str, object],
+                report: TranslationReport) -> CacheEntry:
+    """Generate the entry function: `body` runs once the guards hold."""
+    signature, _ = signature_of(fn.__code__)
+    namespace = {
+        "___G": fn.__globals__, "___B": vars(builtins), "___closure": fn.__closure__,
+        "___modules": sys.modules, "___MISS": MISS, **guards.constants, **constants,
+    }
+    lines = [
+        f"def ___entry({signature}):",
+        "    try:",
+        f"        if not ({guards.expression()}):",
+        "            return ___MISS",
+        "    except Exception:",
+        "        return ___MISS",
+        *(f"    {line}" for line in body),
+    ]
+    source = "\n".join(lines) + "\n"
+    exec(compile(source, f"<torchweld entry for {fn.__qualname__}>", "exec"), namespace)
+    run = namespace.pop("___entry")
+    check = _compile_check(signature, guards.expression(), namespace)
+    for f in (run, check):
+        f.__defaults__ = fn.__defaults__
+        f.__kwdefaults__ = fn.__kwdefaults__
+    entry = CacheEntry(run, check, guards, report, source)
+    entry._signature = signature
+    entry._namespace = namespace
+    return entry

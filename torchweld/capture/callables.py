@@ -1,0 +1,279 @@
+"""Values that can be called: torch functions (graph nodes), tensor and container
+methods, user functions (inlined), bound methods and grad-mode context managers."""
+from __future__ import annotations
+
+import types
+from typing import TYPE_CHECKING
+
+import torch
+
+from torchweld.capture.sources import AttrSource, Source
+from torchweld.capture.values import (
+    ConstantValue, DictValue, ListValue, SequenceValue, TupleValue, Value, const,
+)
+from torchweld.errors import Unsupported
+
+if TYPE_CHECKING:
+    from torchweld.capture.translator import Translator
+
+
+def _constant_args(args: list[Value], kwargs: dict[str, Value]) -> tuple[list, dict]:
+    return [a.as_constant() for a in args], {k: v.as_constant() for k, v in kwargs.items()}
+
+
+# ---------------------------------------------------------------------------
+# methods of constants and containers (evaluated at capture time)
+# ---------------------------------------------------------------------------
+
+
+class ConstantMethodValue(Value):
+    def __init__(self, obj: object, name: str):
+        self.obj, self.name = obj, name
+
+    def call(self, tx, args, kwargs):
+        a, k = _constant_args(args, kwargs)
+        return const(getattr(self.obj, self.name)(*a, **k))
+
+
+_LIST_MUTATORS = {"append", "extend", "insert", "pop", "remove", "clear", "sort", "reverse", "__setitem__", "__delitem__"}
+_DICT_MUTATORS = {"update", "pop", "popitem", "setdefault", "clear", "__setitem__", "__delitem__"}
+
+
+class ContainerMethodValue(Value):
+    """`lst.append`, `d.items`, `t.index`, ... on a container value."""
+
+    def __init__(self, container: Value, name: str):
+        self.container, self.name = container, name
+
+    def call(self, tx, args, kwargs):
+        c, name = self.container, self.name
+        if isinstance(c, ListValue) and name in _LIST_MUTATORS:
+            c.mutate(tx)
+            return _mutate_list(c, name, args, kwargs)
+        if isinstance(c, DictValue):
+            if name in _DICT_MUTATORS:
+                c.mutate(tx)
+                return _mutate_dict(tx, c, name, args, kwargs)
+            if name == "items":
+                return ListValue([TupleValue([const(k), v]) for k, v in c.entries.items()])
+            if name == "keys":
+                return ListValue([const(k) for k in c.entries])
+            if name == "values":
+                return ListValue(list(c.entries.values()))
+            if name == "get":
+                key = args[0].as_constant()
+                default = args[1] if len(args) > 1 else ConstantValue(None)
+                return c.entries.get(key, default)
+            if name == "copy":
+                return DictValue(c.entries)
+        if isinstance(c, SequenceValue) and name in ("index", "count"):
+            return const(getattr(c.as_constant(), name)(*_constant_args(args, kwargs)[0]))
+        if isinstance(c, ListValue) and name == "copy":
+            return ListValue(c.elements)
+        raise Unsupported(f"{c.python_type().__name__}.{name}() is not supported in capture")
+
+
+def _mutate_list(lst: ListValue, name: str, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    items = lst.elements
+    if name == "append":
+        items.append(args[0])
+    elif name == "extend":
+        items.extend(args[0].items(None))
+    elif name == "insert":
+        items.insert(args[0].as_constant(), args[1])
+    elif name == "pop":
+        return items.pop(args[0].as_constant() if args else -1)
+    elif name == "clear":
+        items.clear()
+    elif name == "reverse":
+        items.reverse()
+    elif name == "__setitem__":
+        key = args[0].as_constant()
+        if isinstance(key, slice):
+            items[key] = args[1].items(None)
+        else:
+            items[key] = args[1]
+    elif name == "__delitem__":
+        del items[args[0].as_constant()]
+    else:
+        raise Unsupported(f"list.{name}() is not supported in capture")
+    return ConstantValue(None)
+
+
+def _mutate_dict(tx, d: DictValue, name: str, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    e = d.entries
+    if name == "__setitem__":
+        e[args[0].as_constant()] = args[1]
+    elif name == "__delitem__":
+        del e[args[0].as_constant()]
+    elif name == "update":
+        if args:
+            other = args[0]
+            if not isinstance(other, DictValue):
+                raise Unsupported("dict.update() with a non-dict")
+            e.update(other.entries)
+        e.update(kwargs)
+    elif name == "pop":
+        key = args[0].as_constant()
+        if key in e:
+            return e.pop(key)
+        if len(args) > 1:
+            return args[1]
+        raise Unsupported(f"dict.pop of a missing key {key!r}")
+    elif name == "setdefault":
+        return e.setdefault(args[0].as_constant(), args[1] if len(args) > 1 else ConstantValue(None))
+    elif name == "clear":
+        e.clear()
+    else:
+        raise Unsupported(f"dict.{name}() is not supported in capture")
+    return ConstantValue(None)
+
+
+# ---------------------------------------------------------------------------
+# torch: functions and tensor methods become graph nodes
+# ---------------------------------------------------------------------------
+
+# torch callables that change global state or leave the graph; never run on fake tensors
+_TORCH_NOT_IN_GRAPH = {
+    "manual_seed", "seed", "initial_seed", "save", "load", "use_deterministic_algorithms", "get_rng_state",
+    "set_rng_state", "compile", "backward", "register_hook", "item", "tolist", "numpy", "data_ptr",
+    "synchronize", "record_stream", "retain_grad", "untyped_storage", "storage", "is_grad_enabled",
+}
+
+
+def _check_graphable(name: str) -> None:
+    if name in _TORCH_NOT_IN_GRAPH or name.startswith("set_"):
+        reason = {
+            "item": "data-dependent: Tensor.item() reads a tensor's value out of the graph",
+            "tolist": "data-dependent: Tensor.tolist() reads a tensor's values out of the graph",
+            "numpy": "Tensor.numpy() leaves torch for numpy",
+        }.get(name, f"torch {name}() changes global state or needs Python")
+        raise Unsupported(reason)
+
+
+class TorchCallableValue(Value):
+    """A function of torch (`torch.sin`, `F.relu`, `torch._C._nn.linear`)."""
+
+    def __init__(self, fn: object, source: Source | None = None):
+        self.fn = fn
+        self.source = source
+
+    def python_type(self) -> type:
+        return type(self.fn)
+
+    def as_constant(self) -> object:
+        return self.fn
+
+    def call(self, tx, args, kwargs):
+        from torchweld.capture.grad_mode import grad_mode_call
+
+        special = grad_mode_call(tx, self.fn, args, kwargs)
+        if special is not None:
+            return special
+        name = getattr(self.fn, "__name__", "")
+        _check_graphable(name)
+        return tx.output.call_function(self.fn, args, kwargs)
+
+    def getattr(self, tx, name):
+        from torchweld.capture.builder import wrap
+
+        return wrap(tx, getattr(self.fn, name), AttrSource(self.source, name) if self.source else None)
+
+    def __repr__(self) -> str:
+        return f"TorchCallableValue({getattr(self.fn, '__name__', self.fn)})"
+
+
+class TensorMethodValue(Value):
+    def __init__(self, tensor: Value, name: str):
+        self.tensor, self.name = tensor, name
+
+    def call(self, tx, args, kwargs):
+        _check_graphable(self.name)
+        return tx.output.call_method(self.name, [self.tensor, *args], kwargs)
+
+
+# ---------------------------------------------------------------------------
+# user functions: inlined
+# ---------------------------------------------------------------------------
+
+
+class UserFunctionValue(Value):
+    """A Python function defined by the user; calling it inlines its bytecode."""
+
+    def __init__(self, fn: types.FunctionType, source: Source | None = None):
+        self.fn = fn
+        self.source = source
+
+    def python_type(self) -> type:
+        return types.FunctionType
+
+    def as_constant(self) -> object:
+        return self.fn
+
+    def call(self, tx, args, kwargs):
+        from torchweld.capture.inline import inline_user_function
+
+        return inline_user_function(tx, self, args, kwargs)
+
+    def getattr(self, tx, name):
+        if name in ("__name__", "__qualname__", "__module__", "__doc__"):
+            return const(getattr(self.fn, name))
+        raise Unsupported(f"reading {name!r} of function {self.fn.__qualname__}")
+
+    def __repr__(self) -> str:
+        return f"UserFunctionValue({self.fn.__qualname__})"
+
+
+class NestedFunctionValue(Value):
+    """A function made in the frame (MAKE_FUNCTION: lambdas, nested defs, comprehensions)."""
+
+    def __init__(self, code: types.CodeType, f_globals: dict, defaults: tuple[Value, ...],
+                 kwdefaults: dict[str, Value], closure: tuple[Value, ...]):
+        self.code = code
+        self.f_globals = f_globals
+        self.defaults = defaults
+        self.kwdefaults = kwdefaults
+        self.closure = closure  # CellValues
+
+    def python_type(self) -> type:
+        return types.FunctionType
+
+    def call(self, tx, args, kwargs):
+        from torchweld.capture.inline import inline_user_function
+
+        return inline_user_function(tx, self, args, kwargs)
+
+    def __repr__(self) -> str:
+        return f"NestedFunctionValue({self.code.co_qualname})"
+
+
+class BoundMethodValue(Value):
+    """`obj.method` for a user method: calling it passes `obj` as the first argument."""
+
+    def __init__(self, func: Value, self_value: Value, source: Source | None = None):
+        self.func, self.self_value = func, self_value
+        self.source = source
+
+    def python_type(self) -> type:
+        return types.MethodType
+
+    def call(self, tx, args, kwargs):
+        return self.func.call(tx, [self.self_value, *args], kwargs)
+
+
+class OpaqueCallableValue(Value):
+    """A callable capture cannot look into (print, numpy, C extensions): calling it
+    needs Python, so the frame cannot be captured past that call."""
+
+    def __init__(self, fn: object, reason: str):
+        self.fn = fn
+        self.reason = reason
+
+    def python_type(self) -> type:
+        return type(self.fn)
+
+    def as_constant(self) -> object:
+        return self.fn
+
+    def call(self, tx, args, kwargs):
+        raise Unsupported(self.reason)

@@ -1,0 +1,122 @@
+"""The guards one translation collected: what must hold of the frame's inputs for
+its graph to be reused. Each guard has a readable form (for `explain()` and the
+`guards` log) and a Python expression that the entry function evaluates."""
+from __future__ import annotations
+
+import dataclasses
+import weakref
+from typing import Callable
+
+import torch
+
+from torchweld.capture.sources import Source
+
+
+@dataclasses.dataclass(frozen=True)
+class Guard:
+    text: str  # readable: "L['x']: Tensor(dtype=float32, shape=(4,), ...)"
+    expr: str  # Python over the entry function's names and the GuardSet's constants
+
+
+class GuardSet:
+    """Collects guards without duplicates and the constants their expressions name."""
+
+    def __init__(self) -> None:
+        self.guards: list[Guard] = []
+        self.constants: dict[str, object] = {}  # name in the guard expression -> object
+        self._seen: set[tuple[str, str]] = set()
+        self._weak_targets: list[object] = []  # objects guarded by identity
+
+    # -- adding guards ---------------------------------------------------------
+    def _add(self, key: tuple[str, str], text: str, expr: str) -> None:
+        if key in self._seen:
+            return
+        self._seen.add(key)
+        self.guards.append(Guard(text, expr))
+
+    def _const(self, obj: object) -> str:
+        name = f"___g{len(self.constants)}"
+        self.constants[name] = obj
+        return name
+
+    def tensor(self, source: Source, t: torch.Tensor) -> None:
+        parts = [f"type({{e}}) is {self._const(type(t))}", f"{{e}}.dtype is {self._const(t.dtype)}"]
+        parts.append(f"{{e}}.device == {self._const(t.device)}")
+        parts.append(f"{{e}}.shape == {tuple(t.shape)!r}")
+        if t.layout is torch.strided:
+            parts.append(f"{{e}}.stride() == {tuple(t.stride())!r}")
+        parts.append(f"{{e}}.requires_grad is {t.requires_grad}")
+        e = source.expr()
+        text = (
+            f"{source.name()}: {type(t).__name__}(dtype={t.dtype}, device={t.device}, "
+            f"shape={tuple(t.shape)}, stride={tuple(t.stride()) if t.layout is torch.strided else None}, "
+            f"requires_grad={t.requires_grad})"
+        )
+        self._add((source.name(), "tensor"), text, " and ".join(p.format(e=e) for p in parts))
+
+    def constant(self, source: Source, value: object) -> None:
+        e = source.expr()
+        if value is None or isinstance(value, bool):
+            self._add((source.name(), "const"), f"{source.name()} is {value!r}", f"{e} is {value!r}")
+            return
+        if isinstance(value, (int, float, str, bytes)) and not (isinstance(value, float) and value != value):
+            expr = f"type({e}) is {type(value).__name__} and {e} == {value!r}"
+        else:
+            expr = f"type({e}) is {self._const(type(value))} and {e} == {self._const(value)}"
+        self._add((source.name(), "const"), f"{source.name()} == {value!r}", expr)
+
+    def identity(self, source: Source, obj: object) -> None:
+        self._keep_weakly(obj)
+        text = f"{source.name()} is {_describe(obj)}"
+        self._add((source.name(), "id"), text, f"id({source.expr()}) == {id(obj)}")
+
+    def type_is(self, source: Source, cls: type) -> None:
+        text = f"type({source.name()}) is {cls.__qualname__}"
+        self._add((source.name(), "type"), text, f"type({source.expr()}) is {self._const(cls)}")
+
+    def length(self, source: Source, cls: type, n: int) -> None:
+        e = source.expr()
+        text = f"type({source.name()}) is {cls.__name__} and len({source.name()}) == {n}"
+        self._add((source.name(), "len"), text, f"type({e}) is {self._const(cls)} and len({e}) == {n}")
+
+    def dict_keys(self, source: Source, keys: list) -> None:
+        e = source.expr()
+        text = f"type({source.name()}) is dict and list({source.name()}) == {keys!r}"
+        self._add((source.name(), "keys"), text, f"type({e}) is dict and list({e}) == {self._const(keys)}")
+
+    def has_attr(self, source: Source, attr: str, present: bool) -> None:
+        text = f"hasattr({source.name()}, {attr!r}) is {present}"
+        self._add((source.name(), f"hasattr {attr}"), text, f"hasattr({source.expr()}, {attr!r}) is {present}")
+
+    def grad_mode(self, enabled: bool) -> None:
+        fn = self._const(torch.is_grad_enabled)
+        self._add(("", "grad_mode"), f"torch.is_grad_enabled() is {enabled}", f"{fn}() is {enabled}")
+
+    # -- results ---------------------------------------------------------------
+    def expression(self) -> str:
+        return " and ".join(f"({g.expr})" for g in self.guards) or "True"
+
+    def readable(self) -> list[str]:
+        return [g.text for g in self.guards]
+
+    def watch_identity(self, on_death: Callable[[], None]) -> list[weakref.ref]:
+        """Weak references that call `on_death` once an object guarded by identity dies
+        (its id could then be reused by an unrelated object)."""
+        refs = []
+        for obj in self._weak_targets:
+            try:
+                refs.append(weakref.ref(obj, lambda _ref: on_death()))
+            except TypeError:  # not weakly referenceable: kept alive by the constant table
+                self.constants[f"___alive{len(self.constants)}"] = obj
+        return refs
+
+    def _keep_weakly(self, obj: object) -> None:
+        if all(o is not obj for o in self._weak_targets):
+            self._weak_targets.append(obj)
+
+
+def _describe(obj: object) -> str:
+    name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None)
+    if name:
+        return f"<{name}>"
+    return f"<{type(obj).__name__} object at {id(obj):#x}>"

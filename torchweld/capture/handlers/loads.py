@@ -1,0 +1,150 @@
+"""Loading and storing names: fast locals, globals, closure cells, attributes, constants."""
+from __future__ import annotations
+
+import sys
+
+from torchweld.capture.handlers import handles
+from torchweld.capture.values import NULL, CellValue, ConstantValue, Value, const
+from torchweld.errors import Unsupported
+
+
+class _Unbound(Value):
+    """What LOAD_FAST_AND_CLEAR saves for a local that had no value."""
+
+
+UNBOUND = _Unbound()
+
+
+@handles("LOAD_CONST")
+def load_const(tx, inst):
+    value = inst.argval
+    if hasattr(value, "co_code"):  # a code object, for MAKE_FUNCTION
+        tx.push(ConstantValue(value))
+        return
+    tx.push(const(value))
+
+
+@handles("LOAD_FAST")
+def load_fast(tx, inst):
+    tx.push(tx.load_local(inst.argval))
+
+
+handles("LOAD_FAST_CHECK", since=(3, 12))(load_fast)
+
+
+@handles("LOAD_FAST_AND_CLEAR", since=(3, 12))
+def load_fast_and_clear(tx, inst):
+    name = inst.argval
+    value = tx.load_local(name) if (name in tx.locals or name in tx.pending_locals) else UNBOUND
+    tx.locals.pop(name, None)
+    tx.pending_locals.pop(name, None)
+    tx.push(value)
+
+
+@handles("STORE_FAST")
+def store_fast(tx, inst):
+    value = tx.pop()
+    if value is UNBOUND:
+        tx.locals.pop(inst.argval, None)
+    else:
+        tx.store_local(inst.argval, value)
+
+
+@handles("DELETE_FAST")
+def delete_fast(tx, inst):
+    tx.load_local(inst.argval)
+    tx.locals.pop(inst.argval, None)
+
+
+@handles("LOAD_GLOBAL")
+def load_global(tx, inst):
+    if inst.arg & 1:
+        tx.push(NULL)
+    tx.push(tx.load_global(inst.argval))
+
+
+@handles("STORE_GLOBAL")
+def store_global(tx, inst):
+    raise Unsupported(f"assigning global {inst.argval!r} is a side effect capture does not model yet")
+
+
+@handles("MAKE_CELL")
+def make_cell(tx, inst):
+    name = inst.argval
+    if name in tx.locals or name in tx.pending_locals:
+        tx.cells[name] = CellValue(tx.load_local(name))
+    else:
+        tx.cells[name] = CellValue()
+
+
+@handles("COPY_FREE_VARS")
+def copy_free_vars(tx, inst):
+    pass  # free variables were bound when the Translator was made
+
+
+@handles("LOAD_CLOSURE")
+def load_closure(tx, inst):
+    tx.push(tx.cell(inst.argval))
+
+
+@handles("LOAD_DEREF")
+def load_deref(tx, inst):
+    cell = tx.cell(inst.argval)
+    tx.push(cell.load() if isinstance(cell, CellValue) else cell.load(tx))
+
+
+@handles("STORE_DEREF")
+def store_deref(tx, inst):
+    cell = tx.cell(inst.argval)
+    if not isinstance(cell, CellValue):
+        raise Unsupported(f"assigning closure variable {inst.argval!r} of an enclosing function is a side effect capture does not model yet")
+    cell.contents = tx.pop()
+
+
+@handles("LOAD_ATTR")
+def load_attr(tx, inst):
+    obj = tx.pop()
+    method_form = sys.version_info >= (3, 12) and inst.arg & 1
+    value = obj.getattr(tx, inst.argval)
+    if method_form:
+        tx.push(NULL)
+    tx.push(value)
+
+
+@handles("LOAD_METHOD", until=(3, 11))
+def load_method(tx, inst):
+    obj = tx.pop()
+    tx.push(NULL)
+    tx.push(obj.getattr(tx, inst.argval))
+
+
+@handles("STORE_ATTR")
+def store_attr(tx, inst):
+    obj = tx.pop()
+    value = tx.pop()
+    obj.setattr(tx, inst.argval, value)
+
+
+@handles("LOAD_ASSERTION_ERROR")
+def load_assertion_error(tx, inst):
+    raise Unsupported("a failing assert: the eager run raises AssertionError")
+
+
+@handles("IMPORT_NAME")
+def import_name(tx, inst):
+    from torchweld.capture.objects import PythonModuleValue
+
+    fromlist = tx.pop().as_constant()
+    level = tx.pop().as_constant()
+    name = inst.argval
+    if level != 0 or name not in sys.modules:
+        raise Unsupported(f"import of {name!r}, which is not imported yet, runs its module's code")
+    module = sys.modules[name]
+    if not fromlist:
+        module = sys.modules[name.partition(".")[0]]
+    tx.push(PythonModuleValue(module))
+
+
+@handles("IMPORT_FROM")
+def import_from(tx, inst):
+    tx.push(tx.stack[-1].getattr(tx, inst.argval))

@@ -1,0 +1,208 @@
+"""Values for objects: `nn.Module` instances (standard ones become `call_module`
+nodes, user ones are inlined), user objects, Python modules and classes."""
+from __future__ import annotations
+
+import inspect
+import types
+from typing import TYPE_CHECKING
+
+import torch
+
+from torchweld.capture.sources import AttrSource, Source
+from torchweld.capture.values import ConstantValue, Value, const
+from torchweld.errors import Unsupported
+
+if TYPE_CHECKING:
+    from torchweld.capture.translator import Translator
+
+
+def is_standard_module(module: torch.nn.Module) -> bool:
+    """A module that torch itself defines (nn.Linear, nn.ReLU): called as one graph node."""
+    return type(module).__module__.startswith("torch.nn.") and type(module) not in _CONTAINERS
+
+
+_CONTAINERS = (torch.nn.Sequential, torch.nn.ModuleList, torch.nn.ModuleDict)
+
+
+def _has_hooks(module: torch.nn.Module) -> bool:
+    return bool(
+        module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
+        or getattr(module, "_forward_hooks_with_kwargs", None) and module._forward_hooks_with_kwargs
+        or torch.nn.modules.module._global_forward_hooks or torch.nn.modules.module._global_forward_pre_hooks
+        or torch.nn.modules.module._global_backward_hooks
+    )
+
+
+def _attribute(tx: "Translator", owner: Value, obj: object, name: str, source: Source | None) -> Value:
+    """`obj.name` for a module or user object, looked up the way Python does."""
+    from torchweld.capture.builder import wrap
+    from torchweld.capture.callables import BoundMethodValue
+
+    attr_source = AttrSource(source, name) if source is not None else None
+    cls_attr = inspect.getattr_static(type(obj), name, None)
+    if isinstance(cls_attr, property):
+        getter = wrap(tx, cls_attr.fget, AttrSource(AttrSource(attr_source_for_type(source), name), "fget") if source else None)
+        return getter.call(tx, [owner], {})
+    if isinstance(cls_attr, types.FunctionType) and name not in getattr(obj, "__dict__", {}):
+        func_source = AttrSource(attr_source, "__func__") if attr_source else None
+        return BoundMethodValue(wrap(tx, cls_attr, func_source), owner, attr_source)
+    if isinstance(cls_attr, (staticmethod, classmethod)):
+        raise Unsupported(f"static and class methods ({type(obj).__name__}.{name}) are not captured yet")
+    try:
+        value = getattr(obj, name)
+    except AttributeError:
+        raise Unsupported(f"{type(obj).__name__} object has no attribute {name!r}") from None
+    return wrap(tx, value, attr_source)
+
+
+def attr_source_for_type(source: Source) -> Source:
+    return AttrSource(source, "__class__")
+
+
+class NNModuleValue(Value):
+    def __init__(self, module: torch.nn.Module, source: Source | None = None):
+        self.module = module
+        self.source = source
+
+    def python_type(self) -> type:
+        return type(self.module)
+
+    def as_constant(self) -> object:
+        return self.module
+
+    def getattr(self, tx, name):
+        if name == "training":
+            if self.source is not None:
+                tx.output.guards.constant(AttrSource(self.source, "training"), self.module.training)
+            return ConstantValue(self.module.training)
+        return _attribute(tx, self, self.module, name, self.source)
+
+    def items(self, tx):
+        from torchweld.capture.builder import wrap
+
+        m = self.module
+        if isinstance(m, (torch.nn.Sequential, torch.nn.ModuleList)):
+            return [wrap(tx, child, AttrSource(self.source, key) if self.source else None)
+                    for key, child in m._modules.items()]
+        if isinstance(m, torch.nn.ModuleDict):
+            return [const(k) for k in m._modules]
+        raise Unsupported(f"cannot iterate over module {type(m).__name__}")
+
+    def getitem(self, tx, key: Value) -> Value:
+        from torchweld.capture.builder import wrap
+
+        m, k = self.module, key.as_constant()
+        if isinstance(m, torch.nn.ModuleDict):
+            return wrap(tx, m[k], AttrSource(self.source, k) if self.source else None)
+        if isinstance(m, (torch.nn.Sequential, torch.nn.ModuleList)):
+            if isinstance(k, slice):
+                raise Unsupported("slicing a ModuleList/Sequential is not captured yet")
+            child_name = list(m._modules)[k]
+            return wrap(tx, m[k], AttrSource(self.source, child_name) if self.source else None)
+        raise Unsupported(f"indexing module {type(m).__name__}")
+
+    def call(self, tx, args, kwargs):
+        m = self.module
+        if _has_hooks(m):
+            raise Unsupported(f"module {type(m).__name__} has hooks; capture does not run them yet")
+        if is_standard_module(m):
+            if self.source is None:
+                raise Unsupported(f"calling a {type(m).__name__} made inside the compiled function")
+            tx.output.guards.constant(AttrSource(self.source, "training"), m.training)
+            return tx.output.call_module(m, self.source, args, kwargs)
+        forward = _attribute(tx, self, m, "forward", self.source)
+        return forward.call(tx, args, kwargs)
+
+    def __repr__(self) -> str:
+        return f"NNModuleValue({type(self.module).__name__}, {self.source})"
+
+
+class UserObjectValue(Value):
+    """An instance of a user class: attributes are read through its source."""
+
+    def __init__(self, obj: object, source: Source | None = None):
+        self.obj = obj
+        self.source = source
+
+    def python_type(self) -> type:
+        return type(self.obj)
+
+    def getattr(self, tx, name):
+        if self.source is None:
+            raise Unsupported(f"reading {name!r} of a {type(self.obj).__name__} without a source")
+        return _attribute(tx, self, self.obj, name, self.source)
+
+    def call(self, tx, args, kwargs):
+        if not isinstance(inspect.getattr_static(type(self.obj), "__call__", None), types.FunctionType):
+            raise Unsupported(f"call to {type(self.obj).__qualname__} object, which capture does not model")
+        call = _attribute(tx, self, self.obj, "__call__", self.source)
+        return call.call(tx, args, kwargs)
+
+    def __repr__(self) -> str:
+        return f"UserObjectValue({type(self.obj).__name__}, {self.source})"
+
+
+# Python modules whose attributes are trusted not to be monkey-patched: reading
+# `torch.sin` or `math.pi` adds no guard beyond the module's own identity.
+TRUSTED_MODULE_PREFIXES = ("torch", "math", "operator", "builtins", "numbers", "collections", "typing", "functools")
+
+
+class PythonModuleValue(Value):
+    def __init__(self, module: types.ModuleType, source: Source | None = None):
+        self.module = module
+        self.source = source
+
+    def python_type(self) -> type:
+        return types.ModuleType
+
+    def as_constant(self) -> object:
+        return self.module
+
+    def getattr(self, tx, name):
+        from torchweld.capture.builder import wrap
+
+        try:
+            value = getattr(self.module, name)
+        except AttributeError:
+            raise Unsupported(f"module {self.module.__name__} has no attribute {name!r}") from None
+        trusted = self.module.__name__.split(".")[0] in TRUSTED_MODULE_PREFIXES
+        source = AttrSource(self.source, name) if self.source is not None else None
+        return wrap(tx, value, source, guard=not trusted)
+
+    def __repr__(self) -> str:
+        return f"PythonModuleValue({self.module.__name__})"
+
+
+class ClassValue(Value):
+    def __init__(self, cls: type, source: Source | None = None):
+        self.cls = cls
+        self.source = source
+
+    def python_type(self) -> type:
+        return type(self.cls)
+
+    def as_constant(self) -> object:
+        return self.cls
+
+    def getattr(self, tx, name):
+        from torchweld.capture.builder import wrap
+
+        value = inspect.getattr_static(self.cls, name)
+        if isinstance(value, (staticmethod, classmethod)):
+            value = getattr(self.cls, name)
+        return wrap(tx, value, AttrSource(self.source, name) if self.source else None)
+
+    def call(self, tx, args, kwargs):
+        from torchweld.capture.grad_mode import grad_mode_call
+
+        special = grad_mode_call(tx, self.cls, args, kwargs)
+        if special is not None:
+            return special
+        if self.cls is torch.Size:
+            return const(torch.Size(*[a.as_constant() for a in args]))
+        if self.cls in (torch.device, torch.dtype, torch.finfo, torch.iinfo):
+            return const(self.cls(*[a.as_constant() for a in args], **{k: v.as_constant() for k, v in kwargs.items()}))
+        raise Unsupported(f"creating a {self.cls.__qualname__} inside a compiled function is not captured yet")
+
+    def __repr__(self) -> str:
+        return f"ClassValue({self.cls.__qualname__})"

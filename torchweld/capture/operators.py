@@ -1,0 +1,145 @@
+"""Python's operators on Values: folded at capture time when every operand is a
+constant, a graph node when a tensor takes part, container semantics otherwise."""
+from __future__ import annotations
+
+import operator
+from typing import TYPE_CHECKING, Callable
+
+from torchweld.capture.values import (
+    ConstantValue, DictValue, ListValue, NullValue, SequenceValue, TensorValue, TupleValue, Value, const,
+)
+from torchweld.errors import Unsupported
+
+if TYPE_CHECKING:
+    from torchweld.capture.translator import Translator
+
+_INPLACE_TO_PLAIN = {
+    operator.iadd: operator.add, operator.isub: operator.sub, operator.imul: operator.mul,
+    operator.itruediv: operator.truediv, operator.ifloordiv: operator.floordiv, operator.imod: operator.mod,
+    operator.ipow: operator.pow, operator.imatmul: operator.matmul, operator.iand: operator.and_,
+    operator.ior: operator.or_, operator.ixor: operator.xor, operator.ilshift: operator.lshift,
+    operator.irshift: operator.rshift,
+}
+
+
+def _fold(fn: Callable, *args: Value) -> Value:
+    values = [a.as_constant() for a in args]
+    try:
+        return const(fn(*values))
+    except Exception as e:  # the eager run raises the same error at the user's line
+        raise Unsupported(f"{getattr(fn, '__name__', fn)} raised {type(e).__name__}: {e} at capture time") from None
+
+
+def binary(tx: "Translator", fn: Callable, a: Value, b: Value) -> Value:
+    """`a <fn> b` for an operator function such as operator.add or operator.iadd."""
+    if isinstance(a, TensorValue) or isinstance(b, TensorValue):
+        return tx.output.call_function(fn, [a, b], {})
+    if a.is_constant() and b.is_constant() and not isinstance(a, ListValue):
+        return _fold(_INPLACE_TO_PLAIN.get(fn, fn), a, b)
+    plain = _INPLACE_TO_PLAIN.get(fn, fn)
+    if isinstance(a, SequenceValue) or isinstance(b, SequenceValue):
+        return _sequence_binary(tx, fn, plain, a, b)
+    if isinstance(a, DictValue) and isinstance(b, DictValue) and plain is operator.or_:
+        return DictValue({**a.entries, **b.entries})
+    raise Unsupported(f"operator {plain.__name__} on {a} and {b} is not supported in capture")
+
+
+def _sequence_binary(tx, fn, plain, a: Value, b: Value) -> Value:
+    if plain is operator.add and isinstance(a, SequenceValue):
+        right = b.items(tx)
+        if fn is operator.iadd and isinstance(a, ListValue):
+            a.mutate(tx)
+            a.elements.extend(right)
+            return a
+        return type(a)(a.items(tx) + right)
+    if plain is operator.mul:
+        seq, count = (a, b) if isinstance(a, SequenceValue) else (b, a)
+        return type(seq)(seq.items(tx) * count.as_constant())
+    raise Unsupported(f"operator {plain.__name__} on {a.python_type().__name__} and {b.python_type().__name__}")
+
+
+def unary(tx: "Translator", fn: Callable, a: Value) -> Value:
+    if isinstance(a, TensorValue):
+        if fn is operator.not_:
+            raise Unsupported("data-dependent control flow: `not` of a tensor needs its value")
+        return tx.output.call_function(fn, [a], {})
+    if fn is operator.not_:
+        return ConstantValue(not a.truth(tx))
+    return _fold(fn, a)
+
+
+def compare(tx: "Translator", fn: Callable, a: Value, b: Value) -> Value:
+    if isinstance(a, TensorValue) or isinstance(b, TensorValue):
+        return tx.output.call_function(fn, [a, b], {})
+    return _fold(fn, a, b)
+
+
+def is_same(a: Value, b: Value) -> bool:
+    """`a is b`, decided at capture time."""
+    if a is b:
+        return True
+    if isinstance(a, TensorValue) and isinstance(b, TensorValue):
+        return a.node is b.node
+    a_const, b_const = a.is_constant(), b.is_constant()
+    if a_const and b_const:
+        return a.as_constant() is b.as_constant()
+    if a_const or b_const:  # a constant is never the same object as a tensor or container
+        known = a.as_constant() if a_const else b.as_constant()
+        if known is None or isinstance(known, (bool, int, float, str)):
+            return False
+    if isinstance(a, NullValue) or isinstance(b, NullValue):
+        return False
+    raise Unsupported(f"cannot decide at capture time whether {a} is {b}")
+
+
+def contains(tx: "Translator", item: Value, container: Value) -> bool:
+    if isinstance(container, DictValue):
+        return item.as_constant() in container.entries
+    if isinstance(container, TensorValue) or isinstance(item, TensorValue):
+        raise Unsupported("data-dependent: `in` on a tensor needs its values")
+    if isinstance(container, SequenceValue):
+        for element in container.elements:
+            if isinstance(element, TensorValue) or isinstance(item, TensorValue):
+                raise Unsupported("`in` over a container of tensors compares their values")
+        return item.as_constant() in container.as_constant()
+    return item.as_constant() in container.as_constant()
+
+
+def getitem(tx: "Translator", obj: Value, key: Value) -> Value:
+    if isinstance(obj, TensorValue):
+        return tx.output.call_function(operator.getitem, [obj, key], {})
+    if isinstance(obj, (SequenceValue, DictValue)) or hasattr(obj, "getitem"):
+        return obj.getitem(tx, key)
+    return _fold(operator.getitem, obj, key)
+
+
+def setitem(tx: "Translator", obj: Value, key: Value, value: Value) -> None:
+    if isinstance(obj, TensorValue):
+        tx.output.call_function(operator.setitem, [obj, key, value], {})
+        return
+    if isinstance(obj, ListValue):
+        obj.mutate(tx)
+        k = key.as_constant()
+        if isinstance(k, slice):
+            obj.elements[k] = value.items(tx)
+        else:
+            obj.elements[k] = value
+        return
+    if isinstance(obj, DictValue):
+        obj.mutate(tx)
+        obj.entries[key.as_constant()] = value
+        return
+    raise Unsupported(f"item assignment on {obj} is not supported in capture")
+
+
+def delitem(tx: "Translator", obj: Value, key: Value) -> None:
+    if isinstance(obj, (ListValue, DictValue)):
+        obj.mutate(tx)
+        container = obj.elements if isinstance(obj, ListValue) else obj.entries
+        del container[key.as_constant()]
+        return
+    raise Unsupported(f"del on items of {obj} is not supported in capture")
+
+
+def tuple_of(tx: "Translator", value: Value) -> TupleValue:
+    return TupleValue(value.items(tx))

@@ -1,0 +1,171 @@
+"""The FX graph one translation builds: placeholders for the tensors that enter
+the frame (named after their sources), one node per tensor operation with its
+fake-tensor example value, and the guards the translation collected."""
+from __future__ import annotations
+
+import contextlib
+import operator
+import re
+from typing import Callable
+
+import torch
+import torch.fx
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException, DynamicOutputShapeException, FakeTensorMode, UnsupportedOperatorException,
+)
+from torch.utils import _pytree as pytree
+
+from torchweld.capture.guards import GuardSet
+from torchweld.capture.sources import Source
+from torchweld.capture.values import ConstantValue, TensorValue, TupleValue, Value, const, is_constant_literal
+from torchweld.errors import Unsupported
+
+
+class OutputGraph:
+    def __init__(self, root_globals: dict):
+        self.root_globals = root_globals
+        self.graph = torch.fx.Graph()
+        self.root = torch.nn.Module()  # owns the submodules `call_module` nodes name
+        self.guards = GuardSet()
+        self.fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+        self.grad_enabled = torch.is_grad_enabled()
+        self.guards.grad_mode(self.grad_enabled)
+        self.inputs: list[tuple[Source, torch.Tensor, torch.fx.Node]] = []
+        self._input_by_source: dict[str, TensorValue] = {}
+        self._input_by_id: dict[int, TensorValue] = {}
+        self._module_names: dict[int, str] = {}
+
+    # -- inputs ----------------------------------------------------------------
+    def input_tensor(self, source: Source, real: torch.Tensor) -> TensorValue:
+        """The placeholder for a tensor read from `source` (one per distinct tensor)."""
+        known = self._input_by_source.get(source.name())
+        if known is not None:
+            return known
+        self.guards.tensor(source, real)
+        same_tensor = self._input_by_id.get(id(real))
+        if same_tensor is not None:  # one tensor reached two ways: one placeholder keeps them aliased
+            self._input_by_source[source.name()] = same_tensor
+            return same_tensor
+        if real.is_sparse or type(real) not in (torch.Tensor, torch.nn.Parameter, torch.nn.parameter.Buffer):
+            raise Unsupported(f"{source.name()} is a {type(real).__name__}; only dense torch.Tensor inputs are captured")
+        with self._insert_placeholder():
+            node = self.graph.placeholder(source.placeholder_name())
+        fake = self.fake_mode.from_tensor(real, static_shapes=True)
+        node.meta["example_value"] = fake
+        node.meta["source"] = source.name()
+        value = TensorValue(node, fake, source, cls=type(real))
+        self.inputs.append((source, real, node))
+        self._input_by_source[source.name()] = value
+        self._input_by_id[id(real)] = value
+        return value
+
+    @contextlib.contextmanager
+    def _insert_placeholder(self):
+        first_op = next((n for n in self.graph.nodes if n.op != "placeholder"), None)
+        if first_op is None:
+            yield
+        else:
+            with self.graph.inserting_before(first_op):
+                yield
+
+    # -- operations --------------------------------------------------------------
+    def call_function(self, target: Callable, args: list[Value], kwargs: dict[str, Value]) -> Value:
+        return self._record("call_function", target, target, args, kwargs)
+
+    def call_method(self, name: str, args: list[Value], kwargs: dict[str, Value]) -> Value:
+        def run(self_arg, *rest, **kw):
+            return getattr(self_arg, name)(*rest, **kw)
+
+        return self._record("call_method", name, run, args, kwargs)
+
+    def call_module(self, module: torch.nn.Module, source: Source, args: list[Value], kwargs: dict[str, Value]) -> Value:
+        name = self._module_names.get(id(module))
+        if name is None:
+            name = re.sub(r"[^0-9a-zA-Z_]+", "_", source.name()).strip("_").lower()
+            while hasattr(self.root, name):
+                name += "_"
+            self.root.add_module(name, module)
+            self._module_names[id(module)] = name
+        return self._record("call_module", name, module, args, kwargs)
+
+    def set_grad_enabled(self, enabled: bool) -> None:
+        if enabled != self.grad_enabled:
+            node = self.graph.call_function(torch._C._set_grad_enabled, (enabled,))
+            node.meta["example_value"] = None
+        self.grad_enabled = enabled
+
+    def _record(self, op: str, target: object, run: Callable, args: list[Value], kwargs: dict[str, Value]) -> Value:
+        example_args = [a.example() for a in args]
+        example_kwargs = {k: v.example() for k, v in kwargs.items()}
+        result = self._run_fake(target, run, example_args, example_kwargs)
+        has_tensor = any(isinstance(x, torch.Tensor) for x in pytree.tree_leaves(result))
+        if not has_tensor and result is not None:
+            if is_constant_literal(result):
+                return ConstantValue(result)
+            raise Unsupported(f"{_describe(target)} returned a {type(result).__name__}, which capture cannot hold")
+        node = self.graph.create_node(
+            op, target, tuple(a.node_arg() for a in args), {k: v.node_arg() for k, v in kwargs.items()}
+        )
+        node.meta["example_value"] = result
+        if result is None:  # an operation kept for its side effect
+            return ConstantValue(None)
+        return self._wrap_result(node, result)
+
+    def _run_fake(self, target: object, run: Callable, args: list, kwargs: dict) -> object:
+        try:
+            with self.fake_mode, torch.set_grad_enabled(self.grad_enabled):
+                return run(*args, **kwargs)
+        except (DataDependentOutputException, DynamicOutputShapeException) as e:
+            raise Unsupported(f"data-dependent: {_describe(target)} has an output whose value or shape depends on tensor data ({type(e).__name__})") from None
+        except UnsupportedOperatorException as e:
+            raise Unsupported(f"{_describe(target)}: operator {e} has no fake-tensor rule") from None
+        except Unsupported:
+            raise
+        except Exception as e:  # the user's error: the eager run raises it at the user's line
+            raise Unsupported(f"{_describe(target)} raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+
+    def _wrap_result(self, node: torch.fx.Node, result: object) -> Value:
+        if isinstance(result, torch.Tensor):
+            return TensorValue(node, result)
+        if isinstance(result, (tuple, list)):
+            items = []
+            for i, item in enumerate(result):
+                if isinstance(item, torch.Tensor):
+                    getitem = self.graph.call_function(operator.getitem, (node, i))
+                    getitem.meta["example_value"] = item
+                    items.append(TensorValue(getitem, item))
+                else:
+                    items.append(const(item))
+            fields = getattr(type(result), "_fields", None)
+            if isinstance(result, list):
+                from torchweld.capture.values import ListValue
+
+                return ListValue(items)
+            return TupleValue(items, fields=tuple(fields) if fields else None, tuple_type=type(result))
+        raise Unsupported(f"an operation returned a {type(result).__name__}, which capture cannot hold")
+
+    # -- the result ----------------------------------------------------------------
+    def op_count(self) -> int:
+        return sum(1 for n in self.graph.nodes if n.op in ("call_function", "call_method", "call_module"))
+
+    def finish(self, outputs: list[TensorValue]) -> tuple[torch.fx.GraphModule, list[torch.Tensor], list[Source]]:
+        """Close the graph with `outputs`; return it, its example inputs and their sources."""
+        self.graph.output(tuple(v.node for v in outputs))
+        kept = []
+        for source, real, node in self.inputs:
+            if node.users:
+                kept.append((source, real))
+            else:
+                self.graph.erase_node(node)
+        gm = torch.fx.GraphModule(self.root, self.graph)
+        return gm, [real for _, real in kept], [source for source, _ in kept]
+
+
+def _describe(target: object) -> str:
+    if isinstance(target, str):
+        return f"Tensor.{target}()"
+    if isinstance(target, torch.nn.Module):
+        return f"{type(target).__name__} module"
+    module = getattr(target, "__module__", None) or ""
+    name = getattr(target, "__name__", repr(target))
+    return f"{module}.{name}()" if module and module not in ("_operator", "builtins") else f"{name}()"

@@ -1,0 +1,80 @@
+"""Python source that rebuilds a Value as a real object after the graph ran:
+graph outputs by index, inputs by their source, constants by value."""
+from __future__ import annotations
+
+import torch
+
+from torchweld.capture.builtins import BuiltinValue
+from torchweld.capture.callables import OpaqueCallableValue, TorchCallableValue, UserFunctionValue
+from torchweld.capture.objects import ClassValue, NNModuleValue, PythonModuleValue, UserObjectValue
+from torchweld.capture.values import (
+    ConstantValue, DictValue, ListValue, SetValue, TensorValue, TupleValue, Value,
+)
+from torchweld.errors import Unsupported
+
+_LITERAL_TYPES = (type(None), bool, int, str, bytes)
+
+
+class Reconstructor:
+    """Collects the graph outputs an expression needs and the objects it names."""
+
+    def __init__(self) -> None:
+        self.graph_outputs: list[TensorValue] = []
+        self._output_index: dict[torch.fx.Node, int] = {}
+        self.constants: dict[str, object] = {}
+
+    def const(self, obj: object) -> str:
+        name = f"___c{len(self.constants)}"
+        self.constants[name] = obj
+        return name
+
+    def expr(self, value: Value) -> str:
+        if isinstance(value, TensorValue):
+            if value.node.op == "placeholder" and value.source is not None:
+                return value.source.expr()
+            if value.node not in self._output_index:
+                self._output_index[value.node] = len(self.graph_outputs)
+                self.graph_outputs.append(value)
+            return f"___out[{self._output_index[value.node]}]"
+        if isinstance(value, ConstantValue):
+            v = value.value
+            if type(v) in _LITERAL_TYPES or (type(v) is float and v == v and v not in (float("inf"), -float("inf"))):
+                return repr(v)
+            return self.const(v)
+        if isinstance(value, ListValue):
+            if value.source is not None and not value.mutated:
+                return value.source.expr()
+            return "[" + ", ".join(self.expr(v) for v in value.elements) + "]"
+        if isinstance(value, TupleValue):
+            if value.source is not None:
+                return value.source.expr()
+            items = ", ".join(self.expr(v) for v in value.elements)
+            if value.fields:
+                return f"{self.const(value.tuple_type)}({items})"
+            return f"({items},)" if value.elements else "()"
+        if isinstance(value, DictValue):
+            if value.source is not None:
+                return value.source.expr()
+            return "{" + ", ".join(f"{self.const(k)}: {self.expr(v)}" for k, v in value.entries.items()) + "}"
+        if isinstance(value, SetValue):
+            return self.const(value.as_constant())
+        if value.source is not None:
+            return value.source.expr()
+        real = _real_object(value)
+        if real is not None:
+            return self.const(real)
+        raise Unsupported(f"returning {value}, made inside the compiled function, is not supported yet")
+
+
+def _real_object(value: Value) -> object | None:
+    if isinstance(value, NNModuleValue):
+        return value.module
+    if isinstance(value, UserObjectValue):
+        return value.obj
+    if isinstance(value, PythonModuleValue):
+        return value.module
+    if isinstance(value, ClassValue):
+        return value.cls
+    if isinstance(value, (UserFunctionValue, TorchCallableValue, BuiltinValue, OpaqueCallableValue)):
+        return value.fn
+    return None

@@ -1,0 +1,137 @@
+"""Where a value came from outside the frame: `L['x']`, `G['torch'].nn`, `L['self'].fc.weight`.
+
+A source has two spellings. `name()` is the readable one used in guards shown to
+people and in placeholder names. `expr()` is Python source that evaluates to the
+value inside a generated entry function, whose parameters are the frame's
+arguments (so a local is its bare name) and whose globals hold `___G` (the
+frame's globals), `___B` (builtins) and `___closure` (the frame's closure cells).
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+
+
+class Source:
+    def name(self) -> str:
+        raise NotImplementedError
+
+    def expr(self) -> str:
+        raise NotImplementedError
+
+    def placeholder_name(self) -> str:
+        """`L['self'].fc.weight` -> `l_self_fc_weight_`, the torch.compile spelling."""
+        text = re.sub(r"[^0-9a-zA-Z_]+", "_", self.name()).strip("_").lower()
+        return f"{text}_"
+
+    def __str__(self) -> str:
+        return self.name()
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalSource(Source):
+    local: str
+
+    def name(self) -> str:
+        return f"L[{self.local!r}]"
+
+    def expr(self) -> str:
+        return self.local
+
+
+@dataclasses.dataclass(frozen=True)
+class GlobalSource(Source):
+    global_name: str
+
+    def name(self) -> str:
+        return f"G[{self.global_name!r}]"
+
+    def expr(self) -> str:
+        return f"___G[{self.global_name!r}]"
+
+
+@dataclasses.dataclass(frozen=True)
+class ModuleGlobalSource(Source):
+    """A global of another module (read by a function inlined from that module)."""
+
+    module: str
+    global_name: str
+
+    def name(self) -> str:
+        return f"G[{self.module!r}][{self.global_name!r}]"
+
+    def expr(self) -> str:
+        return f"___modules[{self.module!r}].__dict__[{self.global_name!r}]"
+
+
+@dataclasses.dataclass(frozen=True)
+class BuiltinSource(Source):
+    builtin: str
+
+    def name(self) -> str:
+        return f"B[{self.builtin!r}]"
+
+    def expr(self) -> str:
+        return f"___B[{self.builtin!r}]"
+
+
+@dataclasses.dataclass(frozen=True)
+class ClosureSource(Source):
+    """The contents of cell `index` of a function's closure."""
+
+    function: Source | None  # None: the compiled frame's own closure
+    index: int
+    var: str
+
+    def name(self) -> str:
+        if self.function is None:
+            return f"C[{self.var!r}]"
+        return f"{self.function.name()}.__closure__[{self.index}].cell_contents"
+
+    def expr(self) -> str:
+        base = "___closure" if self.function is None else f"{self.function.expr()}.__closure__"
+        return f"{base}[{self.index}].cell_contents"
+
+
+@dataclasses.dataclass(frozen=True)
+class AttrSource(Source):
+    base: Source
+    attr: str
+
+    def name(self) -> str:
+        return f"{self.base.name()}.{self.attr}"
+
+    def expr(self) -> str:
+        if self.attr.isidentifier() and not self.attr.startswith("__"):
+            return f"{self.base.expr()}.{self.attr}"
+        return f"getattr({self.base.expr()}, {self.attr!r})"
+
+
+@dataclasses.dataclass(frozen=True)
+class ItemSource(Source):
+    """`base[key]` for a constant key (tuple/list index or dict key)."""
+
+    base: Source
+    key: object
+
+    def name(self) -> str:
+        return f"{self.base.name()}[{self.key!r}]"
+
+    def expr(self) -> str:
+        return f"{self.base.expr()}[{self.key!r}]"
+
+
+@dataclasses.dataclass(frozen=True)
+class DefaultSource(Source):
+    """A default argument value of a function, read from the function object."""
+
+    function: Source
+    index: int | str  # position in __defaults__, or keyword in __kwdefaults__
+
+    def name(self) -> str:
+        field = "__kwdefaults__" if isinstance(self.index, str) else "__defaults__"
+        return f"{self.function.name()}.{field}[{self.index!r}]"
+
+    def expr(self) -> str:
+        field = "__kwdefaults__" if isinstance(self.index, str) else "__defaults__"
+        return f"{self.function.expr()}.{field}[{self.index!r}]"

@@ -1,0 +1,135 @@
+"""The symbolic interpreter: runs one frame's bytecode over Values instead of
+objects, recording tensor operations into the frame's OutputGraph.
+
+Each opcode is one small function in `handlers/`, registered by name in
+`handlers.HANDLERS`; an opcode with no handler stops the capture with the
+reason `unsupported opcode X`. Inlined calls run a child Translator that shares
+its parent's OutputGraph.
+"""
+from __future__ import annotations
+
+import dis
+import functools
+import sys
+import types
+
+from torchweld.capture.output_graph import OutputGraph
+from torchweld.capture.sources import BuiltinSource, GlobalSource, ModuleGlobalSource, Source
+from torchweld.capture.values import CellValue, Value
+from torchweld.errors import Unsupported, UserLocation
+
+
+@functools.lru_cache(maxsize=512)
+def instructions_of(code: types.CodeType) -> tuple[tuple[dis.Instruction, ...], dict[int, int]]:
+    insts = tuple(dis.get_instructions(code))
+    return insts, {inst.offset: i for i, inst in enumerate(insts)}
+
+
+class Translator:
+    def __init__(
+        self,
+        code: types.CodeType,
+        f_globals: dict,
+        output: OutputGraph,
+        symbolic_locals: dict[str, Value],
+        cells: dict[str, Value],
+        parent: "Translator | None" = None,
+        pending_locals: dict[str, object] | None = None,
+    ):
+        from torchweld.capture.handlers import HANDLERS
+
+        self.handlers = HANDLERS
+        self.code = code
+        self.f_globals = f_globals
+        self.f_builtins = f_globals.get("__builtins__", __builtins__)
+        if isinstance(self.f_builtins, types.ModuleType):
+            self.f_builtins = vars(self.f_builtins)
+        self.output = output
+        self.locals = symbolic_locals
+        self.pending_locals = pending_locals or {}  # real objects, wrapped on first read
+        self.cells = cells
+        self.parent = parent
+        self.depth = 0 if parent is None else parent.depth + 1
+        self.instructions, self.index_of_offset = instructions_of(code)
+        self.stack: list[Value] = []
+        self.ip = 0
+        self.kw_names: tuple[str, ...] | None = None
+        self.lineno = code.co_firstlineno
+        self.returned: Value | None = None
+
+    # -- running ---------------------------------------------------------------
+    def run(self) -> Value:
+        while self.returned is None:
+            if self.ip >= len(self.instructions):
+                raise Unsupported("fell off the end of the bytecode").at(self.location())
+            inst = self.instructions[self.ip]
+            self.ip += 1
+            if inst.positions is not None and inst.positions.lineno is not None:
+                self.lineno = inst.positions.lineno
+            handler = self.handlers.get(inst.opname)
+            try:
+                if handler is None:
+                    raise Unsupported(f"unsupported opcode {inst.opname}")
+                handler(self, inst)
+            except Unsupported as e:
+                raise e.at(self.location()) from e.__cause__
+        return self.returned
+
+    def location(self) -> UserLocation:
+        return UserLocation(self.code.co_filename, self.lineno, self.code.co_name)
+
+    # -- stack -----------------------------------------------------------------
+    def push(self, value: Value) -> None:
+        self.stack.append(value)
+
+    def pop(self) -> Value:
+        return self.stack.pop()
+
+    def popn(self, n: int) -> list[Value]:
+        if n == 0:
+            return []
+        values = self.stack[-n:]
+        del self.stack[-n:]
+        return values
+
+    def jump_to(self, offset: int) -> None:
+        self.ip = self.index_of_offset[offset]
+
+    # -- names -----------------------------------------------------------------
+    def load_local(self, name: str) -> Value:
+        if name in self.locals:
+            return self.locals[name]
+        if name in self.pending_locals:
+            from torchweld.capture.builder import wrap
+            from torchweld.capture.sources import LocalSource
+
+            value = wrap(self, self.pending_locals.pop(name), LocalSource(name))
+            self.locals[name] = value
+            return value
+        raise Unsupported(f"local variable {name!r} referenced before assignment")
+
+    def store_local(self, name: str, value: Value) -> None:
+        self.pending_locals.pop(name, None)
+        self.locals[name] = value
+
+    def load_global(self, name: str) -> Value:
+        from torchweld.capture.builder import wrap
+
+        if name in self.f_globals:
+            return wrap(self, self.f_globals[name], self._global_source(name))
+        if name in self.f_builtins:
+            return wrap(self, self.f_builtins[name], BuiltinSource(name), guard=False)
+        raise Unsupported(f"name {name!r} is not defined")
+
+    def _global_source(self, name: str) -> Source:
+        if self.f_globals is self.output.root_globals:
+            return GlobalSource(name)
+        module = self.f_globals.get("__name__")
+        if getattr(sys.modules.get(module), "__dict__", None) is not self.f_globals:
+            raise Unsupported(f"global {name!r} of a function whose module cannot be found")
+        return ModuleGlobalSource(module, name)
+
+    def cell(self, name: str) -> Value:
+        if name not in self.cells:
+            self.cells[name] = CellValue()
+        return self.cells[name]

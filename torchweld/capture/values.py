@@ -1,0 +1,355 @@
+"""What the symbolic interpreter's stack and locals hold: one small class per kind
+of Python value. A kind overrides only what it supports; every default raises
+`Unsupported`, which ends the capture of the frame with that reason.
+
+Data values live here (constants, tensors, containers, iterators, cells);
+callables are in `callables.py` and objects (modules, instances) in `objects.py`.
+"""
+from __future__ import annotations
+
+import operator
+from typing import TYPE_CHECKING, Iterable
+
+import torch
+
+from torchweld.capture.sources import Source
+from torchweld.errors import Unsupported
+
+if TYPE_CHECKING:
+    from torchweld.capture.translator import Translator
+
+
+class Value:
+    source: Source | None = None
+
+    def python_type(self) -> type:
+        raise Unsupported(f"the type of {self} is not known at capture time")
+
+    def as_constant(self) -> object:
+        raise Unsupported(f"{self} is not a constant")
+
+    def is_constant(self) -> bool:
+        try:
+            self.as_constant()
+            return True
+        except Unsupported:
+            return False
+
+    def truth(self, tx: "Translator") -> bool:
+        return bool(self.as_constant())
+
+    def items(self, tx: "Translator") -> list["Value"]:
+        """The values iterating over this yields (all known at capture time)."""
+        raise Unsupported(f"cannot iterate over {self} at capture time")
+
+    def getattr(self, tx: "Translator", name: str) -> "Value":
+        raise Unsupported(f"cannot read attribute {name!r} of {self}")
+
+    def setattr(self, tx: "Translator", name: str, value: "Value") -> None:
+        raise Unsupported(f"setting attribute {name!r} of {self} is a side effect capture does not model yet")
+
+    def call(self, tx: "Translator", args: list["Value"], kwargs: dict[str, "Value"]) -> "Value":
+        raise Unsupported(f"calling {self} is not supported")
+
+    def node_arg(self) -> object:
+        """This value as an argument of an FX node."""
+        return self.as_constant()
+
+    def example(self) -> object:
+        """This value as an argument of the fake-tensor run that computes example values."""
+        return self.as_constant()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.source or ''})"
+
+
+# ---------------------------------------------------------------------------
+# constants
+# ---------------------------------------------------------------------------
+
+
+class ConstantValue(Value):
+    """A Python value known at capture time: numbers, strings, None, dtypes,
+    devices, slices, ranges, torch.Size and tuples of such."""
+
+    def __init__(self, value: object, source: Source | None = None):
+        self.value = value
+        self.source = source
+
+    def python_type(self) -> type:
+        return type(self.value)
+
+    def as_constant(self) -> object:
+        return self.value
+
+    def items(self, tx: "Translator") -> list[Value]:
+        try:
+            return [const(v) for v in self.value]
+        except TypeError:
+            raise Unsupported(f"{type(self.value).__name__} is not iterable") from None
+
+    def getattr(self, tx: "Translator", name: str) -> Value:
+        attr = getattr(self.value, name)
+        if callable(attr):
+            from torchweld.capture.callables import ConstantMethodValue
+
+            return ConstantMethodValue(self.value, name)
+        return const(attr)
+
+    def __repr__(self) -> str:
+        return f"ConstantValue({self.value!r})"
+
+
+_CONSTANT_TYPES = (
+    type(None), bool, int, float, complex, str, bytes, type(Ellipsis), type(NotImplemented),
+    torch.dtype, torch.device, torch.layout, torch.memory_format, range, slice, torch.Size,
+)
+
+
+def is_constant_literal(obj: object) -> bool:
+    if isinstance(obj, (tuple, frozenset)) and type(obj) in (tuple, frozenset):
+        return all(is_constant_literal(o) for o in obj)
+    return type(obj) in _CONSTANT_TYPES or (isinstance(obj, torch.Size))
+
+
+def const(value: object) -> Value:
+    """A Value for a Python object made at capture time (no source, no guard)."""
+    if isinstance(value, Value):
+        return value
+    if type(value) is list:
+        return ListValue([const(v) for v in value])
+    if type(value) is tuple and not is_constant_literal(value):
+        return TupleValue([const(v) for v in value])
+    if type(value) is dict:
+        return DictValue({k: const(v) for k, v in value.items()})
+    if is_constant_literal(value):
+        return ConstantValue(value)
+    raise Unsupported(f"capture cannot hold a {type(value).__name__} made at capture time")
+
+
+class NullValue(Value):
+    """The NULL that CPython pushes below a callable (PUSH_NULL, LOAD_GLOBAL with NULL)."""
+
+    def __repr__(self) -> str:
+        return "NULL"
+
+
+NULL = NullValue()
+
+
+# ---------------------------------------------------------------------------
+# tensors
+# ---------------------------------------------------------------------------
+
+
+class TensorValue(Value):
+    """A tensor in the graph: its FX node and a fake tensor with its metadata."""
+
+    def __init__(self, node: torch.fx.Node, fake: torch.Tensor, source: Source | None = None, cls: type = torch.Tensor):
+        self.node = node
+        self.fake = fake
+        self.source = source
+        self.cls = cls  # the real tensor's class: torch.Tensor, nn.Parameter, a subclass
+
+    def python_type(self) -> type:
+        return self.cls
+
+    def truth(self, tx: "Translator") -> bool:
+        raise Unsupported("data-dependent control flow: the truth of a tensor is only known at run time")
+
+    def node_arg(self) -> object:
+        return self.node
+
+    def example(self) -> object:
+        return self.fake
+
+    def items(self, tx: "Translator") -> list[Value]:
+        if self.fake.dim() == 0:
+            raise Unsupported("iteration over a 0-d tensor")
+        return [tx.output.call_function(operator.getitem, [self, ConstantValue(i)], {}) for i in range(self.fake.shape[0])]
+
+    def getattr(self, tx: "Translator", name: str) -> Value:
+        from torchweld.capture.callables import TensorMethodValue
+
+        fake = self.fake
+        if name in ("shape", "dtype", "device", "ndim", "is_cuda", "is_sparse", "is_quantized", "layout",
+                    "requires_grad", "is_leaf", "itemsize", "nbytes"):
+            if name in ("is_leaf",):
+                raise Unsupported(f"tensor.{name} depends on autograd state capture does not track")
+            return const(getattr(fake, name))
+        if name in ("T", "mT", "H", "mH", "real", "imag"):
+            return tx.output.call_function(getattr, [self, ConstantValue(name)], {})
+        if name in ("grad", "data", "grad_fn", "_base", "_version"):
+            raise Unsupported(f"reading tensor.{name} inside a compiled function is not supported yet")
+        if callable(getattr(torch.Tensor, name, None)):
+            return TensorMethodValue(self, name)
+        raise Unsupported(f"unknown tensor attribute {name!r}")
+
+    def __repr__(self) -> str:
+        return f"TensorValue({self.node.name}, {tuple(self.fake.shape)}, {self.fake.dtype})"
+
+
+# ---------------------------------------------------------------------------
+# containers
+# ---------------------------------------------------------------------------
+
+
+class SequenceValue(Value):
+    container_type: type = tuple
+
+    def __init__(self, items: Iterable[Value], source: Source | None = None):
+        self.elements: list[Value] = list(items)
+        self.source = source
+
+    def python_type(self) -> type:
+        return self.container_type
+
+    def as_constant(self) -> object:
+        return self.container_type(v.as_constant() for v in self.elements)
+
+    def items(self, tx: "Translator") -> list[Value]:
+        return list(self.elements)
+
+    def truth(self, tx: "Translator") -> bool:
+        return bool(self.elements)
+
+    def node_arg(self) -> object:
+        return self.container_type(v.node_arg() for v in self.elements)
+
+    def example(self) -> object:
+        return self.container_type(v.example() for v in self.elements)
+
+    def getitem(self, tx: "Translator", key: Value) -> Value:
+        index = key.as_constant()
+        if isinstance(index, slice):
+            return type(self)(self.elements[index])
+        try:
+            return self.elements[index]
+        except IndexError:
+            raise Unsupported(f"index {index} out of range for a {self.container_type.__name__} of {len(self.elements)}") from None
+
+    def getattr(self, tx: "Translator", name: str) -> Value:
+        from torchweld.capture.callables import ContainerMethodValue
+
+        if callable(getattr(self.container_type, name, None)):
+            return ContainerMethodValue(self, name)
+        raise Unsupported(f"{self.container_type.__name__} has no attribute {name!r}")
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.elements})"
+
+
+class TupleValue(SequenceValue):
+    container_type = tuple
+
+    def __init__(self, items: Iterable[Value], source: Source | None = None, fields: tuple[str, ...] | None = None, tuple_type: type = tuple):
+        super().__init__(items, source)
+        self.fields = fields  # attribute names of a named tuple (torch.return_types.max, ...)
+        self.tuple_type = tuple_type
+
+    def getattr(self, tx: "Translator", name: str) -> Value:
+        if self.fields and name in self.fields:
+            return self.elements[self.fields.index(name)]
+        return super().getattr(tx, name)
+
+
+class ListValue(SequenceValue):
+    container_type = list
+
+    def __init__(self, items: Iterable[Value], source: Source | None = None):
+        super().__init__(items, source)
+        self.mutated = False  # set by any in-place change; a sourced list that changes is a side effect
+
+    def mutate(self, tx: "Translator") -> None:
+        if self.source is not None:
+            raise Unsupported(f"mutating {self.source.name()}, a list from outside the compiled function, is a side effect capture does not model yet")
+        self.mutated = True
+
+
+class DictValue(Value):
+    def __init__(self, entries: dict[object, Value], source: Source | None = None, dict_type: type = dict):
+        self.entries = dict(entries)  # constant key -> Value
+        self.source = source
+        self.dict_type = dict_type
+
+    def python_type(self) -> type:
+        return self.dict_type
+
+    def as_constant(self) -> object:
+        return {k: v.as_constant() for k, v in self.entries.items()}
+
+    def truth(self, tx: "Translator") -> bool:
+        return bool(self.entries)
+
+    def items(self, tx: "Translator") -> list[Value]:
+        return [const(k) for k in self.entries]
+
+    def node_arg(self) -> object:
+        return {k: v.node_arg() for k, v in self.entries.items()}
+
+    def example(self) -> object:
+        return {k: v.example() for k, v in self.entries.items()}
+
+    def getitem(self, tx: "Translator", key: Value) -> Value:
+        k = key.as_constant()
+        if k not in self.entries:
+            raise Unsupported(f"key {k!r} not in dict")
+        return self.entries[k]
+
+    def mutate(self, tx: "Translator") -> None:
+        if self.source is not None:
+            raise Unsupported(f"mutating {self.source.name()}, a dict from outside the compiled function, is a side effect capture does not model yet")
+
+    def getattr(self, tx: "Translator", name: str) -> Value:
+        from torchweld.capture.callables import ContainerMethodValue
+
+        if callable(getattr(dict, name, None)):
+            return ContainerMethodValue(self, name)
+        raise Unsupported(f"dict has no attribute {name!r}")
+
+    def __repr__(self) -> str:
+        return f"DictValue({self.entries})"
+
+
+class SetValue(Value):
+    """A set of constants built in the frame."""
+
+    def __init__(self, members: Iterable[Value]):
+        self.members = [m for m in members]
+        for m in self.members:
+            m.as_constant()  # sets of tensors are not modelled
+
+    def python_type(self) -> type:
+        return set
+
+    def as_constant(self) -> object:
+        return {m.as_constant() for m in self.members}
+
+    def items(self, tx: "Translator") -> list[Value]:
+        return [const(v) for v in self.as_constant()]
+
+
+class IteratorValue(Value):
+    """An iterator over values all known at capture time (FOR_ITER pulls from it)."""
+
+    def __init__(self, remaining: list[Value]):
+        self.remaining = list(remaining)
+
+    def next(self) -> Value | None:
+        return self.remaining.pop(0) if self.remaining else None
+
+    def items(self, tx: "Translator") -> list[Value]:
+        out, self.remaining = self.remaining, []
+        return out
+
+
+class CellValue(Value):
+    """A closure cell made in the frame (MAKE_CELL), shared with nested functions."""
+
+    def __init__(self, contents: Value | None = None):
+        self.contents = contents
+
+    def load(self) -> Value:
+        if self.contents is None:
+            raise Unsupported("free variable referenced before assignment")
+        return self.contents

@@ -1,0 +1,72 @@
+"""`torchweld.explain(fn)(*args)`: run `fn` once through a fresh capture and report
+what it captured — graphs, operators, guards, compile times — and where and why
+capture stopped."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import torch
+
+from torchweld.capture.report import BreakReason, TranslationReport, collecting
+
+
+@dataclasses.dataclass
+class ExplainOutput:
+    graphs: list[torch.fx.GraphModule]
+    graph_count: int
+    graph_break_count: int
+    break_reasons: list[BreakReason]
+    ops_per_graph: list[list[str]]
+    guards: list[str]
+    compile_times: list[float]
+    reports: list[TranslationReport]
+
+    def __str__(self) -> str:
+        lines = [
+            f"Graph count: {self.graph_count}",
+            f"Graph break count: {self.graph_break_count}",
+            f"Op count: {sum(len(ops) for ops in self.ops_per_graph)}",
+        ]
+        if self.break_reasons:
+            lines.append("Break reasons:")
+            for i, reason in enumerate(self.break_reasons, 1):
+                lines.append(f"  {i}. {reason}".replace("\n", "\n     "))
+        for i, ops in enumerate(self.ops_per_graph, 1):
+            lines.append(f"Ops in graph {i}: {', '.join(ops) if ops else '(none)'}")
+        lines.append("Guards:")
+        lines.extend(f"  {g}" for g in self.guards)
+        lines.append("Compile times: " + ", ".join(f"{t * 1000:.1f} ms" for t in self.compile_times))
+        return "\n".join(lines)
+
+
+def _op_names(gm: torch.fx.GraphModule) -> list[str]:
+    names = []
+    for node in gm.graph.nodes:
+        if node.op == "call_function":
+            names.append(getattr(node.target, "__name__", str(node.target)))
+        elif node.op == "call_method":
+            names.append(f"Tensor.{node.target}")
+        elif node.op == "call_module":
+            names.append(type(gm.get_submodule(node.target)).__name__)
+    return names
+
+
+def explain(fn: Callable, backend="eager") -> Callable[..., ExplainOutput]:
+    """`explain(fn)(*args, **kwargs)`: compile `fn` afresh, call it once, report."""
+    from torchweld.api import compile
+
+    def run(*args, **kwargs) -> ExplainOutput:
+        compiled = compile(fn, backend=backend)
+        with collecting() as reports:
+            compiled(*args, **kwargs)
+        graphs = [r.graph for r in reports if r.graph is not None]
+        breaks = [r.break_reason for r in reports if r.break_reason is not None]
+        return ExplainOutput(
+            graphs=graphs, graph_count=len(graphs), graph_break_count=len(breaks), break_reasons=breaks,
+            ops_per_graph=[_op_names(g) for g in graphs],
+            guards=[g for r in reports for g in r.guards], compile_times=[r.compile_time_s for r in reports],
+            reports=reports,
+        )
+
+    return run
