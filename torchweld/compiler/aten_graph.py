@@ -1,0 +1,95 @@
+"""Trace a torch-level FX graph down to an aten-level one, with fake tensors and
+the decompositions that reach the small op set `lowering.py` handles."""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.utils._pytree as pytree
+from torch._decomp import get_decompositions
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.proxy_tensor import make_fx
+
+aten = torch.ops.aten
+
+# Composite ops we take apart; what remains is pointwise math, reductions,
+# views and a few kernels (mm, convolution, pooling) that stay extern calls.
+DECOMPOSED_OPS = [
+    aten._native_batch_norm_legit_no_training,
+    aten._native_batch_norm_legit_functional,
+    aten.native_batch_norm,
+    aten.native_layer_norm,
+    aten.native_group_norm,
+    aten._softmax,
+    aten._log_softmax,
+    aten.gelu,
+    aten.silu,
+    aten.mish,
+    aten.hardswish,
+    aten.hardsigmoid,
+    aten.hardtanh,
+    aten.leaky_relu,
+    aten.elu,
+    aten.softplus,
+    aten.native_dropout,
+    aten.dropout,
+    aten.addmm,
+    aten.linear,
+    aten.t,
+    aten.mean,
+    aten.var,
+    aten.var_mean,
+    aten.std,
+    aten.clamp_min,
+    aten.clamp_max,
+    aten.masked_fill,
+    aten.rsub,
+    aten.lerp,
+    aten.addcmul,
+    aten.addcdiv,
+    aten.logsumexp,
+    aten.norm,
+    aten.linalg_vector_norm,
+    aten.full_like,
+    aten.ones_like,
+    aten.zeros_like,
+    aten.new_zeros,
+    aten.new_ones,
+    aten.new_full,
+    aten.expand_as,
+    aten.sigmoid_backward,
+    aten.tanh_backward,
+    aten.square,
+    aten.xlogy,
+    aten.baddbmm,
+    aten.silu_,
+    aten.relu6,
+]
+
+DECOMPOSITIONS = get_decompositions(DECOMPOSED_OPS)
+
+
+@dataclasses.dataclass(frozen=True)
+class AtenGraph:
+    """An aten-level graph taking the inputs flat and returning its outputs flat."""
+
+    gm: torch.fx.GraphModule
+    out_spec: pytree.TreeSpec
+
+
+def to_aten_graph(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> AtenGraph:
+    """Trace `gm` with fake copies of `example_inputs`; parameters become get_attr constants."""
+    specs: list[pytree.TreeSpec] = []
+
+    def flat_forward(*args):
+        flat, spec = pytree.tree_flatten(gm(*args))
+        specs.append(spec)
+        return flat
+
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    fake_inputs = [mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in example_inputs]
+    with torch.no_grad(), mode:
+        traced = make_fx(flat_forward, decomposition_table=DECOMPOSITIONS, tracing_mode="real")(*fake_inputs)
+    traced.graph.eliminate_dead_code()
+    traced.recompile()
+    return AtenGraph(traced, specs[-1])

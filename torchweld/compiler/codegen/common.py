@@ -1,0 +1,163 @@
+"""The render loop every kernel target shares: stages, scopes, CSE'd expressions.
+
+A target is a short subclass (`CppRenderer`, `TritonRenderer`) that fills two
+tables, `dtype_names` and `code_for_op`, and the few hooks that differ: how
+loops open and close, how a load, a store and an accumulation read.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from torchweld.compiler import ir
+from torchweld.compiler.ir import Expr, Op
+from torchweld.compiler.schedule import Kernel, Stage
+
+
+class Scope:
+    """Generated lines at one nesting level, with the CSE cache valid there."""
+
+    def __init__(self, parent: "Scope | None", indent: int):
+        self.parent, self.indent = parent, indent
+        self.cache: dict[tuple, str] = {}
+
+    def lookup(self, key: tuple) -> str | None:
+        scope = self
+        while scope is not None:
+            if key in scope.cache:
+                return scope.cache[key]
+            scope = scope.parent
+        return None
+
+
+class KernelRenderer:
+    """Render one scheduled `Kernel` as source text for a target."""
+
+    name: str = "KernelRenderer"
+    dtype_names: dict[torch.dtype, str] = {}
+    code_for_op: dict[Op, Callable[..., str]] = {}
+    unsupported_dtypes: frozenset = frozenset()
+    reduce_ops: frozenset = frozenset()
+
+    # -- checks the lowering runs before it commits to a body ----------------
+    @classmethod
+    def check(cls, e: Expr) -> None:
+        """Raise NotImplementedError if some node of `e` has no rule here."""
+        for node in ir.walk(e):
+            if node.op in ir.OpSet.Leaf or node.op is Op.CAST:
+                pass
+            elif node.op not in cls.code_for_op:
+                raise NotImplementedError(f"{cls.name} has no rule for {node.op}")
+            if node.dtype not in cls.dtype_names or node.dtype in cls.unsupported_dtypes:
+                raise NotImplementedError(f"{cls.name} has no dtype {node.dtype}")
+            cls.check_node(node)
+
+    @classmethod
+    def check_node(cls, node: Expr) -> None:
+        pass
+
+    @classmethod
+    def check_reduction(cls, reduce_op: Op, dtype: torch.dtype) -> None:
+        if reduce_op not in cls.reduce_ops:
+            raise NotImplementedError(f"{cls.name} has no rule for {reduce_op}")
+        if dtype not in cls.dtype_names or dtype in cls.unsupported_dtypes:
+            raise NotImplementedError(f"{cls.name} has no dtype {dtype}")
+
+    # -- the shared loop --------------------------------------------------------
+    def render(self, kernel: Kernel) -> str:
+        self.kernel = kernel
+        self.lines: list[str] = []
+        self.tmp_count = 0
+        self.reduced_names: dict[str, str] = {}
+        self.args = list(kernel.reads) + [w for w in kernel.writes if w not in kernel.reads]
+        scope = self.open_kernel(kernel)
+        for i, stage in enumerate(kernel.stages):
+            inner = self.open_stage(i, stage, scope)
+            for acc in stage.reductions:
+                self.accumulate(acc, self.expr(acc.value, inner), inner)
+            for store in stage.stores:
+                self.store(store, inner)
+            self.close_stage(i, stage, scope)
+        for store in kernel.outer_stores:
+            self.store(store, scope)
+        self.close_kernel(kernel)
+        return "\n".join(self.lines) + "\n"
+
+    def emit(self, scope: Scope, line: str) -> None:
+        self.lines.append("    " * scope.indent + line)
+
+    def new_tmp(self, prefix: str = "tmp") -> str:
+        self.tmp_count += 1
+        return f"{prefix}{self.tmp_count}"
+
+    def pointer(self, buffer: str) -> str:
+        return f"ptr{self.args.index(buffer)}"
+
+    def expr(self, e: Expr, scope: Scope) -> str:
+        """The name (or inline text) of `e`'s value in `scope`, emitting what it needs."""
+        names: dict[int, str] = {}
+        for node in ir.walk(e):
+            args = [names[id(a)] for a in node.args]
+            names[id(node)] = self.node_code(node, args, scope)
+        return names[id(e)]
+
+    def node_code(self, node: Expr, args: list[str], scope: Scope) -> str:
+        if node.op is Op.CONST:
+            return self.render_const(node.arg, node.dtype)
+        if node.op is Op.VAR:
+            return str(node.arg)
+        if node.op is Op.REDUCED:
+            return self.reduced_names[node.arg]
+        key = (node.op, node.dtype, node.arg, tuple(args))
+        hit = scope.lookup(key)
+        if hit is not None:
+            return hit
+        if node.op is Op.LOAD:
+            code = self.render_load(node.arg, args[0], node.dtype, scope)
+        elif node.op is Op.CAST:
+            code = self.render_cast(args[0], node.args[0].dtype, node.dtype)
+        else:
+            rule = self.code_for_op.get(node.op)
+            if rule is None:
+                raise NotImplementedError(f"{self.name} has no rule for {node.op}")
+            code = rule(*args)
+        if node.dtype is ir.INDEX and node.op is not Op.LOAD:
+            code = f"({code})"  # index arithmetic stays inline: the compiler sees affine indexing
+        else:
+            name = self.new_tmp()
+            self.emit(scope, self.assign(name, code, node.dtype))
+            code = name
+        scope.cache[key] = code
+        return code
+
+    # -- hooks a target fills -------------------------------------------------------
+    def open_kernel(self, kernel: Kernel) -> Scope:
+        raise NotImplementedError
+
+    def close_kernel(self, kernel: Kernel) -> None:
+        raise NotImplementedError
+
+    def open_stage(self, i: int, stage: Stage, outer: Scope) -> Scope:
+        raise NotImplementedError
+
+    def close_stage(self, i: int, stage: Stage, outer: Scope) -> None:
+        raise NotImplementedError
+
+    def accumulate(self, acc, value: str, scope: Scope) -> None:
+        raise NotImplementedError
+
+    def store(self, store, scope: Scope) -> None:
+        raise NotImplementedError
+
+    def render_load(self, buffer: str, index: str, dtype: torch.dtype, scope: Scope) -> str:
+        raise NotImplementedError
+
+    def render_cast(self, x: str, src: torch.dtype, dst: torch.dtype) -> str:
+        raise NotImplementedError
+
+    def render_const(self, value: object, dtype: torch.dtype) -> str:
+        raise NotImplementedError
+
+    def assign(self, name: str, code: str, dtype: torch.dtype) -> str:
+        raise NotImplementedError

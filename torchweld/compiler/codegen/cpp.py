@@ -1,0 +1,245 @@
+"""Render one scheduled kernel as a C++ function: OpenMP over the outer loops,
+`omp simd` on the innermost loop so g++ vectorizes it."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from torchweld.compiler.codegen.common import KernelRenderer, Scope
+from torchweld.compiler.ir import Op
+from torchweld.compiler.schedule import Kernel, Stage
+
+HALF_TYPES = (torch.float16, torch.bfloat16)
+
+# Helpers every generated file starts with: NaN-propagating max/min, Python-style
+# integer division, and half/bfloat16 storage converted to float registers.
+PRELUDE = r"""
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <algorithm>
+template <typename T> static inline T tw_max(T a, T b) {
+  if constexpr (std::is_floating_point_v<T>) { if (a != a) return a; if (b != b) return b; }
+  return a > b ? a : b;
+}
+template <typename T> static inline T tw_min(T a, T b) {
+  if constexpr (std::is_floating_point_v<T>) { if (a != a) return a; if (b != b) return b; }
+  return a < b ? a : b;
+}
+template <typename T> static inline T tw_floordiv(T a, T b) {
+  if constexpr (std::is_floating_point_v<T>) { return std::floor(a / b); }
+  else { T q = a / b; return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q; }
+}
+template <typename T> static inline T tw_mod(T a, T b) {
+  if constexpr (std::is_floating_point_v<T>) { T m = std::fmod(a, b); return (m != 0 && ((m < 0) != (b < 0))) ? m + b : m; }
+  else { T m = a % b; return (m != 0 && ((m < 0) != (b < 0))) ? m + b : m; }
+}
+template <typename T> static inline T tw_sign(T a) { return (T)((T(0) < a) - (a < T(0))); }
+static inline float tw_bf16_to_float(uint16_t b) { uint32_t u = (uint32_t)b << 16; float f; std::memcpy(&f, &u, 4); return f; }
+static inline uint16_t tw_float_to_bf16(float f) {
+  uint32_t u; std::memcpy(&u, &f, 4);
+  if (f != f) return 0x7fc0;
+  u += 0x7fff + ((u >> 16) & 1);
+  return (uint16_t)(u >> 16);
+}
+static inline float tw_round_bf16(float f) { return tw_bf16_to_float(tw_float_to_bf16(f)); }
+static inline float tw_round_half(float f) { return (float)(_Float16)f; }
+"""
+
+
+def _float(value: float, suffix: str) -> str:
+    if math.isnan(value):
+        return "NAN"
+    if math.isinf(value):
+        return "INFINITY" if value > 0 else "-INFINITY"
+    return f"{value!r}{suffix}"
+
+
+class CppRenderer(KernelRenderer):
+    name = "CppRenderer"
+    dtype_names = {
+        torch.float32: "float", torch.float64: "double", torch.float16: "_Float16", torch.bfloat16: "uint16_t",
+        torch.int64: "int64_t", torch.int32: "int32_t", torch.int16: "int16_t", torch.int8: "int8_t",
+        torch.uint8: "uint8_t", torch.bool: "bool",
+    }
+    code_for_op = {
+        Op.IDIV: lambda a, b: f"{a} / {b}",
+        Op.IMOD: lambda a, b: f"{a} % {b}",
+        Op.NEG: lambda a: f"-{a}",
+        Op.ABS: lambda a: f"std::abs({a})",
+        Op.EXP: lambda a: f"std::exp({a})",
+        Op.EXPM1: lambda a: f"std::expm1({a})",
+        Op.LOG: lambda a: f"std::log({a})",
+        Op.LOG1P: lambda a: f"std::log1p({a})",
+        Op.LOG2: lambda a: f"std::log2({a})",
+        Op.SIN: lambda a: f"std::sin({a})",
+        Op.COS: lambda a: f"std::cos({a})",
+        Op.TAN: lambda a: f"std::tan({a})",
+        Op.TANH: lambda a: f"std::tanh({a})",
+        Op.ATAN: lambda a: f"std::atan({a})",
+        Op.SQRT: lambda a: f"std::sqrt({a})",
+        Op.RSQRT: lambda a: f"1 / std::sqrt({a})",
+        Op.RECIPROCAL: lambda a: f"1 / {a}",
+        Op.SIGMOID: lambda a: f"1 / (1 + std::exp(-{a}))",
+        Op.ERF: lambda a: f"std::erf({a})",
+        Op.FLOOR: lambda a: f"std::floor({a})",
+        Op.CEIL: lambda a: f"std::ceil({a})",
+        Op.TRUNC: lambda a: f"std::trunc({a})",
+        Op.ROUND: lambda a: f"std::nearbyint({a})",
+        Op.SIGN: lambda a: f"tw_sign({a})",
+        Op.ISNAN: lambda a: f"std::isnan({a})",
+        Op.LOGICAL_NOT: lambda a: f"!{a}",
+        Op.BITWISE_NOT: lambda a: f"~{a}",
+        Op.ADD: lambda a, b: f"{a} + {b}",
+        Op.SUB: lambda a, b: f"{a} - {b}",
+        Op.MUL: lambda a, b: f"{a} * {b}",
+        Op.TRUEDIV: lambda a, b: f"{a} / {b}",
+        Op.FLOORDIV: lambda a, b: f"tw_floordiv({a}, {b})",
+        Op.REMAINDER: lambda a, b: f"tw_mod({a}, {b})",
+        Op.POW: lambda a, b: f"std::pow({a}, {b})",
+        Op.MAXIMUM: lambda a, b: f"tw_max({a}, {b})",
+        Op.MINIMUM: lambda a, b: f"tw_min({a}, {b})",
+        Op.ATAN2: lambda a, b: f"std::atan2({a}, {b})",
+        Op.LT: lambda a, b: f"{a} < {b}",
+        Op.LE: lambda a, b: f"{a} <= {b}",
+        Op.GT: lambda a, b: f"{a} > {b}",
+        Op.GE: lambda a, b: f"{a} >= {b}",
+        Op.EQ: lambda a, b: f"{a} == {b}",
+        Op.NE: lambda a, b: f"{a} != {b}",
+        Op.LOGICAL_AND: lambda a, b: f"{a} && {b}",
+        Op.LOGICAL_OR: lambda a, b: f"{a} || {b}",
+        Op.LOGICAL_XOR: lambda a, b: f"{a} != {b}",
+        Op.BITWISE_AND: lambda a, b: f"{a} & {b}",
+        Op.BITWISE_OR: lambda a, b: f"{a} | {b}",
+        Op.BITWISE_XOR: lambda a, b: f"{a} ^ {b}",
+        Op.WHERE: lambda c, a, b: f"{c} ? {a} : {b}",
+    }
+    reduce_init = {Op.SUM: "0", Op.PROD: "1", Op.MAX: "-INFINITY", Op.MIN: "INFINITY"}
+    simd_clause = {Op.SUM: "+", Op.PROD: "*"}
+    reduce_ops = frozenset(reduce_init)
+
+    # -- values ------------------------------------------------------------------
+    def register_type(self, dtype: torch.dtype) -> str:
+        return "float" if dtype in HALF_TYPES else self.dtype_names[dtype]
+
+    def render_const(self, value, dtype) -> str:
+        if dtype is torch.bool:
+            return "true" if value else "false"
+        if dtype is torch.float64:
+            return _float(float(value), "")
+        if dtype.is_floating_point:
+            return _float(float(value), "f")
+        if dtype is torch.int64:
+            return f"INT64_C({int(value)})"
+        return f"(({self.dtype_names[dtype]}){int(value)})"
+
+    def render_cast(self, x, src, dst) -> str:
+        if dst is torch.bool:
+            return f"({x} != 0)"
+        if dst is torch.float16:
+            return f"tw_round_half((float)({x}))"
+        if dst is torch.bfloat16:
+            return f"tw_round_bf16((float)({x}))"
+        return f"static_cast<{self.register_type(dst)}>({x})"
+
+    def assign(self, name, code, dtype) -> str:
+        return f"{self.register_type(dtype)} {name} = {code};"
+
+    def render_load(self, buffer, index, dtype, scope) -> str:
+        value = f"{self.pointer(buffer)}[{index}]"
+        if dtype is torch.bfloat16:
+            return f"tw_bf16_to_float({value})"
+        if dtype is torch.float16:
+            return f"(float){value}"
+        return value
+
+    def store(self, store, scope) -> None:
+        value = self.expr(store.value, scope)
+        dtype = self.buffer_dtypes[store.buffer]
+        if dtype is torch.bfloat16:
+            value = f"tw_float_to_bf16({value})"
+        else:
+            value = f"static_cast<{self.dtype_names[dtype]}>({value})"
+        index = self.expr(store.index, scope)
+        self.emit(scope, f"{self.pointer(store.buffer)}[{index}] = {value};")
+
+    # -- loops -------------------------------------------------------------------
+    def open_kernel(self, kernel: Kernel) -> Scope:
+        params = []
+        for name in self.args:
+            const = "" if name in kernel.writes else "const "
+            params.append(f"{const}{self.dtype_names[self.buffer_dtypes[name]]}* __restrict__ {self.pointer(name)}")
+        self.emit(Scope(None, 0), f'extern "C" void {kernel.name}({", ".join(params)}) {{')
+        outer = [(f"x{k}", s) for k, s in enumerate(kernel.outer) if s != 1]
+        numel = math.prod(kernel.outer) * max(math.prod(kernel.reduced), 1)
+        parallel = f" if({numel} > 32768)" if numel else ""
+        self.open_loops = len(outer)
+        indent = 1
+        for k, (var, size) in enumerate(outer):
+            pragma = None
+            if kernel.is_reduction or len(outer) == 1:
+                if k == 0:
+                    simd = "" if kernel.is_reduction else " simd"
+                    pragma = f"#pragma omp parallel for{simd} collapse({len(outer)}){parallel}" if len(outer) > 1 \
+                        else f"#pragma omp parallel for{simd}{parallel}"
+            elif k == 0:
+                pragma = f"#pragma omp parallel for collapse({len(outer) - 1}){parallel}"
+            elif k == len(outer) - 1:
+                pragma = "#pragma omp simd"
+            if pragma:
+                self.emit(Scope(None, indent), pragma)
+            self.emit(Scope(None, indent), f"for (int64_t {var} = 0; {var} < {size}; {var}++) {{")
+            indent += 1
+        return Scope(None, indent)
+
+    def close_kernel(self, kernel: Kernel) -> None:
+        for k in range(self.open_loops, -1, -1):
+            self.emit(Scope(None, k), "}")
+
+    def open_stage(self, i: int, stage: Stage, outer: Scope) -> Scope:
+        for acc in stage.reductions:
+            name = self.new_tmp("acc")
+            self.reduced_names[acc.name] = name
+            init = self.reduce_init[acc.reduce_op] if acc.dtype is not torch.bool else (
+                "false" if acc.reduce_op in (Op.MAX, Op.SUM) else "true")
+            if acc.reduce_op in (Op.MAX, Op.MIN) and not acc.dtype.is_floating_point and acc.dtype is not torch.bool:
+                limit = "max" if acc.reduce_op is Op.MIN else "lowest"
+                init = f"std::numeric_limits<{self.register_type(acc.dtype)}>::{limit}()"
+            self.emit(outer, f"{self.register_type(acc.dtype)} {name} = {init};")
+        loops = [(f"r{k}", s) for k, s in enumerate(self.kernel.reduced) if s != 1]
+        indent = outer.indent
+        clause = [self.reduced_names[a.name] for a in stage.reductions if a.reduce_op in self.simd_clause]
+        only_simd_ops = all(a.reduce_op in self.simd_clause for a in stage.reductions)
+        for k, (var, size) in enumerate(loops):
+            if k == len(loops) - 1 and only_simd_ops:
+                ops = {self.simd_clause[a.reduce_op] for a in stage.reductions}
+                red = "".join(f" reduction({op}:{', '.join(self.reduced_names[a.name] for a in stage.reductions if self.simd_clause[a.reduce_op] == op)})"
+                              for op in sorted(ops)) if clause else ""
+                self.emit(Scope(None, indent), f"#pragma omp simd{red}")
+            self.emit(Scope(None, indent), f"for (int64_t {var} = 0; {var} < {size}; {var}++) {{")
+            indent += 1
+        self.stage_loops = len(loops)
+        return Scope(outer, indent)
+
+    def close_stage(self, i: int, stage: Stage, outer: Scope) -> None:
+        for k in range(self.stage_loops - 1, -1, -1):
+            self.emit(Scope(None, outer.indent + k), "}")
+
+    def accumulate(self, acc, value, scope) -> None:
+        name = self.reduced_names[acc.name]
+        combine = {
+            Op.SUM: f"{name} + {value}" if acc.dtype is not torch.bool else f"{name} || {value}",
+            Op.PROD: f"{name} * {value}" if acc.dtype is not torch.bool else f"{name} && {value}",
+            Op.MAX: f"tw_max({name}, {value})" if acc.dtype is not torch.bool else f"{name} || {value}",
+            Op.MIN: f"tw_min({name}, {value})" if acc.dtype is not torch.bool else f"{name} && {value}",
+        }[acc.reduce_op]
+        self.emit(scope, f"{name} = {combine};")
+
+    def render_kernels(self, kernels: list[Kernel], buffer_dtypes: dict) -> str:
+        """One C++ file with every kernel of a graph."""
+        self.buffer_dtypes = buffer_dtypes
+        parts = [PRELUDE]
+        for kernel in kernels:
+            parts.append(self.render(kernel))
+        return "\n".join(parts)

@@ -1,0 +1,233 @@
+"""Render one scheduled kernel as a Triton kernel: masked blocks of XBLOCK outer
+elements; reductions in blocks of RBLOCK, one block when the row fits."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from torchweld.compiler.codegen.common import KernelRenderer, Scope
+from torchweld.compiler.ir import Op
+from torchweld.compiler.schedule import Kernel, Stage
+
+HALF_TYPES = (torch.float16, torch.bfloat16)
+MAX_PERSISTENT_RBLOCK = 2048  # rows up to this long reduce in one block, longer ones loop
+LOOPED_RBLOCK = 1024
+
+LIBDEVICE = "libdevice"
+
+
+def next_power_of_2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def block_sizes(kernel: Kernel) -> tuple[int, int]:
+    """(XBLOCK, RBLOCK) from the kernel's sizes."""
+    xnumel = max(math.prod(kernel.outer), 1)
+    if not kernel.is_reduction:
+        return min(1024, next_power_of_2(xnumel)), 1
+    rnumel = math.prod(kernel.reduced)
+    rblock = next_power_of_2(rnumel) if rnumel <= MAX_PERSISTENT_RBLOCK else LOOPED_RBLOCK
+    xblock = max(1, min(next_power_of_2(xnumel), 4096 // rblock, 64))
+    return xblock, rblock
+
+
+def _float(value: float) -> str:
+    if math.isnan(value):
+        return 'float("nan")'
+    if math.isinf(value):
+        return 'float("inf")' if value > 0 else 'float("-inf")'
+    return repr(float(value))
+
+
+class TritonRenderer(KernelRenderer):
+    name = "TritonRenderer"
+    dtype_names = {
+        torch.float32: "tl.float32", torch.float64: "tl.float64", torch.float16: "tl.float16",
+        torch.bfloat16: "tl.bfloat16", torch.int64: "tl.int64", torch.int32: "tl.int32", torch.int16: "tl.int16",
+        torch.int8: "tl.int8", torch.uint8: "tl.uint8", torch.bool: "tl.int1",
+    }
+    code_for_op = {
+        Op.IDIV: lambda a, b: f"{a} // {b}",
+        Op.IMOD: lambda a, b: f"{a} % {b}",
+        Op.NEG: lambda a: f"-{a}",
+        Op.ABS: lambda a: f"tl.abs({a})",
+        Op.EXP: lambda a: f"tl.exp({a})",
+        Op.EXPM1: lambda a: f"{LIBDEVICE}.expm1({a})",
+        Op.LOG: lambda a: f"tl.log({a})",
+        Op.LOG1P: lambda a: f"{LIBDEVICE}.log1p({a})",
+        Op.LOG2: lambda a: f"tl.log2({a})",
+        Op.SIN: lambda a: f"tl.sin({a})",
+        Op.COS: lambda a: f"tl.cos({a})",
+        Op.TAN: lambda a: f"{LIBDEVICE}.tan({a})",
+        Op.TANH: lambda a: f"{LIBDEVICE}.tanh({a})",
+        Op.ATAN: lambda a: f"{LIBDEVICE}.atan({a})",
+        Op.SQRT: lambda a: f"tl.sqrt({a})",
+        Op.RSQRT: lambda a: f"tl.rsqrt({a})",
+        Op.RECIPROCAL: lambda a: f"1 / {a}",
+        Op.SIGMOID: lambda a: f"tl.sigmoid({a})",
+        Op.ERF: lambda a: f"tl.erf({a})",
+        Op.FLOOR: lambda a: f"tl.floor({a})",
+        Op.CEIL: lambda a: f"tl.ceil({a})",
+        Op.TRUNC: lambda a: f"{LIBDEVICE}.trunc({a})",
+        Op.ROUND: lambda a: f"{LIBDEVICE}.nearbyint({a})",
+        Op.ISNAN: lambda a: f"{a} != {a}",
+        Op.LOGICAL_NOT: lambda a: f"{a} == 0",
+        Op.BITWISE_NOT: lambda a: f"~{a}",
+        Op.ADD: lambda a, b: f"{a} + {b}",
+        Op.SUB: lambda a, b: f"{a} - {b}",
+        Op.MUL: lambda a, b: f"{a} * {b}",
+        Op.TRUEDIV: lambda a, b: f"{a} / {b}",
+        Op.POW: lambda a, b: f"{LIBDEVICE}.pow({a}, {b})",
+        Op.MAXIMUM: lambda a, b: f"tl.maximum({a}, {b})",
+        Op.MINIMUM: lambda a, b: f"tl.minimum({a}, {b})",
+        Op.ATAN2: lambda a, b: f"{LIBDEVICE}.atan2({a}, {b})",
+        Op.LT: lambda a, b: f"{a} < {b}",
+        Op.LE: lambda a, b: f"{a} <= {b}",
+        Op.GT: lambda a, b: f"{a} > {b}",
+        Op.GE: lambda a, b: f"{a} >= {b}",
+        Op.EQ: lambda a, b: f"{a} == {b}",
+        Op.NE: lambda a, b: f"{a} != {b}",
+        Op.LOGICAL_AND: lambda a, b: f"{a} & {b}",
+        Op.LOGICAL_OR: lambda a, b: f"{a} | {b}",
+        Op.LOGICAL_XOR: lambda a, b: f"{a} ^ {b}",
+        Op.BITWISE_AND: lambda a, b: f"{a} & {b}",
+        Op.BITWISE_OR: lambda a, b: f"{a} | {b}",
+        Op.BITWISE_XOR: lambda a, b: f"{a} ^ {b}",
+        Op.WHERE: lambda c, a, b: f"tl.where({c}, {a}, {b})",
+    }
+    # float64 math goes through libdevice on GPUs; keep it extern rather than guess
+    unsupported_dtypes = frozenset({torch.float64})
+    reduce_init = {Op.SUM: "0", Op.PROD: "1", Op.MAX: 'float("-inf")', Op.MIN: 'float("inf")'}
+    reduce_fn = {Op.SUM: "tl.sum", Op.MAX: "tl.max", Op.MIN: "tl.min"}
+    reduce_ops = frozenset(reduce_fn)
+
+    # -- values ------------------------------------------------------------------
+    def register_type(self, dtype) -> str:
+        return "tl.float32" if dtype in HALF_TYPES else self.dtype_names[dtype]
+
+    def render_const(self, value, dtype) -> str:
+        if dtype is torch.bool:
+            return "1" if value else "0"
+        if dtype.is_floating_point:
+            return _float(value)
+        return str(int(value))
+
+    def render_cast(self, x, src, dst) -> str:
+        if dst is torch.bool:
+            return f"({x} != 0)"
+        if dst in HALF_TYPES:
+            return f"({x}).to({self.dtype_names[dst]}).to(tl.float32)"
+        return f"({x}).to({self.dtype_names[dst]})"
+
+    def assign(self, name, code, dtype) -> str:
+        return f"{name} = {code}"
+
+    def mask(self, scope: Scope) -> str:
+        return self.scope_masks.get(id(scope), "xmask")
+
+    def render_load(self, buffer, index, dtype, scope) -> str:
+        code = f"tl.load({self.pointer(buffer)} + ({index}), {self.mask(scope)}, other=0)"
+        if dtype in HALF_TYPES:
+            code += ".to(tl.float32)"
+        return code
+
+    def store(self, store, scope) -> None:
+        value = self.expr(store.value, scope)
+        index = self.expr(store.index, scope)
+        if self.kernel.is_reduction and not self.scope_masks.get(id(scope)):
+            value = f"tl.broadcast_to({value}, [XBLOCK, 1])"
+        elif not self.kernel.is_reduction:
+            value = f"tl.broadcast_to({value}, [XBLOCK])"
+        else:
+            value = f"tl.broadcast_to({value}, [XBLOCK, RBLOCK])"
+        self.emit(scope, f"tl.store({self.pointer(store.buffer)} + ({index}), {value}, {self.mask(scope)})")
+
+    # -- blocks ------------------------------------------------------------------
+    def open_kernel(self, kernel: Kernel) -> Scope:
+        self.scope_masks: dict[int, str] = {}
+        params = ", ".join([self.pointer(n) for n in self.args] + ["XBLOCK: tl.constexpr", "RBLOCK: tl.constexpr"])
+        top = Scope(None, 0)
+        self.emit(top, "@triton.jit")
+        self.emit(top, f"def {kernel.name}({params}):")
+        body = Scope(None, 1)
+        xnumel = math.prod(kernel.outer)
+        arange = "tl.arange(0, XBLOCK)[:, None]" if kernel.is_reduction else "tl.arange(0, XBLOCK)"
+        self.emit(body, f"xindex = tl.program_id(0) * XBLOCK + {arange}")
+        self.emit(body, f"xmask = xindex < {xnumel}")
+        self.emit_unravel(body, "xindex", "x", kernel.outer)
+        return body
+
+    def emit_unravel(self, scope: Scope, flat: str, prefix: str, sizes) -> None:
+        inner = math.prod(sizes)
+        first = True
+        for k, size in enumerate(sizes):
+            inner //= max(size, 1)
+            if size == 1:
+                continue
+            q = flat if inner == 1 else f"({flat} // {inner})"
+            self.emit(scope, f"{prefix}{k} = {q}" if first else f"{prefix}{k} = {q} % {size}")
+            first = False
+
+    def close_kernel(self, kernel: Kernel) -> None:
+        pass
+
+    def open_stage(self, i: int, stage: Stage, outer: Scope) -> Scope:
+        rnumel = math.prod(self.kernel.reduced)
+        _, rblock = block_sizes(self.kernel)
+        for acc in stage.reductions:
+            name = self.new_tmp("acc")
+            self.reduced_names[acc.name] = name
+            init = self.reduce_init[acc.reduce_op]
+            dtype = self.register_type(acc.dtype)
+            if acc.dtype is torch.bool:
+                dtype, init = "tl.int1", "0" if acc.reduce_op in (Op.MAX, Op.SUM) else "1"
+            elif not acc.dtype.is_floating_point and acc.reduce_op in (Op.MAX, Op.MIN):
+                info = torch.iinfo(acc.dtype)
+                init = str(info.min if acc.reduce_op is Op.MAX else info.max)
+            self.emit(outer, f"{name} = tl.full([XBLOCK, RBLOCK], {init}, {dtype})")
+        looped = rnumel > rblock
+        indent = outer.indent
+        if looped:
+            self.emit(outer, f"for roffset in range(0, {rnumel}, RBLOCK):")
+            indent += 1
+            inner = Scope(outer, indent)
+            self.emit(inner, "rindex = roffset + tl.arange(0, RBLOCK)[None, :]")
+        else:
+            inner = Scope(outer, indent)
+            self.emit(inner, "rindex = tl.arange(0, RBLOCK)[None, :]")
+        self.emit(inner, f"rmask = rindex < {rnumel}")
+        self.emit_unravel(inner, "rindex", "r", self.kernel.reduced)
+        self.emit(inner, "xrmask = xmask & rmask")
+        self.scope_masks[id(inner)] = "xrmask"
+        self.stage_scope = inner
+        return inner
+
+    def close_stage(self, i: int, stage: Stage, outer: Scope) -> None:
+        for acc in stage.reductions:
+            name = self.reduced_names[acc.name]
+            fn = self.reduce_fn[acc.reduce_op]
+            if acc.dtype is torch.bool:
+                fn = "tl.max" if acc.reduce_op in (Op.MAX, Op.SUM) else "tl.min"
+                self.emit(outer, f"{name} = {fn}({name}.to(tl.int8), 1)[:, None] != 0")
+            else:
+                self.emit(outer, f"{name} = {fn}({name}, 1)[:, None]")
+
+    def accumulate(self, acc, value, scope) -> None:
+        name = self.reduced_names[acc.name]
+        combine = {
+            Op.SUM: f"{name} + {value}",
+            Op.MAX: f"tl.maximum({name}, {value})",
+            Op.MIN: f"tl.minimum({name}, {value})",
+        }[acc.reduce_op]
+        if acc.dtype is torch.bool:
+            combine = f"{name} | {value}" if acc.reduce_op in (Op.MAX, Op.SUM) else f"{name} & {value}"
+        self.emit(scope, f"{name} = tl.where(xrmask, {combine}, {name})")
+
+    def render_kernels(self, kernels: list[Kernel], buffer_dtypes: dict) -> str:
+        self.buffer_dtypes = buffer_dtypes
+        parts = ["import triton", "import triton.language as tl",
+                 "from triton.language.extra import libdevice", ""]
+        for kernel in kernels:
+            parts.append(self.render(kernel))
+        return "\n".join(parts)

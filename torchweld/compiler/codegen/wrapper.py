@@ -1,0 +1,136 @@
+"""Render the Python function that runs one graph: it checks input layouts,
+allocates (and reuses) buffers, launches the kernels, calls the externs, frees
+what is dead and returns the outputs."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from torchweld.compiler import ir
+from torchweld.compiler.ir import Layout
+from torchweld.compiler.lowering import TensorValue
+from torchweld.compiler.schedule import ExternCall, Free, Kernel, Schedule
+
+PRELUDE = '''
+def _restride(t, shape, stride):
+    """`t` copied into the layout the kernels were generated for."""
+    out = torch.empty_strided(shape, stride, dtype=t.dtype, device=t.device)
+    out.copy_(t)
+    return out
+
+
+def _view(t, shape, stride, offset):
+    return torch.as_strided(t, shape, stride, t.storage_offset() + offset)
+'''
+
+
+def _storage_size(layout: Layout) -> int:
+    if 0 in layout.shape:
+        return 0
+    return layout.offset + 1 + sum((s - 1) * st for s, st in zip(layout.shape, layout.stride))
+
+
+class WrapperRenderer:
+    """Python source for `call(*inputs)`; `constants` holds objects the source refers to by name."""
+
+    def __init__(self, sched: Schedule, kernel_launch):
+        self.sched = sched
+        self.graph = sched.graph
+        self.launch = kernel_launch  # Kernel -> line of Python, or None when it has no work
+        self.constants: dict[str, object] = {}
+        self.lines: list[str] = []
+
+    def const(self, value: object) -> str:
+        """Source text for a constant argument: a literal when it prints as one, else a global."""
+        if value is None or isinstance(value, (bool, int, str)):
+            return repr(value)
+        if isinstance(value, float):
+            return repr(value) if math.isfinite(value) else f"float('{value}')"
+        if isinstance(value, torch.dtype):
+            return str(value)
+        if isinstance(value, (list, tuple)):
+            inner = ", ".join(self.const(v) for v in value)
+            return f"[{inner}]" if isinstance(value, list) else f"({inner}{',' if len(value) == 1 else ''})"
+        if isinstance(value, dict):
+            return "{" + ", ".join(f"{k!r}: {self.const(v)}" for k, v in value.items()) + "}"
+        if isinstance(value, ir.TensorArg):
+            return self.tensor(value.buffer, value.layout)
+        name = f"_c{len(self.constants)}"
+        self.constants[name] = value
+        return name
+
+    def tensor(self, root: str, layout: Layout) -> str:
+        _, own, _ = self.sched.layouts[root]
+        if own == layout:
+            return root
+        return f"_view({root}, {layout.shape}, {layout.stride}, {layout.offset})"
+
+    def emit(self, line: str) -> None:
+        self.lines.append("    " + line)
+
+    def render(self) -> str:
+        g = self.graph
+        params = [n if n is not None else f"_unused{i}" for i, n in enumerate(g.input_names)]
+        self.lines = [PRELUDE, f"def call({', '.join(params)}):"]
+        for name in params:
+            if name in self.sched.layouts:
+                dtype, layout, _ = self.sched.layouts[name]
+                self.emit(f"if {name}.stride() != {layout.stride}: {name} = _restride({name}, {layout.shape}, {layout.stride})")
+        for name in g.constants:
+            self.constants[name] = g.constants[name]
+        pool: dict[tuple, list[str]] = {}
+        allocated = set(self.sched.allocated)
+        for step in self.sched.steps:
+            if isinstance(step, Kernel):
+                for name in step.writes:
+                    if name in allocated:
+                        self.allocate(name, pool)
+                line = self.launch(step)
+                if line:
+                    self.emit(line)
+            elif isinstance(step, ExternCall):
+                self.extern(g.buffers[step.name])
+            elif isinstance(step, Free):
+                for name in step.names:
+                    if name in allocated:
+                        pool.setdefault(self.pool_key(name), []).append(name)
+                    else:
+                        self.emit(f"del {name}")
+        for name, value in g.mutated_inputs:
+            self.emit(f"{name}.copy_({self.output(value)})")
+        outs = ", ".join(self.output(v) for v in g.outputs)
+        self.emit(f"return ({outs}{',' if len(g.outputs) == 1 else ''})")
+        return "\n".join(self.lines) + "\n"
+
+    def pool_key(self, name: str) -> tuple:
+        dtype, layout, device = self.sched.layouts[name]
+        return (dtype, str(device), _storage_size(layout))
+
+    def allocate(self, name: str, pool: dict) -> None:
+        dtype, layout, device = self.sched.layouts[name]
+        free = pool.get(self.pool_key(name))
+        if free:
+            old = free.pop()
+            self.emit(f"{name} = {old}.as_strided({layout.shape}, {layout.stride}); del {old}  # reuse")
+            return
+        self.emit(f"{name} = torch.empty_strided({layout.shape}, {layout.stride}, dtype={dtype}, "
+                  f"device={self.const(torch.device(device))})")
+
+    def extern(self, ext: ir.Extern) -> None:
+        target = self.const(ext.target)
+        args = ", ".join(self.const(a) for a in ext.args)
+        kwargs = ", ".join(f"{k}={self.const(v)}" for k, v in ext.kwargs.items())
+        call = f"{target}({', '.join(x for x in (args, kwargs) if x)})"
+        names = [ext.output_name(i) for i in range(len(ext.outputs))]
+        lhs = ", ".join(names) + ("," if ext.multi and len(names) == 1 else "")
+        if ext.multi and not names:
+            lhs = "_"
+        self.emit(f"{lhs} = {call}  # extern")
+        for name, (dtype, layout) in zip(names, ext.outputs):
+            self.emit(f"if {name}.stride() != {layout.stride}: {name} = _restride({name}, {layout.shape}, {layout.stride})")
+
+    def output(self, value: object) -> str:
+        if isinstance(value, TensorValue):
+            return self.tensor(value.root, value.layout)
+        return self.const(value)

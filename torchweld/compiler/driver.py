@@ -1,0 +1,125 @@
+"""Compile one torch-level FX graph to a Python callable: aten graph, lowering,
+schedule, kernel sources, wrapper — the pipeline, in order."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+
+import torch
+import torch.utils._pytree as pytree
+
+from torchweld.compiler import ir
+from torchweld.compiler.aten_graph import to_aten_graph
+from torchweld.compiler.codegen.cpp import CppRenderer
+from torchweld.compiler.codegen.wrapper import WrapperRenderer
+from torchweld.compiler.lowering import GraphLowering
+from torchweld.compiler.schedule import Kernel, Schedule, schedule
+from torchweld.runtime.cache import cache_dir, content_hash, write_once
+
+log = logging.getLogger("torchweld.weld")
+output_code_log = logging.getLogger("torchweld.output_code")
+
+
+@dataclasses.dataclass
+class CompiledGraph:
+    """The callable weld returns, with what it was made of (for tests and tools)."""
+
+    fn: object
+    out_spec: pytree.TreeSpec
+    schedule: Schedule
+    wrapper_source: str
+    kernel_sources: dict[str, str]  # "cpp" / "triton" -> source
+    paths: dict[str, str]
+
+    def __call__(self, *args):
+        return pytree.tree_unflatten(list(self.fn(*args)), self.out_spec)
+
+    @property
+    def externs(self) -> list[str]:
+        return self.schedule.graph.externs
+
+
+def renderer_for(device: torch.device, options: dict):
+    """CppRenderer for CPU tensors, TritonRenderer for CUDA ones (or when options ask for it)."""
+    if device.type == "cuda" or options.get("cpu_codegen") == "triton":
+        from torchweld.compiler.codegen.triton import TritonRenderer
+
+        return TritonRenderer
+    return CppRenderer
+
+
+def compile_graph(gm: torch.fx.GraphModule, example_inputs: list, options: dict | None = None) -> CompiledGraph:
+    options = dict(options or {})
+    aten = to_aten_graph(gm, example_inputs)
+    lowering = GraphLowering(aten.gm, check=lambda buf: _check(buf, options))
+    lowered = lowering.run(list(example_inputs))
+    for line in lowered.externs:
+        log.debug("extern call: %s", line)
+    sched = schedule(lowered)
+    return _codegen(sched, aten.out_spec, options)
+
+
+def _check(buf, options: dict) -> None:
+    """Raise NotImplementedError if the renderer for `buf`'s device cannot render its body."""
+    renderer = renderer_for(buf.device, options)
+    if isinstance(buf, ir.Reduction):
+        renderer.check_reduction(buf.reduce_op, buf.body.dtype)
+    renderer.check(buf.body)
+    if buf.dtype not in renderer.dtype_names or buf.dtype in renderer.unsupported_dtypes:
+        raise NotImplementedError(f"{renderer.name} has no dtype {buf.dtype}")
+
+
+def _codegen(sched: Schedule, out_spec, options: dict) -> CompiledGraph:
+    buffer_dtypes = {name: dtype for name, (dtype, _, _) in sched.layouts.items()}
+    by_renderer: dict[type, list[Kernel]] = {}
+    for k in sched.kernels():
+        if math.prod(k.outer) == 0:
+            continue  # no elements: nothing to compute
+        by_renderer.setdefault(renderer_for(k.device, options), []).append(k)
+
+    launches: dict[str, str] = {}
+    kernel_objects: dict[str, object] = {}
+    sources: dict[str, str] = {}
+    paths: dict[str, str] = {}
+    for renderer_cls, kernels in by_renderer.items():
+        renderer = renderer_cls()
+        source = renderer.render_kernels(kernels, buffer_dtypes)
+        n_args = {k.name: len(k.reads) + len([w for w in k.writes if w not in k.reads]) for k in kernels}
+        args_of = {k.name: list(k.reads) + [w for w in k.writes if w not in k.reads] for k in kernels}
+        if renderer_cls is CppRenderer:
+            from torchweld.runtime.cpp_loader import load_kernels
+
+            fns, path = load_kernels(source, [k.name for k in kernels], n_args)
+            sources["cpp"], paths["cpp"] = source, path
+            for k in kernels:
+                kernel_objects[f"_k_{k.name}"] = fns[k.name]
+                ptrs = ", ".join(f"{a}.data_ptr()" for a in args_of[k.name])
+                launches[k.name] = f"_k_{k.name}({ptrs})"
+        else:
+            from torchweld.compiler.codegen.triton import block_sizes
+            from torchweld.runtime.triton_loader import load_module
+
+            module, path = load_module(source)
+            sources["triton"], paths["triton"] = source, path
+            for k in kernels:
+                kernel_objects[f"_k_{k.name}"] = getattr(module, k.name)
+                xblock, rblock = block_sizes(k)
+                grid = -(-max(math.prod(k.outer), 1) // xblock)
+                launches[k.name] = (f"_k_{k.name}[({grid},)]({', '.join(args_of[k.name])}, "
+                                    f"XBLOCK={xblock}, RBLOCK={rblock})")
+
+    wrapper = WrapperRenderer(sched, lambda k: launches.get(k.name))
+    wrapper_source = wrapper.render()
+    wrapper_path = write_once(os.path.join(cache_dir("wrappers"), f"w{content_hash(wrapper_source)}.py"),
+                              wrapper_source)
+    paths["wrapper"] = wrapper_path
+    namespace = {"torch": torch, **wrapper.constants, **kernel_objects}
+    exec(compile(wrapper_source, wrapper_path, "exec"), namespace)
+    if output_code_log.isEnabledFor(logging.INFO):
+        text = [f"wrapper: {wrapper_path}", wrapper_source]
+        for kind, src in sources.items():
+            text += [f"{kind} kernels: {paths[kind]}", src]
+        output_code_log.info("\n".join(text))
+    return CompiledGraph(namespace["call"], out_spec, sched, wrapper_source, sources, paths)

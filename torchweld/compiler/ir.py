@@ -1,0 +1,412 @@
+"""The loop IR: what every aten op becomes, with no target's strings in it.
+
+A value is an `Expr` tree computed at one index of an iteration space: leaves
+are constants, index variables and loads from named buffers; inner nodes apply
+an `Op`. Every lowered aten op is one of four things:
+
+    Pointwise   shape, body: Expr over the index variables d0..dN-1
+    Reduction   a Pointwise body over a full shape, combined over `reduced` dims
+    View        index arithmetic on another buffer (no copy; lives in lowering)
+    Extern      a call to the aten kernel itself (matmul, convolution, anything
+                without a lowering)
+
+Index variables in a body are `Expr(Op.VAR, arg="d<i>")`; a reader substitutes
+its own index for them (`substitute`). Renderers (codegen/) turn Exprs into
+C++ or Triton through their `code_for_op` tables; passes query the op sets at
+the bottom instead of listing ops again.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+from typing import Callable, Iterable
+
+import torch
+
+
+class Op(enum.Enum):
+    # -- leaves ------------------------------------------------------------------
+    CONST = enum.auto()  # arg: a Python bool/int/float
+    VAR = enum.auto()  # arg: an index variable's name ("d0", or a kernel's loop variable)
+    LOAD = enum.auto()  # arg: buffer name; args: one index Expr per buffer dim
+    REDUCED = enum.auto()  # arg: name of a reduction computed earlier in the same kernel
+    # -- index arithmetic (non-negative int64 operands) --------------------------
+    IDIV = enum.auto()
+    IMOD = enum.auto()
+    # -- unary -------------------------------------------------------------------
+    NEG = enum.auto()
+    ABS = enum.auto()
+    EXP = enum.auto()
+    EXPM1 = enum.auto()
+    LOG = enum.auto()
+    LOG1P = enum.auto()
+    LOG2 = enum.auto()
+    SIN = enum.auto()
+    COS = enum.auto()
+    TAN = enum.auto()
+    TANH = enum.auto()
+    ATAN = enum.auto()
+    SQRT = enum.auto()
+    RSQRT = enum.auto()
+    RECIPROCAL = enum.auto()
+    SIGMOID = enum.auto()
+    ERF = enum.auto()
+    FLOOR = enum.auto()
+    CEIL = enum.auto()
+    TRUNC = enum.auto()
+    ROUND = enum.auto()
+    SIGN = enum.auto()
+    ISNAN = enum.auto()
+    LOGICAL_NOT = enum.auto()
+    BITWISE_NOT = enum.auto()
+    # -- binary ------------------------------------------------------------------
+    ADD = enum.auto()
+    SUB = enum.auto()
+    MUL = enum.auto()
+    TRUEDIV = enum.auto()
+    FLOORDIV = enum.auto()  # Python semantics (rounds toward -inf), ints and floats
+    REMAINDER = enum.auto()  # Python semantics (sign of the divisor)
+    POW = enum.auto()
+    MAXIMUM = enum.auto()  # NaN-propagating, like torch.maximum
+    MINIMUM = enum.auto()
+    ATAN2 = enum.auto()
+    LT = enum.auto()
+    LE = enum.auto()
+    GT = enum.auto()
+    GE = enum.auto()
+    EQ = enum.auto()
+    NE = enum.auto()
+    LOGICAL_AND = enum.auto()
+    LOGICAL_OR = enum.auto()
+    LOGICAL_XOR = enum.auto()
+    BITWISE_AND = enum.auto()
+    BITWISE_OR = enum.auto()
+    BITWISE_XOR = enum.auto()
+    # -- ternary -----------------------------------------------------------------
+    WHERE = enum.auto()
+    # -- conversion --------------------------------------------------------------
+    CAST = enum.auto()  # dtype: the target dtype
+    # -- reductions (a Reduction's `reduce_op`, never inside an Expr) ------------
+    SUM = enum.auto()
+    PROD = enum.auto()
+    MAX = enum.auto()
+    MIN = enum.auto()
+
+
+class OpSet:
+    """Named groups of ops that passes and renderers query."""
+
+    Leaf = frozenset({Op.CONST, Op.VAR, Op.LOAD, Op.REDUCED})
+    Index = frozenset({Op.IDIV, Op.IMOD})
+    Unary = frozenset({
+        Op.NEG, Op.ABS, Op.EXP, Op.EXPM1, Op.LOG, Op.LOG1P, Op.LOG2, Op.SIN, Op.COS, Op.TAN,
+        Op.TANH, Op.ATAN, Op.SQRT, Op.RSQRT, Op.RECIPROCAL, Op.SIGMOID, Op.ERF, Op.FLOOR,
+        Op.CEIL, Op.TRUNC, Op.ROUND, Op.SIGN, Op.ISNAN, Op.LOGICAL_NOT, Op.BITWISE_NOT,
+    })
+    Binary = frozenset({
+        Op.ADD, Op.SUB, Op.MUL, Op.TRUEDIV, Op.FLOORDIV, Op.REMAINDER, Op.POW, Op.MAXIMUM,
+        Op.MINIMUM, Op.ATAN2, Op.LT, Op.LE, Op.GT, Op.GE, Op.EQ, Op.NE, Op.LOGICAL_AND,
+        Op.LOGICAL_OR, Op.LOGICAL_XOR, Op.BITWISE_AND, Op.BITWISE_OR, Op.BITWISE_XOR,
+    })
+    Comparison = frozenset({Op.LT, Op.LE, Op.GT, Op.GE, Op.EQ, Op.NE, Op.ISNAN})
+    Logical = frozenset({Op.LOGICAL_AND, Op.LOGICAL_OR, Op.LOGICAL_XOR, Op.LOGICAL_NOT})
+    Transcendental = frozenset({
+        Op.EXP, Op.EXPM1, Op.LOG, Op.LOG1P, Op.LOG2, Op.SIN, Op.COS, Op.TAN, Op.TANH, Op.ATAN,
+        Op.SQRT, Op.RSQRT, Op.SIGMOID, Op.ERF, Op.POW, Op.ATAN2,
+    })
+    Elementwise = Unary | Binary | {Op.WHERE, Op.CAST}
+    Reduce = frozenset({Op.SUM, Op.PROD, Op.MAX, Op.MIN})
+
+
+# =============================================================================
+# Expressions
+# =============================================================================
+
+
+@dataclasses.dataclass(frozen=True, eq=False, slots=True)
+class Expr:
+    """One value at one index. Trees share subtrees; renderers CSE them."""
+
+    op: Op
+    dtype: torch.dtype
+    args: tuple["Expr", ...] = ()
+    arg: object = None
+
+    def __repr__(self) -> str:
+        if self.op is Op.CONST or self.op is Op.VAR:
+            return str(self.arg)
+        inner = ", ".join(map(repr, self.args))
+        label = self.op.name if self.arg is None else f"{self.op.name}[{self.arg}]"
+        return f"{label}({inner})"
+
+    def key(self) -> tuple:
+        """A structural key: equal keys compute the same value."""
+        return (self.op, self.dtype, self.arg, tuple(a.key() for a in self.args))
+
+
+INDEX = torch.int64
+
+
+def const(value: object, dtype: torch.dtype | None = None) -> Expr:
+    if dtype is None:
+        dtype = torch.bool if isinstance(value, bool) else INDEX if isinstance(value, int) else torch.float32
+    if dtype.is_floating_point:
+        value = float(value)
+    elif dtype is torch.bool:
+        value = bool(value)
+    else:
+        value = int(value)
+    return Expr(Op.CONST, dtype, (), value)
+
+
+def var(name: str) -> Expr:
+    return Expr(Op.VAR, INDEX, (), name)
+
+
+def dim_vars(ndim: int) -> list[Expr]:
+    """The placeholder index d0..dN-1 a node's body is written over."""
+    return [var(f"d{i}") for i in range(ndim)]
+
+
+def load(buffer: str, dtype: torch.dtype, index: Iterable[Expr]) -> Expr:
+    return Expr(Op.LOAD, dtype, tuple(index), buffer)
+
+
+def is_const(e: Expr, value: object = None) -> bool:
+    return e.op is Op.CONST and (value is None or e.arg == value)
+
+
+# -- index arithmetic, folded as it is built ----------------------------------
+
+
+def iadd(a: Expr, b: Expr) -> Expr:
+    if is_const(a) and is_const(b):
+        return const(a.arg + b.arg)
+    if is_const(a, 0):
+        return b
+    if is_const(b, 0):
+        return a
+    return Expr(Op.ADD, INDEX, (a, b))
+
+
+def imul(a: Expr, b: Expr) -> Expr:
+    if is_const(a) and is_const(b):
+        return const(a.arg * b.arg)
+    if is_const(a, 0) or is_const(b, 0):
+        return const(0)
+    if is_const(a, 1):
+        return b
+    if is_const(b, 1):
+        return a
+    return Expr(Op.MUL, INDEX, (a, b))
+
+
+def idiv(a: Expr, divisor: int) -> Expr:
+    if divisor == 1:
+        return a
+    if is_const(a):
+        return const(a.arg // divisor)
+    return Expr(Op.IDIV, INDEX, (a, const(divisor)))
+
+
+def imod(a: Expr, divisor: int) -> Expr:
+    if divisor == 1:
+        return const(0)
+    if is_const(a):
+        return const(a.arg % divisor)
+    return Expr(Op.IMOD, INDEX, (a, const(divisor)))
+
+
+def flat_index(index: list[Expr], strides: Iterable[int], offset: int = 0) -> Expr:
+    out = const(offset)
+    for i, s in zip(index, strides):
+        out = iadd(out, imul(i, const(s)))
+    return out
+
+
+def unravel(flat: Expr, shape: Iterable[int]) -> list[Expr]:
+    """The n-d index of a row-major position `flat` in `shape`."""
+    shape = list(shape)
+    if 0 in shape:
+        return [const(0) for _ in shape]
+    out, inner, outermost = [], math.prod(shape), True
+    for size in shape:
+        inner //= size
+        if size == 1:
+            out.append(const(0))
+        else:
+            q = idiv(flat, inner)
+            out.append(q if outermost else imod(q, size))
+            outermost = False
+    return out
+
+
+def contiguous_strides(shape: Iterable[int]) -> tuple[int, ...]:
+    strides, acc = [], 1
+    for size in reversed(list(shape)):
+        strides.append(acc)
+        acc *= max(size, 1)
+    return tuple(reversed(strides))
+
+
+# -- rewriting ------------------------------------------------------------------
+
+
+def rewrite(e: Expr, leaf_fn: Callable[[Expr], Expr | None], memo: dict | None = None) -> Expr:
+    """Rebuild `e` bottom-up; `leaf_fn(node)` may replace any node (given rewritten args)."""
+    memo = {} if memo is None else memo
+    got = memo.get(id(e))
+    if got is not None:
+        return got[1]
+    args = tuple(rewrite(a, leaf_fn, memo) for a in e.args)
+    node = e if all(x is y for x, y in zip(args, e.args)) else _rebuild(e, args)
+    out = leaf_fn(node)
+    out = node if out is None else out
+    memo[id(e)] = (e, out)  # keep e alive so id() stays unique
+    return out
+
+
+def _rebuild(e: Expr, args: tuple[Expr, ...]) -> Expr:
+    if e.dtype is INDEX and e.op in (Op.ADD, Op.MUL, Op.IDIV, Op.IMOD) and all(a.dtype is INDEX for a in args):
+        if e.op is Op.ADD:
+            return iadd(*args)
+        if e.op is Op.MUL:
+            return imul(*args)
+        if is_const(args[1]):
+            return (idiv if e.op is Op.IDIV else imod)(args[0], args[1].arg)
+    return Expr(e.op, e.dtype, args, e.arg)
+
+
+def substitute(e: Expr, index: list[Expr]) -> Expr:
+    """`e` (written over d0..dN-1) evaluated at `index`."""
+    mapping = {f"d{i}": x for i, x in enumerate(index)}
+    return rewrite(e, lambda n: mapping.get(n.arg) if n.op is Op.VAR else None)
+
+
+def walk(e: Expr) -> Iterable[Expr]:
+    """Every distinct node of `e`, children before parents."""
+    seen: set[int] = set()
+    stack = [(e, False)]
+    while stack:
+        node, done = stack.pop()
+        if id(node) in seen:
+            continue
+        if done:
+            seen.add(id(node))
+            yield node
+        else:
+            stack.append((node, True))
+            stack.extend((a, False) for a in node.args if id(a) not in seen)
+
+
+def loads(e: Expr) -> list[Expr]:
+    return [n for n in walk(e) if n.op is Op.LOAD]
+
+
+# =============================================================================
+# Buffers: the nodes a lowered graph is made of
+# =============================================================================
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """Where a stored tensor's elements are: shape, strides and storage offset."""
+
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    offset: int = 0
+
+    @staticmethod
+    def contiguous(shape: Iterable[int]) -> "Layout":
+        shape = tuple(shape)
+        return Layout(shape, contiguous_strides(shape))
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+@dataclasses.dataclass(eq=False)
+class InputBuffer:
+    """A graph input or a constant the graph holds (a parameter)."""
+
+    name: str
+    dtype: torch.dtype
+    layout: Layout
+    device: torch.device
+
+
+@dataclasses.dataclass(eq=False)
+class Pointwise:
+    """`body` (over d0..dN-1) at every index of `shape`."""
+
+    name: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    body: Expr
+    device: torch.device
+    layout: Layout | None = None  # where it is stored, if the schedule stores it
+
+    def reads(self) -> set[str]:
+        return {n.arg for n in loads(self.body)}
+
+
+@dataclasses.dataclass(eq=False)
+class Reduction:
+    """`reduce_op` of `body` (over the full shape's d0..dN-1) along `reduced` dims.
+
+    The result's shape is the full shape without the reduced dims."""
+
+    name: str
+    dtype: torch.dtype
+    full_shape: tuple[int, ...]
+    reduced: tuple[int, ...]
+    reduce_op: Op
+    body: Expr
+    device: torch.device
+    layout: Layout | None = None
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(s for i, s in enumerate(self.full_shape) if i not in self.reduced)
+
+    def reads(self) -> set[str]:
+        return {n.arg for n in loads(self.body)}
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorArg:
+    """A tensor argument of an extern call: a stored buffer seen through a strided layout."""
+
+    buffer: str
+    layout: Layout
+
+
+@dataclasses.dataclass(eq=False)
+class Extern:
+    """A call to an aten kernel; `args`/`kwargs` hold `TensorArg`s where tensors go.
+
+    `outputs` are the layouts of the tensor results (one per result; `multi`
+    says the op returns a tuple)."""
+
+    name: str
+    target: object  # an OpOverload
+    args: tuple
+    kwargs: dict
+    outputs: tuple[tuple[torch.dtype, Layout], ...]
+    multi: bool
+    device: torch.device
+    reason: str = ""
+
+    def reads(self) -> set[str]:
+        import torch.utils._pytree as pytree
+
+        leaves = pytree.tree_leaves((self.args, self.kwargs))
+        return {a.buffer for a in leaves if isinstance(a, TensorArg)}
+
+    def output_name(self, i: int) -> str:
+        return f"{self.name}_{i}" if self.multi else self.name
+
+
+Buffer = InputBuffer | Pointwise | Reduction | Extern

@@ -1,0 +1,240 @@
+"""Walk an aten graph and turn each node into loop-IR buffers (ir.py), using the
+per-op rules of `rules.py`; a node without a rule becomes an extern call."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import operator
+
+import torch
+import torch.utils._pytree as pytree
+from torch._prims_common import is_non_overlapping_and_dense_or_false
+
+from torchweld.compiler import ir
+from torchweld.compiler.ir import Expr, Layout
+
+log = logging.getLogger("torchweld.weld")
+aten = torch.ops.aten
+
+
+class LoweringError(Exception):
+    """This graph cannot be lowered at all (not just one op): run it eagerly."""
+
+
+# =============================================================================
+# Values: what an fx node evaluates to during lowering
+# =============================================================================
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class TensorValue:
+    """A tensor seen as `root` (a buffer) read through `index`.
+
+    `index` holds one Expr per root dim, over this value's d0..dN-1; it is the
+    identity for a buffer itself and index arithmetic for a view. `layout` is
+    where the elements sit in root's storage, when strides can say it."""
+
+    root: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    device: torch.device
+    index: tuple[Expr, ...]
+    layout: Layout | None
+
+    def read(self, index: list[Expr]) -> Expr:
+        return ir.load(self.root, self.dtype, [ir.substitute(e, index) for e in self.index])
+
+    @property
+    def is_root(self) -> bool:
+        return self.index == tuple(ir.dim_vars(len(self.shape))) or (
+            all(a.op is ir.Op.VAR and a.arg == f"d{i}" for i, a in enumerate(self.index))
+            and len(self.index) == len(self.shape)
+        )
+
+
+def meta_layout(val: torch.Tensor) -> Layout:
+    """Where we store a new buffer: like eager when that is dense, else row-major."""
+    if is_non_overlapping_and_dense_or_false(val):
+        return Layout(tuple(val.shape), tuple(val.stride()))
+    return Layout.contiguous(val.shape)
+
+
+# =============================================================================
+# The graph walk
+# =============================================================================
+
+
+@dataclasses.dataclass
+class LoweredGraph:
+    """Buffers in execution order, plus what the wrapper returns and writes back."""
+
+    buffers: dict[str, ir.Buffer]
+    input_names: list[str]
+    constants: dict[str, torch.Tensor]
+    outputs: list  # TensorValue (stored, strided) or a Python constant
+    mutated_inputs: list[tuple[str, TensorValue]]
+    externs: list[str]  # one line per extern call, for logs and tests
+
+
+class GraphLowering:
+    """Lowers one aten graph; `check(buffer)` raises NotImplementedError when the
+    target's renderer cannot render a new buffer, which turns its node extern."""
+
+    def __init__(self, gm: torch.fx.GraphModule, check=lambda buf: None):
+        self.gm = gm
+        self.check = check
+        self.buffers: dict[str, ir.Buffer] = {}
+        self.env: dict[torch.fx.Node, object] = {}
+        self.input_names: list[str] = []
+        self.constants: dict[str, torch.Tensor] = {}
+        self.mutated: dict[str, TensorValue] = {}
+        self.externs: list[str] = []
+        self._count = 0
+        self.node: torch.fx.Node | None = None  # the node being lowered
+
+    # -- naming and registration ------------------------------------------------
+    def new_name(self, prefix: str = "buf") -> str:
+        self._count += 1
+        return f"{prefix}{self._count}"
+
+    def add_input(self, prefix: str, t: torch.Tensor) -> TensorValue:
+        name = self.new_name(prefix)
+        layout = Layout(tuple(t.shape), tuple(t.stride()))
+        self.buffers[name] = ir.InputBuffer(name, t.dtype, layout, t.device)
+        return self.value_of_buffer(name, t.dtype, layout, t.device)
+
+    def value_of_buffer(self, name: str, dtype, layout: Layout, device) -> TensorValue:
+        return TensorValue(name, dtype, layout.shape, device, tuple(ir.dim_vars(len(layout.shape))), layout)
+
+    def add_pointwise(self, body: Expr, dtype: torch.dtype, shape, device, layout: Layout | None = None) -> TensorValue:
+        shape = tuple(shape)
+        layout = layout or Layout.contiguous(shape)
+        name = self.new_name()
+        self.buffers[name] = ir.Pointwise(name, dtype, shape, body, device, layout)
+        return self.value_of_buffer(name, dtype, layout, device)
+
+    def add_reduction(self, x: TensorValue, reduced, reduce_op: ir.Op, body: Expr, dtype) -> TensorValue:
+        name = self.new_name()
+        red = ir.Reduction(name, dtype, x.shape, tuple(sorted(reduced)), reduce_op, body, x.device)
+        red.layout = Layout.contiguous(red.shape)
+        self.buffers[name] = red
+        return self.value_of_buffer(name, dtype, red.layout, x.device)
+
+    # -- the walk -----------------------------------------------------------------
+    def run(self, example_inputs: list[torch.Tensor]) -> LoweredGraph:
+        from torchweld.compiler import rules
+
+        placeholders = iter(example_inputs)
+        outputs: list = []
+        for node in self.gm.graph.nodes:
+            self.node = node
+            if node.op == "placeholder":
+                value = next(placeholders)
+                if isinstance(value, torch.Tensor):
+                    tv = self.add_input("arg", value)
+                    self.input_names.append(tv.root)
+                    self.env[node] = tv
+                else:
+                    self.input_names.append(None)
+                    self.env[node] = value
+            elif node.op == "get_attr":
+                t = getattr(self.gm, node.target)
+                tv = self.add_input("const", t)
+                self.constants[tv.root] = t
+                self.env[node] = tv
+            elif node.op == "call_function":
+                self.env[node] = self.call_function(node, rules)
+            elif node.op == "output":
+                outputs = [self.env[a] if isinstance(a, torch.fx.Node) else a for a in pytree.tree_leaves(node.args[0])]
+            else:
+                raise LoweringError(f"unexpected {node.op} node {node.name} in an aten graph")
+        outputs = [self.as_output(v) for v in outputs]
+        mutated = [(name, self.as_output(v)) for name, v in self.mutated.items()]
+        return LoweredGraph(self.buffers, self.input_names, self.constants, outputs, mutated, self.externs)
+
+    def call_function(self, node: torch.fx.Node, rules):
+        target = node.target
+        if target is operator.getitem:
+            seq, i = node.args
+            return self.env[seq][i]
+        args, kwargs = pytree.tree_map_only(torch.fx.Node, lambda n: self.env[n], (node.args, node.kwargs))
+        mutated_arg = None
+        if isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable:
+            target, mutated_arg = self.functional_variant(target, node), node.args[0]
+        rule = rules.LOWERINGS.get(target) or rules.LOWERINGS.get(getattr(target, "overloadpacket", None))
+        result = None
+        if rule is not None:
+            before = len(self.buffers)
+            try:
+                result = rule(self, node, *args, **kwargs)
+                for name in list(self.buffers)[before:]:
+                    self.check(self.buffers[name])
+            except NotImplementedError as e:
+                for name in list(self.buffers)[before:]:
+                    del self.buffers[name]
+                result = None
+                self.log_extern(target, str(e))
+        else:
+            self.log_extern(target, "no lowering")
+        if result is None:
+            result = self.extern(target, args, kwargs, node)
+        if mutated_arg is not None:
+            self.rebind_mutated(mutated_arg, result)
+        return result
+
+    def functional_variant(self, target, node):
+        """`aten.relu_` -> `aten.relu`: we lower the pure op and rebind the mutated input."""
+        name = target.overloadpacket.__name__
+        func = getattr(aten, name[:-1], None) if name.endswith("_") else None
+        overload = getattr(func, target._overloadname, None) if func is not None else None
+        if overload is None or overload._schema.is_mutable:
+            raise LoweringError(f"{target} mutates its input and has no functional variant")
+        return overload
+
+    def rebind_mutated(self, arg: torch.fx.Node, result: object) -> None:
+        old = self.env[arg]
+        if not isinstance(old, TensorValue) or not old.is_root:
+            raise LoweringError(f"in-place update of a view ({arg.name}) is not supported")
+        self.env[arg] = result
+        if isinstance(self.buffers[old.root], ir.InputBuffer) and old.root in self.input_names:
+            self.mutated[old.root] = result
+
+    def log_extern(self, target, reason: str) -> None:
+        log.debug("extern %s (%s): %s", target, self.node.name if self.node else "?", reason)
+
+    # -- externs ------------------------------------------------------------------
+    def extern(self, target, args, kwargs, node: torch.fx.Node):
+        """Call the aten kernel itself; tensor arguments become stored, strided buffers."""
+        to_arg = lambda v: ir.TensorArg(*self.stored_strided(v))
+        call_args, call_kwargs = pytree.tree_map_only(TensorValue, to_arg, (args, kwargs))
+        val = node.meta.get("val")
+        multi = isinstance(val, (tuple, list))
+        vals = list(val) if multi else [val]
+        if not all(isinstance(v, torch.Tensor) for v in vals):
+            raise LoweringError(f"{target} returns non-tensors: {val!r}")
+        outputs = tuple((v.dtype, Layout(tuple(v.shape), tuple(v.stride()))) for v in vals)
+        name = self.new_name()
+        device = vals[0].device if vals else torch.device("cpu")
+        ext = ir.Extern(name, target, call_args, call_kwargs, outputs, multi, device)
+        self.buffers[name] = ext
+        self.externs.append(str(target))
+        results = [self.value_of_buffer(ext.output_name(i), d, lay, device) for i, (d, lay) in enumerate(outputs)]
+        return results if multi else results[0]
+
+    def stored_strided(self, v: TensorValue) -> tuple[str, Layout]:
+        """(root, layout) with `v`'s elements at `layout` in root; copies when no strides say it."""
+        if v.layout is None:
+            v = self.materialize(v)
+        return v.root, v.layout
+
+    def materialize(self, v: TensorValue) -> TensorValue:
+        return self.add_pointwise(v.read(ir.dim_vars(len(v.shape))), v.dtype, v.shape, v.device)
+
+    def as_output(self, v: object) -> object:
+        if isinstance(v, TensorValue) and v.layout is None:
+            return self.materialize(v)
+        return v
+
+
+def lower(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> LoweredGraph:
+    return GraphLowering(gm).run(example_inputs)

@@ -1,0 +1,654 @@
+"""One lowering rule per aten op: how it becomes a Pointwise, a Reduction or a View.
+
+A rule takes the `GraphLowering`, the fx node, and the node's arguments (tensors
+as `TensorValue`s) and returns the node's value. It raises NotImplementedError
+for a case it does not cover; the node then becomes an extern call.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+
+from torchweld.compiler import ir
+from torchweld.compiler.ir import Expr, Layout, Op
+from torchweld.compiler.lowering import GraphLowering, TensorValue, meta_layout
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+
+LOWERINGS: dict[object, Callable] = {}
+
+
+def lowers(*targets):
+    def register(fn):
+        for t in targets:
+            if t in LOWERINGS:
+                raise ValueError(f"two lowerings for {t}")
+            LOWERINGS[t] = fn
+        return fn
+
+    return register
+
+
+# =============================================================================
+# Helpers
+# =============================================================================
+
+
+def upcast(dtype: torch.dtype) -> torch.dtype:
+    """The dtype we compute in: half types in float32, like eager's CPU kernels."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def cast(e: Expr, dtype: torch.dtype) -> Expr:
+    if e.dtype == dtype:
+        return e
+    if e.op is Op.CONST:
+        return ir.const(e.arg, dtype)
+    return Expr(Op.CAST, dtype, (e,))
+
+
+def broadcast_read(x: TensorValue, shape, index: list[Expr]) -> Expr:
+    """Read `x` at `index` of the broadcast `shape` (numpy rules, right-aligned)."""
+    lead = len(shape) - len(x.shape)
+    idx = [ir.const(0) if size == 1 else index[lead + i] for i, size in enumerate(x.shape)]
+    return x.read(idx)
+
+
+def operand(a, shape, index, dtype: torch.dtype) -> Expr:
+    if isinstance(a, TensorValue):
+        return cast(broadcast_read(a, shape, index), dtype)
+    return ir.const(a, dtype)
+
+
+def out_val(node: torch.fx.Node) -> torch.Tensor:
+    return node.meta["val"]
+
+
+def make_pointwise(L: GraphLowering, node, fn, args, compute: torch.dtype) -> TensorValue:
+    val = out_val(node)
+    shape = tuple(val.shape)
+    index = ir.dim_vars(len(shape))
+    body = fn(*(operand(a, shape, index, compute) for a in args))
+    body = cast(body, upcast(val.dtype))
+    return L.add_pointwise(body, val.dtype, shape, val.device, meta_layout(val))
+
+
+def meta_of(a):
+    return a if not isinstance(a, torch.fx.Node) else a.meta["val"]
+
+
+def promoted(node: torch.fx.Node, *arg_positions: int) -> torch.dtype:
+    """The common dtype of some of the node's arguments (for comparisons)."""
+    vals = [meta_of(node.args[i]) for i in arg_positions if i < len(node.args)]
+    dtype = vals[0].dtype if isinstance(vals[0], torch.Tensor) else None
+    if len(vals) == 2:
+        dtype = torch.result_type(vals[0], vals[1])
+    return upcast(dtype)
+
+
+def unop(op: Op) -> Callable[[Expr], Expr]:
+    return lambda x: Expr(op, x.dtype, (x,))
+
+
+def binop(op: Op) -> Callable[[Expr, Expr], Expr]:
+    if op in ir.OpSet.Comparison:
+        return lambda a, b: Expr(op, torch.bool, (a, b))
+    return lambda a, b: Expr(op, a.dtype, (a, b))
+
+
+# =============================================================================
+# Pointwise
+# =============================================================================
+
+UNARY = {
+    aten.abs: Op.ABS, aten.neg: Op.NEG, aten.exp: Op.EXP, aten.expm1: Op.EXPM1, aten.log: Op.LOG,
+    aten.log1p: Op.LOG1P, aten.log2: Op.LOG2, aten.sin: Op.SIN, aten.cos: Op.COS, aten.tan: Op.TAN,
+    aten.tanh: Op.TANH, aten.atan: Op.ATAN, aten.sqrt: Op.SQRT, aten.rsqrt: Op.RSQRT,
+    aten.reciprocal: Op.RECIPROCAL, aten.sigmoid: Op.SIGMOID, aten.erf: Op.ERF, aten.floor: Op.FLOOR,
+    aten.ceil: Op.CEIL, aten.trunc: Op.TRUNC, aten.round: Op.ROUND, aten.sign: Op.SIGN,
+    aten.bitwise_not: Op.BITWISE_NOT,
+}
+BINARY = {
+    aten.mul: Op.MUL, aten.maximum: Op.MAXIMUM, aten.minimum: Op.MINIMUM, aten.atan2: Op.ATAN2,
+    aten.floor_divide: Op.FLOORDIV, aten.remainder: Op.REMAINDER,
+    aten.bitwise_and: Op.BITWISE_AND, aten.bitwise_or: Op.BITWISE_OR, aten.bitwise_xor: Op.BITWISE_XOR,
+}
+COMPARE = {aten.lt: Op.LT, aten.le: Op.LE, aten.gt: Op.GT, aten.ge: Op.GE, aten.eq: Op.EQ, aten.ne: Op.NE}
+LOGICAL = {aten.logical_and: Op.LOGICAL_AND, aten.logical_or: Op.LOGICAL_OR, aten.logical_xor: Op.LOGICAL_XOR}
+
+
+def _register_tables() -> None:
+    for target, op in UNARY.items():
+        def unary_rule(L, node, x, *_, op=op):
+            if op is Op.BITWISE_NOT and x.dtype is torch.bool:
+                op = Op.LOGICAL_NOT
+            if op is Op.ROUND and len(node.args) > 1:
+                raise NotImplementedError("round(decimals=)")
+            if op in ir.OpSet.Transcendental and not out_val(node).dtype.is_floating_point:
+                raise NotImplementedError(f"{op.name} of {x.dtype}")
+            compute = upcast(out_val(node).dtype)
+            if op is Op.SIGN and x.dtype is torch.bool:
+                return make_pointwise(L, node, lambda a: a, [x], torch.bool)
+            return make_pointwise(L, node, unop(op), [x], compute)
+
+        lowers(target)(unary_rule)
+    for target, op in BINARY.items():
+        def binary_rule(L, node, a, b, op=op):
+            if op in (Op.BITWISE_AND, Op.BITWISE_OR, Op.BITWISE_XOR) and out_val(node).dtype is torch.bool:
+                op = {Op.BITWISE_AND: Op.LOGICAL_AND, Op.BITWISE_OR: Op.LOGICAL_OR}.get(op, Op.LOGICAL_XOR)
+                return make_pointwise(L, node, binop(op), [a, b], torch.bool)
+            return make_pointwise(L, node, binop(op), [a, b], upcast(out_val(node).dtype))
+
+        lowers(target)(binary_rule)
+    for target, op in COMPARE.items():
+        lowers(target)(lambda L, node, a, b, op=op: make_pointwise(L, node, binop(op), [a, b], promoted(node, 0, 1)))
+    for target, op in LOGICAL.items():
+        lowers(target)(lambda L, node, a, b, op=op: make_pointwise(L, node, binop(op), [a, b], torch.bool))
+
+
+_register_tables()
+
+
+@lowers(aten.logical_not)
+def logical_not(L, node, x):
+    return make_pointwise(L, node, unop(Op.LOGICAL_NOT), [x], torch.bool)
+
+
+@lowers(aten.isnan)
+def isnan(L, node, x):
+    if not x.dtype.is_floating_point:
+        return make_pointwise(L, node, lambda a: ir.const(False), [x], torch.bool)
+    return make_pointwise(L, node, lambda a: Expr(Op.ISNAN, torch.bool, (a,)), [x], upcast(x.dtype))
+
+
+@lowers(aten.add, aten.sub)
+def add_sub(L, node, a, b, alpha=1):
+    op = Op.ADD if node.target.overloadpacket is aten.add else Op.SUB
+    dtype = out_val(node).dtype
+    if dtype is torch.bool:
+        if op is Op.SUB:
+            raise NotImplementedError("bool subtraction")
+        return make_pointwise(L, node, binop(Op.LOGICAL_OR), [a, b], torch.bool)
+
+    def fn(x, y):
+        if alpha != 1:
+            y = Expr(Op.MUL, y.dtype, (y, ir.const(alpha, y.dtype)))
+        return Expr(op, x.dtype, (x, y))
+
+    return make_pointwise(L, node, fn, [a, b], upcast(dtype))
+
+
+@lowers(prims.add, prims.sub, prims.mul, prims.div)
+def prims_binary(L, node, a, b):
+    dtype = out_val(node).dtype
+    op = {prims.add: Op.ADD, prims.sub: Op.SUB, prims.mul: Op.MUL}.get(node.target.overloadpacket)
+    if op is None:  # prims.div: true division for floats, truncation for ints
+        if not dtype.is_floating_point:
+            raise NotImplementedError("prims.div of integers")
+        op = Op.TRUEDIV
+    return make_pointwise(L, node, binop(op), [a, b], upcast(dtype))
+
+
+@lowers(aten.div)
+def div(L, node, a, b, rounding_mode=None):
+    dtype = out_val(node).dtype
+    compute = upcast(dtype)
+    if rounding_mode is None:
+        return make_pointwise(L, node, binop(Op.TRUEDIV), [a, b], compute)
+    if rounding_mode == "floor":
+        return make_pointwise(L, node, binop(Op.FLOORDIV), [a, b], compute)
+    if dtype.is_floating_point:  # trunc
+        return make_pointwise(L, node, lambda x, y: unop(Op.TRUNC)(binop(Op.TRUEDIV)(x, y)), [a, b], compute)
+    raise NotImplementedError("integer division with rounding_mode='trunc'")
+
+
+@lowers(aten.pow)
+def pow_(L, node, a, b):
+    dtype = out_val(node).dtype
+    if not dtype.is_floating_point:
+        raise NotImplementedError("integer pow")
+    if not isinstance(b, TensorValue) and b in (1, 2, 3, 0.5, -1):
+        fn = {
+            1: lambda x, y: x,
+            2: lambda x, y: binop(Op.MUL)(x, x),
+            3: lambda x, y: binop(Op.MUL)(binop(Op.MUL)(x, x), x),
+            0.5: lambda x, y: unop(Op.SQRT)(x),
+            -1: lambda x, y: unop(Op.RECIPROCAL)(x),
+        }[b]
+        return make_pointwise(L, node, fn, [a, b], upcast(dtype))
+    return make_pointwise(L, node, binop(Op.POW), [a, b], upcast(dtype))
+
+
+@lowers(aten.relu)
+def relu(L, node, x):
+    if x.dtype is torch.bool:
+        raise NotImplementedError("relu of bool")
+    return make_pointwise(L, node, lambda a: binop(Op.MAXIMUM)(a, ir.const(0, a.dtype)), [x], upcast(x.dtype))
+
+
+@lowers(aten.clamp)
+def clamp(L, node, x, min=None, max=None):
+    def fn(a):
+        if min is not None:
+            a = binop(Op.MAXIMUM)(a, ir.const(min, a.dtype))
+        if max is not None:
+            a = binop(Op.MINIMUM)(a, ir.const(max, a.dtype))
+        return a
+
+    if isinstance(min, TensorValue) or isinstance(max, TensorValue):
+        raise NotImplementedError("clamp with tensor bounds")
+    return make_pointwise(L, node, fn, [x], upcast(out_val(node).dtype))
+
+
+@lowers(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar, prims.where)
+def where(L, node, cond, a, b):
+    val = out_val(node)
+    shape = tuple(val.shape)
+    index = ir.dim_vars(len(shape))
+    compute = upcast(val.dtype)
+    c = operand(cond, shape, index, torch.bool)
+    body = Expr(Op.WHERE, compute, (c, operand(a, shape, index, compute), operand(b, shape, index, compute)))
+    return L.add_pointwise(body, val.dtype, shape, val.device, meta_layout(val))
+
+
+# -- copies and casts --------------------------------------------------------------
+
+
+@lowers(prims.convert_element_type, aten._to_copy, aten.clone, aten.lift_fresh_copy, aten._to_dense)
+def to_copy(L, node, x, *args, **kwargs):
+    val = out_val(node)
+    if val.device != x.device:
+        raise NotImplementedError("a copy to another device")
+    return make_pointwise(L, node, lambda a: a, [x], val.dtype)
+
+
+@lowers(aten.copy)
+def copy(L, node, dst, src, non_blocking=False):
+    val = out_val(node)
+    if isinstance(src, TensorValue) and src.device != val.device:
+        raise NotImplementedError("a copy from another device")
+    return make_pointwise(L, node, lambda a: a, [src], val.dtype)
+
+
+@lowers(aten.alias, aten.detach, aten.lift_fresh)
+def alias(L, node, x, *args):
+    return x
+
+
+# -- tensors made from nothing ------------------------------------------------------
+
+
+def filled(L, node, value) -> TensorValue:
+    val = out_val(node)
+    body = ir.const(value, upcast(val.dtype))
+    return L.add_pointwise(body, val.dtype, tuple(val.shape), val.device, meta_layout(val))
+
+
+@lowers(aten.full, aten.scalar_tensor, aten.zeros, aten.ones, aten.empty.memory_format, aten.empty_strided,
+        aten.fill.Scalar, aten.zeros_like, aten.ones_like, aten.empty_like, aten.full_like)
+def full(L, node, *args, **kwargs):
+    t = node.target.overloadpacket
+    if t in (aten.zeros, aten.zeros_like, aten.empty, aten.empty_strided, aten.empty_like):
+        value = 0
+    elif t in (aten.ones, aten.ones_like):
+        value = 1
+    elif t is aten.scalar_tensor:
+        value = args[0]
+    else:  # full(size, value), fill(self, value), full_like(self, value)
+        value = args[1]
+    if isinstance(value, TensorValue):
+        raise NotImplementedError("fill with a tensor value")
+    return filled(L, node, value)
+
+
+@lowers(aten.arange.start_step, aten.arange.start, aten.arange.default, prims.iota)
+def arange(L, node, *args, **kwargs):
+    val = out_val(node)
+    if node.target is prims.iota.default:
+        start, step = kwargs["start"], kwargs["step"]
+    else:
+        start, step = (0, 1) if node.target is aten.arange.default else (args[0], args[2] if len(args) > 2 else 1)
+    compute = upcast(val.dtype)
+    d0 = cast(ir.var("d0"), compute)
+    body = Expr(Op.ADD, compute, (ir.const(start, compute), Expr(Op.MUL, compute, (d0, ir.const(step, compute)))))
+    return L.add_pointwise(body, val.dtype, tuple(val.shape), val.device, meta_layout(val))
+
+
+# =============================================================================
+# Reductions
+# =============================================================================
+
+REDUCE_INIT = {Op.SUM: 0, Op.PROD: 1}
+
+
+def reduce(L, node, x: TensorValue, dims, keepdim: bool, reduce_op: Op, acc_dtype=None) -> TensorValue:
+    val = out_val(node)
+    ndim = len(x.shape)
+    if dims is None or (not isinstance(dims, int) and len(dims) == 0 and node.target.overloadpacket is not prims.sum):
+        dims = list(range(ndim))
+    dims = [dims] if isinstance(dims, int) else list(dims)
+    dims = sorted({d % ndim for d in dims}) if ndim else []
+    acc = acc_dtype or upcast(val.dtype)
+    if not dims:
+        return make_pointwise(L, node, lambda a: a, [x], acc)
+    body = cast(x.read(ir.dim_vars(ndim)), acc)
+    red = L.add_reduction(x, dims, reduce_op, body, val.dtype)
+    if keepdim:
+        return keep_dims(red, x.shape, dims)
+    return red
+
+
+def keep_dims(red: TensorValue, full_shape, dims) -> TensorValue:
+    """`red` with size-1 dims put back where `dims` were reduced (a view)."""
+    shape = tuple(1 if i in dims else s for i, s in enumerate(full_shape))
+    index = ir.dim_vars(len(shape))
+    kept = [index[i] for i in range(len(shape)) if i not in dims]
+    index_ = tuple(ir.substitute(e, kept) for e in red.index)
+    return TensorValue(red.root, red.dtype, shape, red.device, index_, replay_layout(red.layout, lambda t: t.reshape(shape)))
+
+
+@lowers(aten.sum.dim_IntList, aten.sum.default, prims.sum)
+def sum_(L, node, x, dims=None, keepdim=False, dtype=None, **kwargs):
+    return reduce(L, node, x, dims, keepdim, Op.SUM)
+
+
+@lowers(aten.prod.dim_int, aten.prod.default)
+def prod(L, node, x, dim=None, keepdim=False, dtype=None):
+    return reduce(L, node, x, dim, keepdim, Op.PROD)
+
+
+@lowers(aten.amax, aten.amin, prims.amax, prims.amin)
+def amax(L, node, x, dims=None, keepdim=False):
+    op = Op.MAX if node.target.overloadpacket in (aten.amax, prims.amax) else Op.MIN
+    return reduce(L, node, x, dims, keepdim, op)
+
+
+@lowers(aten.any.dim, aten.any.dims, aten.any.default, aten.all.dim, aten.all.dims, aten.all.default)
+def any_all(L, node, x, dims=None, keepdim=False):
+    op = Op.MAX if node.target.overloadpacket is aten.any else Op.MIN
+    return reduce(L, node, x, dims, keepdim, op, acc_dtype=torch.bool)
+
+
+@lowers(prims.var)
+def var(L, node, x, dims, correction=1.0, *, output_dtype=None):
+    """Two reductions in one kernel: the mean, then the squared deviations from it."""
+    val = out_val(node)
+    ndim = len(x.shape)
+    dims = sorted({d % ndim for d in dims})
+    n = math.prod(x.shape[d] for d in dims)
+    acc = upcast(x.dtype)
+    index = ir.dim_vars(ndim)
+    kept = [index[i] for i in range(ndim) if i not in dims]
+    xs = cast(x.read(index), acc)
+    total = L.add_reduction(x, dims, Op.SUM, xs, acc)
+    mean = Expr(Op.TRUEDIV, acc, (total.read(kept), ir.const(max(n, 1), acc)))
+    dev = Expr(Op.SUB, acc, (xs, mean))
+    sq = L.add_reduction(x, dims, Op.SUM, Expr(Op.MUL, acc, (dev, dev)), acc)
+    out_shape = tuple(val.shape)
+    body = Expr(Op.TRUEDIV, acc, (sq.read(ir.dim_vars(len(out_shape))), ir.const(n - correction, acc)))
+    return L.add_pointwise(cast(body, upcast(val.dtype)), val.dtype, out_shape, val.device, meta_layout(val))
+
+
+# =============================================================================
+# Views: index arithmetic, no copy
+# =============================================================================
+
+
+def replay_layout(layout: Layout | None, view_fn) -> Layout | None:
+    """The layout of a view of a tensor stored at `layout`, found by running the view on a meta tensor."""
+    if layout is None:
+        return None
+    size = 1 + layout.offset + sum((s - 1) * st for s, st in zip(layout.shape, layout.stride) if s > 0)
+    if 0 in layout.shape:
+        size = layout.offset + 1
+    base = torch.empty(size, device="meta").as_strided(layout.shape, layout.stride, layout.offset)
+    try:
+        out = view_fn(base)
+    except RuntimeError:  # not expressible with strides (e.g. flattening a transpose)
+        return None
+    if out.untyped_storage().data_ptr() != base.untyped_storage().data_ptr() and out.numel() > 1:
+        return None  # reshape copied
+    return Layout(tuple(out.shape), tuple(out.stride()), out.storage_offset())
+
+
+def make_view(node, x: TensorValue, index_fn, view_fn=None) -> TensorValue:
+    """`x` seen through `index_fn` (view index -> x index)."""
+    val = out_val(node)
+    shape = tuple(val.shape)
+    x_index = index_fn(ir.dim_vars(len(shape)))
+    root_index = tuple(ir.substitute(e, x_index) for e in x.index)
+    if view_fn is None:
+        args = node.args[1:]
+        view_fn = lambda t: node.target(t, *args, **node.kwargs)
+    return TensorValue(x.root, x.dtype, shape, x.device, root_index, replay_layout(x.layout, view_fn))
+
+
+def reshape_index(out_index: list[Expr], in_shape, out_shape) -> list[Expr]:
+    """The input index of a row-major reshape, dim group by dim group (no div/mod when dims just split)."""
+    in_shape, out_shape = list(in_shape), list(out_shape)
+    if 0 in in_shape or 0 in out_shape:
+        return [ir.const(0) for _ in in_shape]
+    result: list[Expr] = []
+    i = j = 0
+    while i < len(in_shape) or j < len(out_shape):
+        # grow a group of input dims and output dims with equal products
+        gi, gj = [i], [j]
+        pi = in_shape[i] if i < len(in_shape) else 1
+        pj = out_shape[j] if j < len(out_shape) else 1
+        i, j = i + 1, j + 1
+        while pi != pj:
+            if pi < pj:
+                pi *= in_shape[i]
+                gi.append(i)
+                i += 1
+            else:
+                pj *= out_shape[j]
+                gj.append(j)
+                j += 1
+        gi = [k for k in gi if k < len(in_shape)]
+        gj = [k for k in gj if k < len(out_shape)]
+        flat = ir.flat_index([out_index[k] for k in gj], ir.contiguous_strides([out_shape[k] for k in gj]))
+        result.extend(ir.unravel(flat, [in_shape[k] for k in gi]))
+    return result
+
+
+@lowers(aten.view, aten._unsafe_view, aten.reshape, prims.reshape, aten.view.dtype)
+def view(L, node, x, shape):
+    if node.target is aten.view.dtype:
+        raise NotImplementedError("view as another dtype")
+    out_shape = tuple(out_val(node).shape)
+    return make_view(node, x, lambda idx: reshape_index(idx, x.shape, out_shape),
+                     view_fn=lambda t: t.view(out_shape))
+
+
+@lowers(aten.permute, prims.transpose)
+def permute(L, node, x, dims):
+    dims = [d % len(x.shape) for d in dims]
+
+    def index_fn(idx):
+        out = [None] * len(dims)
+        for k, d in enumerate(dims):
+            out[d] = idx[k]
+        return out
+
+    return make_view(node, x, index_fn, view_fn=lambda t: t.permute(dims))
+
+
+@lowers(aten.transpose.int)
+def transpose(L, node, x, a, b):
+    n = len(x.shape)
+    a, b = (a % n, b % n) if n else (0, 0)
+    dims = list(range(n))
+    if n:
+        dims[a], dims[b] = dims[b], dims[a]
+    return make_view(node, x, lambda idx: [idx[d] for d in dims], view_fn=lambda t: t.permute(dims))
+
+
+@lowers(aten.expand, aten.broadcast_to)
+def expand(L, node, x, sizes, implicit=False):
+    shape = tuple(out_val(node).shape)
+    lead = len(shape) - len(x.shape)
+    return make_view(node, x, lambda idx: [ir.const(0) if s == 1 else idx[lead + k] for k, s in enumerate(x.shape)],
+                     view_fn=lambda t: t.expand(shape))
+
+
+@lowers(prims.broadcast_in_dim)
+def broadcast_in_dim(L, node, x, shape, broadcast_dims):
+    shape = tuple(shape)
+
+    def index_fn(idx):
+        return [ir.const(0) if x.shape[k] == 1 and shape[d] != 1 else idx[d] for k, d in enumerate(broadcast_dims)]
+
+    def view_fn(t):
+        s = [1] * len(shape)
+        for k, d in enumerate(broadcast_dims):
+            s[d] = t.shape[k]
+        return t.reshape(s).expand(shape)
+
+    return make_view(node, x, index_fn, view_fn)
+
+
+@lowers(aten.unsqueeze)
+def unsqueeze(L, node, x, dim):
+    dim = dim % (len(x.shape) + 1)
+    return make_view(node, x, lambda idx: idx[:dim] + idx[dim + 1:], view_fn=lambda t: t.unsqueeze(dim))
+
+
+@lowers(aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default, prims.squeeze)
+def squeeze(L, node, x, dims=None):
+    n = len(x.shape)
+    if dims is None:
+        dims = [d for d in range(n) if x.shape[d] == 1]
+    dims = [dims] if isinstance(dims, int) else list(dims)
+    dims = {d % n for d in dims if n and x.shape[d % n] == 1}
+
+    def index_fn(idx):
+        it = iter(idx)
+        return [ir.const(0) if d in dims else next(it) for d in range(n)]
+
+    shape = tuple(out_val(node).shape)
+    return make_view(node, x, index_fn, view_fn=lambda t: t.reshape(shape) if n else t)
+
+
+def _slice_params(size: int, start, end, step):
+    start, end, _ = slice(start, end, step).indices(size)
+    return start, max(end, start)
+
+
+@lowers(aten.slice.Tensor)
+def slice_(L, node, x, dim=0, start=None, end=None, step=1):
+    dim = dim % len(x.shape)
+    start, _ = _slice_params(x.shape[dim], start, end, step)
+
+    def index_fn(idx):
+        idx = list(idx)
+        idx[dim] = ir.iadd(ir.const(start), ir.imul(idx[dim], ir.const(step)))
+        return idx
+
+    return make_view(node, x, index_fn)
+
+
+@lowers(aten.select.int)
+def select(L, node, x, dim, i):
+    dim = dim % len(x.shape)
+    i = i % x.shape[dim]
+    return make_view(node, x, lambda idx: list(idx[:dim]) + [ir.const(i)] + list(idx[dim:]))
+
+
+@lowers(aten.split.Tensor, aten.split_with_sizes)
+def split(L, node, x, sizes, dim=0):
+    dim = dim % len(x.shape)
+    outs = out_val(node)
+    values, start = [], 0
+    for out in outs:
+        n = out.shape[dim]
+
+        def index_fn(idx, start=start):
+            idx = list(idx)
+            idx[dim] = ir.iadd(idx[dim], ir.const(start))
+            return idx
+
+        shape = tuple(out.shape)
+        index = tuple(ir.substitute(e, index_fn(ir.dim_vars(len(shape)))) for e in x.index)
+        layout = replay_layout(x.layout, lambda t, s=start, n=n: t.narrow(dim, s, n))
+        values.append(TensorValue(x.root, x.dtype, shape, x.device, index, layout))
+        start += n
+    return values
+
+
+@lowers(aten.unbind.int)
+def unbind(L, node, x, dim=0):
+    dim = dim % len(x.shape)
+    values = []
+    for i, out in enumerate(out_val(node)):
+        index_fn = lambda idx, i=i: list(idx[:dim]) + [ir.const(i)] + list(idx[dim:])
+        shape = tuple(out.shape)
+        index = tuple(ir.substitute(e, index_fn(ir.dim_vars(len(shape)))) for e in x.index)
+        layout = replay_layout(x.layout, lambda t, i=i: t.select(dim, i))
+        values.append(TensorValue(x.root, x.dtype, shape, x.device, index, layout))
+    return values
+
+
+# =============================================================================
+# Gathers of several inputs (indices clamped so every load stays in bounds)
+# =============================================================================
+
+
+def clamp_index(e: Expr, lo: int, hi: int) -> Expr:
+    e = Expr(Op.MAXIMUM, ir.INDEX, (e, ir.const(lo)))
+    return Expr(Op.MINIMUM, ir.INDEX, (e, ir.const(hi)))
+
+
+@lowers(aten.cat)
+def cat(L, node, tensors, dim=0):
+    val = out_val(node)
+    shape = tuple(val.shape)
+    dim = dim % len(shape)
+    tensors = [t for t in tensors if not (len(t.shape) == 1 and t.shape[0] == 0)]
+    index = ir.dim_vars(len(shape))
+    compute = upcast(val.dtype)
+    body, start, pieces = None, 0, []
+    for t in tensors:
+        n = t.shape[dim]
+        if n == 0:
+            continue
+        idx = list(index)
+        idx[dim] = clamp_index(ir.iadd(index[dim], ir.const(-start)), 0, max(n - 1, 0))
+        pieces.append((start, n, cast(t.read(idx), compute)))
+        start += n
+    for start, n, value in reversed(pieces):
+        if body is None:
+            body = value
+        else:
+            cond = Expr(Op.LT, torch.bool, (index[dim], ir.const(start + n)))
+            body = Expr(Op.WHERE, compute, (cond, value, body))
+    if body is None:
+        body = ir.const(0, compute)
+    return L.add_pointwise(body, val.dtype, shape, val.device, meta_layout(val))
+
+
+@lowers(aten.constant_pad_nd)
+def constant_pad_nd(L, node, x, pad, value=0):
+    val = out_val(node)
+    if 0 in x.shape:
+        raise NotImplementedError("padding an empty tensor")
+    shape = tuple(val.shape)
+    index = ir.dim_vars(len(shape))
+    compute = upcast(val.dtype)
+    idx, inside = list(index), None
+    for k in range(len(pad) // 2):
+        d = len(shape) - 1 - k
+        before = pad[2 * k]
+        shifted = ir.iadd(index[d], ir.const(-before))
+        ok = Expr(Op.LOGICAL_AND, torch.bool, (
+            Expr(Op.GE, torch.bool, (shifted, ir.const(0))),
+            Expr(Op.LT, torch.bool, (shifted, ir.const(x.shape[d])))))
+        inside = ok if inside is None else Expr(Op.LOGICAL_AND, torch.bool, (inside, ok))
+        idx[d] = clamp_index(shifted, 0, max(x.shape[d] - 1, 0))
+    body = cast(x.read(idx), compute)
+    if inside is not None:
+        body = Expr(Op.WHERE, compute, (inside, body, ir.const(value, compute)))
+    return L.add_pointwise(body, val.dtype, shape, val.device, meta_layout(val))

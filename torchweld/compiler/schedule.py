@@ -1,0 +1,403 @@
+"""Group lowered buffers into fused kernels and order kernels, extern calls and frees.
+
+Greedy, in graph order: a Pointwise or Reduction joins the kernel of one of its
+producers when their iteration spaces line up:
+
+    kernel iteration = outer dims (parallel) x reduced dims (the r-loop)
+    member kinds     = Reduction over (full, reduced) | Pointwise over full
+                       | Pointwise over outer (after the reductions)
+
+Inside a kernel no member is ever loaded from memory: a reader recomputes a
+pointwise member at the index it needs (CSE'd by the renderer), and sees a
+reduction member only at its own outer index. A member is stored only if
+something outside its kernel reads it. The result is a `Schedule` of small
+frozen steps whose expressions are in the kernel's loop variables.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Iterable
+
+import torch
+
+from torchweld.compiler import ir
+from torchweld.compiler.ir import Expr, Layout, Op
+from torchweld.compiler.lowering import LoweredGraph, TensorValue
+
+
+# =============================================================================
+# What the schedule is made of
+# =============================================================================
+
+
+@dataclasses.dataclass(frozen=True)
+class Store:
+    buffer: str
+    index: Expr  # flat element offset, in the kernel's loop variables
+    value: Expr
+
+
+@dataclasses.dataclass(frozen=True)
+class Accumulate:
+    name: str  # the Reduction buffer; later Exprs read it as Op.REDUCED
+    reduce_op: Op
+    dtype: torch.dtype
+    value: Expr
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage:
+    """One pass over the reduced dims: accumulate some reductions, store some values."""
+
+    reductions: tuple[Accumulate, ...]
+    stores: tuple[Store, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Kernel:
+    name: str
+    device: torch.device
+    outer: tuple[int, ...]  # sizes of loop variables x0, x1, ...
+    reduced: tuple[int, ...]  # sizes of loop variables r0, r1, ... (empty: pointwise)
+    stages: tuple[Stage, ...]
+    outer_stores: tuple[Store, ...]  # after all stages, at the outer index
+    reads: tuple[str, ...]  # stored buffers it loads
+    writes: tuple[str, ...]  # buffers it stores
+    members: tuple[str, ...]  # every buffer it computes, stored or not
+
+    @property
+    def is_reduction(self) -> bool:
+        return bool(self.reduced)
+
+
+@dataclasses.dataclass(frozen=True)
+class ExternCall:
+    name: str  # the ir.Extern buffer
+
+
+@dataclasses.dataclass(frozen=True)
+class Free:
+    names: tuple[str, ...]
+
+
+Step = Kernel | ExternCall | Free
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    steps: tuple[Step, ...]
+    layouts: dict  # name -> (dtype, Layout, device) of every stored buffer
+    allocated: tuple[str, ...]  # buffers the wrapper allocates (kernel outputs)
+    graph: LoweredGraph
+
+    def kernels(self) -> list[Kernel]:
+        return [s for s in self.steps if isinstance(s, Kernel)]
+
+
+# =============================================================================
+# Grouping
+# =============================================================================
+
+
+@dataclasses.dataclass
+class _Group:
+    position: int
+    full: tuple[int, ...]
+    reduced: tuple[int, ...]  # dims of `full` that are reduced (empty: pointwise)
+    device: torch.device
+    members: list = dataclasses.field(default_factory=list)
+
+    @property
+    def outer_shape(self) -> tuple[int, ...]:
+        return tuple(s for i, s in enumerate(self.full) if i not in self.reduced)
+
+    def kind_of(self, buf) -> str | None:
+        """How `buf` would sit in this kernel: 'reduction', 'full', 'outer', or None."""
+        if isinstance(buf, ir.Reduction):
+            if buf.full_shape == self.full and (buf.reduced == self.reduced or not self.reduced):
+                return "reduction"
+            return None
+        if buf.shape == self.full:
+            return "full"
+        if self.reduced and buf.shape == self.outer_shape:
+            return "outer"
+        return None
+
+
+class _Grouper:
+    def __init__(self, graph: LoweredGraph):
+        self.graph = graph
+        self.buffers = graph.buffers
+        self.group_of: dict[str, _Group] = {}
+        self.position_of: dict[str, int] = {}  # buffer -> position of its producing step
+        self.steps: list = []  # _Group or ir.Extern, by position
+        self.kind: dict[str, str] = {}
+        for name, buf in self.buffers.items():
+            if isinstance(buf, ir.InputBuffer):
+                self.position_of[name] = -1
+
+    def run(self) -> list:
+        for name, buf in self.buffers.items():
+            if isinstance(buf, ir.InputBuffer):
+                continue
+            if isinstance(buf, ir.Extern):
+                pos = len(self.steps)
+                self.steps.append(buf)
+                self.position_of[name] = pos
+                for i in range(len(buf.outputs)):
+                    self.position_of[buf.output_name(i)] = pos
+                continue
+            self.place(buf)
+        return self.steps
+
+    def place(self, buf) -> None:
+        reads = buf.reads()
+        groups = sorted({id(self.group_of[r]): self.group_of[r] for r in reads if r in self.group_of}.values(),
+                        key=lambda g: -g.position)
+        for group in groups:
+            kind = group.kind_of(buf)
+            if kind is None or group.device != buf.device:
+                continue
+            others = [self.position_of[r] for r in reads if self.group_of.get(r) is not group]
+            if any(p >= group.position for p in others):
+                continue
+            if not self.reads_line_up(group, buf, kind):
+                continue
+            if kind == "reduction" and not group.reduced:
+                group.reduced = buf.reduced
+            self.join(group, buf, kind)
+            return
+        full = buf.full_shape if isinstance(buf, ir.Reduction) else buf.shape
+        reduced = buf.reduced if isinstance(buf, ir.Reduction) else ()
+        group = _Group(len(self.steps), full, reduced, buf.device)
+        self.steps.append(group)
+        self.join(group, buf, "reduction" if reduced else "full")
+
+    def join(self, group: _Group, buf, kind: str) -> None:
+        group.members.append(buf.name)
+        self.group_of[buf.name] = group
+        self.position_of[buf.name] = group.position
+        self.kind[buf.name] = kind
+
+    def reads_line_up(self, group: _Group, buf, kind: str) -> bool:
+        """Reads of this kernel's reduction results must be at the reader's own outer index."""
+        if not group.reduced and kind != "reduction":
+            return True
+        kv = KernelVars(group.full, group.reduced or buf.reduced)
+        body = ir.substitute(buf.body, kv.index_of(kind, len(buf.full_shape if kind == "reduction" else buf.shape)))
+        for load in ir.loads(body):
+            if self.group_of.get(load.arg) is not group or not self.after_reduction(load.arg, group):
+                continue
+            own = kv.index_of(self.kind[load.arg], len(self.buffers[load.arg].shape), as_output=True)
+            if [e.key() for e in load.args] != [e.key() for e in own]:
+                return False
+        return True
+
+    def after_reduction(self, name: str, group: _Group, seen=None) -> bool:
+        buf = self.buffers[name]
+        if isinstance(buf, ir.Reduction):
+            return True
+        return any(self.group_of.get(r) is group and self.after_reduction(r, group) for r in buf.reads())
+
+
+@dataclasses.dataclass
+class KernelVars:
+    """The loop variables of a kernel over `full` with `reduced` dims, and each member's index in them."""
+
+    full: tuple[int, ...]
+    reduced: tuple[int, ...]
+
+    def __post_init__(self):
+        self.outer_sizes = tuple(s for i, s in enumerate(self.full) if i not in self.reduced)
+        self.reduced_sizes = tuple(self.full[i] for i in self.reduced)
+        self.x = [ir.const(0) if s == 1 else ir.var(f"x{k}") for k, s in enumerate(self.outer_sizes)]
+        self.r = [ir.const(0) if s == 1 else ir.var(f"r{k}") for k, s in enumerate(self.reduced_sizes)]
+
+    def full_index(self) -> list[Expr]:
+        xs, rs = iter(self.x), iter(self.r)
+        return [next(rs) if i in self.reduced else next(xs) for i in range(len(self.full))]
+
+    def index_of(self, kind: str, ndim: int, as_output: bool = False) -> list[Expr]:
+        """A member's own index: a reduction's inputs range over full, its output over outer."""
+        if kind == "outer" or (kind == "reduction" and as_output):
+            return list(self.x)
+        return self.full_index()
+
+
+# =============================================================================
+# Building kernels: expand members into expressions over loop variables
+# =============================================================================
+
+
+class _KernelBuilder:
+    def __init__(self, name: str, group: _Group, grouper: _Grouper, stored: set[str], layouts: dict):
+        self.name, self.group, self.grouper = name, group, grouper
+        self.buffers = grouper.buffers
+        self.stored, self.layouts = stored, layouts
+        self.kv = KernelVars(group.full, group.reduced)
+        self.members = set(group.members)
+        self.reads: dict[str, None] = {}
+        self.level: dict[str, int] = {}
+
+    def value(self, name: str, index: list[Expr]) -> Expr:
+        """Member `name` at `index`, as an expression of loads of stored buffers."""
+        buf = self.buffers[name]
+        if isinstance(buf, ir.Reduction):
+            return Expr(Op.REDUCED, buf.dtype, (), name)
+        return self.expand(ir.substitute(buf.body, index))
+
+    def expand(self, e: Expr) -> Expr:
+        def leaf(node: Expr):
+            if node.op is not Op.LOAD:
+                return None
+            if node.arg in self.members:
+                return self.value(node.arg, list(node.args))
+            return self.load_stored(node)
+
+        return ir.rewrite(e, leaf)
+
+    def load_stored(self, node: Expr) -> Expr:
+        dtype, layout, _ = self.layouts[node.arg]
+        self.reads[node.arg] = None
+        flat = ir.flat_index(list(node.args), layout.stride, layout.offset)
+        return Expr(Op.LOAD, node.dtype, (flat,), node.arg)
+
+    def reduction_level(self, name: str) -> int:
+        """0 for a reduction needing no other reduction of this kernel; deeper ones count up."""
+        if name in self.level:
+            return self.level[name]
+        buf = self.buffers[name]
+        deps = [self.reduction_level(r) + (1 if isinstance(self.buffers[r], ir.Reduction) else 0)
+                for r in buf.reads() if r in self.members]
+        self.level[name] = max(deps, default=0)
+        return self.level[name]
+
+    def build(self) -> Kernel:
+        kv = self.kv
+        n_stages = 0
+        red_by_stage: dict[int, list] = {}
+        stores_by_stage: dict[int, list] = {}
+        outer_stores = []
+        for name in self.group.members:
+            buf = self.buffers[name]
+            kind = self.grouper.kind[name]
+            if kind == "reduction":
+                level = self.reduction_level(name)
+                value = self.expand(ir.substitute(buf.body, kv.full_index()))
+                red_by_stage.setdefault(level, []).append(Accumulate(name, buf.reduce_op, buf.body.dtype, value))
+                n_stages = max(n_stages, level + 1)
+                if name in self.stored:
+                    outer_stores.append(self.store(name, kv.x, Expr(Op.REDUCED, buf.dtype, (), name)))
+            elif name in self.stored:
+                index = kv.index_of(kind, len(buf.shape))
+                st = self.store(name, index, self.value(name, index))
+                if kind == "full" and self.group.reduced:
+                    level = self.depth(name)
+                    stores_by_stage.setdefault(level, []).append(st)
+                    n_stages = max(n_stages, level + 1)
+                else:
+                    outer_stores.append(st)
+        stages = tuple(Stage(tuple(red_by_stage.get(i, ())), tuple(stores_by_stage.get(i, ()))) for i in range(n_stages))
+        writes = tuple(s.buffer for s in outer_stores) + tuple(s.buffer for st in stages for s in st.stores)
+        return Kernel(self.name, self.group.device, kv.outer_sizes, kv.reduced_sizes if self.group.reduced else (),
+                      stages, tuple(outer_stores), tuple(self.reads), writes, tuple(self.group.members))
+
+    def depth(self, name: str) -> int:
+        """The stage a full-shaped member can be stored in: after every reduction it reads."""
+        buf = self.buffers[name]
+        levels = [self.reduction_level(r) + 1 if isinstance(self.buffers[r], ir.Reduction) else self.depth(r)
+                  for r in buf.reads() if r in self.members]
+        return max(levels, default=0)
+
+    def store(self, name: str, index: list[Expr], value: Expr) -> Store:
+        dtype, layout, _ = self.layouts[name]
+        return Store(name, ir.flat_index(index, layout.stride, layout.offset), value)
+
+
+# =============================================================================
+# The whole schedule
+# =============================================================================
+
+
+def _layouts(graph: LoweredGraph) -> dict:
+    out = {}
+    for name, buf in graph.buffers.items():
+        if isinstance(buf, ir.Extern):
+            for i, (dtype, layout) in enumerate(buf.outputs):
+                out[buf.output_name(i)] = (dtype, layout, buf.device)
+        else:
+            out[name] = (buf.dtype, buf.layout, buf.device)
+    return out
+
+
+def _extern_root(name: str, buffers: dict) -> str:
+    """The step that produces `name` (an extern's outputs are named `<extern>_<i>`)."""
+    if name in buffers:
+        return name
+    return name.rsplit("_", 1)[0]
+
+
+def schedule(graph: LoweredGraph) -> Schedule:
+    grouper = _Grouper(graph)
+    steps = grouper.run()
+    buffers = graph.buffers
+    layouts = _layouts(graph)
+
+    # stored: whatever is read outside the kernel that computes it
+    stored: set[str] = set()
+    for name, buf in buffers.items():
+        if isinstance(buf, (ir.Pointwise, ir.Reduction, ir.Extern)):
+            here = grouper.group_of.get(name)
+            for r in buf.reads():
+                if r in grouper.group_of and grouper.group_of[r] is not here:
+                    stored.add(r)
+    for v in list(graph.outputs) + [v for _, v in graph.mutated_inputs]:
+        if isinstance(v, TensorValue) and v.root in grouper.group_of:
+            stored.add(v.root)
+
+    out_steps: list = []
+    kernel_count = 0
+    for step in steps:
+        if isinstance(step, ir.Extern):
+            out_steps.append(ExternCall(step.name))
+            continue
+        if not any(m in stored for m in step.members):
+            continue  # nothing leaves this kernel (dead code)
+        kernel = _KernelBuilder(f"kernel{kernel_count}", step, grouper, stored, layouts).build()
+        kernel_count += 1
+        out_steps.append(kernel)
+
+    allocated = tuple(n for n in buffers if n in stored and not isinstance(buffers[n], (ir.InputBuffer, ir.Extern)))
+    return Schedule(tuple(_with_frees(out_steps, graph, buffers)), layouts, allocated, graph)
+
+
+def _step_reads(step, buffers) -> Iterable[str]:
+    if isinstance(step, Kernel):
+        return step.reads
+    return buffers[step.name].reads()
+
+
+def _step_writes(step, buffers) -> Iterable[str]:
+    if isinstance(step, Kernel):
+        return step.writes
+    ext = buffers[step.name]
+    return [ext.output_name(i) for i in range(len(ext.outputs))]
+
+
+def _with_frees(steps: list, graph: LoweredGraph, buffers) -> list:
+    """Insert a Free after the last reader of every intermediate buffer."""
+    keep = {v.root for v in graph.outputs if isinstance(v, TensorValue)}
+    keep |= {v.root for _, v in graph.mutated_inputs}
+    keep |= {n for n, b in buffers.items() if isinstance(b, ir.InputBuffer)}
+    last_use: dict[str, int] = {}
+    for i, step in enumerate(steps):
+        for name in list(_step_writes(step, buffers)) + list(_step_reads(step, buffers)):
+            last_use[name] = i
+    out = []
+    for i, step in enumerate(steps):
+        out.append(step)
+        dead = tuple(n for n, last in last_use.items() if last == i and n not in keep)
+        if dead:
+            out.append(Free(dead))
+    return out

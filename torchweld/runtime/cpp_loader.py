@@ -1,0 +1,61 @@
+"""Compile generated C++ with the system g++ (-O3 -march=native -fopenmp) into a
+shared library cached by source hash, and load its kernels through ctypes."""
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+
+from torchweld.runtime.cache import cache_dir, content_hash, write_once
+
+CXX = os.environ.get("CXX", "g++")
+CXXFLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math",
+            "-shared", "-fPIC", "-std=c++17", "-w"]
+
+_lock = threading.Lock()
+
+
+class CppCompileError(RuntimeError):
+    pass
+
+
+def build(source: str) -> str:
+    """The path of the shared library built from `source` (built once per content)."""
+    key = content_hash(source, CXX, " ".join(CXXFLAGS))
+    directory = cache_dir("cpp")
+    so_path = os.path.join(directory, f"k{key}.so")
+    src_path = write_once(os.path.join(directory, f"k{key}.cpp"), source)
+    with _lock:
+        if not os.path.exists(so_path):
+            if shutil.which(CXX) is None:
+                raise CppCompileError(f"no C++ compiler {CXX!r} on PATH; install g++ or set CXX")
+            fd, tmp = tempfile.mkstemp(dir=directory, suffix=".so.tmp")
+            os.close(fd)
+            proc = subprocess.run([CXX, *CXXFLAGS, src_path, "-o", tmp], capture_output=True, text=True)
+            if proc.returncode != 0:
+                os.unlink(tmp)
+                raise CppCompileError(f"{CXX} failed on {src_path}:\n{proc.stderr[-4000:]}")
+            os.replace(tmp, so_path)
+    return so_path
+
+
+@functools.lru_cache(maxsize=None)
+def _load_library(so_path: str) -> ctypes.CDLL:
+    return ctypes.CDLL(so_path)
+
+
+def load_kernels(source: str, names: list[str], n_args: dict[str, int]) -> tuple[dict, str]:
+    """{name: ctypes function taking data pointers} and the library's path."""
+    so_path = build(source)
+    lib = _load_library(so_path)
+    kernels = {}
+    for name in names:
+        fn = getattr(lib, name)
+        fn.argtypes = [ctypes.c_void_p] * n_args[name]
+        fn.restype = None
+        kernels[name] = fn
+    return kernels, so_path
