@@ -118,11 +118,21 @@ class _Group:
             if buf.full_shape == self.full and (buf.reduced == self.reduced or not self.reduced):
                 return "reduction"
             return None
-        if buf.shape == self.full:
+        if _squeezed(buf.shape) == _squeezed(self.full):
             return "full"
-        if self.reduced and buf.shape == self.outer_shape:
+        if self.reduced and _squeezed(buf.shape) == _squeezed(self.outer_shape):
             return "outer"
         return None
+
+
+def _squeezed(shape) -> tuple[int, ...]:
+    return tuple(s for s in shape if s != 1)
+
+
+def _fit_index(shape, sizes, index: list[Expr]) -> list[Expr]:
+    """`index` (over `sizes`) as an index of `shape`, which has the same dims but for size-1 ones."""
+    it = iter(e for e, s in zip(index, sizes) if s != 1)
+    return [ir.const(0) if s == 1 else next(it) for s in shape]
 
 
 class _Grouper:
@@ -185,11 +195,11 @@ class _Grouper:
         if not group.reduced and kind != "reduction":
             return True
         kv = KernelVars(group.full, group.reduced or buf.reduced)
-        body = ir.substitute(buf.body, kv.index_of(kind, len(buf.full_shape if kind == "reduction" else buf.shape)))
+        body = ir.substitute(buf.body, kv.index_of(kind, buf.full_shape if kind == "reduction" else buf.shape))
         for load in ir.loads(body):
             if self.group_of.get(load.arg) is not group or not self.after_reduction(load.arg, group):
                 continue
-            own = kv.index_of(self.kind[load.arg], len(self.buffers[load.arg].shape), as_output=True)
+            own = kv.index_of(self.kind[load.arg], self.buffers[load.arg].shape, as_output=True)
             if [e.key() for e in load.args] != [e.key() for e in own]:
                 return False
         return True
@@ -218,11 +228,11 @@ class KernelVars:
         xs, rs = iter(self.x), iter(self.r)
         return [next(rs) if i in self.reduced else next(xs) for i in range(len(self.full))]
 
-    def index_of(self, kind: str, ndim: int, as_output: bool = False) -> list[Expr]:
+    def index_of(self, kind: str, shape, as_output: bool = False) -> list[Expr]:
         """A member's own index: a reduction's inputs range over full, its output over outer."""
         if kind == "outer" or (kind == "reduction" and as_output):
-            return list(self.x)
-        return self.full_index()
+            return _fit_index(shape, self.outer_sizes, self.x)
+        return _fit_index(shape, self.full, self.full_index())
 
 
 # =============================================================================
@@ -284,13 +294,14 @@ class _KernelBuilder:
             kind = self.grouper.kind[name]
             if kind == "reduction":
                 level = self.reduction_level(name)
-                value = self.expand(ir.substitute(buf.body, kv.full_index()))
+                value = self.expand(ir.substitute(buf.body, kv.index_of(kind, buf.full_shape)))
                 red_by_stage.setdefault(level, []).append(Accumulate(name, buf.reduce_op, buf.body.dtype, value))
                 n_stages = max(n_stages, level + 1)
                 if name in self.stored:
-                    outer_stores.append(self.store(name, kv.x, Expr(Op.REDUCED, buf.dtype, (), name)))
+                    index = kv.index_of(kind, buf.shape, as_output=True)
+                    outer_stores.append(self.store(name, index, Expr(Op.REDUCED, buf.dtype, (), name)))
             elif name in self.stored:
-                index = kv.index_of(kind, len(buf.shape))
+                index = kv.index_of(kind, buf.shape)
                 st = self.store(name, index, self.value(name, index))
                 if kind == "full" and self.group.reduced:
                     level = self.depth(name)
@@ -338,7 +349,36 @@ def _extern_root(name: str, buffers: dict) -> str:
     return name.rsplit("_", 1)[0]
 
 
+def inline_single_readers(graph: LoweredGraph) -> None:
+    """Substitute each Pointwise read by exactly one other Pointwise/Reduction into it."""
+    buffers = graph.buffers
+    readers: dict[str, set[str]] = {}
+    for name, buf in buffers.items():
+        if not isinstance(buf, ir.InputBuffer):
+            for r in buf.reads():
+                readers.setdefault(r, set()).add(name)
+    keep = {v.root for v in graph.outputs if isinstance(v, TensorValue)}
+    keep |= {v.root for _, v in graph.mutated_inputs}
+    inlined: set[str] = set()
+    for name, buf in list(buffers.items()):
+        if isinstance(buf, (ir.Pointwise, ir.Reduction)):
+            if buf.reads() & inlined:
+                def leaf(node):
+                    if node.op is Op.LOAD and node.arg in inlined:
+                        return ir.substitute(buffers[node.arg].body, list(node.args))
+                    return None
+                buf.body = ir.rewrite(buf.body, leaf)
+        users = readers.get(name, set())
+        if (isinstance(buf, ir.Pointwise) and name not in keep and len(users) == 1
+                and isinstance(buffers[next(iter(users))], (ir.Pointwise, ir.Reduction))
+                and buffers[next(iter(users))].device == buf.device):
+            inlined.add(name)
+    for name in inlined:
+        del buffers[name]
+
+
 def schedule(graph: LoweredGraph) -> Schedule:
+    inline_single_readers(graph)
     grouper = _Grouper(graph)
     steps = grouper.run()
     buffers = graph.buffers
