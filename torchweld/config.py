@@ -13,6 +13,9 @@ from typing import Iterator
 cache_size_limit: int = 8  # cache entries per code object; past it the frame runs eagerly
 suppress_errors: bool = False  # a backend that raises: run the frame eagerly with a warning
 inline_depth_limit: int = 32  # nested inlined user calls before the frame gives up
+# A bug inside capture (not a known limitation): False runs the frame eagerly with a
+# warning, so the user's program goes on; True raises it (the test suite sets this).
+raise_internal_errors: bool = False
 
 # -- logs (also set by the TORCHWELD_LOGS environment variable) ---------------
 logs: str = os.environ.get("TORCHWELD_LOGS", "")  # e.g. "graph_breaks,guards,+recompiles"

@@ -28,8 +28,9 @@ def is_torch_callable(obj: object) -> bool:
     module = getattr(obj, "__module__", None) or ""
     if isinstance(obj, (types.BuiltinFunctionType, types.BuiltinMethodType)):
         return module.startswith("torch") or getattr(obj, "__self__", None) is torch._C._VariableFunctions
-    if isinstance(obj, types.FunctionType):
-        return module.startswith("torch.") and "_contextlib" not in obj.__code__.co_filename
+    if isinstance(obj, types.FunctionType):  # F.relu, torch.functional.einsum; not methods of nn modules
+        return (module.startswith("torch.") and not module.startswith("torch.nn.modules")
+                and "." not in obj.__qualname__ and "_contextlib" not in obj.__code__.co_filename)
     return isinstance(obj, torch._ops.OpOverloadPacket) or isinstance(obj, torch._ops.OpOverload)
 
 
@@ -54,11 +55,12 @@ def wrap(tx: "Translator", obj: object, source: Source | None, guard: bool = Tru
             guards.length(source, type(obj), len(obj))
         items = [wrap(tx, item, ItemSource(source, i) if source else None, guard) for i, item in enumerate(obj)]
         return (ListValue if type(obj) is list else TupleValue)(items, source)
-    if isinstance(obj, tuple) and hasattr(type(obj), "_fields"):  # named tuples, torch.return_types
+    fields = getattr(type(obj), "_fields", None) or getattr(type(obj), "__match_args__", None)
+    if isinstance(obj, tuple) and fields:  # named tuples, torch.return_types
         if guards:
             guards.type_is(source, type(obj))
-        items = [wrap(tx, getattr(obj, f), AttrSource(source, f) if source else None, guard) for f in obj._fields]
-        return TupleValue(items, source, fields=tuple(obj._fields), tuple_type=type(obj))
+        items = [wrap(tx, getattr(obj, f), AttrSource(source, f) if source else None, guard) for f in fields]
+        return TupleValue(items, source, fields=tuple(fields), tuple_type=type(obj))
     if type(obj) is dict:
         keys = list(obj)
         if not all(is_constant_literal(k) for k in keys):

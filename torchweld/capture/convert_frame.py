@@ -61,6 +61,14 @@ def translate_frame(fn: types.FunctionType, args: tuple, kwargs: dict, settings:
         if settings.fullgraph:
             raise Unsupported(e.reason, e.location, FULLGRAPH_HINT) from None
         return _eager_entry(fn, output, e, time.perf_counter() - start)
+    except Exception as e:  # a bug in capture itself, not in the user's program
+        if config.raise_internal_errors:
+            raise
+        where = tx.location()
+        warnings.warn(f"torchweld: internal error while capturing {code.co_qualname} at {where}: "
+                      f"{type(e).__name__}: {e}; running it eagerly. Please report this.", stacklevel=2)
+        failure = Unsupported(f"internal error in torchweld: {type(e).__name__}: {e}", where)
+        return _eager_entry(fn, output, failure, time.perf_counter() - start)
 
     gm, example_inputs, input_sources = output.finish(rebuild.graph_outputs)
     body = []

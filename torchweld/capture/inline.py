@@ -65,7 +65,10 @@ def _bind(code: types.CodeType, n_defaults: int, kwdefault_names: list[str], arg
     except TypeError as e:
         raise Unsupported(f"calling {code.co_qualname}: {e} (the eager call raises TypeError)") from None
     bound.apply_defaults()
-    return dict(bound.arguments)
+    # inspect renames the implicit `.0` argument of comprehensions; code names are the truth
+    n_params = code.co_argcount + code.co_kwonlyargcount
+    n_params += bool(code.co_flags & inspect.CO_VARARGS) + bool(code.co_flags & inspect.CO_VARKEYWORDS)
+    return dict(zip(code.co_varnames[:n_params], bound.arguments.values()))
 
 
 def inline_user_function(tx: "Translator", fn_value: "UserFunctionValue | NestedFunctionValue",

@@ -136,7 +136,7 @@ class OutputGraph:
                     items.append(TensorValue(getitem, item))
                 else:
                     items.append(const(item))
-            fields = getattr(type(result), "_fields", None)
+            fields = getattr(type(result), "_fields", None) or getattr(type(result), "__match_args__", None)
             if isinstance(result, list):
                 from torchweld.capture.values import ListValue
 

@@ -49,8 +49,10 @@ class Reconstructor:
             if value.source is not None:
                 return value.source.expr()
             items = ", ".join(self.expr(v) for v in value.elements)
-            if value.fields:
+            if value.fields and hasattr(value.tuple_type, "_fields"):  # collections.namedtuple
                 return f"{self.const(value.tuple_type)}({items})"
+            if value.fields:  # a structseq such as torch.return_types.max
+                return f"{self.const(value.tuple_type)}(({items},))"
             return f"({items},)" if value.elements else "()"
         if isinstance(value, DictValue):
             if value.source is not None:

@@ -53,7 +53,10 @@ class Value:
 
     def node_arg(self) -> object:
         """This value as an argument of an FX node."""
-        return self.as_constant()
+        value = self.as_constant()
+        if not is_constant_literal(value):
+            raise Unsupported(f"passing {self} to a graph operation is not supported")
+        return value
 
     def example(self) -> object:
         """This value as an argument of the fake-tensor run that computes example values."""

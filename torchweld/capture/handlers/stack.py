@@ -42,4 +42,4 @@ def end_for(tx, inst):
 
 @handles("KW_NAMES", since=(3, 11), until=(3, 12))
 def kw_names(tx, inst):
-    tx.kw_names = inst.argval
+    tx.kw_names = tx.code.co_consts[inst.arg]
