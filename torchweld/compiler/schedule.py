@@ -178,6 +178,17 @@ class _Grouper:
                 group.reduced = buf.reduced
             self.join(group, buf, kind)
             return
+        # a sibling: a later kernel over the same space that reads none of buf's producers' results late
+        latest_input = max((self.position_of[r] for r in reads), default=-1)
+        for step in reversed(self.steps):
+            if not isinstance(step, _Group) or step.position <= latest_input:
+                break
+            kind = step.kind_of(buf)
+            if kind is not None and step.device == buf.device and self.reads_line_up(step, buf, kind):
+                if kind == "reduction" and not step.reduced:
+                    step.reduced = buf.reduced
+                self.join(step, buf, kind)
+                return
         full = buf.full_shape if isinstance(buf, ir.Reduction) else buf.shape
         reduced = buf.reduced if isinstance(buf, ir.Reduction) else ()
         group = _Group(len(self.steps), full, reduced, buf.device)

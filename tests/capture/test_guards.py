@@ -1,0 +1,161 @@
+"""Guards: what makes a compiled version reusable, recompiles, the cache-size
+limit, identity guards that do not keep objects alive."""
+import gc
+import logging
+import weakref
+
+import pytest
+import torch
+import torch.nn as nn
+
+import torchweld
+from tests.capture.helpers import CountingBackend
+
+
+def test_new_shape_dtype_and_requires_grad_recompile():
+    backend = CountingBackend()
+    fn = torchweld.compile(lambda x: x.sin() + 1, backend=backend)
+    inputs = [torch.randn(4), torch.randn(8), torch.randn(8).double(), torch.randn(8, requires_grad=True),
+              torch.randn(8, 2).t()[0]]  # the last one: a non-contiguous view with other strides
+    for x in inputs:
+        torch.testing.assert_close(fn(x), x.sin() + 1)
+    assert len(backend.graphs) == len(inputs)
+    for x in inputs:  # every version is still cached
+        fn(x)
+    assert len(backend.graphs) == len(inputs)
+
+
+def test_python_constant_change_recompiles():
+    backend = CountingBackend()
+    fn = torchweld.compile(lambda x, k: x * k, backend=backend)
+    x = torch.randn(3)
+    for k in (2, 3, 2.0, True):
+        torch.testing.assert_close(fn(x, k), x * k)
+    assert len(backend.graphs) == 4  # 2 and 2.0 and True are different guards
+
+
+SCALE = 2.0
+
+
+def scaled(x):
+    return x * SCALE
+
+
+def test_global_change_recompiles():
+    global SCALE
+    fn = torchweld.compile(scaled)
+    x = torch.randn(3)
+    torch.testing.assert_close(fn(x), x * 2.0)
+    SCALE = 5.0
+    try:
+        torch.testing.assert_close(fn(x), x * 5.0)
+    finally:
+        SCALE = 2.0
+
+
+def test_grad_mode_is_guarded():
+    w = torch.randn(3, requires_grad=True)
+    fn = torchweld.compile(lambda x: x * w)
+    x = torch.randn(3)
+    assert fn(x).requires_grad
+    with torch.no_grad():
+        assert not fn(x).requires_grad
+
+
+def test_eval_mode_and_submodule_swap_are_guarded():
+    model = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.9))
+    fn = torchweld.compile(model)
+    x = torch.randn(8, 4)
+    model.eval()
+    torch.testing.assert_close(fn(x), model(x))
+    model[0] = nn.Linear(4, 4)  # a different submodule object: identity guard fails
+    torch.testing.assert_close(fn(x), model(x))
+
+
+def test_cache_size_limit_warns_naming_the_guard_then_runs_eagerly():
+    backend = CountingBackend()
+    fn = torchweld.compile(lambda x: x + 1, backend=backend)
+    with torchweld.config.patch(cache_size_limit=2):
+        fn(torch.randn(1))
+        fn(torch.randn(2))
+        with pytest.warns(UserWarning, match=r"cache_size_limit=2.*L\['x'\]: Tensor\(.*shape=\(2,\)"):
+            out = fn(torch.randn(3))
+        torch.testing.assert_close(out.shape, torch.Size([3]))
+        fn(torch.randn(4))  # one warning only
+    assert len(backend.graphs) == 2
+
+
+def test_recompiles_log_names_failing_guard(caplog):
+    fn = torchweld.compile(lambda x: x + 1)
+    with torchweld.config.patch(logs="recompiles"), caplog.at_level(logging.INFO, logger="torchweld"):
+        fn(torch.randn(2))
+        fn(torch.randn(2, 2))
+    assert any("guard failed: L['x']: Tensor" in r.getMessage() and "shape=(2,)" in r.getMessage()
+               for r in caplog.records)
+
+
+def test_guards_log_and_graph_log(caplog):
+    fn = torchweld.compile(lambda x: x.cos())
+    with torchweld.config.patch(logs="guards,graph,graph_code,bytecode"), caplog.at_level(logging.DEBUG, logger="torchweld"):
+        fn(torch.randn(2))
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    assert "L['x']: Tensor(dtype=torch.float32" in text
+    assert "cos" in text and "def forward" in text and "___entry" in text
+
+
+def test_unknown_log_artifact_is_a_clear_error():
+    with pytest.raises(ValueError, match="unknown artifact 'graphs'"):
+        torchweld.logs.parse("graphs")
+
+
+def test_compiled_function_garbage_collected_frees_cache():
+    model = nn.Linear(3, 3)
+    fn = torchweld.compile(model)
+    fn(torch.randn(2, 3))
+    ref = weakref.ref(fn._compiled_forward)
+    del fn
+    gc.collect()
+    assert ref() is None
+
+
+class Scale(nn.Module):  # a user module: inlined, so the graph holds no reference to it
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(3))
+
+    def forward(self, x):
+        return x * self.w
+
+
+def test_identity_guard_does_not_keep_module_alive():
+    def call(m, x):
+        return m(x)
+
+    model = Scale()
+    fn = torchweld.compile(call)
+    fn(model, torch.randn(3))
+    ref = weakref.ref(model)
+    entry = fn.cache_entries[0]
+    assert entry.alive
+    del model
+    gc.collect()
+    assert ref() is None and not entry.alive  # its id may be reused: the entry is dropped
+    other = Scale()
+    torch.testing.assert_close(fn(other, torch.ones(3)), torch.ones(3))
+
+
+def test_readable_guards_cover_what_the_graph_assumed():
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(2, 2)
+            self.k = 3
+
+        def forward(self, x, flag=True):
+            return self.fc(x) * self.k if flag else x
+
+    report = torchweld.explain(M())(torch.randn(1, 2))
+    guards = "\n".join(report.guards)
+    for expected in ("torch.is_grad_enabled() is True", "L['x']: Tensor", "L['flag'] is True",
+                     "L['self'].k == 3", "L['self'].fc.training is True", "L['self'].fc is <"):
+        assert expected in guards, expected

@@ -1,0 +1,267 @@
+"""torchweld.compile's surface: call forms, modules, modes, backends and errors."""
+import threading
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+
+import torchweld
+from tests.capture.helpers import CountingBackend
+
+
+def sin_cos(x):
+    """Docstring kept."""
+    return torch.sin(x) + torch.cos(x)
+
+
+class MyModule(nn.Module):  # the tutorial's module
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+
+    def forward(self, x):
+        return torch.nn.functional.relu(self.lin(x))
+
+
+def test_call_forms_keep_metadata():
+    x = torch.randn(3)
+    for compiled in (torchweld.compile(sin_cos), torchweld.compile()(sin_cos),
+                     torchweld.compile(backend="eager")(sin_cos)):
+        torch.testing.assert_close(compiled(x), sin_cos(x))
+        assert compiled.__name__ == "sin_cos" and compiled.__doc__ == "Docstring kept."
+        assert compiled.__wrapped__ is sin_cos
+
+
+def test_decorator():
+    @torchweld.compile
+    def opt_foo2(x, y):
+        a = torch.sin(x)
+        b = torch.cos(y)
+        return a + b
+
+    x, y = torch.randn(10, 10), torch.randn(10, 10)
+    torch.testing.assert_close(opt_foo2(x, y), torch.sin(x) + torch.cos(y))
+
+
+def test_module_shares_state_and_forwards_attributes():
+    mod = MyModule()
+    opt = torchweld.compile(mod)
+    x = torch.randn(10, 3)
+    torch.testing.assert_close(opt(x), mod(x))
+    assert list(opt.state_dict()) == list(mod.state_dict()) == ["lin.weight", "lin.bias"]
+    assert [p is q for p, q in zip(opt.parameters(), mod.parameters())] == [True, True]
+    assert opt.lin is mod.lin
+    with torch.no_grad():
+        mod.lin.weight.add_(1.0)  # weight updates are seen without recompiling
+    torch.testing.assert_close(opt(x), mod(x))
+    opt.eval()
+    assert not mod.training and not mod.lin.training
+    opt.train()
+    assert mod.training
+    opt.to(torch.float64)
+    assert mod.lin.weight.dtype == torch.float64
+    torch.testing.assert_close(opt(x.double()), mod(x.double()))
+    mod.load_state_dict(opt.state_dict())
+
+
+def test_module_hooks_on_the_original_still_run():
+    mod = MyModule()
+    calls = []
+    mod.register_forward_hook(lambda m, i, o: calls.append(1))
+    opt = torchweld.compile(mod)
+    x = torch.randn(2, 3)
+    torch.testing.assert_close(opt(x), mod(x))
+    assert len(calls) == 2
+
+
+def test_compiled_method_on_a_class():
+    class Scaler(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.k = 3.0
+
+        @torchweld.compile
+        def forward(self, x):
+            return x * self.k
+
+    s = Scaler()
+    torch.testing.assert_close(s(torch.ones(2)), torch.full((2,), 3.0))
+
+
+def test_custom_backend_receives_graph_and_example_inputs():
+    seen = []
+
+    def my_backend(gm, example_inputs):
+        assert isinstance(gm, torch.fx.GraphModule)
+        seen.append([tuple(t.shape) for t in example_inputs])
+        assert all("example_value" in n.meta for n in gm.graph.nodes if n.op != "output")
+        return gm.forward
+
+    x = torch.randn(4, 2)
+    torch.testing.assert_close(torchweld.compile(sin_cos, backend=my_backend)(x), sin_cos(x))
+    assert seen == [[(4, 2)]]
+
+
+def test_placeholders_named_after_sources():
+    backend = CountingBackend()
+    torchweld.compile(MyModule(), backend=backend)(torch.randn(2, 3))
+    names = [n.name for n in backend.graphs[0].graph.nodes if n.op == "placeholder"]
+    assert names == ["l_x_"]
+
+
+def test_registered_backend_and_list():
+    @torchweld.register_backend("counting_for_test")
+    def counting(gm, example_inputs):
+        counting.calls += 1
+        return gm.forward
+
+    counting.calls = 0
+    assert "counting_for_test" in torchweld.list_backends() and "eager" in torchweld.list_backends()
+    torchweld.compile(sin_cos, backend="counting_for_test")(torch.randn(2))
+    assert counting.calls == 1
+
+
+@pytest.mark.parametrize("mode", [None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"])
+def test_modes_accepted_and_passed_on(mode):
+    received = []
+
+    def backend(gm, example_inputs, mode=None, options=None):
+        received.append((mode, options))
+        return gm.forward
+
+    torchweld.compile(sin_cos, backend=backend, mode=mode, options={"k": 1})(torch.randn(2))
+    assert received == [(mode, {"k": 1})]
+
+
+def test_disable_runs_natively():
+    calls = []
+
+    @torchweld.disable
+    def side(x):
+        calls.append(1)
+        return x * 2
+
+    def fn(x):
+        return side(x) + 1
+
+    x = torch.randn(3)
+    torch.testing.assert_close(torchweld.compile(fn)(x), x * 2 + 1)
+    assert calls == [1]
+    torch.testing.assert_close(torchweld.compile(sin_cos, disable=True)(x), sin_cos(x))
+
+
+# -- bad input ------------------------------------------------------------------------------------
+
+
+def test_non_callable():
+    with pytest.raises(torchweld.InvalidArgument, match="expects a function or an nn.Module, got int"):
+        torchweld.compile(3)
+
+
+def test_unknown_backend_and_mode():
+    with pytest.raises(torchweld.InvalidArgument, match="unknown backend 'nope'; registered backends: .*eager"):
+        torchweld.compile(sin_cos, backend="nope")
+    with pytest.raises(torchweld.InvalidArgument, match="unknown mode 'fast'"):
+        torchweld.compile(sin_cos, mode="fast")
+
+
+def test_backend_that_raises():
+    def broken(gm, example_inputs):
+        raise RuntimeError("boom")
+
+    compiled = torchweld.compile(sin_cos, backend=broken)
+    with pytest.raises(torchweld.BackendCompilerFailed, match="backend 'broken' raised RuntimeError: boom") as info:
+        compiled(torch.randn(2))
+    assert "test_api.py" in str(info.value)
+    assert isinstance(info.value.__cause__, RuntimeError)
+
+
+def test_backend_that_raises_with_suppress_errors_runs_eagerly():
+    def broken(gm, example_inputs):
+        raise RuntimeError("boom")
+
+    x = torch.randn(2)
+    with torchweld.config.patch(suppress_errors=True), pytest.warns(UserWarning, match="boom"):
+        torch.testing.assert_close(torchweld.compile(sin_cos, backend=broken)(x), sin_cos(x))
+
+
+def test_backend_returning_non_callable():
+    compiled = torchweld.compile(sin_cos, backend=lambda gm, inputs: 42)
+    with pytest.raises(torchweld.BackendCompilerFailed, match="returned 42, which is not callable"):
+        compiled(torch.randn(2))
+
+
+def test_fullgraph_names_user_line():
+    def needs_python(x):
+        y = x + 1
+        print("hello")
+        return y
+
+    with pytest.raises(torchweld.Unsupported) as info:
+        torchweld.compile(needs_python, fullgraph=True)(torch.randn(2))
+    message = str(info.value)
+    assert "test_api.py:" in message and 'print("hello")' in message
+    assert "print() needs Python" in message and "Remove fullgraph=True" in message
+
+
+def test_unsupported_frame_runs_eagerly_and_is_explained(capsys):
+    def data_dependent(x):
+        if x.sum() > 0:
+            return x + 1
+        return x - 1
+
+    compiled = torchweld.compile(data_dependent)
+    for x in (torch.ones(3), -torch.ones(3)):
+        torch.testing.assert_close(compiled(x), data_dependent(x))
+    report = torchweld.explain(data_dependent)(torch.ones(3))
+    assert report.graph_break_count == 1
+    assert "data-dependent control flow" in report.break_reasons[0].reason
+    assert "if x.sum() > 0:" in str(report)
+
+
+def test_user_error_raises_the_eager_error():
+    def bad(x):
+        return x @ torch.randn(7, 7)
+
+    with pytest.raises(RuntimeError, match="cannot be multiplied"):
+        torchweld.compile(bad)(torch.randn(2, 3))
+
+
+def test_threads_translate_once():
+    backend = CountingBackend()
+    compiled = torchweld.compile(sin_cos, backend=backend)
+    x = torch.randn(64)
+    results, errors = [], []
+
+    def worker():
+        try:
+            for _ in range(20):
+                results.append(compiled(x))
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(results) == 80
+    for r in results:
+        torch.testing.assert_close(r, sin_cos(x))
+    assert len(backend.graphs) == 1
+
+
+def test_reset_forgets_compiled_versions():
+    backend = CountingBackend()
+    compiled = torchweld.compile(sin_cos, backend=backend)
+    compiled(torch.randn(2))
+    torchweld.reset()
+    compiled(torch.randn(2))
+    assert len(backend.graphs) == 2
+
+
+def test_no_warnings_on_the_happy_path():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        torchweld.compile(sin_cos)(torch.randn(2))
