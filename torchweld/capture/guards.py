@@ -103,7 +103,8 @@ class GuardSet:
         """Weak references that call `on_death` once an object guarded by identity dies
         (its id could then be reused by an unrelated object)."""
         refs = []
-        for obj in self._weak_targets:
+        targets, self._weak_targets = self._weak_targets, []  # hold them weakly from now on
+        for obj in targets:
             try:
                 refs.append(weakref.ref(obj, lambda _ref: on_death()))
             except TypeError:  # not weakly referenceable: kept alive by the constant table
