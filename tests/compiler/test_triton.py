@@ -1,0 +1,56 @@
+"""The Triton renderer, run on CPU tensors through Triton's interpreter (TRITON_INTERPRET=1)."""
+import pytest
+import torch
+
+from weld_helpers import check
+
+triton = pytest.importorskip("triton")
+
+TRITON = {"cpu_codegen": "triton"}
+
+
+@pytest.fixture(autouse=True)
+def interpret(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+def test_pointwise_chain_and_broadcast():
+    def fn(a, b):
+        t = torch.sin(a) * 1.5 + b
+        t = torch.tanh(t) - torch.exp(-t.abs())
+        return [torch.sigmoid(t) * t, torch.where(a > b, a, b), (a < 0) | (b > 0), a.t() * 2]
+
+    c = check(fn, [torch.randn(5, 7), torch.randn(7)], options=TRITON)
+    assert "@triton.jit" in c.kernel_sources["triton"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_dtypes(dtype):
+    x = torch.randn(4, 9).to(dtype)
+    atol = {torch.float16: 2e-3, torch.bfloat16: 2e-2}.get(dtype)
+    check(lambda x: [x * 2 + 1, x.sum(1), x.relu(), x.float().exp()], [x], options=TRITON,
+          atol=atol, rtol=atol)
+
+
+def test_int_bool():
+    a, m = torch.randint(-9, 9, (3, 5)), torch.rand(3, 5) > 0.5
+    check(lambda a, m: [a * 3 - 1, a.sum(0), m & (a > 0), m.any(1), a.amax(1)], [a, m], options=TRITON)
+
+
+def test_reductions_one_block_and_looped():
+    small, big = torch.randn(6, 40), torch.randn(3, 5000)  # 40 fits one block; 5000 loops over blocks
+    check(lambda s, b: [torch.softmax(s, -1), s.sum(0), b.sum(1), b.amax(1, keepdim=True) - b,
+                        torch.nn.functional.layer_norm(b, (5000,))], [small, big], options=TRITON,
+          atol=1e-4, rtol=1e-4)
+
+
+def test_non_contiguous_zero_size_zero_dim():
+    base = torch.randn(6, 8)
+    check(lambda t, e, z, s: [t + 1, t.sum(1), e * 2, z.sum(0), s * 3],
+          [base.t(), torch.randn(4, 1).expand(4, 3), torch.randn(0, 3), torch.tensor(2.0)], options=TRITON)
+
+
+def test_ops_triton_lacks_become_extern():
+    a, b = torch.randint(-9, 9, (4,)), torch.randint(1, 5, (4,))
+    c = check(lambda a, b: a // b, [a, b], options=TRITON)
+    assert c.externs == ["aten.div.Tensor_mode"]
