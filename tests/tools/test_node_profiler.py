@@ -10,7 +10,7 @@ import torch
 import torch.fx
 from torch import nn
 
-from torchweld.tools.profile import (
+from torchweld.tools.node_profiler import (
     CpuClock,
     CudaEventClock,
     ProfileError,
