@@ -3,6 +3,7 @@ elements; reductions in blocks of RBLOCK, one block when the row fits."""
 from __future__ import annotations
 
 import math
+import re
 
 import torch
 
@@ -13,8 +14,6 @@ from torchweld.compiler.schedule import Kernel, Stage
 HALF_TYPES = (torch.float16, torch.bfloat16)
 MAX_PERSISTENT_RBLOCK = 2048  # rows up to this long reduce in one block, longer ones loop
 LOOPED_RBLOCK = 1024
-
-LIBDEVICE = "libdevice"
 
 
 def next_power_of_2(n: int) -> int:
@@ -53,15 +52,11 @@ class TritonRenderer(KernelRenderer):
         Op.NEG: lambda a: f"-{a}",
         Op.ABS: lambda a: f"tl.abs({a})",
         Op.EXP: lambda a: f"tl.exp({a})",
-        Op.EXPM1: lambda a: f"{LIBDEVICE}.expm1({a})",
         Op.LOG: lambda a: f"tl.log({a})",
-        Op.LOG1P: lambda a: f"{LIBDEVICE}.log1p({a})",
         Op.LOG2: lambda a: f"tl.log2({a})",
         Op.SIN: lambda a: f"tl.sin({a})",
         Op.COS: lambda a: f"tl.cos({a})",
-        Op.TAN: lambda a: f"{LIBDEVICE}.tan({a})",
-        Op.TANH: lambda a: f"{LIBDEVICE}.tanh({a})",
-        Op.ATAN: lambda a: f"{LIBDEVICE}.atan({a})",
+        Op.TANH: lambda a: f"2 * tl.sigmoid(2 * {a}) - 1",
         Op.SQRT: lambda a: f"tl.sqrt({a})",
         Op.RSQRT: lambda a: f"tl.rsqrt({a})",
         Op.RECIPROCAL: lambda a: f"1 / {a}",
@@ -69,8 +64,7 @@ class TritonRenderer(KernelRenderer):
         Op.ERF: lambda a: f"tl.erf({a})",
         Op.FLOOR: lambda a: f"tl.floor({a})",
         Op.CEIL: lambda a: f"tl.ceil({a})",
-        Op.TRUNC: lambda a: f"{LIBDEVICE}.trunc({a})",
-        Op.ROUND: lambda a: f"{LIBDEVICE}.nearbyint({a})",
+        Op.TRUNC: lambda a: f"tl.where({a} < 0, tl.ceil({a}), tl.floor({a}))",
         Op.ISNAN: lambda a: f"{a} != {a}",
         Op.LOGICAL_NOT: lambda a: f"{a} == 0",
         Op.BITWISE_NOT: lambda a: f"~{a}",
@@ -78,10 +72,8 @@ class TritonRenderer(KernelRenderer):
         Op.SUB: lambda a, b: f"{a} - {b}",
         Op.MUL: lambda a, b: f"{a} * {b}",
         Op.TRUEDIV: lambda a, b: f"{a} / {b}",
-        Op.POW: lambda a, b: f"{LIBDEVICE}.pow({a}, {b})",
         Op.MAXIMUM: lambda a, b: f"tl.maximum({a}, {b})",
         Op.MINIMUM: lambda a, b: f"tl.minimum({a}, {b})",
-        Op.ATAN2: lambda a, b: f"{LIBDEVICE}.atan2({a}, {b})",
         Op.LT: lambda a, b: f"{a} < {b}",
         Op.LE: lambda a, b: f"{a} <= {b}",
         Op.GT: lambda a, b: f"{a} > {b}",
@@ -96,7 +88,8 @@ class TritonRenderer(KernelRenderer):
         Op.BITWISE_XOR: lambda a, b: f"{a} ^ {b}",
         Op.WHERE: lambda c, a, b: f"tl.where({c}, {a}, {b})",
     }
-    # float64 math goes through libdevice on GPUs; keep it extern rather than guess
+    # expm1, log1p, tan, atan, atan2, round, pow need libdevice, which Triton's CPU
+    # interpreter cannot run, so they stay extern; so does float64 math
     unsupported_dtypes = frozenset({torch.float64})
     reduce_init = {Op.SUM: "0", Op.PROD: "1", Op.MAX: 'float("-inf")', Op.MIN: 'float("inf")'}
     reduce_fn = {Op.SUM: "tl.sum", Op.MAX: "tl.max", Op.MIN: "tl.min"}
@@ -126,8 +119,13 @@ class TritonRenderer(KernelRenderer):
     def mask(self, scope: Scope) -> str:
         return self.scope_masks.get(id(scope), "xmask")
 
+    @staticmethod
+    def as_block(index: str) -> str:
+        """Pointers must be blocks when masks are: a constant index gets broadcast."""
+        return index if re.search(r"\b[xr]\d+\b|index", index) else f"{index} + 0 * xindex"
+
     def render_load(self, buffer, index, dtype, scope) -> str:
-        code = f"tl.load({self.pointer(buffer)} + ({index}), {self.mask(scope)}, other=0)"
+        code = f"tl.load({self.pointer(buffer)} + ({self.as_block(index)}), {self.mask(scope)}, other=0)"
         if dtype in HALF_TYPES:
             code += ".to(tl.float32)"
         return code
@@ -141,7 +139,7 @@ class TritonRenderer(KernelRenderer):
             value = f"tl.broadcast_to({value}, [XBLOCK])"
         else:
             value = f"tl.broadcast_to({value}, [XBLOCK, RBLOCK])"
-        self.emit(scope, f"tl.store({self.pointer(store.buffer)} + ({index}), {value}, {self.mask(scope)})")
+        self.emit(scope, f"tl.store({self.pointer(store.buffer)} + ({self.as_block(index)}), {value}, {self.mask(scope)})")
 
     # -- blocks ------------------------------------------------------------------
     def open_kernel(self, kernel: Kernel) -> Scope:
@@ -226,8 +224,7 @@ class TritonRenderer(KernelRenderer):
 
     def render_kernels(self, kernels: list[Kernel], buffer_dtypes: dict) -> str:
         self.buffer_dtypes = buffer_dtypes
-        parts = ["import triton", "import triton.language as tl",
-                 "from triton.language.extra import libdevice", ""]
+        parts = ["import triton", "import triton.language as tl", ""]
         for kernel in kernels:
             parts.append(self.render(kernel))
         return "\n".join(parts)
