@@ -1,0 +1,127 @@
+"""The weld backend on whole models, against eager; its training fallback and logs."""
+import logging
+import os
+
+import pytest
+import torch
+import torch.nn as nn
+
+from torchweld.backends import lookup_backend
+
+
+class MLP(nn.Module):
+    def __init__(self, d=32):
+        super().__init__()
+        self.layers = nn.Sequential(*[nn.Sequential(nn.Linear(d, d), nn.LayerNorm(d), nn.GELU()) for _ in range(2)])
+
+    def forward(self, x):
+        return self.layers(x)
+
+
+class CNN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(inplace=True),
+                                  nn.MaxPool2d(2), nn.Conv2d(8, 8, 3), nn.BatchNorm2d(8), nn.ReLU(),
+                                  nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 4))
+
+    def forward(self, x):
+        return self.body(x)
+
+
+class Block(nn.Module):
+    """A pre-norm transformer block: attention with softmax, then an MLP."""
+
+    def __init__(self, d=32, heads=4):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+    def forward(self, x):
+        b, s, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
+        q, k, v = (t.reshape(b, s, self.heads, d // self.heads).transpose(1, 2) for t in (q, k, v))
+        att = torch.softmax(q @ k.transpose(-2, -1) / (d // self.heads) ** 0.5, dim=-1)
+        y = (att @ v).transpose(1, 2).reshape(b, s, d)
+        x = x + self.proj(y)
+        return x + self.mlp(self.ln2(x))
+
+
+def _eval(model):
+    model.eval()
+    for m in model.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            m.running_mean.uniform_(-0.5, 0.5)
+            m.running_var.uniform_(0.5, 2.0)
+    return model
+
+
+def compile_weld(model, inputs, **kw):
+    gm = torch.fx.symbolic_trace(model)
+    return lookup_backend("weld", **kw)(gm, list(inputs))
+
+
+@pytest.mark.parametrize("make,shape", [(MLP, (8, 32)), (CNN, (2, 3, 12, 12)), (Block, (2, 8, 32))])
+def test_models_match_eager(make, shape):
+    model = _eval(make())
+    x = torch.randn(shape)
+    with torch.no_grad():
+        compiled = compile_weld(model, [x])
+        torch.testing.assert_close(compiled(x), model(x), atol=1e-4, rtol=1e-4)
+        x2 = torch.randn(shape)  # a second input through the same kernels
+        torch.testing.assert_close(compiled(x2), model(x2), atol=1e-4, rtol=1e-4)
+
+
+def test_conv_bn_folded_under_no_grad():
+    model = _eval(CNN())
+    x = torch.randn(1, 3, 8, 8)
+    with torch.no_grad():
+        compiled = compile_weld(model, [x])
+    ops = compiled.schedule.graph.externs
+    assert "aten.convolution.default" in ops and not any("batch_norm" in o for o in ops)
+
+
+def test_training_runs_eagerly_and_logs_once(caplog):
+    model = MLP()
+    x = torch.randn(4, 32)
+    with caplog.at_level(logging.INFO, logger="torchweld.weld"):
+        fn = compile_weld(model, [x])
+    out = fn(x)
+    out.sum().backward()  # autograd works
+    assert model.layers[0][0].weight.grad is not None
+    assert not hasattr(fn, "schedule")
+
+
+def test_weld_logs_externs(caplog):
+    with caplog.at_level(logging.DEBUG, logger="torchweld.weld"), torch.no_grad():
+        compile_weld(nn.Linear(4, 4), [torch.randn(2, 4)])
+    assert "aten.mm.default" in caplog.text
+
+
+def test_output_code_log_and_disk_cache(caplog, tmp_path):
+    from torchweld import config
+
+    with config.patch(cache_dir=str(tmp_path)), caplog.at_level(logging.INFO, logger="torchweld.output_code"):
+        with torch.no_grad():
+            compiled = compile_weld(lambda x: torch.sin(x) * 2, [torch.randn(8)]) if False else None
+            gm = torch.fx.symbolic_trace(lambda x: torch.sin(x) * 2 + 1)
+            compiled = lookup_backend("weld")(gm, [torch.randn(8)])
+    assert "def call(" in caplog.text and "extern \"C\" void kernel0" in caplog.text
+    assert os.path.exists(compiled.paths["cpp"]) and compiled.paths["cpp"].startswith(str(tmp_path))
+
+
+def test_mutated_input_is_written_back():
+    def fn(x):
+        x.add_(1)
+        return x * 2
+
+    gm = torch.fx.symbolic_trace(fn)
+    x = torch.randn(5)
+    expected_x = x.clone() + 1
+    with torch.no_grad():
+        compiled = lookup_backend("weld")(gm, [x.clone()])
+        out = compiled(x)
+    torch.testing.assert_close(x, expected_x)
+    torch.testing.assert_close(out, expected_x * 2)
