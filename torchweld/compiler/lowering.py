@@ -161,6 +161,7 @@ class GraphLowering:
         mutated_arg = None
         if isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable:
             target, mutated_arg = self.functional_variant(target, node), node.args[0]
+            node = _FunctionalNode(target, node.args, node.kwargs, node.meta, node.name)
         rule = rules.LOWERINGS.get(target) or rules.LOWERINGS.get(getattr(target, "overloadpacket", None))
         result = None
         if rule is not None:
@@ -234,6 +235,17 @@ class GraphLowering:
         if isinstance(v, TensorValue) and v.layout is None:
             return self.materialize(v)
         return v
+
+
+@dataclasses.dataclass(frozen=True)
+class _FunctionalNode:
+    """An in-place node seen as its functional variant, for the rules."""
+
+    target: object
+    args: tuple
+    kwargs: dict
+    meta: dict
+    name: str
 
 
 def lower(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> LoweredGraph:
