@@ -1,0 +1,145 @@
+"""Eager vs torch.compile vs torchweld (weld backend), side by side in one run.
+
+    .venv/bin/python bench/compare.py [--quick]
+
+Reports steady-state time per call, speedup over eager, and the cold compile
+time (first call, with an empty torchweld kernel cache and inductor's caches off).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+
+os.environ.setdefault("TORCHINDUCTOR_FORCE_DISABLE_CACHES", "1")
+
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+
+import torchweld  # noqa: E402
+from torchweld import config  # noqa: E402
+
+
+def chain(t):
+    for _ in range(2):
+        t = torch.sin(t) * 1.5 + 0.5
+        t = torch.tanh(t) - torch.exp(-t.abs())
+        t = torch.sigmoid(t) * t
+    return t
+
+
+class Chain(nn.Module):
+    def forward(self, t):
+        return chain(t)
+
+
+def mlp(width=1024, layers=4):
+    return nn.Sequential(*[nn.Sequential(nn.Linear(width, width), nn.LayerNorm(width), nn.GELU())
+                           for _ in range(layers)])
+
+
+class CNN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.Conv2d(3, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(inplace=True), nn.MaxPool2d(2),
+            nn.Conv2d(32, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(inplace=True), nn.MaxPool2d(2),
+            nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10))
+
+    def forward(self, x):
+        return self.body(x)
+
+
+class Block(nn.Module):
+    def __init__(self, d=256, heads=8):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+    def forward(self, x):
+        b, s, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
+        q, k, v = (t.reshape(b, s, self.heads, d // self.heads).transpose(1, 2) for t in (q, k, v))
+        att = torch.softmax(q @ k.transpose(-2, -1) / (d // self.heads) ** 0.5, dim=-1)
+        y = (att @ v).transpose(1, 2).reshape(b, s, d)
+        x = x + self.proj(y)
+        return x + self.mlp(self.ln2(x))
+
+
+def weld_compile(model):
+    """torchweld.compile when capture is there; else the weld backend on a symbolic trace."""
+    if hasattr(torchweld, "compile"):
+        return torchweld.compile(model, backend="weld")
+    from torchweld.backends import lookup_backend
+
+    backend = lookup_backend("weld")
+    compiled = {}
+
+    def run(*args):
+        if "fn" not in compiled:
+            compiled["fn"] = backend(torch.fx.symbolic_trace(model), list(args))
+        return compiled["fn"](*args)
+
+    return run
+
+
+def steady(fn, x, min_time=1.0, min_runs=5):
+    for _ in range(3):
+        fn(x)
+    times = []
+    start = time.perf_counter()
+    while len(times) < min_runs or time.perf_counter() - start < min_time:
+        t0 = time.perf_counter()
+        fn(x)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def first_call(fn, x):
+    t0 = time.perf_counter()
+    out = fn(x)
+    return time.perf_counter() - t0, out
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true", help="smaller shapes, shorter timing")
+    args = parser.parse_args()
+    q = args.quick
+    cases = [
+        ("elementwise chain 4M f32", Chain(), torch.randn(1 << 20 if q else 1 << 22)),
+        ("MLP 4x1024 LN+GELU b64", mlp(256 if q else 1024), torch.randn(64, 256 if q else 1024)),
+        ("CNN conv/bn/relu/pool", CNN(), torch.randn(8, 3, 32 if q else 64, 32 if q else 64)),
+        ("transformer block", Block(), torch.randn(4 if q else 8, 64 if q else 128, 256)),
+    ]
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, CPU")
+    header = f"{'case':28s} {'eager ms':>9s} {'inductor ms':>11s} {'weld ms':>8s} {'ind x':>6s} {'weld x':>7s} " \
+             f"{'ind cold s':>10s} {'weld cold s':>11s} {'weld warm s':>11s}"
+    print(header)
+    print("-" * len(header))
+    for name, model, x in cases:
+        model.eval()
+        with torch.no_grad():
+            eager = steady(model, x, min_time=0.5 if q else 1.0)
+            torch._dynamo.reset()
+            inductor = torch.compile(model)
+            ind_cold, ind_out = first_call(inductor, x)
+            ind = steady(inductor, x, min_time=0.5 if q else 1.0)
+            with tempfile.TemporaryDirectory() as tmp, config.patch(cache_dir=tmp):
+                welded = weld_compile(model)
+                weld_cold, weld_out = first_call(welded, x)
+                weld_warm, _ = first_call(weld_compile(model), x)  # same kernels, found on disk
+            weld = steady(welded, x, min_time=0.5 if q else 1.0)
+            expected = model(x)
+            torch.testing.assert_close(weld_out, expected, atol=1e-3, rtol=1e-3)
+            torch.testing.assert_close(ind_out, expected, atol=1e-3, rtol=1e-3)
+        print(f"{name:28s} {eager * 1e3:9.3f} {ind * 1e3:11.3f} {weld * 1e3:8.3f} {eager / ind:6.2f} "
+              f"{eager / weld:7.2f} {ind_cold:10.2f} {weld_cold:11.2f} {weld_warm:11.2f}")
+
+
+if __name__ == "__main__":
+    main()
