@@ -19,6 +19,18 @@ PRELUDE = r"""
 #include <cstdint>
 #include <cstring>
 #include <algorithm>
+#include <limits>
+#ifdef TW_MVEC
+// glibc's libmvec has vector versions of these; declaring them `simd` lets g++
+// vectorize loops that call them (glibc itself only does so under -ffast-math).
+extern "C" {
+#define TW_SIMD __attribute__((simd("notinbranch")))
+TW_SIMD float sinf(float); TW_SIMD float cosf(float); TW_SIMD float tanf(float); TW_SIMD float expf(float);
+TW_SIMD float expm1f(float); TW_SIMD float logf(float); TW_SIMD float log1pf(float); TW_SIMD float log2f(float);
+TW_SIMD float tanhf(float); TW_SIMD float atanf(float); TW_SIMD float erff(float);
+TW_SIMD float powf(float, float); TW_SIMD float atan2f(float, float);
+}
+#endif
 template <typename T> static inline T tw_max(T a, T b) {
   if constexpr (std::is_floating_point_v<T>) { if (a != a) return a; if (b != b) return b; }
   return a > b ? a : b;
