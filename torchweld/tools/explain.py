@@ -39,6 +39,12 @@ class ExplainOutput:
         lines.append("Compile times: " + ", ".join(f"{t * 1000:.1f} ms" for t in self.compile_times))
         return "\n".join(lines)
 
+    def to_html(self, path):
+        """Write this report as a self-contained HTML page at `path`; returns the path."""
+        from torchweld.tools.explain_html import write_explain_html
+
+        return write_explain_html(self, path)
+
 
 def _op_names(gm: torch.fx.GraphModule) -> list[str]:
     names = []
