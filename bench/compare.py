@@ -63,7 +63,10 @@ class Block(nn.Module):
     def forward(self, x):
         b, s, d = x.shape
         q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
-        q, k, v = (t.reshape(b, s, self.heads, d // self.heads).transpose(1, 2) for t in (q, k, v))
+        h = self.heads
+        q = q.reshape(b, s, h, d // h).transpose(1, 2)
+        k = k.reshape(b, s, h, d // h).transpose(1, 2)
+        v = v.reshape(b, s, h, d // h).transpose(1, 2)
         att = torch.softmax(q @ k.transpose(-2, -1) / (d // self.heads) ** 0.5, dim=-1)
         y = (att @ v).transpose(1, 2).reshape(b, s, d)
         x = x + self.proj(y)

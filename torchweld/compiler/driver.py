@@ -63,6 +63,8 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list, options: dict 
 
 def _check(buf, options: dict) -> None:
     """Raise NotImplementedError if the renderer for `buf`'s device cannot render its body."""
+    if not isinstance(buf, (ir.Pointwise, ir.Reduction)):
+        return  # extern calls and inputs need no renderer
     renderer = renderer_for(buf.device, options)
     if isinstance(buf, ir.Reduction):
         renderer.check_reduction(buf.reduce_op, buf.body.dtype)

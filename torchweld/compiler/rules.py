@@ -652,3 +652,21 @@ def constant_pad_nd(L, node, x, pad, value=0):
     if inside is not None:
         body = Expr(Op.WHERE, compute, (inside, body, ir.const(value, compute)))
     return L.add_pointwise(body, val.dtype, shape, val.device, meta_layout(val))
+
+
+# =============================================================================
+# Externs chosen on purpose
+# =============================================================================
+
+
+@lowers(aten.max_pool2d_with_indices.default)
+def max_pool2d(L, node, x, *args):
+    """Inference reads only the values: call the kernel that does not compute indices."""
+    import operator
+
+    from torchweld.compiler.lowering import _FunctionalNode
+
+    if any(u.target is operator.getitem and u.args[1] == 1 for u in node.users):
+        raise NotImplementedError("the indices are used")
+    values = _FunctionalNode(aten.max_pool2d.default, node.args, node.kwargs, {"val": out_val(node)[0]}, node.name)
+    return [L.extern(aten.max_pool2d.default, (x, *args), {}, values), None]
