@@ -32,6 +32,8 @@ class Unsupported(TorchweldError):
         self.reason = reason
         self.location = location
         self.hint = hint
+        # (instruction index, visit) of the top-level instruction that failed; set by the Translator
+        self.break_point: tuple[int, int] | None = None
         super().__init__(self._message())
 
     def _message(self) -> str:

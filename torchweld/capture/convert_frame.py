@@ -21,7 +21,8 @@ from torchweld.capture.output_graph import OutputGraph
 from torchweld.capture.reconstruct import Reconstructor
 from torchweld.capture.report import BreakReason, TranslationReport, publish
 from torchweld.capture.sources import ClosureSource
-from torchweld.capture.translator import Translator
+from torchweld.capture.graph_break import BreakCodegen, can_break_at
+from torchweld.capture.translator import StopBeforeBreak, Translator
 from torchweld.errors import BackendCompilerFailed, Unsupported
 
 
@@ -33,6 +34,8 @@ class CompileSettings:
     mode: str | None = None
     options: dict | None = None
     dynamic: bool | None = None
+    # compiled wrappers of resume functions and of callees run at a break, made once
+    wrappers: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
 
 FULLGRAPH_HINT = (
@@ -42,48 +45,87 @@ FULLGRAPH_HINT = (
 
 
 def translate_frame(fn: types.FunctionType, args: tuple, kwargs: dict, settings: CompileSettings) -> CacheEntry:
+    """The cache entry for this call: a full graph, a graph up to a break, or eager."""
     start = time.perf_counter()
-    code = fn.__code__
     bound = inspect.signature(fn).bind(*args, **kwargs)
     bound.apply_defaults()
+    _log_bytecode(fn)
+    stop_at, failure = None, None
+    while True:
+        tx = _translator(fn, dict(bound.arguments))
+        tx.stop_at = stop_at
+        try:
+            result = tx.run()
+            rebuild = Reconstructor()
+            return_expr = rebuild.expr(result)
+            return _graph_entry(fn, tx, rebuild, [f"return {return_expr}"], settings, start)
+        except StopBeforeBreak:
+            try:
+                return _break_entry(fn, tx, failure, settings, start)
+            except Unsupported as e:  # the state at the break cannot be rebuilt natively
+                return _eager_entry(fn, tx.output, failure.at(tx.location()), time.perf_counter() - start,
+                                    also=e.reason)
+        except Unsupported as e:
+            if settings.fullgraph:
+                raise Unsupported(e.reason, e.location, FULLGRAPH_HINT) from None
+            point = e.break_point
+            if stop_at is None and point is not None and can_break_at(fn.__code__, tx.instructions[point[0]]):
+                stop_at, failure = point, e  # translate again and stop right before that instruction
+                continue
+            return _eager_entry(fn, tx.output, e, time.perf_counter() - start)
+        except Exception as e:  # a bug in capture itself, not in the user's program
+            if config.raise_internal_errors:
+                raise
+            where = tx.location()
+            warnings.warn(f"torchweld: internal error while capturing {fn.__code__.co_qualname} at {where}: "
+                          f"{type(e).__name__}: {e}; running it eagerly. Please report this.", stacklevel=2)
+            failure = Unsupported(f"internal error in torchweld: {type(e).__name__}: {e}", where)
+            return _eager_entry(fn, tx.output, failure, time.perf_counter() - start)
+
+
+def _translator(fn: types.FunctionType, f_locals: dict) -> Translator:
+    code = fn.__code__
     output = OutputGraph(fn.__globals__)
     cells = {
         name: RealCellValue(cell, ClosureSource(None, i, name))
         for i, (name, cell) in enumerate(zip(code.co_freevars, fn.__closure__ or ()))
     }
-    tx = Translator(code, fn.__globals__, output, {}, cells, pending_locals=dict(bound.arguments))
-    _log_bytecode(fn)
-    try:
-        result = tx.run()
-        rebuild = Reconstructor()
-        return_expr = rebuild.expr(result)
-    except Unsupported as e:
-        if settings.fullgraph:
-            raise Unsupported(e.reason, e.location, FULLGRAPH_HINT) from None
-        return _eager_entry(fn, output, e, time.perf_counter() - start)
-    except Exception as e:  # a bug in capture itself, not in the user's program
-        if config.raise_internal_errors:
-            raise
-        where = tx.location()
-        warnings.warn(f"torchweld: internal error while capturing {code.co_qualname} at {where}: "
-                      f"{type(e).__name__}: {e}; running it eagerly. Please report this.", stacklevel=2)
-        failure = Unsupported(f"internal error in torchweld: {type(e).__name__}: {e}", where)
-        return _eager_entry(fn, output, failure, time.perf_counter() - start)
+    return Translator(code, fn.__globals__, output, {}, cells, pending_locals=f_locals)
 
-    gm, example_inputs, input_sources = output.finish(rebuild.graph_outputs)
-    body = []
+
+def _break_entry(fn, tx: Translator, failure: Unsupported, settings: CompileSettings, start: float) -> CacheEntry:
+    rebuild = Reconstructor()
+    statements = BreakCodegen(tx, fn, settings, rebuild).generate()
+    reason = BreakReason(failure.reason, failure.location, count=0)
+    logs.get("graph_breaks").info("graph break in %s: %s", fn.__code__.co_qualname, reason)
+    rebuild.constants["___reason"] = reason
+    grad_restore = []  # contexts re-entered above set the mode; a bare set_grad_enabled() call did not
+    if tx.output.grad_mode_changed:
+        grad_restore.append(f"{rebuild.const(torch._C._set_grad_enabled)}({tx.output.grad_enabled})")
+    body = ["___reason.count += 1", *rebuild.lines, *grad_restore, *statements]
+    return _graph_entry(fn, tx, rebuild, body, settings, start, reason, restore_grad_mode=True)
+
+
+def _graph_entry(fn, tx: Translator, rebuild: Reconstructor, body: list[str], settings: CompileSettings,
+                 start: float, reason: BreakReason | None = None, restore_grad_mode: bool = False) -> CacheEntry:
+    """An entry that runs the graph, then `body` (which ends in a return)."""
+    output = tx.output
+    gm, example_inputs, input_sources = output.finish(rebuild.graph_outputs, restore_grad_mode)
+    prefix = []
     if output.op_count() > 0:
         compiled = _compile_graph(gm, example_inputs, settings, tx)
         if compiled is None:  # the backend failed and config.suppress_errors asked to go on
-            return _eager_entry(fn, output, Unsupported(f"backend {settings.backend_name!r} failed"), time.perf_counter() - start)
+            failed = Unsupported(f"backend {settings.backend_name!r} failed")
+            return _eager_entry(fn, output, failed, time.perf_counter() - start)
         rebuild.constants["___graph"] = compiled
-        body.append(f"___out = ___graph({', '.join(s.expr() for s in input_sources)})")
-    body.append(f"return {return_expr}")
+        prefix.append(f"___out = ___graph({', '.join(s.expr() for s in input_sources)})")
     report = TranslationReport(
-        function=code.co_qualname, graph=gm if output.op_count() else None, op_count=output.op_count(),
-        guards=output.guards.readable(), compile_time_s=time.perf_counter() - start,
+        function=fn.__code__.co_qualname, graph=gm if output.op_count() else None, op_count=output.op_count(),
+        guards=output.guards.readable(), compile_time_s=time.perf_counter() - start, break_reason=reason,
     )
-    entry = build_entry(fn, output.guards, body, rebuild.constants, report)
+    if reason is None:
+        body = [*rebuild.lines, *body]
+    entry = build_entry(fn, output.guards, prefix + body, rebuild.constants, report)
     _log_translation(fn, entry)
     publish(report)
     return entry
@@ -105,8 +147,10 @@ def _compile_graph(gm, example_inputs, settings: CompileSettings, tx: Translator
     return compiled
 
 
-def _eager_entry(fn: types.FunctionType, output: OutputGraph, error: Unsupported, seconds: float) -> CacheEntry:
-    reason = BreakReason(error.reason, error.location, count=0)
+def _eager_entry(fn: types.FunctionType, output: OutputGraph, error: Unsupported, seconds: float,
+                 also: str = "") -> CacheEntry:
+    text = f"{error.reason} (and the graph could not be broken there: {also})" if also else error.reason
+    reason = BreakReason(text, error.location, count=0)
     logs.get("graph_breaks").info("frame %s runs eagerly: %s", fn.__code__.co_qualname, reason)
     _, passes = signature_of(fn.__code__)
     report = TranslationReport(fn.__code__.co_qualname, None, 0, output.guards.readable(), seconds, reason)

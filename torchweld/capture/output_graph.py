@@ -28,7 +28,8 @@ class OutputGraph:
         self.root = torch.nn.Module()  # owns the submodules `call_module` nodes name
         self.guards = GuardSet()
         self.fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
-        self.grad_enabled = torch.is_grad_enabled()
+        self.grad_enabled = self.initial_grad_enabled = torch.is_grad_enabled()
+        self.grad_mode_changed = False
         self.guards.grad_mode(self.grad_enabled)
         self.inputs: list[tuple[Source, torch.Tensor, torch.fx.Node]] = []
         self._input_by_source: dict[str, TensorValue] = {}
@@ -92,6 +93,7 @@ class OutputGraph:
         if enabled != self.grad_enabled:
             node = self.graph.call_function(torch._C._set_grad_enabled, (enabled,))
             node.meta["example_value"] = None
+            self.grad_mode_changed = True
         self.grad_enabled = enabled
 
     def _record(self, op: str, target: object, run: Callable, args: list[Value], kwargs: dict[str, Value]) -> Value:
@@ -145,12 +147,23 @@ class OutputGraph:
         raise Unsupported(f"an operation returned a {type(result).__name__}, which capture cannot hold")
 
     # -- the result ----------------------------------------------------------------
+    def _remove_dead_code(self) -> None:
+        """Drop operations whose results nobody uses and that change nothing."""
+        for node in reversed(list(self.graph.nodes)):
+            if node.op in ("call_function", "call_method") and not node.users and _is_pure(node):  # noqa: SIM102
+                self.graph.erase_node(node)
+
     def op_count(self) -> int:
         return sum(1 for n in self.graph.nodes if n.op in ("call_function", "call_method", "call_module"))
 
-    def finish(self, outputs: list[TensorValue]) -> tuple[torch.fx.GraphModule, list[torch.Tensor], list[Source]]:
-        """Close the graph with `outputs`; return it, its example inputs and their sources."""
+    def finish(self, outputs: list[TensorValue], restore_grad_mode: bool = False
+               ) -> tuple[torch.fx.GraphModule, list[torch.Tensor], list[Source]]:
+        """Close the graph with `outputs`; return it, its example inputs and their sources.
+        `restore_grad_mode` ends the graph in the grad mode the frame started in."""
+        if restore_grad_mode and self.grad_enabled != self.initial_grad_enabled:
+            self.graph.call_function(torch._C._set_grad_enabled, (self.initial_grad_enabled,))
         self.graph.output(tuple(v.node for v in outputs))
+        self._remove_dead_code()
         kept = []
         for source, real, node in self.inputs:
             if node.users:
@@ -169,3 +182,18 @@ def _describe(target: object) -> str:
     module = getattr(target, "__module__", None) or ""
     name = getattr(target, "__name__", repr(target))
     return f"{module}.{name}()" if module and module not in ("_operator", "builtins") else f"{name}()"
+
+
+_IMPURE_FUNCTIONS = {operator.setitem, torch._C._set_grad_enabled}
+
+
+def _is_pure(node: torch.fx.Node) -> bool:
+    if node.kwargs.get("out") is not None or node.kwargs.get("inplace"):
+        return False
+    if node.op == "call_method":
+        return not node.target.endswith("_")
+    target = node.target
+    name = getattr(target, "__name__", "")
+    if target in _IMPURE_FUNCTIONS or name.startswith("i") and getattr(operator, name, None) is target:
+        return False
+    return not name.endswith("_")

@@ -5,10 +5,11 @@ from __future__ import annotations
 import torch
 
 from torchweld.capture.builtins import BuiltinValue
+from torchweld.capture.grad_mode import GradModeExitValue
 from torchweld.capture.callables import OpaqueCallableValue, TorchCallableValue, UserFunctionValue
 from torchweld.capture.objects import ClassValue, NNModuleValue, PythonModuleValue, UserObjectValue
 from torchweld.capture.values import (
-    ConstantValue, DictValue, ListValue, SetValue, TensorValue, TupleValue, Value,
+    ConstantValue, DictValue, IteratorValue, ListValue, SetValue, TensorValue, TupleValue, Value,
 )
 from torchweld.errors import Unsupported
 
@@ -22,6 +23,16 @@ class Reconstructor:
         self.graph_outputs: list[TensorValue] = []
         self._output_index: dict[torch.fx.Node, int] = {}
         self.constants: dict[str, object] = {}
+        self.lines: list[str] = []  # statements that build shared objects, run after the graph
+        self._built: dict[int, str] = {}  # id(Value) -> the temporary holding its object
+
+    def _build_once(self, value: Value, make_expr) -> str:
+        """Build a mutable object once, so that every reference to it is the same object."""
+        name = self._built.get(id(value))
+        if name is None:
+            name = self._built[id(value)] = f"___t{len(self._built)}"
+            self.lines.append(f"{name} = {make_expr()}")
+        return name
 
     def const(self, obj: object) -> str:
         name = f"___c{len(self.constants)}"
@@ -44,7 +55,7 @@ class Reconstructor:
         if isinstance(value, ListValue):
             if value.source is not None and not value.mutated:
                 return value.source.expr()
-            return "[" + ", ".join(self.expr(v) for v in value.elements) + "]"
+            return self._build_once(value, lambda: "[" + ", ".join(self.expr(v) for v in value.elements) + "]")
         if isinstance(value, TupleValue):
             if value.source is not None:
                 return value.source.expr()
@@ -57,9 +68,17 @@ class Reconstructor:
         if isinstance(value, DictValue):
             if value.source is not None:
                 return value.source.expr()
-            return "{" + ", ".join(f"{self.const(k)}: {self.expr(v)}" for k, v in value.entries.items()) + "}"
+            return self._build_once(
+                value, lambda: "{" + ", ".join(f"{self.const(k)}: {self.expr(v)}" for k, v in value.entries.items()) + "}"
+            )
         if isinstance(value, SetValue):
-            return self.const(value.as_constant())
+            return self._build_once(value, lambda: f"set({self.const(value.as_constant())})")
+        if isinstance(value, IteratorValue):
+            return self._build_once(value, lambda: "iter([" + ", ".join(self.expr(v) for v in value.remaining) + "])")
+        if isinstance(value, GradModeExitValue):  # inside `with torch.no_grad():` - enter it again
+            context = value.context
+            ctx = self._build_once(value, lambda: f"{self.const(torch.set_grad_enabled)}({context.enabled})")
+            return f"{ctx}.__exit__"
         if value.source is not None:
             return value.source.expr()
         real = _real_object(value)

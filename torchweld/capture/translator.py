@@ -25,6 +25,11 @@ def instructions_of(code: types.CodeType) -> tuple[tuple[dis.Instruction, ...], 
     return insts, {inst.offset: i for i, inst in enumerate(insts)}
 
 
+class StopBeforeBreak(Exception):
+    """Raised by the top-level Translator when it reaches the instruction at which
+    a previous attempt found it must break the graph; its state is intact."""
+
+
 class Translator:
     def __init__(
         self,
@@ -56,6 +61,8 @@ class Translator:
         self.kw_names: tuple[str, ...] | None = None
         self.lineno = code.co_firstlineno
         self.returned: Value | None = None
+        self.stop_at: tuple[int, int] | None = None  # (instruction index, visit) to stop before
+        self.visits: dict[int, int] = {}  # how often the top-level frame reached each instruction
 
     # -- running ---------------------------------------------------------------
     def run(self) -> Value:
@@ -63,16 +70,23 @@ class Translator:
             if self.ip >= len(self.instructions):
                 raise Unsupported("fell off the end of the bytecode").at(self.location())
             inst = self.instructions[self.ip]
-            self.ip += 1
             if inst.positions is not None and inst.positions.lineno is not None:
                 self.lineno = inst.positions.lineno
+            if self.parent is None:
+                visit = self.visits[self.ip] = self.visits.get(self.ip, 0) + 1
+                if self.stop_at == (self.ip, visit):
+                    raise StopBeforeBreak()
+            self.ip += 1
             handler = self.handlers.get(inst.opname)
             try:
                 if handler is None:
                     raise Unsupported(f"unsupported opcode {inst.opname}")
                 handler(self, inst)
             except Unsupported as e:
-                raise e.at(self.location()) from e.__cause__
+                located = e.at(self.location())
+                if self.parent is None and located.break_point is None:
+                    located.break_point = (self.ip - 1, self.visits[self.ip - 1])
+                raise located from e.__cause__
         return self.returned
 
     def location(self) -> UserLocation:

@@ -1,0 +1,215 @@
+"""The code that runs at a graph break: after the graph so far has run, rebuild
+the stack and the live locals as real objects, run the breaking instruction
+natively, and continue in a resume function (compiled lazily, with its own cache).
+
+Breakable instructions are those whose effect is one Python statement: calls,
+jumps on a value, attribute and item stores, binary operators, subscripts.
+"""
+from __future__ import annotations
+
+import dis
+import sys
+import types
+from typing import TYPE_CHECKING
+
+from torchweld.capture.callables import (
+    BoundMethodValue, ConstantMethodValue, ContainerMethodValue, TensorMethodValue, UserFunctionValue,
+)
+from torchweld.capture.handlers.ops import BINARY_OPERATORS
+from torchweld.capture.objects import NNModuleValue, is_standard_module
+from torchweld.capture.reconstruct import Reconstructor
+from torchweld.capture.resume import ITERATOR, NULL_SLOT, VALUE, live_locals_at, make_resume_code
+from torchweld.capture.sources import LocalSource
+from torchweld.capture.values import IteratorValue, NullValue, Value
+from torchweld.errors import Unsupported
+
+if TYPE_CHECKING:
+    from torchweld.capture.convert_frame import CompileSettings
+    from torchweld.capture.translator import Translator
+
+_JUMPS_ON_TRUTH = {
+    "POP_JUMP_IF_TRUE": True, "POP_JUMP_IF_FALSE": False,
+    "POP_JUMP_FORWARD_IF_TRUE": True, "POP_JUMP_FORWARD_IF_FALSE": False,
+    "POP_JUMP_BACKWARD_IF_TRUE": True, "POP_JUMP_BACKWARD_IF_FALSE": False,
+}
+_JUMPS_KEEPING_VALUE = {"JUMP_IF_TRUE_OR_POP": True, "JUMP_IF_FALSE_OR_POP": False}
+_STATEMENTS = {"CALL", "CALL_FUNCTION_EX", "STORE_ATTR", "STORE_SUBSCR", "STORE_GLOBAL", "BINARY_OP",
+               "COMPARE_OP", "BINARY_SUBSCR", "UNARY_NOT", "LOAD_ATTR", "LOAD_METHOD"}
+BREAKABLE = set(_JUMPS_ON_TRUTH) | set(_JUMPS_KEEPING_VALUE) | _STATEMENTS
+
+
+def can_break_at(code: types.CodeType, inst: dis.Instruction) -> bool:
+    return inst.opname in BREAKABLE and not code.co_cellvars and not code.co_freevars
+
+
+class BreakCodegen:
+    """Writes the statements of one break entry, after `___out = ___graph(...)`."""
+
+    def __init__(self, tx: "Translator", fn: types.FunctionType, settings: "CompileSettings", rebuild: Reconstructor):
+        self.tx = tx
+        self.fn = fn
+        self.settings = settings
+        self.rebuild = rebuild
+        self.inst = tx.instructions[tx.ip]
+        self.lines: list[str] = []
+
+    # -- the whole break ------------------------------------------------------------
+    def generate(self) -> list[str]:
+        """Statements to append after the graph call (rebuild.lines go before them)."""
+        inst, tx = self.inst, self.tx
+        n_inputs = self._input_count()
+        inputs = tx.stack[len(tx.stack) - n_inputs:]
+        below = self._slots(tx.stack[: len(tx.stack) - n_inputs])
+        locals_now = self._locals()
+        if inst.opname in _JUMPS_ON_TRUTH or inst.opname in _JUMPS_KEEPING_VALUE:
+            return self._branch(inputs[0], below, locals_now)
+        outputs = self._statement(inputs)
+        return self.lines + [f"return {self._resume_call(tx.ip + 1, below + outputs, locals_now)}"]
+
+    def _branch(self, condition: Value, below, locals_now) -> list[str]:
+        inst, tx = self.inst, self.tx
+        cond = self._temp("___cond", self.rebuild.expr(condition))
+        target = tx.index_of_offset[inst.argval]
+        keep = inst.opname in _JUMPS_KEEPING_VALUE
+        jump_when = _JUMPS_KEEPING_VALUE[inst.opname] if keep else _JUMPS_ON_TRUTH[inst.opname]
+        kept = [(VALUE, cond)] if keep else []
+        jump = self._resume_call(target, below + kept, locals_now)
+        fall = self._resume_call(tx.ip + 1, below, locals_now)
+        test = cond if jump_when else f"not {cond}"
+        return self.lines + [f"if {test}:", f"    return {jump}", f"return {fall}"]
+
+    # -- stack and locals -------------------------------------------------------------
+    def _temp(self, name: str, expr: str) -> str:
+        self.lines.append(f"{name} = {expr}")
+        return name
+
+    def _slots(self, values: list[Value]) -> list[tuple[str, str | None]]:
+        slots = []
+        for i, value in enumerate(values):
+            if isinstance(value, NullValue):
+                slots.append((NULL_SLOT, None))
+            elif isinstance(value, IteratorValue):
+                items = ", ".join(self.rebuild.expr(v) for v in value.remaining)
+                slots.append((ITERATOR, self._temp(f"___s{i}", f"[{items}]")))
+            else:
+                slots.append((VALUE, self._temp(f"___s{i}", self.rebuild.expr(value))))
+        return slots
+
+    def _locals(self) -> dict[str, str]:
+        tx = self.tx
+        defined = set(tx.locals) | set(tx.pending_locals)
+        exprs = {}
+        for name in sorted(defined & live_locals_at(tx.code, tx.ip)):
+            if name in tx.pending_locals:  # never read by the graph: the argument as it came
+                exprs[name] = LocalSource(name).expr()
+            else:
+                exprs[name] = self._temp(f"___l_{name}", self.rebuild.expr(tx.locals[name]))
+        return exprs
+
+    def _resume_call(self, index: int, stack: list[tuple[str, str | None]], locals_now: dict[str, str]) -> str:
+        from torchweld.capture.compiled_function import CompiledFunction
+
+        layout = tuple(kind for kind, _ in stack)
+        names = tuple(locals_now)
+        code = make_resume_code(self.tx.code, index, layout, names)
+        key = ("resume", code)
+        wrapper = self.settings.wrappers.get(key)
+        if wrapper is None:
+            function = types.FunctionType(code, self.fn.__globals__, code.co_name)
+            wrapper = self.settings.wrappers[key] = CompiledFunction(function, self.settings)
+        args = [expr for kind, expr in stack if kind != NULL_SLOT] + [locals_now[n] for n in names]
+        return f"{self.rebuild.const(wrapper)}({', '.join(args)})"
+
+    # -- the instruction, natively ------------------------------------------------------
+    def _input_count(self) -> int:
+        inst = self.inst
+        name = inst.opname
+        if name == "CALL":
+            return inst.arg + 2
+        if name == "CALL_FUNCTION_EX":
+            return 4 + (inst.arg & 1)
+        if name in ("STORE_SUBSCR",):
+            return 3
+        if name in ("STORE_ATTR", "BINARY_OP", "COMPARE_OP", "BINARY_SUBSCR"):
+            return 2
+        return 1
+
+    def _statement(self, inputs: list[Value]) -> list[tuple[str, str | None]]:
+        """Emit the instruction as Python statements; return the slots it pushes."""
+        inst, expr = self.inst, self.rebuild.expr
+        name = inst.opname
+        if name == "CALL":
+            first, second, *args = inputs
+            kw_names = self.tx.kw_names or ()
+            if not isinstance(first, NullValue):
+                first, second, args = None, first, [second, *args]
+            positional = args[: len(args) - len(kw_names)]
+            keywords = dict(zip(kw_names, args[len(args) - len(kw_names):]))
+            call = self._call(second, [expr(a) for a in positional], [f"{k}={expr(v)}" for k, v in keywords.items()])
+            return [(VALUE, self._temp("___r", call))]
+        if name == "CALL_FUNCTION_EX":
+            below, fn, star_args, *star_kwargs = inputs
+            if not isinstance(below, NullValue):
+                raise Unsupported("a break at a *args call of a method")
+            parts = [f"*{expr(star_args)}"] + ([f"**{expr(star_kwargs[0])}"] if star_kwargs else [])
+            return [(VALUE, self._temp("___r", self._call(fn, parts, [])))]
+        if name == "STORE_ATTR":
+            obj, value = inputs[1], inputs[0]
+            self.lines.append(f"setattr({expr(obj)}, {inst.argval!r}, {expr(value)})")
+            return []
+        if name == "STORE_SUBSCR":
+            value, obj, key = inputs
+            self.lines.append(f"{expr(obj)}[{expr(key)}] = {expr(value)}")
+            return []
+        if name == "STORE_GLOBAL":
+            self.lines.append(f"___G[{inst.argval!r}] = {expr(inputs[0])}")
+            return []
+        if name == "BINARY_OP":
+            symbol = dis._nb_ops[inst.arg][1]
+            a, b = (expr(v) for v in inputs)
+            if symbol.endswith("=") and symbol not in ("==",):
+                self.lines += [f"___r = {a}", f"___r {symbol} {b}"]
+            else:
+                self.lines.append(f"___r = {a} {symbol} {b}")
+            return [(VALUE, "___r")]
+        if name == "COMPARE_OP":
+            a, b = (expr(v) for v in inputs)
+            return [(VALUE, self._temp("___r", f"{a} {inst.argval} {b}"))]
+        if name == "BINARY_SUBSCR":
+            a, b = (expr(v) for v in inputs)
+            return [(VALUE, self._temp("___r", f"{a}[{b}]"))]
+        if name == "UNARY_NOT":
+            return [(VALUE, self._temp("___r", f"not {expr(inputs[0])}"))]
+        if name in ("LOAD_ATTR", "LOAD_METHOD"):
+            result = self._temp("___r", f"getattr({expr(inputs[0])}, {inst.argval!r})")
+            method_form = name == "LOAD_METHOD" or (sys.version_info >= (3, 12) and inst.arg & 1)
+            return ([(NULL_SLOT, None)] if method_form else []) + [(VALUE, result)]
+        raise Unsupported(f"cannot break the graph at {name}")
+
+    def _call(self, fn: Value, args: list[str], kwargs: list[str]) -> str:
+        """A call of `fn`; user functions go through their own compiled wrapper."""
+        expr = self.rebuild.expr
+        target, leading = None, []
+        if isinstance(fn, UserFunctionValue):
+            target = self._wrapper(fn.fn)
+        elif isinstance(fn, BoundMethodValue) and isinstance(fn.func, UserFunctionValue):
+            target, leading = self._wrapper(fn.func.fn), [expr(fn.self_value)]
+        elif isinstance(fn, NNModuleValue) and not is_standard_module(fn.module) and fn.source is not None:
+            target = f"{expr(fn)}"  # calls the module natively, with its hooks
+        elif isinstance(fn, (TensorMethodValue, ContainerMethodValue)):
+            owner = fn.tensor if isinstance(fn, TensorMethodValue) else fn.container
+            target = f"{expr(owner)}.{fn.name}"
+        elif isinstance(fn, ConstantMethodValue):
+            target = f"{self.rebuild.const(fn.obj)}.{fn.name}"
+        else:
+            target = expr(fn)
+        return f"{target}({', '.join(leading + args + kwargs)})"
+
+    def _wrapper(self, function: types.FunctionType) -> str:
+        from torchweld.capture.compiled_function import CompiledFunction
+
+        key = ("callee", function)
+        wrapper = self.settings.wrappers.get(key)
+        if wrapper is None:
+            wrapper = self.settings.wrappers[key] = CompiledFunction(function, self.settings)
+        return self.rebuild.const(wrapper)

@@ -1,0 +1,117 @@
+"""Resume functions: a new code object that continues a function after a graph
+break. Its arguments are the values that were on the stack and the live locals;
+a short prologue puts the stack back and jumps into a copy of the original code.
+
+    def torchweld_resume_in_f_at_12(___stack0, ___stack1, x, y):
+        <push ___stack0, ___stack1>          # NULL slots are PUSH_NULL
+        jump to the instruction after the break
+        ... the rest of f, unchanged ...
+"""
+from __future__ import annotations
+
+import dis
+import functools
+import inspect
+import types
+
+from bytecode import Bytecode, Instr, Label
+
+# a stack slot at the break: an ordinary value, CPython's NULL, or a list that the
+# prologue turns back into an iterator for a `for` loop in progress
+VALUE, NULL_SLOT, ITERATOR = "value", "null", "iterator"
+
+
+def instruction_index_in_bytecode(code: types.CodeType, dis_index: int) -> int:
+    """Position among `bytecode.Instr`s of the `dis_index`-th instruction of `dis`."""
+    instructions = list(dis.get_instructions(code))
+    return sum(1 for inst in instructions[:dis_index] if inst.opname != "EXTENDED_ARG")
+
+
+@functools.lru_cache(maxsize=256)
+def make_resume_code(code: types.CodeType, dis_index: int, stack_layout: tuple[str, ...],
+                     live_locals: tuple[str, ...]) -> types.CodeType:
+    """A code object that resumes `code` at its `dis_index`-th instruction."""
+    if code.co_cellvars or code.co_freevars:
+        raise ValueError("functions with closure cells cannot be resumed yet")
+    original = Bytecode.from_code(code)
+    target_position = instruction_index_in_bytecode(code, dis_index)
+    target = Label()
+    body: list = []
+    seen = 0
+    for item in original:
+        if isinstance(item, Instr):
+            if seen == target_position:
+                body.append(target)
+            seen += 1
+            if item.name in ("RESUME", "MAKE_CELL", "COPY_FREE_VARS"):
+                item = Instr("NOP", location=item.location)
+        body.append(item)
+    if target not in body:  # resuming at the very end cannot happen: the last instruction returns
+        raise ValueError(f"no instruction {dis_index} in {code.co_name}")
+
+    stack_args = [f"___stack{i}" for i, kind in enumerate(stack_layout) if kind != NULL_SLOT]
+    prologue = [Instr("RESUME", 0)]
+    for i, kind in enumerate(stack_layout):
+        if kind == NULL_SLOT:
+            prologue.append(Instr("PUSH_NULL"))
+        else:
+            prologue.append(Instr("LOAD_FAST", f"___stack{i}"))
+            if kind == ITERATOR:
+                prologue.append(Instr("GET_ITER"))
+    prologue.append(Instr("JUMP_FORWARD", target))
+
+    resumed = Bytecode(prologue + body)
+    resumed.argnames = stack_args + list(live_locals)
+    resumed.argcount = len(resumed.argnames)
+    resumed.posonlyargcount = 0
+    resumed.kwonlyargcount = 0
+    resumed.flags = code.co_flags & ~(inspect.CO_VARARGS | inspect.CO_VARKEYWORDS)
+    resumed.name = f"torchweld_resume_in_{code.co_name}_at_{_line_of(code, dis_index)}"
+    resumed.qualname = resumed.name
+    resumed.filename = code.co_filename
+    resumed.first_lineno = code.co_firstlineno
+    resumed.docstring = None
+    return resumed.to_code()
+
+
+def _line_of(code: types.CodeType, dis_index: int) -> int:
+    line = code.co_firstlineno
+    for i, inst in enumerate(dis.get_instructions(code)):
+        if inst.positions is not None and inst.positions.lineno is not None:
+            line = inst.positions.lineno
+        if i == dis_index:
+            return line
+    return line
+
+
+def live_locals_at(code: types.CodeType, dis_index: int) -> set[str]:
+    """Locals that some instruction reachable from `dis_index` may read (conservative:
+    a store before the read does not make a local dead)."""
+    instructions = list(dis.get_instructions(code))
+    index_of = {inst.offset: i for i, inst in enumerate(instructions)}
+    starts = [dis_index] + [index_of[e.target] for e in _exception_entries(code) if e.target in index_of]
+    seen: set[int] = set()
+    todo = list(starts)
+    live: set[str] = set()
+    while todo:
+        i = todo.pop()
+        if i in seen or i >= len(instructions):
+            continue
+        seen.add(i)
+        inst = instructions[i]
+        if inst.opname.startswith(("LOAD_FAST", "DELETE_FAST")) or inst.opname == "LOAD_CLOSURE":
+            live.add(inst.argval)
+        if inst.opcode in dis.hasjabs or inst.opcode in dis.hasjrel:
+            todo.append(index_of[inst.argval])
+        if inst.opname not in _NO_FALLTHROUGH:
+            todo.append(i + 1)
+    return live
+
+
+_NO_FALLTHROUGH = {"RETURN_VALUE", "RETURN_CONST", "RAISE_VARARGS", "RERAISE", "JUMP_FORWARD", "JUMP_BACKWARD",
+                   "JUMP_BACKWARD_NO_INTERRUPT", "JUMP_ABSOLUTE"}
+
+
+def _exception_entries(code: types.CodeType) -> list:
+    parse = getattr(dis, "_parse_exception_table", None)
+    return parse(code) if parse is not None else []
