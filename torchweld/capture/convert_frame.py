@@ -96,7 +96,10 @@ def _translator(fn: types.FunctionType, f_locals: dict) -> Translator:
 def _break_entry(fn, tx: Translator, failure: Unsupported, settings: CompileSettings, start: float) -> CacheEntry:
     rebuild = Reconstructor()
     statements = BreakCodegen(tx, fn, settings, rebuild).generate()
-    reason = BreakReason(failure.reason, failure.location, count=0)
+    text, call_site = failure.reason, tx.location()
+    if failure.location is not None and failure.location != call_site:  # it failed inside a callee
+        text += f" (inside the call at {call_site}: {call_site.source_line})"
+    reason = BreakReason(text, failure.location, count=0)
     logs.get("graph_breaks").info("graph break in %s: %s", fn.__code__.co_qualname, reason)
     rebuild.constants["___reason"] = reason
     grad_restore = []  # contexts re-entered above set the mode; a bare set_grad_enabled() call did not

@@ -53,6 +53,9 @@ def grad_mode_call(tx: "Translator", fn: object, args: list[Value], kwargs: dict
         previous = tx.output.grad_enabled
         tx.output.set_grad_enabled(enabled)
         return GradModeContextValue(enabled, previous)
+    if fn is torch._C._set_grad_enabled:  # what the __exit__ of a grad-mode context calls
+        tx.output.set_grad_enabled(bool(args[0].as_constant()))
+        return ConstantValue(None)
     if fn is torch.is_grad_enabled:
         return ConstantValue(tx.output.grad_enabled)
     if fn is torch.inference_mode:

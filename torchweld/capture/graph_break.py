@@ -39,7 +39,21 @@ BREAKABLE = set(_JUMPS_ON_TRUTH) | set(_JUMPS_KEEPING_VALUE) | _STATEMENTS
 
 
 def can_break_at(code: types.CodeType, inst: dis.Instruction) -> bool:
-    return inst.opname in BREAKABLE and not code.co_cellvars and not code.co_freevars
+    return (inst.opname in BREAKABLE and not code.co_cellvars and not code.co_freevars
+            and not _inside_try(code, inst.offset))
+
+
+def _inside_try(code: types.CodeType, offset: int) -> bool:
+    """Whether an exception at `offset` would reach a handler other than a `with`
+    block's cleanup: the native instruction would raise outside the user's handler."""
+    instructions = {inst.offset: inst for inst in dis.get_instructions(code)}
+    for entry in getattr(dis, "_parse_exception_table", lambda c: [])(code):
+        if entry.start <= offset < entry.end:
+            handler = [instructions.get(entry.target + 2 * k) for k in range(2)]
+            names = [inst.opname if inst else "" for inst in handler]
+            if names != ["PUSH_EXC_INFO", "WITH_EXCEPT_START"]:
+                return True
+    return False
 
 
 class BreakCodegen:
@@ -194,8 +208,8 @@ class BreakCodegen:
             target = self._wrapper(fn.fn)
         elif isinstance(fn, BoundMethodValue) and isinstance(fn.func, UserFunctionValue):
             target, leading = self._wrapper(fn.func.fn), [expr(fn.self_value)]
-        elif isinstance(fn, NNModuleValue) and not is_standard_module(fn.module) and fn.source is not None:
-            target = f"{expr(fn)}"  # calls the module natively, with its hooks
+        elif isinstance(fn, NNModuleValue) and not is_standard_module(fn.module):
+            target, leading = self._wrapper(type(fn.module).forward), [expr(fn)]  # hooks: none (checked)
         elif isinstance(fn, (TensorMethodValue, ContainerMethodValue)):
             owner = fn.tensor if isinstance(fn, TensorMethodValue) else fn.container
             target = f"{expr(owner)}.{fn.name}"

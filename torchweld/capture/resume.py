@@ -13,6 +13,7 @@ import dis
 import functools
 import inspect
 import types
+import weakref
 
 from bytecode import Bytecode, Instr, Label
 
@@ -27,10 +28,23 @@ def instruction_index_in_bytecode(code: types.CodeType, dis_index: int) -> int:
     return sum(1 for inst in instructions[:dis_index] if inst.opname != "EXTENDED_ARG")
 
 
-@functools.lru_cache(maxsize=256)
+# resume code -> (the original code, resume dis index -> original dis index), so that
+# a break inside a resume function resumes the original code again (no chains of copies)
+_ORIGINS: "weakref.WeakKeyDictionary[types.CodeType, tuple[types.CodeType, dict[int, int]]]" = weakref.WeakKeyDictionary()
+
+
 def make_resume_code(code: types.CodeType, dis_index: int, stack_layout: tuple[str, ...],
                      live_locals: tuple[str, ...]) -> types.CodeType:
     """A code object that resumes `code` at its `dis_index`-th instruction."""
+    if code in _ORIGINS:
+        original, index_map = _ORIGINS[code]
+        code, dis_index = original, index_map[dis_index]
+    return _make_resume_code(code, dis_index, stack_layout, live_locals)
+
+
+@functools.lru_cache(maxsize=256)
+def _make_resume_code(code: types.CodeType, dis_index: int, stack_layout: tuple[str, ...],
+                      live_locals: tuple[str, ...]) -> types.CodeType:
     if code.co_cellvars or code.co_freevars:
         raise ValueError("functions with closure cells cannot be resumed yet")
     original = Bytecode.from_code(code)
@@ -71,7 +85,12 @@ def make_resume_code(code: types.CodeType, dis_index: int, stack_layout: tuple[s
     resumed.filename = code.co_filename
     resumed.first_lineno = code.co_firstlineno
     resumed.docstring = None
-    return resumed.to_code()
+    new_code = resumed.to_code()
+    real = [i for i, inst in enumerate(dis.get_instructions(new_code)) if inst.opname != "EXTENDED_ARG"]
+    originals = [i for i, inst in enumerate(dis.get_instructions(code)) if inst.opname != "EXTENDED_ARG"]
+    body_start = len(prologue)
+    _ORIGINS[new_code] = (code, {real[body_start + k]: originals[k] for k in range(len(originals))})
+    return new_code
 
 
 def _line_of(code: types.CodeType, dis_index: int) -> int:
