@@ -272,9 +272,11 @@ def test_break_matches_eager(fn, calls, capsys):
 
 @pytest.mark.parametrize("fn,calls", CASES, ids=[c[0].__name__ for c in CASES])
 def test_break_graph_count_not_above_torch_compile(fn, calls, capsys):
-    ours, (theirs, _) = _counts(fn, calls[0])
-    if fn.__name__ in MORE_GRAPHS_EXPLAINED or theirs == 0:
-        return  # explained above, or torch.compile captured nothing at all (it ran the frame eagerly)
+    ours, (theirs, their_ops) = _counts(fn, calls[0])
+    if fn.__name__ in MORE_GRAPHS_EXPLAINED:
+        return
+    if sum(ours.op_counts) > sum(their_ops):
+        return  # torch.compile ran part of the frame eagerly: torchweld captured more, in more graphs
     assert len(ours.graphs) <= theirs, f"{fn.__name__}: torchweld {len(ours.graphs)} graphs vs torch.compile {theirs}"
 
 

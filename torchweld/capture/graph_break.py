@@ -123,6 +123,11 @@ class BreakCodegen:
     def _resume_call(self, index: int, stack: list[tuple[str, str | None]], locals_now: dict[str, str]) -> str:
         from torchweld.capture.compiled_function import CompiledFunction
 
+        for _ in range(4):  # resume at the target of an unconditional jump: one resume point per place
+            inst = self.tx.instructions[index]
+            if inst.opname not in ("JUMP_FORWARD", "JUMP_BACKWARD", "JUMP_BACKWARD_NO_INTERRUPT"):
+                break
+            index = self.tx.index_of_offset[inst.argval]
         layout = tuple(kind for kind, _ in stack)
         names = tuple(locals_now)
         code = make_resume_code(self.tx.code, index, layout, names)
