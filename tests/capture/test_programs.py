@@ -337,3 +337,13 @@ def test_module(make, shape):
     # In train mode torch.compile inlines BatchNorm (running-stat updates become extra
     # nodes); torchweld keeps it as one call_module node, so counts differ by design.
     check_program(model, (x,), compare_counts=make is not TinyCNN)
+
+
+def p_generator_expressions(a, b):
+    total = sum(t * 2 for t in (a, b))
+    biggest = max(x for x in range(4))
+    return total + biggest, tuple(t.relu() for t in [a, b] if t is not None), any(s > 2 for s in a.shape)
+
+
+def test_generator_expressions():
+    check_program(p_generator_expressions, (X, Y), (torch.randn(2), torch.randn(2)))

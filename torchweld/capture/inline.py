@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from torchweld import config
 from torchweld.capture.sources import ClosureSource, DefaultSource, Source
-from torchweld.capture.values import CellValue, DictValue, TupleValue, Value, const
+from torchweld.capture.values import CellValue, DictValue, IteratorValue, TupleValue, Value, const
 from torchweld.errors import Unsupported
 
 if TYPE_CHECKING:
@@ -79,7 +79,9 @@ def inline_user_function(tx: "Translator", fn_value: "UserFunctionValue | Nested
 
     nested = isinstance(fn_value, NestedFunctionValue)
     code = fn_value.code if nested else fn_value.fn.__code__
-    if code.co_flags & _NOT_INLINABLE:
+    # a generator expression runs to completion at capture time: its items are all known
+    is_genexpr = code.co_name == "<genexpr>" and code.co_flags & inspect.CO_GENERATOR
+    if code.co_flags & _NOT_INLINABLE and not is_genexpr:
         raise Unsupported(f"{code.co_qualname} is a generator or coroutine; capture does not inline those")
     if tx.depth >= config.inline_depth_limit:
         raise Unsupported(f"inlining deeper than config.inline_depth_limit={config.inline_depth_limit} (recursion?)")
@@ -123,4 +125,8 @@ def inline_user_function(tx: "Translator", fn_value: "UserFunctionValue | Nested
 
     f_globals = fn_value.f_globals if nested else fn_value.fn.__globals__
     child = Translator(code, f_globals, tx.output, symbolic_locals, cells, parent=tx)
+    if is_genexpr:
+        child.yielded = []
+        child.run()
+        return IteratorValue(child.yielded)
     return child.run()

@@ -63,6 +63,7 @@ class Translator:
         self.returned: Value | None = None
         self.stop_at: tuple[int, int] | None = None  # (instruction index, visit) to stop before
         self.visits: dict[int, int] = {}  # how often the top-level frame reached each instruction
+        self.yielded: list[Value] | None = None  # a generator expression run to completion collects here
 
     # -- running ---------------------------------------------------------------
     def run(self) -> Value:

@@ -106,4 +106,14 @@ def raise_varargs(tx, inst):
 
 @handles("RETURN_GENERATOR")
 def return_generator(tx, inst):
-    raise Unsupported("generators are not captured; the generator runs eagerly")
+    if tx.yielded is None:
+        raise Unsupported("generators are not captured; the generator runs eagerly")
+    tx.push(ConstantValue(None))  # the generator object, popped right away
+
+
+@handles("YIELD_VALUE")
+def yield_value(tx, inst):
+    if tx.yielded is None:
+        raise Unsupported("yield outside a generator expression")
+    tx.yielded.append(tx.pop())
+    tx.push(ConstantValue(None))  # what the consumer sends back
