@@ -1,4 +1,5 @@
-"""Per-call overhead of a compiled tiny function: eager vs torch.compile(backend="eager")
+"""Per-call overhead of a compiled tiny function (and of one with a graph break):
+eager vs torch.compile(backend="eager")
 vs torchweld.compile(backend="eager"), in one run, as microseconds and ratios.
 
     .venv/bin/python bench/overhead.py [--calls N]
@@ -22,6 +23,13 @@ def five_args(a, b, c, d, e):
     return a * b + c - d / e
 
 
+def one_break(x):
+    y = x + 1
+    if y.sum() > 0:  # data-dependent: a graph break
+        return y * 2
+    return y - 2
+
+
 def per_call_us(fn, args, calls: int, repeats: int = 7) -> float:
     for _ in range(100):
         fn(*args)
@@ -42,6 +50,7 @@ def main() -> None:
     cases = {
         "x + 1 (1 element)": (add_one, (torch.ones(1),)),
         "5-argument function": (five_args, tuple(torch.ones(1) for _ in range(5))),
+        "one graph break": (one_break, (torch.ones(1),)),
     }
     print(f"torch {torch.__version__}; per-call time in microseconds (median of 7 x {args.calls} calls)")
     print(f"{'function':<22}{'eager':>9}{'torch.compile':>15}{'torchweld':>11}{'torchweld/torch.compile':>25}")

@@ -19,7 +19,7 @@ MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cu
 
 
 def compile(model: Callable | None = None, *, fullgraph: bool = False, dynamic: bool | None = None,
-            backend: str | Callable = "eager", mode: str | None = None, options: dict | None = None,
+            backend: str | Callable = "weld", mode: str | None = None, options: dict | None = None,
             disable: bool = False):
     """Compile a function or an nn.Module; usable as `compile(f)`, `@compile` and `@compile(...)`."""
     if mode not in MODES:

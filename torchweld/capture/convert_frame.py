@@ -122,6 +122,9 @@ def _graph_entry(fn, tx: Translator, rebuild: Reconstructor, body: list[str], se
             return _eager_entry(fn, output, failed, time.perf_counter() - start)
         rebuild.constants["___graph"] = compiled
         prefix.append(f"___out = ___graph({', '.join(s.expr() for s in input_sources)})")
+        if output.grad_mode_changed:  # whatever the backend did with the graph's grad-mode nodes
+            final = output.initial_grad_enabled if restore_grad_mode else output.grad_enabled
+            prefix.append(f"{rebuild.const(torch._C._set_grad_enabled)}({final})")
     report = TranslationReport(
         function=fn.__code__.co_qualname, graph=gm if output.op_count() else None, op_count=output.op_count(),
         guards=output.guards.readable(), compile_time_s=time.perf_counter() - start, break_reason=reason,
