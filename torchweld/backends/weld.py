@@ -30,6 +30,7 @@ def needs_autograd(gm: torch.fx.GraphModule, example_inputs: list) -> bool:
 
 @register_backend("weld")
 def weld(gm: torch.fx.GraphModule, example_inputs: list, mode=None, options=None):
+    options = {} if options is None else options  # kept, not copied: it carries the model's graph pool
     if needs_autograd(gm, example_inputs):
         _log_training_fallback_once()
         return gm.forward
@@ -43,7 +44,51 @@ def weld(gm: torch.fx.GraphModule, example_inputs: list, mode=None, options=None
 
         graph_module = fuse_conv_bn(gm)
     try:
-        return compile_graph(graph_module, list(example_inputs), options)
+        compiled = compile_graph(graph_module, list(example_inputs), compile_options(mode, options))
     except (LoweringError, CppCompileError) as e:
         log.warning("weld cannot compile this graph, running it eagerly: %s", e)
-        return gm.forward
+        compiled = gm.forward
+    return with_cudagraphs(compiled, gm, mode, options)
+
+
+# -- modes: which of CUDA graphs and autotuning a compile asked for ---------------
+# mode=None/"default": neither; "reduce-overhead": CUDA graphs; "max-autotune":
+# both; "max-autotune-no-cudagraphs": autotuning. options={"cudagraphs": bool} and
+# options={"max_autotune": bool} turn either on or off whatever the mode.
+CUDAGRAPH_MODES = frozenset({"reduce-overhead", "max-autotune"})
+AUTOTUNE_MODES = frozenset({"max-autotune", "max-autotune-no-cudagraphs"})
+
+
+def cudagraphs_enabled(mode: str | None, options: dict | None) -> bool:
+    options = options or {}
+    return bool(options.get("cudagraphs", mode in CUDAGRAPH_MODES))
+
+
+def autotune_enabled(mode: str | None, options: dict | None) -> bool:
+    options = options or {}
+    return bool(options.get("max_autotune", mode in AUTOTUNE_MODES))
+
+
+def compile_options(mode: str | None, options: dict | None) -> dict:
+    """The options compile_graph sees: the user's, with "max_autotune" settled from the mode."""
+    return {**(options or {}), "max_autotune": autotune_enabled(mode, options)}
+
+
+def with_cudagraphs(compiled, gm: torch.fx.GraphModule, mode: str | None, options: dict | None):
+    """`compiled` recorded as CUDA graphs when the mode or options ask for it (runtime/cudagraphs.py).
+
+    The pool lives in `options`, the dict torchweld.compile hands every backend
+    call of one compiled model, so all graphs of that model share it."""
+    if not cudagraphs_enabled(mode, options) or options is None:
+        return compiled
+    from torchweld.compiler.driver import CompiledGraph
+    from torchweld.runtime.cudagraphs import CudaGraphed, graph_reason, mutated_placeholders, pool_for
+
+    pool = pool_for(options)
+    mutated = set(mutated_placeholders(gm))
+    if isinstance(compiled, CompiledGraph):
+        names = compiled.schedule.graph.input_names
+        mutated |= {names.index(name) for name, _ in compiled.schedule.graph.mutated_inputs if name in names}
+    return CudaGraphed(compiled, pool=pool, name=pool.next_name("weld graph"), mutated_input_indices=sorted(mutated),
+                       outputs=options.get("cudagraph_outputs", "copy"),
+                       graph_reason=graph_reason(gm, pool.recorder.device_type))

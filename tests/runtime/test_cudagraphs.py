@@ -1,0 +1,283 @@
+"""CUDA-graph runtime: when to record, static buffers, new layouts, output safety,
+the shared pool and fallback reasons, on the CPU through FakeRecorder; the real
+CUDA path at the end (skipped without a GPU)."""
+import logging
+
+import pytest
+import torch
+import torch.nn as nn
+
+import torchweld
+from graph_fakes import FakeRecorder
+from torchweld.runtime.cudagraphs import MAX_LAYOUTS, CudaGraphed, CudaGraphPool, graph_reason, \
+    mutated_placeholders, pool_for
+
+
+def graphed(fn, recorder=None, **kw):
+    return CudaGraphed(fn, pool=CudaGraphPool(recorder or FakeRecorder()), **kw)
+
+
+def f(x, y):
+    return {"a": x.sin() + y, "b": [x * 2]}
+
+
+def test_warm_up_then_record_then_replay():
+    g = graphed(f)
+    y = torch.randn(4)
+    for _ in range(4):
+        x = torch.randn(4)
+        torch.testing.assert_close(g(x, y), f(x, y))
+    rec = g.pool.recorder
+    assert (rec.warm_ups, len(rec.records), rec.replays) == (1, 1, 3)
+
+
+def test_copied_outputs_stay_valid():
+    g = graphed(f)
+    x1, x2, y = torch.randn(4), torch.randn(4), torch.randn(4)
+    g(x1, y)
+    first = g(x1, y)  # a replay
+    g(x2, y)  # overwrites the static outputs
+    torch.testing.assert_close(first, f(x1, y))
+
+
+def test_tracked_outputs_stay_valid_and_dead_ones_are_reused():
+    g = graphed(f, outputs="track", max_instances=3)
+    y = torch.randn(4)
+    xs = [torch.randn(4) for _ in range(8)]
+    g(xs[0], y)  # warm-up + one recording
+    held = g(xs[1], y)["a"][1:]  # a view of a replay's output, held
+    g(xs[2], y)  # the first recording's outputs are alive: a second recording
+    torch.testing.assert_close(held, f(xs[1], y)["a"][1:])
+    assert len(g.pool.recorder.records) == 2
+    del held
+    for x in xs:  # y = g(x) in a loop: two recordings alternate
+        out = g(x, y)
+        torch.testing.assert_close(out, f(x, y))
+    assert len(g.pool.recorder.records) == 2
+    kept = [g(x, y) for x in xs]  # all held: past max_instances the outputs are copied
+    for x, out in zip(xs, kept):
+        torch.testing.assert_close(out, f(x, y))
+    assert len(g.pool.recorder.records) == 4  # 3 tracked recordings + 1 that copies out
+
+
+def test_new_shape_or_dtype_is_a_new_graph():
+    g = graphed(lambda x: x * 3)
+    for x in (torch.randn(4), torch.randn(5), torch.randn(4).double(), torch.randn(4), torch.randn(5)):
+        torch.testing.assert_close(g(x), x * 3)
+    assert len(g.pool.recorder.records) == 3
+
+
+def test_parameters_are_read_in_place_and_a_moved_one_records_again():
+    lin = nn.Linear(3, 2)
+    g = graphed(lambda x, w, b: torch.nn.functional.linear(x, w, b), static_input_indices=[2])
+    x = torch.randn(5, 3)
+    g(x, lin.weight, lin.bias)
+    with torch.no_grad():
+        lin.weight.mul_(2)  # same storage: the recorded graph sees it
+        torch.testing.assert_close(g(x, lin.weight, lin.bias), lin(x))
+        assert len(g.pool.recorder.records) == 1
+        lin.weight = nn.Parameter(torch.randn(2, 3))  # new storage: record again
+        torch.testing.assert_close(g(x, lin.weight, lin.bias), lin(x))
+    assert len(g.pool.recorder.records) == 2
+    assert g.layouts[next(iter(g.layouts))].instances[0].inputs[1] is lin.weight
+
+
+def test_mutated_inputs_are_copied_back():
+    def bump(x):
+        x.add_(1)
+        return x * 2
+
+    gm = torch.fx.symbolic_trace(bump)
+    assert mutated_placeholders(gm) == [0]
+    g = graphed(gm.forward, mutated_input_indices=mutated_placeholders(gm))
+    x, ref = torch.zeros(3), torch.zeros(3)
+    for _ in range(3):
+        torch.testing.assert_close(g(x), bump(ref))
+        torch.testing.assert_close(x, ref)
+
+
+def test_mutation_through_a_view_and_inplace_module():
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.relu = nn.ReLU(inplace=True)
+
+        def forward(self, x, y, z):
+            x.view(-1)[0].mul_(2)
+            self.relu(y)
+            return z + 1
+
+    assert mutated_placeholders(torch.fx.symbolic_trace(M())) == [0, 1]
+
+
+def test_graphs_of_one_model_share_one_pool():
+    recorder = FakeRecorder()
+    options = {"cudagraph_pool": CudaGraphPool(recorder)}
+    a = CudaGraphed(lambda x: x + 1, pool=pool_for(options))
+    b = CudaGraphed(lambda x: x - 1, pool=pool_for(options))
+    for x in (torch.randn(3), torch.randn(3), torch.randn(4)):
+        a(x), b(x)
+    assert len(recorder.pools) == 1 and len(recorder.records) == 4
+    assert all(p is recorder.pools[0] for p in recorder.records)
+    assert pool_for({}) is not options["cudagraph_pool"]
+
+
+def test_cpu_tensors_run_without_graphs_and_say_why_once(caplog):
+    g = graphed(lambda x: x + 1, FakeRecorder(device_type="cuda"))
+    with caplog.at_level(logging.INFO, logger="torchweld.weld"):
+        for _ in range(3):
+            x = torch.randn(3)
+            torch.testing.assert_close(g(x), x + 1)
+    msgs = [r.getMessage() for r in caplog.records if "without CUDA graphs" in r.getMessage()]
+    assert len(msgs) == 1 and "input 0 is a CPU tensor" in msgs[0]
+    assert g.pool.recorder.records == []
+
+
+def test_synchronizing_op_is_found_in_the_graph():
+    gm = torch.fx.symbolic_trace(lambda x: x.nonzero())
+    assert "nonzero() synchronizes" in graph_reason(gm, "cpu")
+    assert graph_reason(torch.fx.symbolic_trace(lambda x: x + 1), "cpu") is None
+    assert "CPU tensor" in graph_reason(torch.fx.symbolic_trace(nn.Linear(3, 3)), "cuda")
+
+
+def test_recording_failure_runs_eagerly(caplog):
+    rec = FakeRecorder(fail_with=RuntimeError("CUDA error: operation not permitted when stream is capturing"))
+    g = graphed(lambda x: x + 1, rec)
+    with caplog.at_level(logging.INFO, logger="torchweld.weld"):
+        for _ in range(3):
+            x = torch.randn(3)
+            torch.testing.assert_close(g(x), x + 1)
+    assert sum("operation not permitted" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_too_many_layouts_is_dynamic(caplog):
+    g = graphed(lambda x: x + 1)
+    with caplog.at_level(logging.INFO, logger="torchweld.weld"):
+        for n in range(1, MAX_LAYOUTS + 3):
+            torch.testing.assert_close(g(torch.ones(n)), torch.ones(n) + 1)
+    assert len(g.pool.recorder.records) == MAX_LAYOUTS
+    assert any("dynamic sizes" in r.getMessage() for r in caplog.records)
+
+
+# -- through torchweld.compile ----------------------------------------------------------
+
+
+class Small(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return torch.relu(self.lin(x)) * 2 + 1
+
+
+def test_cudagraphs_backend_records_the_eager_graph():
+    rec = FakeRecorder()
+    model = Small()
+    fast = torchweld.compile(model, backend="cudagraphs", options={"cudagraph_pool": CudaGraphPool(rec)})
+    with torch.no_grad():
+        for _ in range(3):
+            x = torch.randn(4, 8)
+            torch.testing.assert_close(fast(x), model(x))
+    assert len(rec.records) == 1 and rec.replays == 2
+
+
+def test_cudagraphs_backend_leaves_training_graphs_eager(caplog):
+    rec = FakeRecorder()
+    model = Small()
+    fast = torchweld.compile(model, backend="cudagraphs", options={"cudagraph_pool": CudaGraphPool(rec)})
+    with caplog.at_level(logging.INFO, logger="torchweld.weld"):
+        x = torch.randn(4, 8)
+        fast(x).sum().backward()
+    assert rec.records == [] and model.lin.weight.grad is not None
+    assert any("needs autograd" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("mode, options, expect", [
+    (None, {}, False), ("default", {}, False), ("reduce-overhead", {}, True), ("max-autotune", {}, True),
+    ("max-autotune-no-cudagraphs", {}, False), (None, {"cudagraphs": True}, True),
+    ("reduce-overhead", {"cudagraphs": False}, False),
+])
+def test_modes_decide_cudagraphs(mode, options, expect):
+    from torchweld.backends.weld import autotune_enabled, cudagraphs_enabled
+
+    assert cudagraphs_enabled(mode, options) is expect
+    assert autotune_enabled(mode, options) is (mode in ("max-autotune", "max-autotune-no-cudagraphs"))
+
+
+def test_weld_reduce_overhead_on_a_fake_recorder():
+    rec = FakeRecorder()
+
+    def fn(x, y):
+        return torch.tanh(x) * y + 1, (x * y).sum(0)
+
+    fast = torchweld.compile(fn, backend="weld", mode="reduce-overhead",
+                             options={"cudagraph_pool": CudaGraphPool(rec)})
+    y = torch.randn(5)
+    outs = []
+    with torch.no_grad():
+        for _ in range(3):
+            x = torch.randn(3, 5)
+            outs.append((x, fast(x, y)))
+        for x, out in outs:
+            torch.testing.assert_close(out, fn(x, y))
+    assert len(rec.records) == 1 and rec.replays == 2
+
+
+def test_weld_default_mode_never_records():
+    rec = FakeRecorder()
+    fast = torchweld.compile(lambda x: x + 1, backend="weld", options={"cudagraph_pool": CudaGraphPool(rec)})
+    with torch.no_grad():
+        for _ in range(2):
+            fast(torch.randn(3))
+    assert rec.records == [] and rec.warm_ups == 0
+
+
+# -- real CUDA ------------------------------------------------------------------------------
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@cuda
+@pytest.mark.parametrize("backend", ["weld", "cudagraphs"])
+@pytest.mark.parametrize("outputs", ["copy", "track"])
+def test_cuda_reduce_overhead_matches_eager(backend, outputs):
+    model = Small().cuda()
+    options = {"cudagraph_outputs": outputs}
+    fast = torchweld.compile(model, backend=backend, mode="reduce-overhead", options=options)
+    with torch.no_grad():
+        xs = [torch.randn(4, 8, device="cuda") for _ in range(4)] + [torch.randn(6, 8, device="cuda")]
+        outs = [fast(x) for x in xs]
+        for x, out in zip(xs, outs):
+            torch.testing.assert_close(out, model(x))
+    pool = options["cudagraph_pool"]
+    assert pool.graphs_recorded >= 2 and pool.handle is not None
+
+
+@cuda
+def test_cuda_sync_op_falls_back(caplog):
+    def fn(x):
+        return x[x > 0].sum() + x.nonzero().shape[0]
+
+    fast = torchweld.compile(fn, backend="cudagraphs", mode="reduce-overhead")
+    with caplog.at_level(logging.INFO, logger="torchweld.weld"):
+        for _ in range(3):
+            x = torch.randn(16, device="cuda")
+            torch.testing.assert_close(fast(x), fn(x))
+    assert any("without CUDA graphs" in r.getMessage() for r in caplog.records)
+
+
+@cuda
+def test_cuda_mutated_input_and_static_parameter():
+    def fn(x, w):
+        x.mul_(2)
+        return x @ w
+
+    w = nn.Parameter(torch.randn(8, 8, device="cuda"), requires_grad=False)
+    fast = torchweld.compile(fn, backend="cudagraphs", mode="reduce-overhead")
+    for _ in range(3):
+        x = torch.randn(4, 8, device="cuda")
+        ref = x.clone()
+        out = fast(x, w)
+        torch.testing.assert_close(out, fn(ref, w))
+        torch.testing.assert_close(x, ref)

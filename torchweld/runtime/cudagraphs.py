@@ -1,0 +1,418 @@
+"""Run a compiled callable as CUDA graphs: warm it up once, record it, then replay.
+
+    fast = CudaGraphed(fn, pool=CudaGraphPool(CudaGraphRecorder()))
+    fast(*inputs)   # 1st call per input layout: warm-up run (its results are returned) + recording
+    fast(*inputs)   # later calls: copy inputs into static buffers, replay, hand out outputs
+
+Any callable that takes tensors positionally and returns a pytree of tensors can
+go through `CudaGraphed`: the weld forward, the `cudagraphs` backend's eager
+graph, or a compiled backward. To record one from elsewhere (compiled training):
+
+    from torchweld.runtime.cudagraphs import CudaGraphed, pool_for
+    pool = pool_for(options)                      # one pool per compiled model
+    fwd = CudaGraphed(compiled_fwd, pool=pool, name="forward",
+                      static_input_indices=param_positions,   # read in place
+                      outputs="track")                        # saved activations: no copy
+    bwd = CudaGraphed(compiled_bwd, pool=pool, name="backward")
+
+Inputs. A graph is recorded per input layout (shape, stride, dtype, device of
+each tensor, value of each non-tensor): a new layout is a new graph. Inputs at
+`static_input_indices` (and every `nn.Parameter`) are recorded in place; if one
+moves (its data_ptr changes) the graph is recorded again. Every other tensor is
+copied into a static buffer before each replay, and inputs the callable mutates
+(`mutated_input_indices`) are copied back after it.
+
+Outputs. A replay overwrites the tensors the previous replay produced, so:
+  - outputs="copy" (the default) hands out a fresh copy of each output: always
+    valid, costs one device copy per output;
+  - outputs="track" hands out the static outputs themselves and counts the
+    references to their storage; if any output of the last replay is still
+    alive when the graph must run again, a further copy of the graph is
+    recorded (into the same pool) and replayed instead; past
+    `max_instances` copies per layout it falls back to copying.
+
+Memory. All graphs of one compiled model record into one pool (`CudaGraphPool`).
+That is safe in any replay order because every static input and output stays
+referenced by its graph for the graph's lifetime: what one graph may reuse of
+another's memory is only scratch that each replay rewrites before reading.
+
+What cannot be recorded (CPU tensors, ops that synchronize with the host,
+dynamic sizes, a failure while recording) runs without CUDA graphs; the reason
+is logged once per compiled model on the "torchweld.weld" logger at INFO.
+
+The recording itself sits behind `GraphRecorder`, so that everything above can
+be tested on the CPU with a fake recorder (tests/runtime/fake_recorder.py).
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import weakref
+from typing import Callable, Protocol, Sequence
+
+import torch
+import torch.utils._pytree as pytree
+
+log = logging.getLogger("torchweld.weld")
+
+OUTPUT_POLICIES = ("copy", "track")
+MAX_LAYOUTS = 16  # distinct input layouts one CudaGraphed records before calling sizes dynamic
+
+# Ops whose result needs the host to wait for the device, or whose output size
+# depends on data: a stream being recorded cannot contain them.
+SYNCHRONIZING = frozenset({
+    "item", "tolist", "numpy", "cpu", "nonzero", "nonzero_static", "unique", "_unique2", "unique_consecutive",
+    "masked_select", "_local_scalar_dense", "argwhere", "repeat_interleave", "bincount", "histc",
+    "equal", "is_nonzero", "allclose", "_assert_async", "synchronize",
+})
+
+
+# =============================================================================
+# The recorder interface and its CUDA implementation
+# =============================================================================
+
+
+class GraphRecorder(Protocol):
+    """How graphs are made; `CudaGraphRecorder` on a GPU, a fake in CPU tests."""
+
+    device_type: str  # tensors on other devices cannot be recorded
+
+    def new_pool(self) -> object:
+        """A memory pool handle that several recordings can share."""
+
+    def warm_up(self, fn: Callable[[], object], device: torch.device | None) -> object:
+        """Run `fn` once, outside any recording (lazy init, kernel compiles), and return its result."""
+
+    def record(self, fn: Callable[[], object], pool: object,
+               device: torch.device | None) -> tuple[Callable[[], None], object]:
+        """Record `fn` into `pool`; return (replay, fn's result as static tensors a replay rewrites)."""
+
+
+class CudaGraphRecorder:
+    """torch.cuda.CUDAGraph: warm-up on a side stream, recording with a shared pool."""
+
+    device_type = "cuda"
+
+    def new_pool(self) -> object:
+        return torch.cuda.graph_pool_handle()
+
+    def warm_up(self, fn: Callable[[], object], device: torch.device | None) -> object:
+        with torch.cuda.device(device):
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                out = fn()
+            torch.cuda.current_stream().wait_stream(stream)
+        return out
+
+    def record(self, fn: Callable[[], object], pool: object,
+               device: torch.device | None) -> tuple[Callable[[], None], object]:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.device(device), torch.cuda.graph(graph, pool=pool):
+            out = fn()
+        return graph.replay, out
+
+
+class CannotRecord(Exception):
+    """This call cannot be recorded; `str(e)` says why."""
+
+
+@dataclasses.dataclass(eq=False)
+class CudaGraphPool:
+    """The memory pool the graphs of one compiled model share, plus the
+    fallback reasons already logged for that model (each is logged once)."""
+
+    recorder: GraphRecorder
+    handle: object = None
+    graphs_recorded: int = 0
+    callables: int = 0  # CudaGraphed made on this pool, to name them in logs
+    logged: set = dataclasses.field(default_factory=set)
+
+    def next_name(self, kind: str) -> str:
+        self.callables += 1
+        return f"{kind} #{self.callables}"
+
+    def pool(self) -> object:
+        if self.handle is None:
+            self.handle = self.recorder.new_pool()
+        return self.handle
+
+    def log_fallback(self, name: str, reason: str) -> None:
+        if reason not in self.logged:
+            self.logged.add(reason)
+            log.info("%s runs without CUDA graphs: %s", name, reason)
+
+
+def pool_for(options: dict, recorder: GraphRecorder | None = None) -> CudaGraphPool:
+    """The pool of the compiled model whose backend received `options`.
+
+    `torchweld.compile` hands every backend call of one compiled model the same
+    options dict, so the pool is kept there, under "cudagraph_pool". A user may
+    put their own `CudaGraphPool` there to share one pool between models."""
+    pool = options.get("cudagraph_pool")
+    if pool is None:
+        pool = options["cudagraph_pool"] = CudaGraphPool(recorder or CudaGraphRecorder())
+    return pool
+
+
+# =============================================================================
+# Why a graph cannot be recorded
+# =============================================================================
+
+
+def input_reason(args: Sequence[object], device_type: str = "cuda") -> str | None:
+    """Why calls with `args` cannot be recorded, or None."""
+    devices = set()
+    for i, a in enumerate(args):
+        if isinstance(a, torch.Tensor):
+            if a.device.type != device_type:
+                return f"input {i} is a {a.device.type.upper()} tensor"
+            devices.add(a.device)
+        elif isinstance(a, (torch.SymInt, torch.SymFloat)):
+            return f"input {i} is a symbolic size (dynamic sizes)"
+    if len(devices) > 1:
+        return f"inputs are on several devices ({', '.join(sorted(map(str, devices)))})"
+    return None
+
+
+def graph_reason(gm: torch.fx.GraphModule, device_type: str = "cuda") -> str | None:
+    """Why the FX graph `gm` cannot be recorded (CPU tensors it owns, ops that synchronize), or None."""
+    for name, t in [*gm.named_parameters(), *gm.named_buffers(),
+                    *((k, v) for k, v in gm.__dict__.items() if isinstance(v, torch.Tensor))]:
+        if t.device.type != device_type and t.numel() > 1:  # a 0-d/1-element constant is fine: it is a scalar
+            return f"{name} is a {t.device.type.upper()} tensor"
+    for node in gm.graph.nodes:
+        if node.op in ("call_function", "call_method"):
+            target = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
+            target = target.split(".")[0]
+            if target in SYNCHRONIZING:
+                where = _user_location(node)
+                return f"{target}() synchronizes with the host or has a data-dependent size{where}"
+            example = node.meta.get("example_value")
+            if isinstance(example, torch.Tensor) and any(isinstance(s, torch.SymInt) for s in example.shape):
+                return f"{node.name} has a dynamic size"
+    return None
+
+
+def _user_location(node: torch.fx.Node) -> str:
+    trace = node.meta.get("stack_trace") or ""
+    lines = [ln.strip() for ln in trace.splitlines() if ln.strip().startswith("File ")]
+    return f" ({lines[-1]})" if lines else ""
+
+
+def mutated_placeholders(gm: torch.fx.GraphModule) -> list[int]:
+    """Positions of placeholders that an in-place op may write (through views too); conservative."""
+    view_like = {"view", "reshape", "getitem", "transpose", "t", "permute", "select", "narrow", "unsqueeze",
+                 "squeeze", "expand", "as_strided", "flatten", "unflatten", "view_as", "split", "chunk",
+                 "unbind", "detach", "__getitem__", "contiguous", "movedim", "diagonal", "real", "imag"}
+    roots: dict[torch.fx.Node, set[int]] = {}
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for i, n in enumerate(placeholders):
+        roots[n] = {i}
+    mutated: set[int] = set()
+    for node in gm.graph.nodes:
+        if node.op not in ("call_function", "call_method", "call_module"):
+            continue
+        first = node.args[0] if node.args else None
+        src = roots.get(first, set()) if isinstance(first, torch.fx.Node) else set()
+        if node.op == "call_module":
+            name, inplace = "", getattr(gm.get_submodule(node.target), "inplace", False)
+        else:
+            name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
+            name = name.split(".")[0]
+            inplace = (name.endswith("_") and not name.endswith("__")) or "out" in node.kwargs \
+                or node.kwargs.get("inplace") is True or name.startswith("__i")
+        if inplace:
+            mutated |= src
+        if name in view_like or inplace:
+            roots[node] = src
+    return sorted(mutated)
+
+
+# =============================================================================
+# Recording and replaying
+# =============================================================================
+
+
+@dataclasses.dataclass(eq=False)
+class _Instance:
+    """One recorded graph: its static inputs, static outputs and replay."""
+
+    replay: Callable[[], None]
+    inputs: list  # static input tensors (None where the input is not a tensor)
+    outputs: list  # flat static outputs
+    static_ptrs: dict[int, int]  # input position -> data_ptr recorded in place
+    baseline_uses: list | None  # storage use counts of the outputs after recording; None: copy out
+    out_spec: pytree.TreeSpec
+
+
+@dataclasses.dataclass(eq=False)
+class _Layout:
+    """The graphs recorded for one input layout."""
+
+    instances: list
+    out_spec: pytree.TreeSpec
+
+
+_EAGER = object()  # a layout that runs without CUDA graphs
+
+
+class CudaGraphed:
+    """`fn` run through CUDA graphs, one recording per input layout; see the module docstring."""
+
+    def __init__(self, fn: Callable, *, pool: CudaGraphPool, name: str = "graph",
+                 static_input_indices: Sequence[int] = (), mutated_input_indices: Sequence[int] = (),
+                 outputs: str = "copy", max_instances: int = 4, graph_reason: str | None = None):
+        if outputs not in OUTPUT_POLICIES:
+            raise ValueError(f"outputs must be one of {OUTPUT_POLICIES}, got {outputs!r}")
+        self.fn = fn
+        self.pool = pool
+        self.name = name
+        self.static_input_indices = frozenset(static_input_indices)
+        self.mutated_input_indices = tuple(mutated_input_indices)
+        self.outputs = outputs
+        self.max_instances = max_instances
+        self.graph_reason = graph_reason  # known up front (from the FX graph): never record
+        self.layouts: dict[tuple, object] = {}
+        self.replays = 0
+
+    # -- the call ----------------------------------------------------------------
+    def __call__(self, *args):
+        if self.graph_reason is not None:
+            self.pool.log_fallback(self.name, self.graph_reason)
+            return self.fn(*args)
+        key = _layout_key(args)
+        entry = self.layouts.get(key)
+        if entry is None:
+            return self._first_call(key, args)
+        if entry is _EAGER:
+            return self.fn(*args)
+        return self._replay(entry, args)
+
+    def _first_call(self, key: tuple, args: tuple):
+        reason = input_reason(args, self.pool.recorder.device_type)
+        if reason is None and len(self.layouts) >= MAX_LAYOUTS:
+            reason = f"more than {MAX_LAYOUTS} input layouts (dynamic sizes)"
+        if reason is not None:
+            self._run_eagerly(key, reason)
+            return self.fn(*args)
+        result = self.pool.recorder.warm_up(lambda: self.fn(*args), _device_of(args))
+        try:
+            instance = self._record(args, track=self.outputs == "track")
+        except CannotRecord as e:
+            self._run_eagerly(key, str(e))
+            return result
+        self.layouts[key] = _Layout([instance], instance.out_spec)
+        return result  # the warm-up's results are fresh tensors: the user owns them
+
+    def _run_eagerly(self, key: tuple, reason: str) -> None:
+        self.layouts[key] = _EAGER
+        self.pool.log_fallback(self.name, reason)
+
+    def _replay(self, entry: _Layout, args: tuple):
+        try:
+            instance = self._pick_instance(entry, args)
+        except CannotRecord as e:
+            self._run_eagerly(_layout_key(args), str(e))
+            return self.fn(*args)
+        for i, static in enumerate(instance.inputs):
+            if static is not None and i not in instance.static_ptrs and static is not args[i]:
+                static.copy_(args[i])
+        instance.replay()
+        self.replays += 1
+        for i in self.mutated_input_indices:
+            if i < len(args) and instance.inputs[i] is not None and i not in instance.static_ptrs:
+                args[i].copy_(instance.inputs[i])
+        if instance.baseline_uses is None:  # "copy", or "track" past max_instances
+            flat = [o.clone() if isinstance(o, torch.Tensor) else o for o in instance.outputs]
+        else:  # fresh aliases: each adds a use of the storage while the user holds it
+            flat = [o.detach() if isinstance(o, torch.Tensor) else o for o in instance.outputs]
+        return pytree.tree_unflatten(flat, entry.out_spec)
+
+    def _pick_instance(self, entry: _Layout, args: tuple) -> _Instance:
+        kept = [inst for inst in entry.instances if not _moved(inst, args)]
+        if len(kept) < len(entry.instances):  # a parameter was replaced: those graphs read the old storage
+            log.debug("%s: a static input moved; recording again", self.name)
+            entry.instances = kept
+        if self.outputs == "copy":
+            if not entry.instances:
+                entry.instances.append(self._record(args, track=False))
+            return entry.instances[0]
+        tracked = [inst for inst in entry.instances if inst.baseline_uses is not None]
+        for inst in tracked:
+            if not _outputs_alive(inst):
+                return inst
+        if len(tracked) < self.max_instances:
+            instance = self._record(args, track=True)
+        else:  # the user holds outputs of every copy: copy out from now on
+            log.debug("%s: outputs of %d recordings are all alive; copying outputs", self.name, len(tracked))
+            copying = [inst for inst in entry.instances if inst.baseline_uses is None]
+            if copying:
+                return copying[0]
+            instance = self._record(args, track=False)
+        entry.instances.append(instance)
+        return instance
+
+    # -- recording -----------------------------------------------------------------
+    def _record(self, args: tuple, track: bool) -> _Instance:
+        static_ptrs = {}
+        inputs = []
+        for i, a in enumerate(args):
+            if not isinstance(a, torch.Tensor):
+                inputs.append(None)
+            elif i in self.static_input_indices or isinstance(a, torch.nn.Parameter):
+                inputs.append(a)
+                static_ptrs[i] = a.data_ptr()
+            else:
+                buf = torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=a.device)
+                buf.copy_(a)
+                inputs.append(buf)
+        static_args = [s if s is not None else a for s, a in zip(inputs, args)]
+        spec_box = []
+
+        def run():
+            flat, spec = pytree.tree_flatten(self.fn(*static_args))
+            spec_box.append(spec)
+            return flat
+
+        try:
+            replay, outputs = self.pool.recorder.record(run, self.pool.pool(), _device_of(args))
+        except CannotRecord:
+            raise
+        except RuntimeError as e:  # e.g. "operation not permitted when stream is capturing"
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise CannotRecord(f"recording failed: {first}") from e
+        self.pool.graphs_recorded += 1
+        outputs = list(outputs)
+        baseline = [_storage_uses(o) for o in outputs] if track else None
+        # a recording computes nothing: the outputs hold garbage until the first replay
+        return _Instance(replay, inputs, outputs, static_ptrs, baseline, spec_box[-1])
+
+
+def _layout_key(args: tuple) -> tuple:
+    key = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            key.append((tuple(a.shape), a.stride(), a.dtype, a.device, a.requires_grad))
+        else:
+            key.append((type(a), a if isinstance(a, (int, float, bool, str, type(None))) else id(a)))
+    return tuple(key)
+
+
+def _device_of(args: tuple) -> torch.device | None:
+    return next((a.device for a in args if isinstance(a, torch.Tensor)), None)
+
+
+def _moved(instance: _Instance, args: tuple) -> bool:
+    return any(args[i].data_ptr() != ptr for i, ptr in instance.static_ptrs.items())
+
+
+def _storage_uses(t: object) -> int:
+    if not isinstance(t, torch.Tensor):
+        return 0
+    return torch._C._storage_Use_Count(t.untyped_storage()._cdata)
+
+
+def _outputs_alive(instance: _Instance) -> bool:
+    """Whether the user still holds (a view of) an output of this graph's last replay."""
+    return any(_storage_uses(o) > base for o, base in zip(instance.outputs, instance.baseline_uses))
