@@ -1,9 +1,9 @@
 """The `weld` backend: fused C++/OpenMP kernels for CPU tensors and Triton kernels
 for CUDA tensors, with aten kernels (matmul, convolution, ...) called where no
-lowering exists. Inference only for now: a graph that needs autograd runs eagerly."""
+lowering exists. A graph that needs autograd compiles for training (torchweld/autograd):
+a joint forward+backward graph, partitioned, both halves through the same pipeline."""
 from __future__ import annotations
 
-import functools
 import logging
 
 import torch
@@ -13,10 +13,14 @@ from torchweld.backends import register_backend
 log = logging.getLogger("torchweld.weld")
 
 
-@functools.cache
-def _log_training_fallback_once() -> None:
-    log.info("weld compiles inference only for now: a graph that needs autograd runs eagerly "
-             "(run under torch.no_grad() or with requires_grad=False tensors to compile it)")
+def _compile_training(gm: torch.fx.GraphModule, example_inputs: list, options):
+    from torchweld.autograd import TrainingUnsupported, compile_training
+
+    try:
+        return compile_training(gm, list(example_inputs), options)
+    except TrainingUnsupported as e:
+        log.warning("weld cannot compile this graph for training, running it eagerly: %s", e)
+        return gm.forward
 
 
 def needs_autograd(gm: torch.fx.GraphModule, example_inputs: list) -> bool:
@@ -32,8 +36,7 @@ def needs_autograd(gm: torch.fx.GraphModule, example_inputs: list) -> bool:
 def weld(gm: torch.fx.GraphModule, example_inputs: list, mode=None, options=None):
     options = {} if options is None else options  # kept, not copied: it carries the model's graph pool
     if needs_autograd(gm, example_inputs):
-        _log_training_fallback_once()
-        return gm.forward
+        return _compile_training(gm, example_inputs, compile_options(mode, options))
     from torchweld.compiler import compile_graph
     from torchweld.compiler.lowering import LoweringError
     from torchweld.runtime.cpp_loader import CppCompileError

@@ -211,6 +211,10 @@ class GraphLowering:
         val = node.meta.get("val")
         multi = isinstance(val, (tuple, list))
         vals = list(val) if multi else [val]
+        absent = [i for i, v in enumerate(vals) if v is None] if multi else []
+        if absent:  # e.g. convolution_backward's grad_bias without a bias: an empty tensor stands in
+            target = _NoneAsEmpty(target)
+            vals = [torch.empty(0, device=vals[0].device) if v is None else v for v in vals]
         if not all(isinstance(v, torch.Tensor) for v in vals):
             raise LoweringError(f"{target} returns non-tensors: {val!r}")
         outputs = tuple((v.dtype, Layout(tuple(v.shape), tuple(v.stride()))) for v in vals)
@@ -219,7 +223,8 @@ class GraphLowering:
         ext = ir.Extern(name, target, call_args, call_kwargs, outputs, multi, device)
         self.buffers[name] = ext
         self.externs.append(str(target))
-        results = [self.value_of_buffer(ext.output_name(i), d, lay, device) for i, (d, lay) in enumerate(outputs)]
+        results = [None if i in absent else self.value_of_buffer(ext.output_name(i), d, lay, device)
+                   for i, (d, lay) in enumerate(outputs)]
         return results if multi else results[0]
 
     def stored_strided(self, v: TensorValue) -> tuple[str, Layout]:
@@ -235,6 +240,21 @@ class GraphLowering:
         if isinstance(v, TensorValue) and v.layout is None:
             return self.materialize(v)
         return v
+
+
+@dataclasses.dataclass(frozen=True)
+class _NoneAsEmpty:
+    """An aten op some of whose results are None, returning empty tensors there instead."""
+
+    op: object
+
+    def __call__(self, *args, **kwargs):
+        out = self.op(*args, **kwargs)
+        device = next(o.device for o in out if o is not None)
+        return tuple(torch.empty(0, device=device) if o is None else o for o in out)
+
+    def __str__(self) -> str:
+        return str(self.op)
 
 
 @dataclasses.dataclass(frozen=True)

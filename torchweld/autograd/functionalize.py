@@ -1,0 +1,126 @@
+"""Rewrite an aten graph without in-place ops: each `op_(x, ...)` becomes its
+functional variant `y = op(x, ...)`, later readers of `x` read `y`, and a
+mutated placeholder's final value becomes an extra graph output that the
+runtime copies back into the real tensor after the forward."""
+from __future__ import annotations
+
+import dataclasses
+import operator
+
+import torch
+
+aten = torch.ops.aten
+
+
+class FunctionalizationError(Exception):
+    """This graph mutates something we cannot express functionally (a view, an out= argument)."""
+
+
+# In-place overloads whose functional variant is not simply "drop the trailing underscore".
+FUNCTIONAL_VARIANTS = {
+    aten.copy_.default: aten.copy.default,
+    aten.bernoulli_.float: aten.bernoulli.p,
+    aten.bernoulli_.Tensor: aten.bernoulli.Tensor,
+}
+
+
+def functional_variant(target: torch._ops.OpOverload) -> torch._ops.OpOverload:
+    if target in FUNCTIONAL_VARIANTS:
+        return FUNCTIONAL_VARIANTS[target]
+    name = target.overloadpacket.__name__
+    packet = getattr(aten, name[:-1], None) if name.endswith("_") else None
+    overload = getattr(packet, target._overloadname, None) if packet is not None else None
+    if overload is None or overload._schema.is_mutable:
+        raise FunctionalizationError(f"{target} mutates its input and has no functional variant")
+    return overload
+
+
+def is_view(node: torch.fx.Node) -> bool:
+    """Does `node` return an alias of its first input (view, detach, transpose, ...)?"""
+    t = node.target
+    if node.op != "call_function" or not isinstance(t, torch._ops.OpOverload) or t._schema.is_mutable:
+        return False
+    returns = t._schema.returns
+    return bool(returns) and returns[0].alias_info is not None
+
+
+def mutated_argument(node: torch.fx.Node) -> torch.fx.Node | None:
+    """The node an in-place op writes, or None for a pure op; refuses ops writing anything else."""
+    t = node.target
+    if node.op != "call_function" or not isinstance(t, torch._ops.OpOverload) or not t._schema.is_mutable:
+        return None
+    written = [i for i, a in enumerate(t._schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
+    if written != [0] or not isinstance(node.args[0], torch.fx.Node):
+        raise FunctionalizationError(f"{t} writes arguments {written}; only in-place ops on `self` are supported")
+    return node.args[0]
+
+
+@dataclasses.dataclass
+class Functionalized:
+    """The pure graph, and for each mutated placeholder (by position) the output index of its new value."""
+
+    gm: torch.fx.GraphModule
+    mutated_placeholders: list[int]  # placeholder position, in output order after the original outputs
+
+
+def functionalize(gm: torch.fx.GraphModule) -> Functionalized:
+    """Rewrite `gm` in place: in-place ops become pure ones; mutated placeholders get outputs appended.
+
+    The original outputs stay a flat list (the caller traced them flat), with the
+    new values of mutated placeholders appended in placeholder order."""
+    graph = gm.graph
+    nodes = list(graph.nodes)
+    position = {n: i for i, n in enumerate(nodes)}
+    placeholders = [n for n in nodes if n.op == "placeholder"]
+    current: dict[torch.fx.Node, torch.fx.Node] = {}  # a mutated node -> the node holding its value now
+    root: dict[torch.fx.Node, torch.fx.Node] = {}  # a pure node -> the node it rewrote in place
+    latest = lambda a: current.get(a, a) if isinstance(a, torch.fx.Node) else a
+    for node in nodes:
+        if node.op == "output":
+            break
+        if node.op != "call_function":
+            continue
+        node.args = torch.fx.node.map_arg(node.args, latest)
+        node.kwargs = torch.fx.node.map_arg(node.kwargs, latest)
+        base = mutated_argument(node)
+        if base is None:
+            continue
+        original = root.get(base, base)
+        if is_view(original) or (original.op == "call_function" and original.target is operator.getitem
+                                 and not isinstance(original.meta.get("val"), torch.Tensor)):
+            raise FunctionalizationError(f"in-place {node.target} on a view ({original.name}) is not supported")
+        _check_no_stale_views(original, node, position)
+        with graph.inserting_before(node):
+            pure = graph.call_function(functional_variant(node.target), node.args, node.kwargs)
+        pure.meta = dict(node.meta)
+        position[pure] = position[node]
+        root[pure] = original
+        node.replace_all_uses_with(pure)
+        graph.erase_node(node)
+        for k, v in list(current.items()):
+            if v is base:
+                current[k] = pure
+        current[original] = pure
+        current[base] = pure
+    output = next(n for n in graph.nodes if n.op == "output")
+    flat = list(output.args[0])
+    flat = [latest(a) for a in flat]
+    mutated = [i for i, p in enumerate(placeholders) if p in current]
+    output.args = (flat + [current[placeholders[i]] for i in mutated],)
+    graph.eliminate_dead_code()
+    graph.lint()
+    gm.recompile()
+    return Functionalized(gm, mutated)
+
+
+def _check_no_stale_views(base: torch.fx.Node, mutation: torch.fx.Node, position: dict) -> None:
+    """Refuse when a view of `base` taken before `mutation` is read after it (it would see the write)."""
+    stack = [u for u in base.users if is_view(u) and position.get(u, 0) < position[mutation]]
+    while stack:
+        view = stack.pop()
+        for user in view.users:
+            if position.get(user, -1) > position[mutation]:
+                raise FunctionalizationError(
+                    f"{view.name}, a view of {base.name}, is read after {mutation.target} writes {base.name}")
+            if is_view(user):
+                stack.append(user)

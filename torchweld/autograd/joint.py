@@ -1,0 +1,153 @@
+"""Trace one captured graph's forward and backward together, at the aten level:
+the module state it reads (parameters, buffers, tensor attributes) is lifted to
+inputs, `torch.autograd.grad` of its outputs is traced with tangents as extra
+inputs, and the result is functionalized (buffer updates become outputs)."""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+
+import torch
+import torch.utils._pytree as pytree
+from torch._decomp import get_decompositions
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.nn.utils.stateless import _reparametrize_module
+
+from torchweld.autograd.functionalize import functionalize
+from torchweld.compiler.aten_graph import DECOMPOSITIONS
+
+aten = torch.ops.aten
+
+# Backward ops taken apart into pointwise math and reductions, so they fuse.
+BACKWARD_DECOMPOSITIONS = get_decompositions([
+    aten.threshold_backward,
+    aten.native_layer_norm_backward,
+    aten.native_batch_norm_backward,
+    aten._softmax_backward_data,
+    aten._log_softmax_backward_data,
+    aten.gelu_backward,
+    aten.silu_backward,
+    aten.hardtanh_backward,
+    aten.leaky_relu_backward,
+    aten.elu_backward,
+    aten.native_dropout_backward,
+    aten.nll_loss_backward,
+    aten.mse_loss_backward,
+])
+JOINT_DECOMPOSITIONS = {**DECOMPOSITIONS, **BACKWARD_DECOMPOSITIONS}
+
+
+@dataclasses.dataclass
+class ModuleState:
+    """A tensor the graph reads from its module, by qualified name (read afresh at every call)."""
+
+    name: str
+    kind: str  # "parameter", "buffer" or "attribute"
+
+    def read(self, gm: torch.nn.Module) -> torch.Tensor:
+        owner, _, attr = self.name.rpartition(".")
+        module = gm.get_submodule(owner) if owner else gm
+        return getattr(module, attr)
+
+
+def module_state(gm: torch.fx.GraphModule) -> list[ModuleState]:
+    """Parameters, buffers and plain tensor attributes that `gm` reads, each once."""
+    state = [ModuleState(n, "parameter") for n, _ in gm.named_parameters()]
+    state += [ModuleState(n, "buffer") for n, _ in gm.named_buffers()]
+    known = {s.name for s in state}
+    for node in gm.graph.nodes:
+        if node.op == "get_attr" and node.target not in known:
+            value = ModuleState(node.target, "attribute").read(gm)
+            if isinstance(value, torch.Tensor):
+                state.append(ModuleState(node.target, "attribute"))
+                known.add(node.target)
+    return state
+
+
+@contextlib.contextmanager
+def substituted(gm: torch.nn.Module, state: list[ModuleState], values: list[torch.Tensor]):
+    """Run `gm` with `values` in place of its state tensors."""
+    tensors = {s.name: v for s, v in zip(state, values) if s.kind != "attribute"}
+    attributes = [(s, v) for s, v in zip(state, values) if s.kind == "attribute"]
+    saved = [(s, s.read(gm)) for s, _ in attributes]
+    try:
+        for s, v in attributes:
+            owner, _, attr = s.name.rpartition(".")
+            setattr(gm.get_submodule(owner) if owner else gm, attr, v)
+        with _reparametrize_module(gm, tensors, tie_weights=True):
+            yield
+    finally:
+        for s, v in saved:
+            owner, _, attr = s.name.rpartition(".")
+            setattr(gm.get_submodule(owner) if owner else gm, attr, v)
+
+
+@dataclasses.dataclass
+class JointGraph:
+    """A functional aten graph `(*primals, *tangents) -> (*outputs, *new_values, *grads)`.
+
+    primals: the module state, then the tensor inputs. outputs: the user's outputs,
+    flat (`out_spec` rebuilds them). new_values: one per entry of `mutated_primals`.
+    grads: one per entry of `grad_primals` (None where the primal gets no gradient).
+    tangents: one per entry of `diff_outputs` (the outputs that require grad)."""
+
+    gm: torch.fx.GraphModule
+    num_primals: int
+    num_outputs: int
+    out_spec: pytree.TreeSpec
+    diff_outputs: list[int]
+    mutated_primals: list[int]
+    grad_primals: list[int]
+
+    @property
+    def num_tangents(self) -> int:
+        return len(self.diff_outputs)
+
+    def node_groups(self) -> tuple[list, list, list, list, list]:
+        """(primal placeholders, tangent placeholders, output values, new values, grad values)."""
+        placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
+        outs = list(next(n for n in self.gm.graph.nodes if n.op == "output").args[0])
+        k, m = self.num_outputs, len(self.mutated_primals)
+        return (placeholders[:self.num_primals], placeholders[self.num_primals:], outs[:k], outs[k:k + m],
+                outs[k + m:])
+
+
+def trace_joint(gm: torch.fx.GraphModule, state: list[ModuleState], primals: list[torch.Tensor]) -> JointGraph:
+    """Trace forward + backward of `gm` run with `primals` = state values + tensor inputs."""
+    n_state = len(state)
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    fake_primals = [mode.from_tensor(p) for p in primals]
+
+    def forward(*prims):
+        with substituted(gm, state, list(prims[:n_state])):
+            return gm(*prims[n_state:])
+
+    # A first fake run tells which outputs exist and need gradients.
+    with mode:
+        flat_out, out_spec = pytree.tree_flatten(forward(*fake_primals))
+        diff_outputs = [i for i, o in enumerate(flat_out) if isinstance(o, torch.Tensor) and o.requires_grad]
+        tangents = [torch.empty(flat_out[i].shape, dtype=flat_out[i].dtype, device=flat_out[i].device)
+                    for i in diff_outputs]
+    grad_primals = [i for i, p in enumerate(primals) if p.requires_grad]
+
+    def joint(*args):
+        prims, tans = args[:len(primals)], args[len(primals):]
+        outs = pytree.tree_leaves(forward(*prims))
+        diff = [outs[i] for i in diff_outputs]
+        wrt = [prims[i] for i in grad_primals]
+        grads = torch.autograd.grad(diff, wrt, tans, allow_unused=True) if diff and wrt else [None] * len(wrt)
+        return [*outs, *grads]
+
+    with mode:
+        traced = make_fx(joint, decomposition_table=JOINT_DECOMPOSITIONS, tracing_mode="real")(
+            *fake_primals, *tangents)
+    # functionalize appends new values after all outputs; move them before the grads.
+    fn = functionalize(traced)
+    output = next(n for n in fn.gm.graph.nodes if n.op == "output")
+    flat = list(output.args[0])
+    k, g = len(flat_out), len(grad_primals)
+    outs, grads, new_values = flat[:k], flat[k:k + g], flat[k + g:]
+    output.args = ([*outs, *new_values, *grads],)
+    fn.gm.recompile()
+    return JointGraph(fn.gm, len(primals), k, out_spec, diff_outputs, fn.mutated_placeholders, grad_primals)

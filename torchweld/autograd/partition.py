@@ -1,0 +1,174 @@
+"""Split a joint graph into a forward graph (outputs, new buffer values, and the
+tensors the backward needs) and a backward graph (gradients from those saved
+tensors and the tangents).
+
+Two strategies choose what crosses over:
+  save_all  — the backward reads forward values; save each one it reads.
+  min_cut   — cheap pointwise/view ops may be recomputed in the backward from
+              other saved values; choose the set of saved tensors with the
+              fewest bytes (a minimum cut, in the spirit of "recompute over save"
+              partitioners). Matmuls, convolutions, reductions and random ops are
+              never recomputed: random ones always run once, in the forward.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import operator
+
+import torch
+
+from torchweld.autograd.joint import JointGraph
+from torchweld.autograd.mincut import INF, FlowGraph
+
+aten, prims = torch.ops.aten, torch.ops.prims
+
+# Cheap to recompute besides pointwise-tagged ops and views.
+RECOMPUTABLE = {
+    aten.full.default, aten.zeros.default, aten.ones.default, aten.scalar_tensor.default, aten.arange.start_step,
+    aten.arange.start, aten.arange.default, aten.empty.memory_format, aten.full_like.default,
+    aten.zeros_like.default, aten.ones_like.default, aten.empty_like.default, aten._to_copy.default,
+    aten.clone.default, aten.copy.default, aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther,
+    aten.where.Scalar, aten.expand.default, aten.broadcast_to.default, aten.cat.default,
+    prims.broadcast_in_dim.default, prims.convert_element_type.default, prims.iota.default, prims.where.default,
+    prims.add.default, prims.sub.default, prims.mul.default, prims.div.default, operator.getitem,
+}
+
+
+@dataclasses.dataclass
+class Partition:
+    """Forward and backward graphs, and what the forward hands the backward.
+
+    forward: (*primals) -> (*outputs, *new_values, *saved intermediates)
+    backward: (*saved, *tangents) -> (*grads)
+    saved: for each backward input before the tangents, ("primal", i) or ("forward", j)
+    (the j-th saved intermediate output of the forward)."""
+
+    forward: torch.fx.GraphModule
+    backward: torch.fx.GraphModule
+    saved: list[tuple[str, int]]
+    saved_nodes: list[str]
+    saved_bytes: int  # of saved intermediates (primals are alive anyway)
+
+
+def is_random(node: torch.fx.Node) -> bool:
+    t = node.target
+    return isinstance(t, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in t.tags
+
+
+def is_recomputable(node: torch.fx.Node) -> bool:
+    if node.op == "get_attr":
+        return True
+    if node.op != "call_function" or is_random(node):
+        return False
+    t = node.target
+    if t in RECOMPUTABLE:
+        return True
+    if not isinstance(t, torch._ops.OpOverload):
+        return False
+    if torch.Tag.pointwise in t.tags:
+        return True
+    returns = t._schema.returns
+    return len(returns) == 1 and returns[0].alias_info is not None  # a view
+
+
+def nbytes(node: torch.fx.Node) -> float:
+    """Bytes of the tensor `node` makes; infinite for what cannot be saved (tuples, non-tensors)."""
+    val = node.meta.get("val")
+    if not isinstance(val, torch.Tensor):
+        return INF
+    return math.prod(val.shape) * val.element_size()
+
+
+def _ancestors(roots, stop=lambda n: False) -> set:
+    seen, stack = set(), [r for r in roots if isinstance(r, torch.fx.Node)]
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if not stop(n):
+            stack.extend(n.all_input_nodes)
+    return seen
+
+
+def _descendants(roots) -> set:
+    seen, stack = set(), list(roots)
+    while stack:
+        n = stack.pop()
+        if n not in seen:
+            seen.add(n)
+            stack.extend(n.users)
+    return seen
+
+
+def partition(joint: JointGraph, strategy: str = "min_cut") -> Partition:
+    primals, tangents, outputs, new_values, grads = joint.node_groups()
+    tangent_side = _descendants(tangents)
+    backward_nodes = _ancestors(grads) & tangent_side
+    forward_outputs = [*outputs, *new_values]
+    if any(isinstance(o, torch.fx.Node) and o in tangent_side for o in forward_outputs):
+        raise AssertionError("a forward output depends on a tangent")
+    # Values computed without tangents that the backward reads, directly or not.
+    frontier = {a for n in backward_nodes for a in n.all_input_nodes if a not in tangent_side}
+    if strategy == "save_all":
+        saved = frontier
+    elif strategy == "min_cut":
+        saved = _min_cut_saved(joint, frontier, tangent_side, forward_outputs)
+    else:
+        raise ValueError(f"unknown partition strategy {strategy!r}; choose 'min_cut' or 'save_all'")
+    order = {n: i for i, n in enumerate(joint.gm.graph.nodes)}
+    saved = sorted(saved, key=order.__getitem__)
+    primal_index = {p: i for i, p in enumerate(primals)}
+    saved_intermediates = [n for n in saved if n not in primal_index]
+    forward = extract(joint.gm, primals, [*forward_outputs, *saved_intermediates])
+    backward = extract(joint.gm, [*saved, *tangents], grads)
+    spec, j = [], 0
+    for n in saved:
+        if n in primal_index:
+            spec.append(("primal", primal_index[n]))
+        else:
+            spec.append(("forward", j))
+            j += 1
+    return Partition(forward, backward, spec, [n.name for n in saved],
+                     int(sum(nbytes(n) for n in saved_intermediates)))
+
+
+def _min_cut_saved(joint: JointGraph, frontier: set, tangent_side: set, forward_outputs: list) -> set:
+    """The tensors to save so that saved bytes are fewest, recomputing only cheap ops."""
+    required_forward = _ancestors(forward_outputs)
+    candidates = _ancestors(frontier) - tangent_side
+    flow = FlowGraph()
+    for n in candidates:
+        if n.op == "placeholder" or is_random(n) or (n in required_forward and not is_recomputable(n)):
+            flow.add_edge("source", (n, "in"), INF)
+        elif not is_recomputable(n):
+            # Not needed by the forward: the backward may compute it once itself; never twice.
+            pass
+        flow.add_edge((n, "in"), (n, "out"), nbytes(n) if n.op != "get_attr" else 0)
+        for user in n.users:
+            if user in tangent_side:
+                flow.add_edge((n, "out"), "sink", INF)
+            elif user in candidates:
+                flow.add_edge((n, "out"), (user, "in"), INF)
+    _, source_side = flow.min_cut("source", "sink")
+    return {n for n in candidates if (n, "in") in source_side and (n, "out") not in source_side}
+
+
+def extract(gm: torch.fx.GraphModule, inputs: list[torch.fx.Node], outputs: list) -> torch.fx.GraphModule:
+    """A new graph computing `outputs` from `inputs`, copying the nodes of `gm` between them."""
+    graph = torch.fx.Graph()
+    env: dict[torch.fx.Node, torch.fx.Node] = {}
+    for n in inputs:
+        env[n] = graph.placeholder(n.name)
+        env[n].meta = dict(n.meta)
+    needed = _ancestors(outputs, stop=lambda n: n in env)
+    for n in gm.graph.nodes:
+        if n not in needed or n in env:
+            continue
+        if n.op == "placeholder":
+            raise AssertionError(f"extracting a graph reached {n.name}, which is not one of its inputs")
+        env[n] = graph.node_copy(n, lambda a: env[a])
+    graph.output([env[o] if isinstance(o, torch.fx.Node) else o for o in outputs])
+    graph.lint()
+    return torch.fx.GraphModule(gm, graph)

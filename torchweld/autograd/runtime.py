@@ -1,0 +1,85 @@
+"""Run a partitioned training graph: one `torch.autograd.Function` whose forward
+runs the compiled forward graph, writes new buffer values back and saves what the
+partition chose, and whose backward runs the compiled backward graph."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Callable
+
+import torch
+import torch.utils._pytree as pytree
+
+from torchweld.errors import TorchweldError
+
+log = logging.getLogger("torchweld.weld")
+
+
+class DoubleBackwardError(TorchweldError, RuntimeError):
+    """create_graph=True through a compiled graph: its backward is not itself differentiable."""
+
+
+@dataclasses.dataclass
+class TrainingGraph:
+    """What CompiledFunction needs; `compile_backward` runs on the first backward, with real tensors."""
+
+    forward: Callable  # (*primals) -> (*outputs, *new_values, *saved intermediates)
+    compile_backward: Callable[[list], Callable]  # example (saved + tangents) -> (*saved, *tangents) -> grads
+    num_outputs: int
+    out_spec: pytree.TreeSpec
+    diff_outputs: list[int]
+    mutated_primals: list[int]
+    grad_primals: list[int]
+    saved: list[tuple[str, int]]
+    backward: Callable | None = None
+
+
+class CompiledFunction(torch.autograd.Function):
+    """The autograd node of a torchweld-compiled graph (`grad_fn=<CompiledFunctionBackward>`)."""
+
+    @staticmethod
+    def forward(ctx, graph: TrainingGraph, *primals):
+        results = list(graph.forward(*primals))
+        k, m = graph.num_outputs, len(graph.mutated_primals)
+        outputs, new_values, intermediates = results[:k], results[k:k + m], results[k + m:]
+        saved = [primals[i] if kind == "primal" else intermediates[i] for kind, i in graph.saved]
+        mutated = set(graph.mutated_primals)
+        # A primal the backward reads at its value before this forward's write-back: keep that value.
+        saved = [s.clone() if kind == "primal" and i in mutated else s
+                 for s, (kind, i) in zip(saved, graph.saved)]
+        for i, value in zip(graph.mutated_primals, new_values):
+            primals[i].copy_(value)
+        ctx.graph = graph
+        ctx.save_for_backward(*saved)
+        diff = set(graph.diff_outputs)
+        ctx.mark_non_differentiable(*[o for i, o in enumerate(outputs) if isinstance(o, torch.Tensor)
+                                      and i not in diff])
+        return tuple(outputs)
+
+    @staticmethod
+    def backward(ctx, *grad_outputs):
+        if torch.is_grad_enabled():
+            raise DoubleBackwardError(
+                "torchweld compiled this graph for first-order gradients only; backward(create_graph=True) "
+                "(double backward) through it is not supported. Compile it with backend='eager', or run "
+                "this part without torchweld.compile.")
+        graph: TrainingGraph = ctx.graph
+        tangents = [_dense(grad_outputs[i]) for i in graph.diff_outputs]
+        args = [*ctx.saved_tensors, *tangents]
+        if graph.backward is None:
+            graph.backward = graph.compile_backward(args)
+        grads = list(graph.backward(*args))
+        result = [None] * (len(ctx.needs_input_grad) - 1)
+        for i, g in zip(graph.grad_primals, grads):
+            result[i] = g
+        return (None, *result)
+
+
+def _dense(t: torch.Tensor) -> torch.Tensor:
+    """Tangents arrive in any layout (an expanded scalar from .sum(), ...); kernels want them dense."""
+    return t if t.is_contiguous() else t.contiguous()
+
+
+def run(graph: TrainingGraph, primals: list[torch.Tensor]):
+    outputs = CompiledFunction.apply(graph, *primals)
+    return pytree.tree_unflatten(list(outputs), graph.out_spec)

@@ -1,0 +1,91 @@
+"""Compile a captured graph for training: trace the joint graph, partition it,
+compile forward and backward with weld's inference pipeline, and return a
+callable that runs them through one autograd.Function."""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from torchweld.autograd.functionalize import FunctionalizationError
+from torchweld.autograd.joint import JointGraph, ModuleState, module_state, trace_joint
+from torchweld.autograd.partition import Partition, partition
+from torchweld.autograd.runtime import TrainingGraph, run
+
+log = logging.getLogger("torchweld.weld")
+
+
+class TrainingUnsupported(Exception):
+    """This graph cannot be compiled for training; the backend runs it eagerly."""
+
+
+class CompiledTrainingGraph:
+    """The callable weld returns for a graph that needs autograd."""
+
+    def __init__(self, gm: torch.fx.GraphModule, state: list[ModuleState], tensor_positions: list[int],
+                 joint: JointGraph, part: Partition, graph: TrainingGraph):
+        self.gm, self.state, self.tensor_positions = gm, state, tensor_positions
+        self.joint, self.partition, self.graph = joint, part, graph
+
+    def __call__(self, *args):
+        primals = [s.read(self.gm) for s in self.state] + [args[i] for i in self.tensor_positions]
+        return run(self.graph, primals)
+
+
+def compile_training(gm: torch.fx.GraphModule, example_inputs: list, options: dict | None = None,
+                     strategy: str | None = None) -> CompiledTrainingGraph:
+    options = dict(options or {})
+    strategy = strategy or options.get("partition", "min_cut")
+    state = module_state(gm)
+    tensor_positions = [i for i, x in enumerate(example_inputs) if isinstance(x, torch.Tensor)]
+    primals = [s.read(gm) for s in state] + [example_inputs[i] for i in tensor_positions]
+    if len(tensor_positions) != len(example_inputs):
+        # Non-tensor inputs are baked into the graph: capture guards their values.
+        gm = _bind_constants(gm, example_inputs)
+    try:
+        joint = trace_joint(gm, state, primals)
+    except FunctionalizationError as e:
+        raise TrainingUnsupported(str(e)) from e
+    part = partition(joint, strategy)
+    log.debug("training partition (%s): saves %d tensors, %d bytes of intermediates",
+              strategy, len(part.saved), part.saved_bytes)
+    forward = compile_aten(part.forward, primals, options, "forward")
+
+    def compile_backward(example):
+        return compile_aten(part.backward, example, options, "backward")
+
+    graph = TrainingGraph(forward, compile_backward, joint.num_outputs, joint.out_spec, joint.diff_outputs,
+                          joint.mutated_primals, joint.grad_primals, part.saved)
+    return CompiledTrainingGraph(gm, state, tensor_positions, joint, part, graph)
+
+
+def compile_aten(gm: torch.fx.GraphModule, example_inputs: list, options: dict, what: str):
+    """weld's inference pipeline on one aten graph; the graph itself (aten ops, eagerly) if it cannot."""
+    from torchweld.compiler import compile_graph
+    from torchweld.compiler.lowering import LoweringError
+    from torchweld.runtime.cpp_loader import CppCompileError
+
+    if options.get("training_codegen", True) is False:
+        return gm
+    try:
+        with torch.no_grad():
+            return compile_graph(gm, list(example_inputs), options)
+    except (LoweringError, CppCompileError) as e:
+        log.warning("weld cannot compile the %s graph of this training step, running its aten ops eagerly: %s",
+                    what, e)
+        return gm
+
+
+def _bind_constants(gm: torch.fx.GraphModule, example_inputs: list) -> torch.fx.GraphModule:
+    """`gm` taking only its tensor inputs, with the others fixed to their example values."""
+    graph = torch.fx.Graph()
+    env = {}
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for n, x in zip(placeholders, example_inputs):
+        env[n] = graph.placeholder(n.name) if isinstance(x, torch.Tensor) else x
+        if isinstance(x, torch.Tensor):
+            env[n].meta = dict(n.meta)
+    for n in gm.graph.nodes:
+        if n.op != "placeholder":
+            env[n] = graph.node_copy(n, lambda a: env[a])
+    return torch.fx.GraphModule(gm, graph)
