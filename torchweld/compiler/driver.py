@@ -108,9 +108,21 @@ def _codegen(sched: Schedule, out_spec, options: dict) -> CompiledGraph:
             for k in kernels:
                 kernel_objects[f"_k_{k.name}"] = getattr(module, k.name)
                 xblock, rblock = block_sizes(k)
-                grid = -(-max(math.prod(k.outer), 1) // xblock)
+                launch = {"XBLOCK": xblock, "RBLOCK": rblock}
+                if options.get("max_autotune"):  # runtime/autotune.py
+                    from torchweld.compiler.codegen.triton import tune_launch
+
+                    launch = tune_launch(k, getattr(module, k.name), args_of[k.name], sched.layouts, path, options)
+                grid = -(-max(math.prod(k.outer), 1) // launch["XBLOCK"])
                 launches[k.name] = (f"_k_{k.name}[({grid},)]({', '.join(args_of[k.name])}, "
-                                    f"XBLOCK={xblock}, RBLOCK={rblock})")
+                                    + ", ".join(f"{name}={value}" for name, value in launch.items()) + ")")
+
+    if options.get("max_autotune"):  # aten mm/bmm against the Triton matmul template
+        from torchweld.compiler.codegen.triton import TritonRenderer
+        from torchweld.runtime.matmul_choice import choose_matmuls
+
+        for line in choose_matmuls(sched, options, lambda device: renderer_for(device, options) is TritonRenderer):
+            log.debug("matmul choice: %s", line)
 
     wrapper = WrapperRenderer(sched, lambda k: launches.get(k.name))
     wrapper_source = wrapper.render()

@@ -228,3 +228,47 @@ class TritonRenderer(KernelRenderer):
         for kernel in kernels:
             parts.append(self.render(kernel))
         return "\n".join(parts)
+
+
+# =============================================================================
+# Autotuning hooks (max-autotune): a few launch configurations per kernel
+# =============================================================================
+
+
+def launch_candidates(kernel: Kernel) -> list[dict]:
+    """XBLOCK/RBLOCK/num_warps choices for `kernel`, the untuned default first.
+
+    A persistent reduction keeps its RBLOCK (the source reads whole rows); a
+    looped one may take any power of two, since its source loops over RBLOCK."""
+    xblock, rblock = block_sizes(kernel)
+    xcap = next_power_of_2(max(math.prod(kernel.outer), 1))
+    default = {"XBLOCK": xblock, "RBLOCK": rblock, "num_warps": 4}
+    if not kernel.is_reduction:
+        shapes = [(256, 2), (256, 4), (512, 4), (1024, 4), (1024, 8), (2048, 8)]
+        found = [{"XBLOCK": x, "RBLOCK": 1, "num_warps": w} for x, w in shapes if x <= max(xcap, 256)]
+    else:
+        looped = math.prod(kernel.reduced) > MAX_PERSISTENT_RBLOCK
+        rblocks = (512, 1024, 2048) if looped else (rblock,)
+        found = []
+        for r in rblocks:
+            for x in (1, 2, 4, 8, 16, 32, 64):
+                if x <= xcap and x * r <= (4096 if looped else 8192):
+                    found.append({"XBLOCK": x, "RBLOCK": r, "num_warps": 2 if x * r <= 512 else 4 if x * r <= 4096 else 8})
+        found = found[::max(1, len(found) // 6)]  # a spread of at most ~7
+    return [default] + [c for c in found if c != default]
+
+
+def tune_launch(kernel: Kernel, fn, arg_names: list[str], layouts: dict, source_path: str, options: dict) -> dict:
+    """The fastest of launch_candidates(kernel), timed on buffers of the real shapes;
+    the choice is kept in `<source_path>.tune.json` beside the kernel source."""
+    from torchweld.runtime.autotune import Autotuner, device_name, synthetic_tensor
+
+    args = [synthetic_tensor(*layouts[name]) for name in arg_names]
+    xnumel = max(math.prod(kernel.outer), 1)
+
+    def run(config: dict) -> None:
+        fn[(-(-xnumel // config["XBLOCK"]),)](*args, **config)
+
+    tuner = options.get("autotuner") or Autotuner(options.get("autotune_timer"))
+    return tuner.choose(source_path + ".tune.json", f"{device_name(kernel.device)}/{kernel.name}",
+                        launch_candidates(kernel), run)
