@@ -111,8 +111,12 @@ def first_call(fn, x):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="smaller shapes, shorter timing")
+    parser.add_argument("--cuda-modes", action="store_true",
+                        help="CUDA only: mode='reduce-overhead' / 'max-autotune' rows (see cuda_mode_rows)")
     args = parser.parse_args()
     q = args.quick
+    if args.cuda_modes:
+        return cuda_mode_rows(q)
     cases = [
         ("elementwise chain 4M f32", Chain(), torch.randn(1 << 20 if q else 1 << 22)),
         ("MLP 4x1024 LN+GELU b64", mlp(256 if q else 1024), torch.randn(64, 256 if q else 1024)),
@@ -142,6 +146,127 @@ def main():
             torch.testing.assert_close(ind_out, expected, atol=1e-3, rtol=1e-3)
         print(f"{name:28s} {eager * 1e3:9.3f} {ind * 1e3:11.3f} {weld * 1e3:8.3f} {eager / ind:6.2f} "
               f"{eager / weld:7.2f} {ind_cold:10.2f} {weld_cold:11.2f} {weld_warm:11.2f}")
+
+
+# =============================================================================
+# CUDA: reduce-overhead (CUDA graphs) and max-autotune, with cold time and memory
+# =============================================================================
+
+
+def cuda_mode_cases(q: bool):
+    """(name, make() -> (fn, args), train) rows: densenet121 inference and the torch.compile tutorial's
+    train step (densenet121, batch 16, 3x128x128, Adam), resnet50, BERT, GPT-2; guarded imports."""
+    dev = "cuda"
+    rows = []
+    try:
+        import torchvision
+
+        def densenet():
+            return torchvision.models.densenet121().to(dev).eval(), (torch.randn(16, 3, 128, 128, device=dev),)
+
+        def densenet_train():
+            model = torchvision.models.densenet121().to(dev).train()
+            data = (torch.randn(16, 3, 128, 128, device=dev), torch.randint(0, 1000, (16,), device=dev))
+            return model, data
+
+        rows += [("densenet121 b16 infer", densenet, False), ("densenet121 b16 train step", densenet_train, True)]
+        rows.append(("resnet50 b32 infer", lambda: (torchvision.models.resnet50().to(dev).eval(),
+                                                     (torch.randn(8 if q else 32, 3, 224, 224, device=dev),)), False))
+    except ImportError:
+        print("torchvision missing: no densenet121/resnet50 rows")
+    try:
+        import transformers
+
+        class LastHidden(nn.Module):
+            def __init__(self, model):
+                super().__init__()
+                self.model = model
+
+            def forward(self, ids):
+                return self.model(ids).last_hidden_state
+
+        rows.append(("BERT b8 s128 infer", lambda: (
+            LastHidden(transformers.BertModel(transformers.BertConfig())).to(dev).eval(),
+            (torch.randint(0, 30000, (8, 128), device=dev),)), False))
+        rows.append(("GPT-2 b8 s256 infer", lambda: (
+            LastHidden(transformers.GPT2Model(transformers.GPT2Config())).to(dev).eval(),
+            (torch.randint(0, 50000, (8, 64 if q else 256), device=dev),)), False))
+    except ImportError:
+        print("transformers missing: no BERT/GPT-2 rows")
+    return rows
+
+
+def _train_step(model):
+    opt = torch.optim.Adam(model.parameters())
+    loss_fn = nn.CrossEntropyLoss()
+
+    def step(x, y):
+        opt.zero_grad(True)
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    return step
+
+
+def _cuda_run(make_compiled, make, train: bool, iters: int):
+    """(ms per call, cold s for the first 3 calls: compile + warm-up + recording, peak MiB, output)."""
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    model, args = make()
+    t0 = time.perf_counter()
+    compiled = make_compiled(model)
+    fn = _train_step(compiled) if train else compiled
+    with torch.set_grad_enabled(train):
+        for _ in range(3):  # torch.compile's cudagraphs record on the 2nd/3rd call, torchweld's on the 1st
+            out = fn(*args)
+        torch.cuda.synchronize()
+        cold = time.perf_counter() - t0
+        for _ in range(3):
+            fn(*args)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            out = fn(*args)
+        torch.cuda.synchronize()
+        ms = (time.perf_counter() - t0) / iters * 1e3
+    peak = torch.cuda.max_memory_allocated() / 2 ** 20
+    out = out.detach().float().clone() if isinstance(out, torch.Tensor) else out
+    return ms, cold, peak, out
+
+
+def cuda_mode_rows(q: bool, modes=("reduce-overhead", "max-autotune")):
+    if not torch.cuda.is_available():
+        print("no CUDA: the reduce-overhead / max-autotune rows need a GPU")
+        return
+    print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}; cold = first 3 calls "
+          "(compile, warm-up, CUDA-graph recording); peak = max_memory_allocated")
+    header = f"{'case':28s} {'mode':22s} {'variant':10s} {'ms':>9s} {'x eager':>8s} {'cold s':>8s} " \
+             f"{'peak MiB':>9s} {'max |diff|':>10s}"
+    print(header)
+    print("-" * len(header))
+    iters = 10 if q else 50
+    for name, make, train in cuda_mode_cases(q):
+        torch.manual_seed(0)
+        eager_ms, eager_cold, eager_peak, expected = _cuda_run(lambda m: m, make, train, iters)
+        print(f"{name:28s} {'-':22s} {'eager':10s} {eager_ms:9.3f} {1.0:8.2f} {eager_cold:8.2f} {eager_peak:9.0f}")
+        for mode in modes[:1] if train else modes:
+            variants = [("inductor", lambda m, mode=mode: (torch._dynamo.reset(), torch.compile(m, mode=mode))[1]),
+                        ("torchweld", lambda m, mode=mode: (torchweld.reset(),
+                                                            torchweld.compile(m, backend="weld", mode=mode))[1])]
+            for variant, make_compiled in variants:
+                with tempfile.TemporaryDirectory() as tmp, config.patch(cache_dir=tmp):
+                    torch.manual_seed(0)
+                    try:
+                        ms, cold, peak, out = _cuda_run(make_compiled, make, train, iters)
+                    except Exception as e:  # noqa: BLE001 - one failing row should not end the bench
+                        print(f"{name:28s} {mode:22s} {variant:10s} failed: {type(e).__name__}: {e}"[:200])
+                        continue
+                diff = (out - expected).abs().max().item() if isinstance(out, torch.Tensor) else float("nan")
+                print(f"{name:28s} {mode:22s} {variant:10s} {ms:9.3f} {eager_ms / ms:8.2f} {cold:8.2f} "
+                      f"{peak:9.0f} {diff:10.2e}")
 
 
 if __name__ == "__main__":

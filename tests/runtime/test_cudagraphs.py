@@ -281,3 +281,21 @@ def test_cuda_mutated_input_and_static_parameter():
         out = fast(x, w)
         torch.testing.assert_close(out, fn(ref, w))
         torch.testing.assert_close(x, ref)
+
+
+def test_training_plug_in_wrapper_shares_the_pool():
+    from torchweld.backends.weld import cudagraph_wrapper
+
+    rec = FakeRecorder()
+    options = {"cudagraph_pool": CudaGraphPool(rec)}
+    assert cudagraph_wrapper(None, options) is None
+    wrap = cudagraph_wrapper("reduce-overhead", options)
+    w = nn.Parameter(torch.randn(3))
+    fwd = wrap(lambda w, x: (x * w, x.sin()), "forward", static_input_indices=[0], outputs="track")
+    bwd = wrap(lambda g, s: g * s, "backward")
+    for _ in range(3):
+        x = torch.randn(3)
+        out, saved = fwd(w, x)
+        torch.testing.assert_close(out, x * w)
+        torch.testing.assert_close(bwd(torch.ones(3), saved), x.sin())
+    assert len(rec.pools) == 1 and set(map(id, rec.records)) == {id(rec.pools[0])}

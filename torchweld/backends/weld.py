@@ -77,6 +77,32 @@ def compile_options(mode: str | None, options: dict | None) -> dict:
     return {**(options or {}), "max_autotune": autotune_enabled(mode, options)}
 
 
+def cudagraph_wrapper(mode: str | None, options: dict | None):
+    """For compiled training (torchweld/autograd): None when mode/options ask for no
+    CUDA graphs, else `wrap(fn, name, static_input_indices=(), mutated_input_indices=(),
+    outputs="copy")` recording `fn` into this model's pool. Call it on the options dict
+    the backend received (not a copy), e.g. for a forward over (params..., inputs...):
+
+        wrap = cudagraph_wrapper(mode, options)
+        if wrap:
+            forward = wrap(forward, "forward", static_input_indices=range(n_params), outputs="track")
+            backward = wrap(backward, "backward")
+    """
+    if not cudagraphs_enabled(mode, options) or options is None:
+        return None
+    from torchweld.runtime.cudagraphs import CudaGraphed, pool_for
+
+    pool = pool_for(options)
+
+    def wrap(fn, name: str, static_input_indices=(), mutated_input_indices=(), outputs: str | None = None):
+        return CudaGraphed(fn, pool=pool, name=pool.next_name(f"weld {name}"),
+                           static_input_indices=tuple(static_input_indices),
+                           mutated_input_indices=tuple(mutated_input_indices),
+                           outputs=outputs or options.get("cudagraph_outputs", "copy"))
+
+    return wrap
+
+
 def with_cudagraphs(compiled, gm: torch.fx.GraphModule, mode: str | None, options: dict | None):
     """`compiled` recorded as CUDA graphs when the mode or options ask for it (runtime/cudagraphs.py).
 
