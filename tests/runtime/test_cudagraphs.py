@@ -299,3 +299,12 @@ def test_training_plug_in_wrapper_shares_the_pool():
         torch.testing.assert_close(out, x * w)
         torch.testing.assert_close(bwd(torch.ones(3), saved), x.sin())
     assert len(rec.pools) == 1 and set(map(id, rec.records)) == {id(rec.pools[0])}
+
+
+def test_misaligned_input_warms_up_the_static_variant_too():
+    g = graphed(lambda x: x * 2)
+    base = torch.randn(9)
+    for _ in range(3):
+        x = base[1:]  # 4 bytes past an aligned pointer: a different Triton specialization
+        torch.testing.assert_close(g(x), x * 2)
+    assert g.pool.recorder.warm_ups == 2 and len(g.pool.recorder.records) == 1
