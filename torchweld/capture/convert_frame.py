@@ -23,7 +23,7 @@ from torchweld.capture.report import BreakReason, TranslationReport, publish
 from torchweld.capture.sources import ClosureSource
 from torchweld.capture.graph_break import BreakCodegen, can_break_at
 from torchweld.capture.translator import StopBeforeBreak, Translator
-from torchweld.errors import BackendCompilerFailed, Unsupported
+from torchweld.errors import BackendCompilerFailed, TorchweldError, Unsupported
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +73,8 @@ def translate_frame(fn: types.FunctionType, args: tuple, kwargs: dict, settings:
                 stop_at, failure = point, e  # translate again and stop right before that instruction
                 continue
             return _eager_entry(fn, tx.output, e, time.perf_counter() - start)
+        except TorchweldError:  # BackendCompilerFailed and friends are for the user to see
+            raise
         except Exception as e:  # a bug in capture itself, not in the user's program
             if config.raise_internal_errors:
                 raise
