@@ -91,7 +91,7 @@ def functionalize(gm: torch.fx.GraphModule) -> Functionalized:
             raise FunctionalizationError(f"in-place {node.target} on a view ({original.name}) is not supported")
         _check_no_stale_views(original, node, position)
         with graph.inserting_before(node):
-            pure = graph.call_function(functional_variant(node.target), node.args, node.kwargs)
+            pure = graph.call_function(functional_variant(node.target), *_with_defaults(node))
         pure.meta = dict(node.meta)
         position[pure] = position[node]
         root[pure] = original
@@ -111,6 +111,21 @@ def functionalize(gm: torch.fx.GraphModule) -> Functionalized:
     graph.lint()
     gm.recompile()
     return Functionalized(gm, mutated)
+
+
+def _with_defaults(node: torch.fx.Node) -> tuple[tuple, dict]:
+    """The node's arguments with positional defaults spelled out (`bernoulli_(x)` -> `bernoulli(x, 0.5)`)."""
+    args, kwargs = list(node.args), dict(node.kwargs)
+    for a in node.target._schema.arguments[len(args):]:
+        if a.kwarg_only:
+            break
+        if a.name in kwargs:
+            args.append(kwargs.pop(a.name))
+        elif a.has_default_value():
+            args.append(a.default_value)
+        else:
+            break
+    return tuple(args), kwargs
 
 
 def _check_no_stale_views(base: torch.fx.Node, mutation: torch.fx.Node, position: dict) -> None:

@@ -214,7 +214,8 @@ class GraphLowering:
         absent = [i for i, v in enumerate(vals) if v is None] if multi else []
         if absent:  # e.g. convolution_backward's grad_bias without a bias: an empty tensor stands in
             target = _NoneAsEmpty(target)
-            vals = [torch.empty(0, device=vals[0].device) if v is None else v for v in vals]
+            device = next(v.device for v in vals if v is not None)
+            vals = [torch.empty(0, device=device) if v is None else v for v in vals]
         if not all(isinstance(v, torch.Tensor) for v in vals):
             raise LoweringError(f"{target} returns non-tensors: {val!r}")
         outputs = tuple((v.dtype, Layout(tuple(v.shape), tuple(v.stride()))) for v in vals)

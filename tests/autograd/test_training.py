@@ -1,0 +1,219 @@
+"""Training through the weld backend: outputs, gradients, buffers and optimizer
+steps equal eager's, on the CPU (GPU variants where CUDA is there)."""
+import copy
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+
+import torchweld
+from torchweld.autograd import CompiledTrainingGraph, DoubleBackwardError, compile_training
+from torchweld.backends import lookup_backend
+
+from tests.autograd.models import CNN, MLP, Block, DenseBlock
+
+TOL = dict(atol=1e-4, rtol=1e-4)
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+MODELS = [(MLP, (8, 16)), (CNN, (2, 3, 12, 12)), (Block, (2, 8, 32)), (DenseBlock, (2, 4, 8, 8))]
+
+
+def assert_same_training_state(model, reference, skip_buffers=()):
+    for (name, p), (_, q) in zip(model.named_parameters(), reference.named_parameters()):
+        torch.testing.assert_close(p, q, **TOL, msg=lambda m: f"{name}: {m}")
+        if q.grad is not None:
+            torch.testing.assert_close(p.grad, q.grad, **TOL, msg=lambda m: f"{name}.grad: {m}")
+    for (name, b), (_, c) in zip(model.named_buffers(), reference.named_buffers()):
+        if not any(s in name for s in skip_buffers):
+            torch.testing.assert_close(b, c, **TOL, msg=lambda m: f"{name}: {m}")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("make,shape", MODELS, ids=[m.__name__ for m, _ in MODELS])
+def test_gradients_match_eager(make, shape, device):
+    model = make().to(device)
+    reference = copy.deepcopy(model)
+    compiled = torchweld.compile(model, backend="weld")
+    for step in range(2):  # the second call reuses the compiled graphs
+        x = torch.randn(shape, device=device, requires_grad=True)
+        x_ref = x.detach().clone().requires_grad_()
+        out, expected = compiled(x), reference(x_ref)
+        assert "CompiledFunctionBackward" in repr(out)
+        torch.testing.assert_close(out, expected, **TOL)
+        grad = torch.randn_like(out)
+        out.backward(grad)
+        expected.backward(grad)
+        torch.testing.assert_close(x.grad, x_ref.grad, **TOL)
+        # num_batches_tracked: capture runs BatchNorm's Python forward on its first
+        # translation (to get example values) and bumps the real counter once more.
+        assert_same_training_state(model, reference, skip_buffers=("num_batches_tracked",))
+
+
+def test_batch_norm_running_stats_through_the_backend():
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU())
+    reference = copy.deepcopy(model)
+    x = torch.randn(2, 3, 8, 8)
+    fn = lookup_backend("weld")(torch.fx.symbolic_trace(model), [x])
+    assert isinstance(fn, CompiledTrainingGraph)
+    for _ in range(3):
+        x = torch.randn(2, 3, 8, 8)
+        fn(x).sum().backward()
+        reference(x).sum().backward()
+    assert_same_training_state(model, reference)
+    assert model[1].num_batches_tracked.item() == 3
+
+
+@pytest.mark.parametrize("make,shape", [(MLP, (8, 16)), (CNN, (4, 3, 8, 8)), (Block, (2, 8, 32))],
+                         ids=["MLP", "CNN", "Block"])
+def test_five_adam_steps_match_eager(make, shape):
+    model = make()
+    reference = copy.deepcopy(model)
+    compiled = torchweld.compile(model, backend="weld")
+    # Some gradients here are zero up to rounding (a conv bias before train-mode batch
+    # norm, the key bias under softmax); Adam with its default eps=1e-8 blows rounding
+    # noise (~1e-9) up to lr-sized steps, so eps is raised far above that noise.
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2, eps=1e-4)
+    opt_ref = torch.optim.Adam(reference.parameters(), lr=1e-2, eps=1e-4)
+    for _ in range(5):
+        x = torch.randn(shape)
+        for m, o in ((compiled, opt), (reference, opt_ref)):
+            o.zero_grad(True)
+            m(x).square().mean().backward()
+            o.step()
+    assert_same_training_state(model, reference, skip_buffers=("num_batches_tracked",))
+
+
+# The tutorial's train step, compiled as a whole (globals, as in the tutorial: capture
+# breaks graphs only in functions without closures).
+tutorial_model = MLP()
+tutorial_opt = torch.optim.Adam(tutorial_model.parameters(), lr=1e-2)
+
+
+def tutorial_train(x, y):
+    tutorial_opt.zero_grad(True)
+    pred = tutorial_model(x)
+    loss = nn.CrossEntropyLoss()(pred, y)
+    loss.backward()
+    tutorial_opt.step()
+    return loss
+
+
+def test_tutorial_train_step():
+    reference = copy.deepcopy(tutorial_model)
+    opt_ref = torch.optim.Adam(reference.parameters(), lr=1e-2)
+    opt_ref.load_state_dict(tutorial_opt.state_dict())
+    train = torchweld.compile(tutorial_train)
+    for _ in range(5):
+        x, y = torch.randn(8, 16), torch.randint(0, 4, (8,))
+        loss = train(x, y)
+        opt_ref.zero_grad(True)
+        expected = nn.CrossEntropyLoss()(reference(x), y)
+        expected.backward()
+        opt_ref.step()
+        torch.testing.assert_close(loss, expected, **TOL)
+        assert "CompiledFunctionBackward" in repr(loss)
+    assert_same_training_state(tutorial_model, reference)
+
+
+def compile_fn(fn, *inputs):
+    return lookup_backend("weld")(torch.fx.symbolic_trace(fn), list(inputs))
+
+
+def test_mixed_outputs_and_inputs():
+    """Inputs without grad, outputs without grad, an output aliasing an input, a None gradient."""
+    def fn(x, w, unused, frozen):
+        y = (x * w).sin()
+        return y, frozen.view(-1), (x > 0).sum(), x.detach() * 2
+
+    x, w = torch.randn(3, 4, requires_grad=True), torch.randn(4, requires_grad=True)
+    unused, frozen = torch.randn(2, requires_grad=True), torch.randn(2, 2)
+    compiled = compile_fn(fn, x, w, unused, frozen)
+    y, view, count, detached = compiled(x, w, unused, frozen)
+    ey, eview, ecount, edetached = fn(x, w, unused, frozen)
+    for a, b in ((y, ey), (view, eview), (count, ecount), (detached, edetached)):
+        torch.testing.assert_close(a, b)
+    assert y.requires_grad and not count.requires_grad and not detached.requires_grad
+    assert view.data_ptr() == frozen.data_ptr()
+    y.sum().backward()
+    gx, gw = torch.autograd.grad(ey.sum(), [x, w])
+    torch.testing.assert_close(x.grad, gx)
+    torch.testing.assert_close(w.grad, gw)
+    assert unused.grad is None
+
+
+def test_output_that_is_an_input_passes_gradients():
+    def fn(x, w):
+        return x, x * w
+
+    x, w = torch.randn(4, requires_grad=True), torch.randn(4, requires_grad=True)
+    a, b = compile_fn(fn, x, w)(x, w)
+    (a.sum() + b.sum()).backward()
+    torch.testing.assert_close(x.grad, 1 + w)
+    torch.testing.assert_close(w.grad, x.detach())
+
+
+def test_mutated_user_input_is_written_back():
+    def fn(x, counter):
+        counter.add_(1)
+        return x.exp() * counter
+
+    x, counter = torch.randn(4, requires_grad=True), torch.zeros(4)
+    compiled = compile_fn(fn, x, counter.clone())
+    out = compiled(x, counter)
+    torch.testing.assert_close(counter, torch.ones(4))
+    out.sum().backward()
+    torch.testing.assert_close(x.grad, x.detach().exp())
+
+
+def test_dropout_forward_and_backward_use_the_same_mask():
+    model = nn.Sequential(nn.Linear(64, 64), nn.Dropout(0.5))
+    x = torch.randn(32, 64)
+    compiled = torchweld.compile(model, backend="weld")
+    out = compiled(x)
+    out.backward(torch.ones_like(out))
+    pre = model[0](x)
+    dropped = out == 0
+    assert 0.3 < dropped.float().mean() < 0.7
+    # d out / d pre is 2 where kept and 0 where dropped: the bias gradient counts the kept ones twice.
+    kept_twice = 2 * (~dropped & (pre != 0)).float().sum(0)
+    torch.testing.assert_close(model[0].bias.grad, kept_twice)
+
+
+def test_double_backward_is_a_clear_error():
+    x = torch.randn(4, requires_grad=True)
+    compiled = compile_fn(lambda x: (x * x).sin(), x)
+    out = compiled(x).sum()
+    with pytest.raises(DoubleBackwardError, match="create_graph"):
+        torch.autograd.grad(out, x, create_graph=True)
+
+
+def test_save_all_and_min_cut_agree():
+    model = Block()
+    x = torch.randn(2, 8, 32, requires_grad=True)
+    gm = torch.fx.symbolic_trace(model)
+    grads = {}
+    for strategy in ("save_all", "min_cut"):
+        compiled = compile_training(gm, [x], strategy=strategy)
+        model.zero_grad()
+        x.grad = None
+        compiled(x).square().sum().backward()
+        grads[strategy] = [x.grad.clone()] + [p.grad.clone() for p in model.parameters()]
+        if strategy == "min_cut":
+            assert compiled.partition.saved_bytes < saved_all_bytes
+        saved_all_bytes = compiled.partition.saved_bytes
+    for a, b in zip(grads["save_all"], grads["min_cut"]):
+        torch.testing.assert_close(a, b, **TOL)
+
+
+def test_graph_that_cannot_be_functionalized_runs_eagerly():
+    def fn(x):
+        y = x * 1
+        y[0].mul_(2)
+        return y
+
+    x = torch.randn(3, 2, requires_grad=True)
+    with warnings.catch_warnings():
+        compiled = compile_fn(fn, x)
+    assert not isinstance(compiled, CompiledTrainingGraph)
+    compiled(x).sum().backward()
+    torch.testing.assert_close(x.grad, torch.tensor([[2.0, 2.0], [1.0, 1.0], [1.0, 1.0]]))
