@@ -18,6 +18,9 @@ DECOMPOSED_OPS = [
     aten._native_batch_norm_legit_no_training,
     aten._native_batch_norm_legit_functional,
     aten.native_batch_norm,
+    aten.cudnn_batch_norm,  # what batch_norm becomes for CUDA tensors: pointwise, not an extern call
+    aten._batch_norm_no_update,
+    aten._batch_norm_with_update,
     aten.native_layer_norm,
     aten.native_group_norm,
     aten._softmax,

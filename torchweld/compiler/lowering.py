@@ -197,7 +197,8 @@ class GraphLowering:
         if not isinstance(old, TensorValue) or not old.is_root:
             raise LoweringError(f"in-place update of a view ({arg.name}) is not supported")
         self.env[arg] = result
-        if isinstance(self.buffers[old.root], ir.InputBuffer) and old.root in self.input_names:
+        # an extern's results are named `<extern>_<i>` and have no entry of their own in `buffers`
+        if isinstance(self.buffers.get(old.root), ir.InputBuffer) and old.root in self.input_names:
             self.mutated[old.root] = result
 
     def log_extern(self, target, reason: str) -> None:

@@ -1,0 +1,37 @@
+"""Lowering an aten graph: in-place updates of extern results, and the aten graph
+batch norm reaches on CUDA (cudnn_batch_norm) decomposed to pointwise math."""
+import torch
+import torch.nn.functional as F
+
+import torchweld
+from torchweld.compiler.aten_graph import to_aten_graph
+
+from weld_helpers import check
+
+aten = torch.ops.aten
+
+
+def test_in_place_update_of_a_multi_output_extern():
+    # the result of an extern returning a tuple is named `<extern>_<i>`; relu_ on it rebinds it
+    def fn(x):
+        values, indices = F.max_pool2d(x, 2, return_indices=True)
+        F.relu(values, inplace=True)
+        return values * 2, indices
+
+    compiled = torchweld.compile(fn, backend="weld")
+    with torch.no_grad():
+        for x in (torch.randn(2, 3, 8, 8), torch.randn(2, 3, 8, 8)):
+            torch.testing.assert_close(compiled(x), fn(x))
+
+
+def test_cudnn_batch_norm_is_pointwise():
+    def fn(x, w, b, mean, var):
+        return aten.cudnn_batch_norm(x, w, b, mean, var, False, 0.1, 1e-5)[0].relu_()
+
+    args = [torch.randn(2, 4, 3, 3), torch.rand(4), torch.randn(4), torch.randn(4), torch.rand(4) + 0.5]
+    aten_gm = to_aten_graph(torch.fx.symbolic_trace(fn), args).gm
+    assert "cudnn_batch_norm" not in aten_gm.code
+    expected = F.batch_norm(args[0], args[3], args[4], args[1], args[2], False, 0.1, 1e-5).relu()
+    compiled = check(lambda x, w, b, mean, var: F.batch_norm(x, mean, var, w, b, False, 0.1, 1e-5).relu_(), args)
+    assert compiled.externs == []
+    torch.testing.assert_close(compiled.fn(*args)[0], expected)
