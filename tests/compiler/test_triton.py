@@ -59,3 +59,30 @@ def test_ops_triton_lacks_become_extern():
     a, b = torch.randint(-9, 9, (4,)), torch.randint(1, 5, (4,))
     c = check(lambda a, b: a // b, [a, b], options=TRITON)
     assert c.externs == ["aten.floor_divide.default"]
+
+
+def test_contiguous_accesses_read_xindex_without_div_mod():
+    c = check(lambda a, b, bias: [torch.relu(a + b), a * bias[:, None, None]],
+              [torch.randn(2, 3, 4, 5), torch.randn(2, 3, 4, 5), torch.randn(3)], options=TRITON)
+    src = c.kernel_sources["triton"]
+    assert "tl.load(ptr0 + (xindex)" in src and "tl.store(ptr3 + (xindex)" in src
+    assert "eviction_policy='evict_last'" in src  # bias[:, None, None]: each element read 4 * 5 times
+    assert src.count("//") == 1  # only the bias's channel index x1 is unravelled
+
+
+def test_transposed_and_offset_accesses_still_right():
+    base = torch.randn(6, 8)
+    c = check(lambda t, s: [t * 2, s + 1, t.sum(1)], [base.t(), base[1:, 2:]], options=TRITON)
+    assert "//" in c.kernel_sources["triton"]  # a transposed read cannot be coalesced
+
+
+def test_big_pointwise_launch_and_int64_choice():
+    from torchweld.compiler.codegen.triton import launch_config, needs_int64
+    from torchweld.compiler.schedule import Kernel
+
+    def kernel(n):
+        return Kernel("k", torch.device("cpu"), (n,), (), (), (), (), (), ())
+
+    assert launch_config(kernel(1 << 26)) == {"XBLOCK": 2048, "RBLOCK": 1, "num_warps": 8}
+    assert launch_config(kernel(100)) == {"XBLOCK": 128, "RBLOCK": 1}
+    assert needs_int64(kernel(1 << 31)) and not needs_int64(kernel(1 << 26))

@@ -100,15 +100,14 @@ def _codegen(sched: Schedule, out_spec, options: dict) -> CompiledGraph:
                 ptrs = ", ".join(f"{a}.data_ptr()" for a in args_of[k.name])
                 launches[k.name] = f"_k_{k.name}({ptrs})"
         else:
-            from torchweld.compiler.codegen.triton import block_sizes
+            from torchweld.compiler.codegen.triton import launch_config
             from torchweld.runtime.triton_loader import load_module
 
             module, path = load_module(source)
             sources["triton"], paths["triton"] = source, path
             for k in kernels:
                 kernel_objects[f"_k_{k.name}"] = getattr(module, k.name)
-                xblock, rblock = block_sizes(k)
-                launch = {"XBLOCK": xblock, "RBLOCK": rblock}
+                launch = launch_config(k)
                 if options.get("max_autotune"):  # runtime/autotune.py
                     from torchweld.compiler.codegen.triton import tune_launch
 

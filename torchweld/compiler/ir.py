@@ -225,6 +225,30 @@ def flat_index(index: list[Expr], strides: Iterable[int], offset: int = 0) -> Ex
     return out
 
 
+def affine_terms(e: Expr) -> tuple[dict[str, int], int] | None:
+    """`e` as (coefficient of each index variable, constant), or None if it is not affine."""
+    if e.op is Op.CONST and e.dtype is INDEX:
+        return {}, e.arg
+    if e.op is Op.VAR:
+        return {e.arg: 1}, 0
+    if e.op is Op.ADD and e.dtype is INDEX:
+        a, b = affine_terms(e.args[0]), affine_terms(e.args[1])
+        if a is None or b is None:
+            return None
+        coefs = dict(a[0])
+        for name, c in b[0].items():
+            coefs[name] = coefs.get(name, 0) + c
+        return coefs, a[1] + b[1]
+    if e.op is Op.MUL and e.dtype is INDEX:
+        for x, k in (e.args, e.args[::-1]):
+            if is_const(k):
+                inner = affine_terms(x)
+                if inner is None:
+                    return None
+                return {name: c * k.arg for name, c in inner[0].items()}, inner[1] * k.arg
+    return None
+
+
 def unravel(flat: Expr, shape: Iterable[int]) -> list[Expr]:
     """The n-d index of a row-major position `flat` in `shape`."""
     shape = list(shape)

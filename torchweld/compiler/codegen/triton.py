@@ -2,18 +2,23 @@
 elements; reductions in blocks of RBLOCK, one block when the row fits."""
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 
 import torch
 
+from torchweld.compiler import ir
 from torchweld.compiler.codegen.common import KernelRenderer, Scope
-from torchweld.compiler.ir import Op
-from torchweld.compiler.schedule import Kernel, Stage
+from torchweld.compiler.ir import Expr, Op
+from torchweld.compiler.schedule import Kernel, Stage, Store
 
 HALF_TYPES = (torch.float16, torch.bfloat16)
 MAX_PERSISTENT_RBLOCK = 2048  # rows up to this long reduce in one block, longer ones loop
 LOOPED_RBLOCK = 1024
+BIG_POINTWISE = 1 << 21  # elements from which a pointwise kernel takes 2048-element blocks and 8 warps
+STREAMING = 1 << 22  # elements from which a pointwise kernel's data outgrows L2: its loads evict first
+INT32_LIMIT = 1 << 31
 
 
 def next_power_of_2(n: int) -> int:
@@ -24,11 +29,113 @@ def block_sizes(kernel: Kernel) -> tuple[int, int]:
     """(XBLOCK, RBLOCK) from the kernel's sizes."""
     xnumel = max(math.prod(kernel.outer), 1)
     if not kernel.is_reduction:
-        return min(1024, next_power_of_2(xnumel)), 1
+        return (2048 if xnumel >= BIG_POINTWISE else min(1024, next_power_of_2(xnumel))), 1
     rnumel = math.prod(kernel.reduced)
     rblock = next_power_of_2(rnumel) if rnumel <= MAX_PERSISTENT_RBLOCK else LOOPED_RBLOCK
     xblock = max(1, min(next_power_of_2(xnumel), 4096 // rblock, 64))
     return xblock, rblock
+
+
+def launch_config(kernel: Kernel) -> dict:
+    """The untuned launch: block sizes, plus num_warps where it is not Triton's default of 4."""
+    xblock, rblock = block_sizes(kernel)
+    config = {"XBLOCK": xblock, "RBLOCK": rblock}
+    if not kernel.is_reduction and xblock >= 2048:
+        config["num_warps"] = 8  # 8 elements a thread: two 16-byte vector loads per operand
+    return config
+
+
+# =============================================================================
+# Index coalescing: contiguous accesses read xindex itself, not x0..xn
+# =============================================================================
+# A kernel's loop variables x0..xn unravel the flat xindex over `outer` (div/mod per
+# element). An access whose flat offset is sum(x_k * contiguous_stride_k) * s + c is
+# xindex * s + c: no div/mod, and with s == 1 Triton sees a contiguous range it can
+# load as 16-byte vectors. Likewise r0..rm and rindex.
+
+
+def _coalesce(e: Expr, groups) -> Expr:
+    terms = ir.affine_terms(e)
+    if terms is None:
+        return e
+    coefs, offset = terms
+    rest = {name: c for name, c in coefs.items() if c != 0}
+    out = ir.const(offset)
+    for prefix, sizes, flat in groups:
+        strides = ir.contiguous_strides(sizes)
+        own = {f"{prefix}{k}": st for k, (size, st) in enumerate(zip(sizes, strides)) if size != 1}
+        if not own or not all(name in rest for name in own):
+            continue
+        first = next(iter(own))
+        scale, remainder = divmod(rest[first], own[first])
+        if remainder or any(rest[name] != scale * st for name, st in own.items()):
+            continue
+        for name in own:
+            del rest[name]
+        out = ir.iadd(out, ir.imul(ir.var(flat), ir.const(scale)))
+    if len(rest) == len([c for c in coefs.values() if c != 0]):
+        return e
+    for name, c in rest.items():
+        out = ir.iadd(out, ir.imul(ir.var(name), ir.const(c)))
+    return out
+
+
+def coalesce_indices(kernel: Kernel) -> Kernel:
+    """`kernel` with every load and store offset that is contiguous in x (or r) written over xindex (rindex)."""
+    groups = (("x", kernel.outer, "xindex"), ("r", kernel.reduced, "rindex"))
+    memo: dict = {}
+
+    def leaf(node: Expr):
+        if node.op is Op.LOAD:
+            return Expr(Op.LOAD, node.dtype, (_coalesce(node.args[0], groups),), node.arg)
+        return None
+
+    def expr(e: Expr) -> Expr:
+        return ir.rewrite(e, leaf, memo)
+
+    def store(st: Store) -> Store:
+        return Store(st.buffer, _coalesce(st.index, groups), expr(st.value))
+
+    stages = tuple(Stage(tuple(dataclasses.replace(a, value=expr(a.value)) for a in stage.reductions),
+                         tuple(store(st) for st in stage.stores)) for stage in kernel.stages)
+    return dataclasses.replace(kernel, stages=stages, outer_stores=tuple(store(st) for st in kernel.outer_stores))
+
+
+def needs_int64(kernel: Kernel) -> bool:
+    """Whether some index of `kernel` may reach 2**31 (Triton's program ids and aranges are int32)."""
+    sizes = {f"x{k}": s for k, s in enumerate(kernel.outer)} | {f"r{k}": s for k, s in enumerate(kernel.reduced)}
+    sizes |= {"xindex": math.prod(kernel.outer), "rindex": math.prod(kernel.reduced)}
+    if math.prod(kernel.outer) * math.prod(kernel.reduced) >= INT32_LIMIT:
+        return True
+    indexes = [st.index for stage in kernel.stages for st in stage.stores] + [st.index for st in kernel.outer_stores]
+    values = [a.value for stage in kernel.stages for a in stage.reductions]
+    values += [st.value for stage in kernel.stages for st in stage.stores] + [st.value for st in kernel.outer_stores]
+    indexes += [n.args[0] for v in values for n in ir.loads(v)]
+    for index in indexes:
+        terms = ir.affine_terms(index)
+        if terms is None:
+            continue
+        coefs, offset = terms
+        if abs(offset) + sum(abs(c) * max(sizes.get(name, 1) - 1, 0) for name, c in coefs.items()) >= INT32_LIMIT:
+            return True
+    return False
+
+
+def _drop_unused_index_vars(source: str) -> str:
+    """Remove `x1 = (xindex // 64) % 8` lines whose variable nothing reads any more."""
+    lines = source.split("\n")
+    defined = [re.match(r"\s+([xr]\d+) = ", line) for line in lines]
+    text_without = {}
+    out = []
+    for i, (line, m) in enumerate(zip(lines, defined)):
+        if m:
+            name = m.group(1)
+            if name not in text_without:
+                text_without[name] = any(re.search(rf"\b{name}\b", other) for j, other in enumerate(lines) if j != i)
+            if not text_without[name]:
+                continue
+        out.append(line)
+    return "\n".join(out)
 
 
 def _float(value: float) -> str:
@@ -124,8 +231,23 @@ class TritonRenderer(KernelRenderer):
         """Pointers must be blocks when masks are: a constant index gets broadcast."""
         return index if re.search(r"\b[xr]\d+\b|index", index) else f"{index} + 0 * xindex"
 
+    def render(self, kernel: Kernel) -> str:
+        return _drop_unused_index_vars(super().render(coalesce_indices(kernel)))
+
+    def eviction(self, index: str) -> str:
+        """Pointwise kernels too big for L2 stream their operands; broadcast operands are reused."""
+        if self.kernel.is_reduction:
+            return ""
+        dims = {f"x{k}" for k, size in enumerate(self.kernel.outer) if size != 1}
+        if "xindex" not in index and not dims <= set(re.findall(r"\bx\d+\b", index)):
+            return ", eviction_policy='evict_last'"  # a broadcast read: each element is read many times
+        if math.prod(self.kernel.outer) >= STREAMING and re.fullmatch(r"\(?xindex( \+ -?\d+)?\)?", index):
+            return ", eviction_policy='evict_first'"
+        return ""
+
     def render_load(self, buffer, index, dtype, scope) -> str:
-        code = f"tl.load({self.pointer(buffer)} + ({self.as_block(index)}), {self.mask(scope)}, other=0)"
+        code = (f"tl.load({self.pointer(buffer)} + ({self.as_block(index)}), {self.mask(scope)}, other=0"
+                f"{self.eviction(index)})")
         if dtype in HALF_TYPES:
             code += ".to(tl.float32)"
         return code
@@ -151,7 +273,8 @@ class TritonRenderer(KernelRenderer):
         body = Scope(None, 1)
         xnumel = math.prod(kernel.outer)
         arange = "tl.arange(0, XBLOCK)[:, None]" if kernel.is_reduction else "tl.arange(0, XBLOCK)"
-        self.emit(body, f"xindex = tl.program_id(0) * XBLOCK + {arange}")
+        pid = "tl.program_id(0).to(tl.int64)" if needs_int64(kernel) else "tl.program_id(0)"
+        self.emit(body, f"xindex = {pid} * XBLOCK + {arange}")
         self.emit(body, f"xmask = xindex < {xnumel}")
         self.emit_unravel(body, "xindex", "x", kernel.outer)
         return body
