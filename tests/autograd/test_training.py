@@ -84,9 +84,9 @@ def test_five_adam_steps_match_eager(make, shape):
 
 
 # The tutorial's train step, compiled as a whole (globals, as in the tutorial: capture
-# breaks graphs only in functions without closures).
-tutorial_model = MLP()
-tutorial_opt = torch.optim.Adam(tutorial_model.parameters(), lr=1e-2)
+# breaks graphs only in functions without closures). The test sets the globals: an
+# optimizer made at import would import triton before test_triton sets TRITON_INTERPRET.
+tutorial_model = tutorial_opt = None
 
 
 def tutorial_train(x, y):
@@ -99,6 +99,9 @@ def tutorial_train(x, y):
 
 
 def test_tutorial_train_step():
+    global tutorial_model, tutorial_opt
+    tutorial_model = MLP()
+    tutorial_opt = torch.optim.Adam(tutorial_model.parameters(), lr=1e-2)
     reference = copy.deepcopy(tutorial_model)
     opt_ref = torch.optim.Adam(reference.parameters(), lr=1e-2)
     opt_ref.load_state_dict(tutorial_opt.state_dict())
