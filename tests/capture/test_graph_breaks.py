@@ -256,8 +256,6 @@ MORE_GRAPHS_EXPLAINED = {
     "numpy_roundtrip": "numpy runs natively",
     # torch.compile does not know torchweld.disable and captures through the helper
     "calls_disabled": "the anchor ignores torchweld.disable",
-    # torchweld resumes a closure's frame eagerly after the break; torch.compile's resume captures it
-    "closure_break": "no resume functions for frames with closure cells yet",
 }
 
 

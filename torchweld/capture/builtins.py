@@ -3,6 +3,7 @@ capture time. One small function per builtin, registered in `BUILTINS`."""
 from __future__ import annotations
 
 import builtins
+import inspect
 import operator
 from typing import TYPE_CHECKING, Callable
 
@@ -319,3 +320,31 @@ def _id(tx, obj: Value) -> Value:
 @rule(builtins.print)
 def _print(tx, *args: Value, **kwargs: Value) -> Value:
     raise Unsupported("print() needs Python")
+
+
+@rule(super)
+def _super(tx, *args: Value) -> Value:
+    from torchweld.capture.objects import SuperValue
+
+    if len(args) == 2:
+        return SuperValue(args[0].as_constant(), args[1])
+    if args or "__class__" not in tx.cells or not tx.code.co_argcount:
+        raise Unsupported("super() outside a method")
+    cls = tx.cells["__class__"]
+    cls = cls.load(tx) if hasattr(cls, "cell") else cls.load()
+    return SuperValue(cls.as_constant(), tx.load_local(tx.code.co_varnames[0]))
+
+
+
+@rule(inspect.signature)
+def _signature(tx, fn: Value, **kwargs: Value) -> Value:
+    """Pure for a function guarded by identity: evaluated at capture time."""
+    from torchweld.capture.callables import BoundMethodValue, UserFunctionValue
+
+    options = {k: v.as_constant() for k, v in kwargs.items()}
+    if isinstance(fn, UserFunctionValue):
+        return ConstantValue(inspect.signature(fn.fn, **options))
+    if isinstance(fn, BoundMethodValue) and isinstance(fn.func, UserFunctionValue):
+        return ConstantValue(inspect.signature(fn.func.fn, **options).replace(
+            parameters=list(inspect.signature(fn.func.fn).parameters.values())[1:]))
+    raise Unsupported(f"inspect.signature of {fn}")

@@ -218,6 +218,15 @@ class UserFunctionValue(Value):
     def getattr(self, tx, name):
         if name in ("__name__", "__qualname__", "__module__", "__doc__"):
             return const(getattr(self.fn, name))
+        if name == "__code__":  # guarded by the function's identity
+            return ConstantValue(self.fn.__code__)
+        if name in ("__wrapped__", "__defaults__", "__kwdefaults__", "__dict__", "__globals__"):
+            from torchweld.capture.builder import wrap
+            from torchweld.capture.sources import AttrSource
+
+            if self.source is None:
+                raise Unsupported(f"reading {name!r} of function {self.fn.__qualname__} reached without a source")
+            return wrap(tx, getattr(self.fn, name), AttrSource(self.source, name))
         raise Unsupported(f"reading {name!r} of function {self.fn.__qualname__}")
 
     def __repr__(self) -> str:

@@ -47,7 +47,7 @@ FULLGRAPH_HINT = (
 def translate_frame(fn: types.FunctionType, args: tuple, kwargs: dict, settings: CompileSettings) -> CacheEntry:
     """The cache entry for this call: a full graph, a graph up to a break, or eager."""
     start = time.perf_counter()
-    bound = inspect.signature(fn).bind(*args, **kwargs)
+    bound = inspect.signature(fn, follow_wrapped=False).bind(*args, **kwargs)
     bound.apply_defaults()
     _log_bytecode(fn)
     stop_at, failure = None, None

@@ -20,7 +20,7 @@ from torchweld.capture.objects import NNModuleValue, is_standard_module
 from torchweld.capture.reconstruct import Reconstructor
 from torchweld.capture.resume import ITERATOR, NULL_SLOT, VALUE, live_locals_at, make_resume_code
 from torchweld.capture.sources import LocalSource
-from torchweld.capture.values import IteratorValue, NullValue, Value
+from torchweld.capture.values import CellValue, IteratorValue, NullValue, Value
 from torchweld.errors import Unsupported
 
 if TYPE_CHECKING:
@@ -39,11 +39,10 @@ BREAKABLE = set(_JUMPS_ON_TRUTH) | set(_JUMPS_KEEPING_VALUE) | _STATEMENTS
 
 
 def can_break_at(code: types.CodeType, inst: dis.Instruction) -> bool:
-    return (inst.opname in BREAKABLE and not code.co_cellvars and not code.co_freevars
-            and not _inside_try(code, inst.offset))
+    return inst.opname in BREAKABLE
 
 
-def _inside_try(code: types.CodeType, offset: int) -> bool:
+def inside_try(code: types.CodeType, offset: int) -> bool:
     """Whether an exception at `offset` would reach a handler other than a `with`
     block's cleanup: the native instruction would raise outside the user's handler."""
     instructions = {inst.offset: inst for inst in dis.get_instructions(code)}
@@ -71,6 +70,8 @@ class BreakCodegen:
     def generate(self) -> list[str]:
         """Statements to append after the graph call (rebuild.lines go before them)."""
         inst, tx = self.inst, self.tx
+        if inside_try(tx.code, inst.offset):
+            return self._native_rest()
         n_inputs = self._input_count()
         inputs = tx.stack[len(tx.stack) - n_inputs:]
         below = self._slots(tx.stack[: len(tx.stack) - n_inputs])
@@ -79,6 +80,29 @@ class BreakCodegen:
             return self._branch(inputs[0], below, locals_now)
         outputs = self._statement(inputs)
         return self.lines + [f"return {self._resume_call(tx.ip + 1, below + outputs, locals_now)}"]
+
+    def _native_rest(self) -> list[str]:
+        """Inside a `try`, an exception of the breaking instruction must reach the user's
+        handler: the resume function starts at the instruction itself and runs natively
+        (not captured). Callees on the stack go through their compiled wrappers."""
+        tx, index = self.tx, self.tx.ip
+        while index > 0 and tx.instructions[index - 1].opname in ("PRECALL", "KW_NAMES"):
+            index -= 1  # CALL needs the KW_NAMES (and PRECALL) before it
+        stack = [self._compiled_callee(v) for v in tx.stack]
+        slots = self._slots(stack)
+        return self.lines + [f"return {self._resume_call(index, slots, self._locals(), compiled=False)}"]
+
+    def _compiled_callee(self, value: Value) -> Value:
+        """A user function or module on the stack, as its compiled wrapper."""
+        if isinstance(value, UserFunctionValue):
+            return _Expr(self._wrapper(value.fn))
+        if isinstance(value, BoundMethodValue) and isinstance(value.func, UserFunctionValue):
+            method = self.rebuild.const(types.MethodType)
+            return _Expr(f"{method}({self._wrapper(value.func.fn)}, {self.rebuild.expr(value.self_value)})")
+        if isinstance(value, NNModuleValue) and not is_standard_module(value.module):
+            method = self.rebuild.const(types.MethodType)
+            return _Expr(f"{method}({self._wrapper(type(value.module).forward)}, {self.rebuild.expr(value)})")
+        return value
 
     def _branch(self, condition: Value, below, locals_now) -> list[str]:
         inst, tx = self.inst, self.tx
@@ -100,7 +124,9 @@ class BreakCodegen:
     def _slots(self, values: list[Value]) -> list[tuple[str, str | None]]:
         slots = []
         for i, value in enumerate(values):
-            if isinstance(value, NullValue):
+            if isinstance(value, _Expr):
+                slots.append((VALUE, self._temp(f"___s{i}", value.text)))
+            elif isinstance(value, NullValue):
                 slots.append((NULL_SLOT, None))
             elif isinstance(value, IteratorValue):
                 items = ", ".join(self.rebuild.expr(v) for v in value.remaining)
@@ -110,17 +136,24 @@ class BreakCodegen:
         return slots
 
     def _locals(self) -> dict[str, str]:
+        """Live locals, and the contents of live cells (the resume prologue re-makes the cells)."""
         tx = self.tx
+        live = live_locals_at(tx.code, tx.ip)
         defined = set(tx.locals) | set(tx.pending_locals)
         exprs = {}
-        for name in sorted(defined & live_locals_at(tx.code, tx.ip)):
-            if name in tx.pending_locals:  # never read by the graph: the argument as it came
+        for name in sorted(live):
+            if name in tx.code.co_cellvars:
+                cell = tx.cells.get(name)
+                if isinstance(cell, CellValue) and cell.contents is not None:
+                    exprs[name] = self._temp(f"___l_{name}", self.rebuild.expr(cell.contents))
+            elif name in tx.pending_locals:  # never read by the graph: the argument as it came
                 exprs[name] = LocalSource(name).expr()
-            else:
+            elif name in defined:
                 exprs[name] = self._temp(f"___l_{name}", self.rebuild.expr(tx.locals[name]))
         return exprs
 
-    def _resume_call(self, index: int, stack: list[tuple[str, str | None]], locals_now: dict[str, str]) -> str:
+    def _resume_call(self, index: int, stack: list[tuple[str, str | None]], locals_now: dict[str, str],
+                     compiled: bool = True) -> str:
         from torchweld.capture.compiled_function import CompiledFunction
 
         for _ in range(4):  # resume at the target of an unconditional jump: one resume point per place
@@ -131,11 +164,12 @@ class BreakCodegen:
         layout = tuple(kind for kind, _ in stack)
         names = tuple(locals_now)
         code = make_resume_code(self.tx.code, index, layout, names)
-        key = ("resume", code)
+        key = ("resume", code, compiled)
         wrapper = self.settings.wrappers.get(key)
         if wrapper is None:
-            function = types.FunctionType(code, self.fn.__globals__, code.co_name)
-            wrapper = self.settings.wrappers[key] = CompiledFunction(function, self.settings)
+            function = types.FunctionType(code, self.fn.__globals__, code.co_name, None, self.fn.__closure__)
+            wrapper = CompiledFunction(function, self.settings) if compiled else function
+            self.settings.wrappers[key] = wrapper
         args = [expr for kind, expr in stack if kind != NULL_SLOT] + [locals_now[n] for n in names]
         return f"{self.rebuild.const(wrapper)}({', '.join(args)})"
 
@@ -146,7 +180,7 @@ class BreakCodegen:
         if name == "CALL":
             return inst.arg + 2
         if name == "CALL_FUNCTION_EX":
-            return 4 + (inst.arg & 1)
+            return 3 + (inst.arg & 1)
         if name in ("STORE_SUBSCR",):
             return 3
         if name in ("STORE_ATTR", "BINARY_OP", "COMPARE_OP", "BINARY_SUBSCR"):
@@ -232,3 +266,10 @@ class BreakCodegen:
         if wrapper is None:
             wrapper = self.settings.wrappers[key] = CompiledFunction(function, self.settings)
         return self.rebuild.const(wrapper)
+
+
+class _Expr(Value):
+    """A stack slot already written as Python source (a compiled callee)."""
+
+    def __init__(self, text: str):
+        self.text = text

@@ -206,3 +206,57 @@ class ClassValue(Value):
 
     def __repr__(self) -> str:
         return f"ClassValue({self.cls.__qualname__})"
+
+
+class SuperValue(Value):
+    """`super()` inside an inlined method: attribute lookup starts after `cls` in the MRO."""
+
+    def __init__(self, cls: type, owner: Value):
+        self.cls = cls
+        self.owner = owner
+
+    def getattr(self, tx, name):
+        from torchweld.capture.builder import wrap
+        from torchweld.capture.callables import BoundMethodValue
+        from torchweld.capture.sources import ItemSource
+
+        real = getattr(self.owner, "module", None) or getattr(self.owner, "obj", None)
+        if real is None:
+            raise Unsupported(f"super() of {self.owner}")
+        mro = type(real).__mro__
+        for i in range(mro.index(self.cls) + 1, len(mro)):
+            attr = vars(mro[i]).get(name)
+            if attr is None:
+                continue
+            if mro[i] in (dict, list, tuple) and name in _READ_ONLY_BUILTIN_METHODS:
+                return BuiltinBaseMethodValue(mro[i], name, self.owner, real)
+            if not isinstance(attr, types.FunctionType):
+                raise Unsupported(f"super().{name}: {mro[i].__qualname__}.{name} is not a Python function")
+            source = None
+            if self.owner.source is not None:
+                klass = ItemSource(AttrSource(AttrSource(self.owner.source, "__class__"), "__mro__"), i)
+                source = ItemSource(AttrSource(klass, "__dict__"), name)
+            return BoundMethodValue(wrap(tx, attr, source), self.owner)
+        raise Unsupported(f"super() has no attribute {name!r}")
+
+
+_READ_ONLY_BUILTIN_METHODS = {"get", "__getitem__", "__contains__", "__len__"}
+
+
+class BuiltinBaseMethodValue(Value):
+    """`super().get(key)` in a dict subclass: run on the real object at capture time,
+    the result read back (and guarded) through a source that calls the same method."""
+
+    def __init__(self, base_type: type, name: str, owner: Value, real: object):
+        self.base_type, self.name, self.owner, self.real = base_type, name, owner, real
+
+    def call(self, tx, args, kwargs):
+        from torchweld.capture.builder import wrap
+        from torchweld.capture.sources import BuiltinMethodCallSource
+
+        if self.owner.source is None or kwargs:
+            raise Unsupported(f"{self.base_type.__name__}.{self.name} on an object without a source")
+        constants = tuple(a.as_constant() for a in args)
+        result = getattr(self.base_type, self.name)(self.real, *constants)
+        source = BuiltinMethodCallSource(self.base_type.__name__, self.name, self.owner.source, constants)
+        return wrap(tx, result, source)

@@ -15,7 +15,7 @@ import inspect
 import types
 import weakref
 
-from bytecode import Bytecode, Instr, Label
+from bytecode import Bytecode, CellVar, Instr, Label
 
 # a stack slot at the break: an ordinary value, CPython's NULL, or a list that the
 # prologue turns back into an iterator for a `for` loop in progress
@@ -45,8 +45,6 @@ def make_resume_code(code: types.CodeType, dis_index: int, stack_layout: tuple[s
 @functools.lru_cache(maxsize=256)
 def _make_resume_code(code: types.CodeType, dis_index: int, stack_layout: tuple[str, ...],
                       live_locals: tuple[str, ...]) -> types.CodeType:
-    if code.co_cellvars or code.co_freevars:
-        raise ValueError("functions with closure cells cannot be resumed yet")
     original = Bytecode.from_code(code)
     target_position = instruction_index_in_bytecode(code, dis_index)
     target = Label()
@@ -64,7 +62,12 @@ def _make_resume_code(code: types.CodeType, dis_index: int, stack_layout: tuple[
         raise ValueError(f"no instruction {dis_index} in {code.co_name}")
 
     stack_args = [f"___stack{i}" for i, kind in enumerate(stack_layout) if kind != NULL_SLOT]
-    prologue = [Instr("RESUME", 0)]
+    # cells get fresh cell objects holding the values passed in: the inner functions that
+    # shared the old cells are gone (capture cannot rebuild a live nested function)
+    prologue = [Instr("MAKE_CELL", CellVar(name)) for name in code.co_cellvars]
+    if code.co_freevars:
+        prologue.append(Instr("COPY_FREE_VARS", len(code.co_freevars)))
+    prologue.append(Instr("RESUME", 0))
     for i, kind in enumerate(stack_layout):
         if kind == NULL_SLOT:
             prologue.append(Instr("PUSH_NULL"))
@@ -85,6 +88,8 @@ def _make_resume_code(code: types.CodeType, dis_index: int, stack_layout: tuple[
     resumed.filename = code.co_filename
     resumed.first_lineno = code.co_firstlineno
     resumed.docstring = None
+    resumed.freevars = list(code.co_freevars)
+    resumed.cellvars = list(code.co_cellvars)
     new_code = resumed.to_code()
     real = [i for i, inst in enumerate(dis.get_instructions(new_code)) if inst.opname != "EXTENDED_ARG"]
     originals = [i for i, inst in enumerate(dis.get_instructions(code)) if inst.opname != "EXTENDED_ARG"]
@@ -118,7 +123,7 @@ def live_locals_at(code: types.CodeType, dis_index: int) -> set[str]:
             continue
         seen.add(i)
         inst = instructions[i]
-        if inst.opname.startswith(("LOAD_FAST", "DELETE_FAST")) or inst.opname == "LOAD_CLOSURE":
+        if inst.opname.startswith(("LOAD_FAST", "DELETE_FAST")) or inst.opname in ("LOAD_CLOSURE", "LOAD_DEREF"):
             live.add(inst.argval)
         if inst.opcode in dis.hasjabs or inst.opcode in dis.hasjrel:
             todo.append(index_of[inst.argval])

@@ -135,3 +135,22 @@ class DefaultSource(Source):
     def expr(self) -> str:
         field = "__kwdefaults__" if isinstance(self.index, str) else "__defaults__"
         return f"{self.function.expr()}.{field}[{self.index!r}]"
+
+
+@dataclasses.dataclass(frozen=True)
+class BuiltinMethodCallSource(Source):
+    """`dict.get(base, 'key')`: a read-only method of a builtin base class, called on an
+    object of a subclass (what `super().get('key')` does)."""
+
+    builtin_type: str
+    method: str
+    base: Source
+    args: tuple
+
+    def name(self) -> str:
+        rest = "".join(f", {a!r}" for a in self.args)
+        return f"{self.builtin_type}.{self.method}({self.base.name()}{rest})"
+
+    def expr(self) -> str:
+        rest = "".join(f", {a!r}" for a in self.args)
+        return f"___B[{self.builtin_type!r}].{self.method}({self.base.expr()}{rest})"

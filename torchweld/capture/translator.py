@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dis
 import functools
+import inspect
 import sys
 import types
 
@@ -119,9 +120,21 @@ class Translator:
             from torchweld.capture.sources import LocalSource
 
             value = wrap(self, self.pending_locals.pop(name), LocalSource(name))
+            if name in self._fresh_containers():  # *args/**kwargs are made anew by each call:
+                value.source = None  # changing them is no side effect (their items keep sources)
             self.locals[name] = value
             return value
         raise Unsupported(f"local variable {name!r} referenced before assignment")
+
+    def _fresh_containers(self) -> tuple[str, ...]:
+        code = self.code
+        index = code.co_argcount + code.co_kwonlyargcount
+        names = []
+        for flag in (inspect.CO_VARARGS, inspect.CO_VARKEYWORDS):
+            if code.co_flags & flag:
+                names.append(code.co_varnames[index])
+                index += 1
+        return tuple(names)
 
     def store_local(self, name: str, value: Value) -> None:
         self.pending_locals.pop(name, None)

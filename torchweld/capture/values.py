@@ -7,7 +7,9 @@ callables are in `callables.py` and objects (modules, instances) in `objects.py`
 """
 from __future__ import annotations
 
+import inspect
 import operator
+import types
 from typing import TYPE_CHECKING, Iterable
 
 import torch
@@ -97,6 +99,8 @@ class ConstantValue(Value):
             from torchweld.capture.callables import ConstantMethodValue
 
             return ConstantMethodValue(self.value, name)
+        if isinstance(attr, _FROZEN_TYPES):
+            return ConstantValue(attr)
         return const(attr)
 
     def __repr__(self) -> str:
@@ -107,6 +111,10 @@ _CONSTANT_TYPES = (
     type(None), bool, int, float, complex, str, bytes, type(Ellipsis), type(NotImplemented),
     torch.dtype, torch.device, torch.layout, torch.memory_format, range, slice, torch.Size,
 )
+
+
+# immutable objects that capture-time evaluation may hand around (never graph arguments)
+_FROZEN_TYPES = (types.MappingProxyType, types.CodeType, inspect.Signature, inspect.Parameter)
 
 
 def is_constant_literal(obj: object) -> bool:

@@ -80,14 +80,18 @@ class GraphLowering:
     """Lowers one aten graph; `check(buffer)` raises NotImplementedError when the
     target's renderer cannot render a new buffer, which turns its node extern."""
 
-    def __init__(self, gm: torch.fx.GraphModule, check=lambda buf: None):
+    def __init__(self, gm: torch.fx.GraphModule, check=lambda buf: None, bias_in_kernel=lambda device: False):
         self.gm = gm
         self.check = check
+        # whether a convolution on `device` is called without its bias, which the next
+        # fused kernel adds (cuDNN convolutions add it in an extra pass of their own)
+        self.bias_in_kernel = bias_in_kernel
         self.buffers: dict[str, ir.Buffer] = {}
         self.env: dict[torch.fx.Node, object] = {}
         self.input_names: list[str] = []
         self.constants: dict[str, torch.Tensor] = {}
         self.mutated: dict[str, TensorValue] = {}
+        self.stands_for: dict[str, str] = {}  # buffer -> the input it is the new value of
         self.externs: list[str] = []
         self._count = 0
         self.node: torch.fx.Node | None = None  # the node being lowered
@@ -197,9 +201,13 @@ class GraphLowering:
         if not isinstance(old, TensorValue) or not old.is_root:
             raise LoweringError(f"in-place update of a view ({arg.name}) is not supported")
         self.env[arg] = result
+        # the input this value stands for: `x.add_(1).add_(1)` mutates x twice through the first result
+        target = self.stands_for.get(old.root, old.root)
         # an extern's results are named `<extern>_<i>` and have no entry of their own in `buffers`
-        if isinstance(self.buffers.get(old.root), ir.InputBuffer) and old.root in self.input_names:
-            self.mutated[old.root] = result
+        if isinstance(self.buffers.get(target), ir.InputBuffer) and target in self.input_names:
+            self.mutated[target] = result
+            if isinstance(result, TensorValue):
+                self.stands_for[result.root] = target
 
     def log_extern(self, target, reason: str) -> None:
         log.debug("extern %s (%s): %s", target, self.node.name if self.node else "?", reason)

@@ -148,3 +148,16 @@ def import_name(tx, inst):
 @handles("IMPORT_FROM")
 def import_from(tx, inst):
     tx.push(tx.stack[-1].getattr(tx, inst.argval))
+
+
+@handles("LOAD_SUPER_ATTR", since=(3, 12))
+def load_super_attr(tx, inst):
+    from torchweld.capture.builtins import _super
+
+    owner = tx.pop()
+    cls = tx.pop()
+    tx.pop()  # the global `super`
+    value = _super(tx, cls, owner).getattr(tx, inst.argval)
+    if inst.arg & 1:  # method form
+        tx.push(NULL)
+    tx.push(value)
