@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import os
 
-import pytest
-import torch
-import torch.nn as nn
-import torch.nn.functional as F
+# Triton reads this when it is imported (see test_triton.py), so set it first.
+os.environ["TRITON_INTERPRET"] = "1"
 
-import torchweld
+import pytest  # noqa: E402
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import torchweld  # noqa: E402
 
 # =============================================================================
 # DenseNet (torchvision.models.densenet, small)
@@ -186,3 +189,37 @@ def test_densenet():
 def test_resnet_bottleneck():
     model = randomize_bn(ResNet())
     compile_and_check(model, [torch.randn(2, 3, 32, 32), torch.randn(2, 3, 32, 32)])
+
+
+# -- the Triton renderer, through Triton's interpreter on the CPU -------------------
+
+
+@pytest.fixture
+def interpret(monkeypatch):
+    pytest.importorskip("triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+TRITON = {"cpu_codegen": "triton"}
+
+
+def test_densenet_triton(interpret):
+    model = randomize_bn(DenseNet(growth_rate=4, block_config=(2, 2), num_init_features=8))
+    compile_and_check(model, [torch.randn(1, 3, 16, 16)], options=TRITON)
+
+
+def test_resnet_bottleneck_triton(interpret):
+    model = randomize_bn(ResNet(layers=(1, 1, 1, 1), width=4))
+    compile_and_check(model, [torch.randn(1, 3, 16, 16)], options=TRITON)
+
+
+def test_triton_convolutions_leave_their_bias_to_the_next_kernel():
+    from weld_helpers import check
+
+    conv = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU()).eval()
+    c = check(conv, [torch.randn(2, 3, 5, 5)], options=TRITON)
+    assert c.externs == ["aten.convolution.default"]
+    assert "None, [1, 1], [1, 1]" in c.wrapper_source  # called without its bias
+    assert c.wrapper_source.count("_k_kernel") == 1  # bias and ReLU in one kernel
+    cpu = check(conv, [torch.randn(2, 3, 5, 5)])
+    assert "None, [1, 1]" not in cpu.wrapper_source  # oneDNN adds the bias for free

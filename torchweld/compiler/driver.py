@@ -53,7 +53,8 @@ def renderer_for(device: torch.device, options: dict):
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: list, options: dict | None = None) -> CompiledGraph:
     options = dict(options or {})
     aten = to_aten_graph(gm, example_inputs)
-    lowering = GraphLowering(aten.gm, check=lambda buf: _check(buf, options))
+    lowering = GraphLowering(aten.gm, check=lambda buf: _check(buf, options),
+                             bias_in_kernel=lambda device: renderer_for(device, options) is not CppRenderer)
     lowered = lowering.run(list(example_inputs))
     for line in lowered.externs:
         log.debug("extern call: %s", line)

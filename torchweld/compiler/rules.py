@@ -659,6 +659,21 @@ def constant_pad_nd(L, node, x, pad, value=0):
 # =============================================================================
 
 
+@lowers(aten.convolution.default)
+def convolution(L, node, x, weight, bias, *args):
+    """Where the target asks for it, the convolution without its bias, plus a pointwise bias
+    add that fuses with what follows (ReLU, the residual add): one pass over the output, not two."""
+    val = out_val(node)
+    if not isinstance(bias, TensorValue) or not L.bias_in_kernel(val.device) or val.dim() < 2:
+        raise NotImplementedError("the convolution adds its own bias")
+    conv = L.extern(aten.convolution.default, (x, weight, None, *args), {}, node)
+    shape = tuple(val.shape)
+    index = ir.dim_vars(len(shape))
+    compute = upcast(val.dtype)
+    body = Expr(Op.ADD, compute, (cast(conv.read(index), compute), cast(bias.read([index[1]]), compute)))
+    return L.add_pointwise(cast(body, upcast(val.dtype)), val.dtype, shape, val.device, meta_layout(val))
+
+
 @lowers(aten.max_pool2d_with_indices.default)
 def max_pool2d(L, node, x, *args):
     """Inference reads only the values: call the kernel that does not compute indices."""
