@@ -15,6 +15,7 @@ from torchweld import config  # noqa: E402
 from torchweld.runtime.autotune import Autotuner, load_choices  # noqa: E402
 
 triton = pytest.importorskip("triton")
+interpreter = pytest.mark.skipif(os.environ["TRITON_INTERPRET"] != "1", reason="needs TRITON_INTERPRET=1")
 
 
 class FakeTimer:
@@ -93,9 +94,6 @@ def test_launch_candidates():
         assert 2 <= len(cands) <= 8 and len({tuple(sorted(d.items())) for d in cands}) == len(cands)
         if k.is_reduction and max(k.reduced) <= MAX_PERSISTENT_RBLOCK:
             assert {d["RBLOCK"] for d in cands} == {rblock}
-
-
-interpreter = pytest.mark.skipif(os.environ["TRITON_INTERPRET"] != "1", reason="needs TRITON_INTERPRET=1")
 
 
 @interpreter
