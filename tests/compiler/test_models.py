@@ -223,3 +223,13 @@ def test_triton_convolutions_leave_their_bias_to_the_next_kernel():
     assert c.wrapper_source.count("_k_kernel") == 1  # bias and ReLU in one kernel
     cpu = check(conv, [torch.randn(2, 3, 5, 5)])
     assert "None, [1, 1]" not in cpu.wrapper_source  # oneDNN adds the bias for free
+
+
+def test_strides_of_size_one_dims_cost_no_copy():
+    from weld_helpers import weld_compile
+
+    c = weld_compile(lambda x: x * 2, [torch.randn(4, 1, 3)])
+    odd = torch.randn(4, 3).as_strided((4, 1, 3), (3, 7, 1))  # same elements, another stride for the size-1 dim
+    restride = c.fn.__globals__["_restride"]
+    assert restride(odd, (4, 1, 3), (3, 3, 1)).data_ptr() == odd.data_ptr()
+    torch.testing.assert_close(c(odd), odd * 2)
