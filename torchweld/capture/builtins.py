@@ -118,6 +118,9 @@ def _len(tx, obj: Value) -> Value:
         return ConstantValue(len(obj.module))
     if isinstance(obj, DictValue):
         return ConstantValue(len(obj.entries))
+    via_dunder = operators.python_dunder(tx, obj, "__len__", [])
+    if via_dunder is not None:
+        return via_dunder
     return ConstantValue(len(obj.items(tx)))
 
 

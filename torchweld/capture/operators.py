@@ -92,7 +92,24 @@ def is_same(a: Value, b: Value) -> bool:
     raise Unsupported(f"cannot decide at capture time whether {a} is {b}")
 
 
+def python_dunder(tx: "Translator", obj: Value, name: str, args: list[Value]) -> Value | None:
+    """`obj.<name>(*args)` when `obj` is a user object whose class defines it in Python."""
+    from torchweld.capture.objects import UserObjectValue
+
+    if not isinstance(obj, UserObjectValue):
+        return None
+    import inspect
+    import types
+
+    if not isinstance(inspect.getattr_static(type(obj.obj), name, None), types.FunctionType):
+        return None
+    return obj.getattr(tx, name).call(tx, args, {})
+
+
 def contains(tx: "Translator", item: Value, container: Value) -> bool:
+    via_dunder = python_dunder(tx, container, "__contains__", [item])
+    if via_dunder is not None:
+        return via_dunder.truth(tx)
     if isinstance(container, DictValue):
         return item.as_constant() in container.entries
     if isinstance(container, TensorValue) or isinstance(item, TensorValue):
@@ -106,6 +123,9 @@ def contains(tx: "Translator", item: Value, container: Value) -> bool:
 
 
 def getitem(tx: "Translator", obj: Value, key: Value) -> Value:
+    via_dunder = python_dunder(tx, obj, "__getitem__", [key])
+    if via_dunder is not None:
+        return via_dunder
     if isinstance(obj, TensorValue):
         return tx.output.call_function(operator.getitem, [obj, key], {})
     if isinstance(obj, (SequenceValue, DictValue)) or hasattr(obj, "getitem"):
