@@ -1,0 +1,252 @@
+"""Where weld's GPU time goes: eager vs weld for resnet50 and the add/mul chain, one run.
+
+    python3 bench/profile_weld_gpu.py [--only chain|resnet50] [--iters 50]
+
+For each case it prints, for eager and for weld (torchweld.compile(backend="weld")),
+float32 inference under no_grad:
+  - latency: median of CUDA-event timings of one call each (what bench/gpu_inference.py
+    reports; includes any CPU launch overhead the GPU waits for);
+  - throughput: CUDA-event time of `iters` back-to-back calls / iters (GPU-bound);
+  - CPU time to enqueue one call (perf_counter over back-to-back calls);
+  - CUDA kernels (and memcpy/memset) per call, from torch.profiler;
+  - weld: the top 10 kernels by GPU time, what the generated wrappers contain
+    (Triton kernels, extern calls, layout-fix copies, allocations) and the top Python
+    functions by time for 20 calls (cProfile);
+  - chain: TB/s against a plain copy, and a sweep of XBLOCK/num_warps for weld's kernel.
+Runs in well under 2 minutes on an H100.
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import collections
+import io
+import math
+import pstats
+import statistics
+import time
+
+import torch
+
+import torchweld
+
+
+def add_mul_chain(t):
+    return ((t + 1.0) * 2.0 + 3.0) * 0.5
+
+
+# -- timing ---------------------------------------------------------------------------
+
+
+def latency_ms(fn, x, iters: int) -> float:
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn(x)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def throughput_ms(fn, x, iters: int) -> tuple[float, float]:
+    """(GPU ms per call, CPU ms to enqueue one call), over `iters` back-to-back calls."""
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    t0 = time.perf_counter()
+    start.record()
+    for _ in range(iters):
+        fn(x)
+    end.record()
+    cpu = (time.perf_counter() - t0) / iters * 1e3
+    end.synchronize()
+    return start.elapsed_time(end) / iters, cpu
+
+
+def device_events(fn, x, calls: int = 2):
+    """The CUDA-side profiler events of `calls` calls (kernels, memcpy, memset)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn(x)
+        torch.cuda.synchronize()
+    cuda = torch.autograd.DeviceType.CUDA
+    return [e for e in prof.events() if e.device_type == cuda]
+
+
+def kernel_table(events, calls: int, top: int = 10) -> str:
+    total = collections.defaultdict(float)
+    count = collections.Counter()
+    for e in events:
+        total[e.name] += e.time_range.elapsed_us()
+        count[e.name] += 1
+    whole = sum(total.values()) or 1.0
+    lines = [f"      {'us/call':>9} {'%':>5} {'n/call':>6}  kernel"]
+    for name, us in sorted(total.items(), key=lambda kv: -kv[1])[:top]:
+        lines.append(f"      {us / calls:9.1f} {100 * us / whole:5.1f} {count[name] / calls:6.1f}  {name[:110]}")
+    return "\n".join(lines)
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def profile_python(fn, x, calls: int = 20, top: int = 10) -> str:
+    _sync()
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(calls):
+        fn(x)
+    pr.disable()
+    _sync()
+    out = io.StringIO()
+    pstats.Stats(pr, stream=out).sort_stats("tottime").print_stats(top)
+    lines = [ln for ln in out.getvalue().splitlines() if ln.strip()]
+    start = next((i for i, ln in enumerate(lines) if ln.lstrip().startswith("ncalls")), 0)
+    return "\n".join("      " + ln for ln in lines[start:start + top + 1])
+
+
+# -- weld internals: the compiled graphs of a model --------------------------------------
+
+
+class GraphSpy:
+    """Collects the CompiledGraph of every graph weld compiles while it is active."""
+
+    def __enter__(self):
+        import torchweld.compiler as compiler
+
+        self.graphs, self.compiler, self.original = [], compiler, compiler.compile_graph
+
+        def spy(*args, **kwargs):
+            graph = self.original(*args, **kwargs)
+            self.graphs.append(graph)
+            return graph
+
+        compiler.compile_graph = spy
+        return self
+
+    def __exit__(self, *exc):
+        self.compiler.compile_graph = self.original
+
+    def summary(self) -> str:
+        lines = []
+        for i, g in enumerate(self.graphs):
+            src = g.wrapper_source
+            body = src[src.index("def call("):]
+            lines.append(f"      graph {i}: {len(g.schedule.kernels())} generated kernels, "
+                         f"{body.count('# extern')} extern calls, "
+                         f"{body.count('= _restride(') - body.count('if arg')} layout checks after externs "
+                         f"(each copies when the layout differs), "
+                         f"{body.count('torch.empty_strided(')} allocations, {body.count('# reuse')} reuses")
+            externs = collections.Counter(g.externs)
+            lines.append("        externs: " + ", ".join(f"{n} x{c}" for n, c in externs.most_common()))
+        return "\n".join(lines)
+
+
+# -- cases -------------------------------------------------------------------------------
+
+
+def report(name: str, eager, weld, x, iters: int, spy: GraphSpy | None, bytes_moved: int | None) -> dict:
+    print(f"\n== {name}")
+    results = {}
+    for label, fn in (("eager", eager), ("weld", weld)):
+        for _ in range(3):
+            fn(x)
+        lat = latency_ms(fn, x, iters)
+        thr, cpu = throughput_ms(fn, x, iters)
+        calls = 2
+        events = device_events(fn, x, calls)
+        kernels = [e for e in events if "memcpy" not in e.name.lower() and "memset" not in e.name.lower()]
+        copies = len(events) - len(kernels)
+        results[label] = (lat, thr, cpu)
+        extra = ""
+        if bytes_moved:
+            extra = f", {bytes_moved / (thr * 1e-3) / 1e12:.2f} TB/s"
+        print(f"  {label:5}: latency {lat:8.3f} ms, throughput {thr:8.3f} ms/call{extra}, "
+              f"CPU enqueue {cpu:7.3f} ms/call, {len(kernels) / calls:.0f} kernels + {copies / calls:.0f} memcpy/memset per call")
+        if label == "weld":
+            print("    top kernels (weld):")
+            print(kernel_table(events, calls))
+    e, w = results["eager"], results["weld"]
+    print(f"  weld speedup over eager: latency {e[0] / w[0]:.2f}x, throughput {e[1] / w[1]:.2f}x")
+    if spy is not None:
+        print("    weld wrappers:")
+        print(spy.summary())
+    print("    weld Python time, 20 calls (cProfile, by tottime):")
+    print(profile_python(weld, x))
+    return results
+
+
+def chain_case(iters: int) -> None:
+    x = torch.randn(1 << 26, device="cuda")
+    with GraphSpy() as spy:
+        weld = torchweld.compile(add_mul_chain, backend="weld")
+        weld(x)
+    nbytes = 2 * x.numel() * x.element_size()
+    out = torch.empty_like(x)
+    copy_ms, _ = throughput_ms(lambda t: out.copy_(t), x, iters)
+    print(f"\n(copy of 64M floats: {copy_ms:.3f} ms, {nbytes / (copy_ms * 1e-3) / 1e12:.2f} TB/s: the bandwidth goal is 90% of it)")
+    report("add/mul chain 64M floats ((t + 1) * 2 + 3) * 0.5", add_mul_chain, weld, x, iters, spy, nbytes)
+    if spy.graphs:
+        sweep_chain_kernel(spy.graphs[-1], x, nbytes, iters)
+
+
+def sweep_chain_kernel(graph, x, nbytes: int, iters: int) -> None:
+    """The chain's Triton kernel launched directly with other XBLOCK/num_warps."""
+    g = graph.fn.__globals__
+    names = [n for n in g if n.startswith("_k_")]
+    if len(names) != 1:
+        print(f"    (no sweep: {len(names)} kernels)")
+        return
+    kernel = g[names[0]]
+    out = torch.empty_like(x)
+    print("    launch sweep of weld's kernel (GPU ms, TB/s):")
+    for xblock, warps in ((1024, 4), (1024, 8), (2048, 4), (2048, 8), (4096, 8), (4096, 16)):
+        grid = (math.ceil(x.numel() / xblock),)
+        run = lambda t: kernel[grid](t, out, XBLOCK=xblock, RBLOCK=1, num_warps=warps)
+        run(x)
+        ms, _ = throughput_ms(run, x, iters)
+        print(f"      XBLOCK={xblock:5} num_warps={warps:2}: {ms:7.3f} ms  {nbytes / (ms * 1e-3) / 1e12:5.2f} TB/s")
+
+
+def resnet_case(iters: int) -> None:
+    try:
+        import torchvision
+    except ImportError:
+        print("\ntorchvision missing: no resnet50 row (pip install torchvision)")
+        return
+    model = torchvision.models.resnet50().cuda().eval()
+    x = torch.randn(32, 3, 224, 224, device="cuda")
+    with GraphSpy() as spy:
+        weld = torchweld.compile(model, backend="weld")
+        t0 = time.perf_counter()
+        weld(x)
+        torch.cuda.synchronize()
+        print(f"\nweld resnet50 cold compile: {time.perf_counter() - t0:.1f} s")
+    report("torchvision resnet50, batch 32, 3x224x224", model, weld, x, iters, spy, None)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", choices=["chain", "resnet50"])
+    parser.add_argument("--iters", type=int, default=50)
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("needs a CUDA GPU")
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, "
+          f"TF32 conv {torch.backends.cudnn.allow_tf32}, TF32 matmul {torch.backends.cuda.matmul.allow_tf32}")
+    start = time.perf_counter()
+    with torch.no_grad():
+        if args.only in (None, "chain"):
+            chain_case(args.iters)
+        if args.only in (None, "resnet50"):
+            resnet_case(args.iters)
+    print(f"\ntotal {time.perf_counter() - start:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
