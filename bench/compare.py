@@ -8,6 +8,7 @@ time (first call, with an empty torchweld kernel cache and inductor's caches off
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import statistics
 import tempfile
@@ -111,12 +112,16 @@ def first_call(fn, x):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="smaller shapes, shorter timing")
+    parser.add_argument("--train", action="store_true",
+                        help="training rows: forward + backward + Adam step (see training_rows)")
     parser.add_argument("--cuda-modes", action="store_true",
                         help="CUDA only: mode='reduce-overhead' / 'max-autotune' rows (see cuda_mode_rows)")
     args = parser.parse_args()
     q = args.quick
     if args.cuda_modes:
         return cuda_mode_rows(q)
+    if args.train:
+        return training_rows(q)
     cases = [
         ("elementwise chain 4M f32", Chain(), torch.randn(1 << 20 if q else 1 << 22)),
         ("MLP 4x1024 LN+GELU b64", mlp(256 if q else 1024), torch.randn(64, 256 if q else 1024)),
@@ -267,6 +272,163 @@ def cuda_mode_rows(q: bool, modes=("reduce-overhead", "max-autotune")):
                 diff = (out - expected).abs().max().item() if isinstance(out, torch.Tensor) else float("nan")
                 print(f"{name:28s} {mode:22s} {variant:10s} {ms:9.3f} {eager_ms / ms:8.2f} {cold:8.2f} "
                       f"{peak:9.0f} {diff:10.2e}")
+
+
+# =============================================================================
+# Training: forward + loss + backward + Adam step, eager vs torch.compile vs torchweld
+# =============================================================================
+
+
+def training_cases(q: bool, device: str):
+    """(name, make_model, make_batch, loss) rows: the MLP and transformer block on the CPU;
+    densenet121 (b16, 3x128x128), resnet50, BERT and GPT-2 where CUDA is there (guarded imports)."""
+    ce = nn.CrossEntropyLoss()
+    mse = lambda out, target: (out - target).square().mean()
+    d = 256 if q else 1024
+    rows = [
+        (f"MLP 4x{d} LN+GELU b64", lambda: mlp(d), lambda: (torch.randn(64, d), torch.randn(64, d)), mse),
+        ("transformer block", Block, lambda: (torch.randn(4 if q else 8, 64 if q else 128, 256),
+                                              torch.randn(4 if q else 8, 64 if q else 128, 256)), mse),
+    ]
+    if device != "cuda":
+        return rows
+    try:
+        import torchvision
+
+        rows.append(("densenet121 b16 3x128x128", torchvision.models.densenet121,
+                     lambda: (torch.randn(16, 3, 128, 128), torch.randint(0, 1000, (16,))), ce))
+        rows.append(("resnet50 b32 3x224x224", torchvision.models.resnet50,
+                     lambda: (torch.randn(8 if q else 32, 3, 224, 224), torch.randint(0, 1000, (8 if q else 32,))), ce))
+    except ImportError:
+        print("torchvision missing: no densenet121/resnet50 training rows")
+    try:
+        import transformers
+
+        class LastHidden(nn.Module):
+            def __init__(self, model):
+                super().__init__()
+                self.model = model
+
+            def forward(self, ids):
+                return self.model(ids).last_hidden_state
+
+        rows.append(("BERT b8 s128", lambda: LastHidden(transformers.BertModel(transformers.BertConfig())),
+                     lambda: (torch.randint(0, 30000, (8, 128)), torch.randn(8, 128, 768)), mse))
+        rows.append(("GPT-2 b8 s256", lambda: LastHidden(transformers.GPT2Model(transformers.GPT2Config())),
+                     lambda: (torch.randint(0, 50000, (8, 64 if q else 256)), torch.randn(8, 64 if q else 256, 768)),
+                     mse))
+    except ImportError:
+        print("transformers missing: no BERT/GPT-2 training rows")
+    return rows
+
+
+class SavedActivations:
+    """Bytes autograd saves for backward during one forward (distinct storages, parameters excluded)."""
+
+    def __init__(self, model: nn.Module):
+        self.skip = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        self.storages: dict[int, int] = {}
+
+    def pack(self, t):
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in self.skip:
+            self.storages[ptr] = t.untyped_storage().nbytes()
+        return t
+
+    def __enter__(self):
+        self.hooks = torch.autograd.graph.saved_tensors_hooks(self.pack, lambda t: t)
+        self.hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.hooks.__exit__(*exc)
+
+    @property
+    def mib(self) -> float:
+        return sum(self.storages.values()) / 2 ** 20
+
+
+def _train_run(model, batch, loss_fn, compiled, device: str, min_time: float):
+    """(first step s, steady ms per step, saved MiB, peak MiB or nan, first loss)."""
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+
+    def step(x, y):
+        opt.zero_grad(True)
+        loss = loss_fn(compiled(x), y)
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    if device == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    sync()
+    t0 = time.perf_counter()
+    first_loss = step(*batch)
+    sync()
+    cold = time.perf_counter() - t0
+    with SavedActivations(model) as saved:
+        out = compiled(batch[0])
+    del out
+    times = []
+    start = time.perf_counter()
+    while len(times) < 5 or time.perf_counter() - start < min_time:
+        t0 = time.perf_counter()
+        step(*batch)
+        sync()
+        times.append(time.perf_counter() - t0)
+    peak = torch.cuda.max_memory_allocated() / 2 ** 20 if device == "cuda" else float("nan")
+    return cold, statistics.median(times) * 1e3, saved.mib, peak, first_loss
+
+
+def training_rows(q: bool):
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {device}; a step = zero_grad, "
+          "forward, loss, backward, Adam; cold = first step incl. compile; saved = activations kept for "
+          "backward (saved_tensors_hooks, parameters excluded); peak = max_memory_allocated (CUDA)")
+    header = f"{'case':28s} {'variant':10s} {'ms/step':>9s} {'x eager':>8s} {'cold s':>8s} {'saved MiB':>10s} " \
+             f"{'peak MiB':>9s} {'loss diff':>10s}"
+    print(header)
+    print("-" * len(header))
+    min_time = 0.5 if q else 2.0
+    for name, make_model, make_batch, loss_fn in training_cases(q, device):
+        torch.manual_seed(0)
+        base = make_model().to(device).train()
+        batch = tuple(t.to(device) for t in make_batch())
+        variants = [("eager", lambda m: m),
+                    ("inductor", lambda m: (torch._dynamo.reset(), torch.compile(m))[1]),
+                    ("torchweld", lambda m: (torchweld.reset(), torchweld.compile(m, backend="weld"))[1])]
+        eager_ms, eager_loss = None, None
+        for variant, make_compiled in variants:
+            model = copy.deepcopy(base)
+            with tempfile.TemporaryDirectory() as tmp, config.patch(cache_dir=tmp):
+                try:
+                    cold, ms, saved, peak, loss = _train_run(model, batch, loss_fn, make_compiled(model), device,
+                                                             min_time)
+                except Exception as e:  # noqa: BLE001 - one failing row should not end the bench
+                    print(f"{name:28s} {variant:10s} failed: {type(e).__name__}: {e}"[:200])
+                    continue
+            if eager_ms is None:
+                eager_ms, eager_loss = ms, loss
+            diff = (loss - eager_loss).abs().item()
+            print(f"{name:28s} {variant:10s} {ms:9.3f} {eager_ms / ms:8.2f} {cold:8.2f} {saved:10.2f} "
+                  f"{peak:9.0f} {diff:10.2e}")
+        if name == "transformer block":
+            _partition_report(base, batch[0])
+
+
+def _partition_report(model: nn.Module, x: torch.Tensor) -> None:
+    """Saved-activation bytes of torchweld's recompute (min-cut) partition next to save-all's."""
+    from torchweld.autograd import compile_training
+
+    gm = torch.fx.symbolic_trace(model)
+    x = x.detach().requires_grad_(False)
+    for strategy in ("save_all", "min_cut"):
+        compiled = compile_training(gm, [x], {"training_codegen": False}, strategy=strategy)
+        part = compiled.partition
+        print(f"  {'':26s} partition {strategy:8s}: saves {len(part.saved):3d} tensors, "
+              f"{part.saved_bytes / 2 ** 20:8.2f} MiB of intermediates")
 
 
 if __name__ == "__main__":
