@@ -151,6 +151,10 @@ def _check_graphable(name: str) -> None:
         raise Unsupported(reason)
 
 
+def _is_runtime_query(name: str) -> bool:
+    return name.startswith(("is_", "get_", "_is_")) or name in ("device_count", "current_device")
+
+
 class TorchCallableValue(Value):
     """A function of torch (`torch.sin`, `F.relu`, `torch._C._nn.linear`)."""
 
@@ -172,6 +176,13 @@ class TorchCallableValue(Value):
             return special
         name = getattr(self.fn, "__name__", "")
         _check_graphable(name)
+        if _is_runtime_query(name) and all(v.is_constant() for v in [*args, *kwargs.values()]):
+            # torch.cuda.is_available(), torch.get_default_dtype(): asked of the process, not of data
+            a, k = _constant_args(args, kwargs)
+            try:
+                return const(self.fn(*a, **k))
+            except Exception as e:  # e.g. a CUDA query in a CPU-only build: Python shall run it
+                raise Unsupported(f"torch.{name}() raised {type(e).__name__}: {e}") from None
         return tx.output.call_function(self.fn, args, kwargs)
 
     def getattr(self, tx, name):
