@@ -50,11 +50,19 @@ def wrap(tx: "Translator", obj: object, source: Source | None, guard: bool = Tru
         if guards:
             guards.constant(source, obj)
         return ConstantValue(obj, source)
+    if type(obj) in (list, dict) and source is not None:  # one Value per mutable object: mutations stay shared
+        known = tx.output.mutable_inputs.get(id(obj))
+        if known is not None:
+            tx.output.guards.same_object(source, known[1].source)
+            return known[1]
     if type(obj) in (list, tuple):
         if guards:
             guards.length(source, type(obj), len(obj))
         items = [wrap(tx, item, ItemSource(source, i) if source else None, guard) for i, item in enumerate(obj)]
-        return (ListValue if type(obj) is list else TupleValue)(items, source)
+        value = (ListValue if type(obj) is list else TupleValue)(items, source)
+        if type(obj) is list and source is not None:
+            tx.output.mutable_inputs[id(obj)] = (obj, value)
+        return value
     fields = getattr(type(obj), "_fields", None) or getattr(type(obj), "__match_args__", None)
     if isinstance(obj, tuple) and fields:  # named tuples, torch.return_types
         if guards:
@@ -67,7 +75,10 @@ def wrap(tx: "Translator", obj: object, source: Source | None, guard: bool = Tru
             raise Unsupported("a dict whose keys are not constants")
         if guards:
             guards.dict_keys(source, keys)
-        return DictValue({k: wrap(tx, v, ItemSource(source, k) if source else None, guard) for k, v in obj.items()}, source)
+        value = DictValue({k: wrap(tx, v, ItemSource(source, k) if source else None, guard) for k, v in obj.items()}, source)
+        if source is not None:
+            tx.output.mutable_inputs[id(obj)] = (obj, value)
+        return value
     if isinstance(obj, torch.nn.Module):
         if guards:
             guards.identity(source, obj)

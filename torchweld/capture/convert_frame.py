@@ -58,7 +58,9 @@ def translate_frame(fn: types.FunctionType, args: tuple, kwargs: dict, settings:
             result = tx.run()
             rebuild = Reconstructor()
             return_expr = rebuild.expr(result)
-            return _graph_entry(fn, tx, rebuild, [f"return {return_expr}"], settings, start)
+            replay = tx.output.side_effects.replay(rebuild)  # may add graph outputs: before finishing
+            body = [*rebuild.lines, *replay, f"return {return_expr}"]
+            return _graph_entry(fn, tx, rebuild, body, settings, start)
         except StopBeforeBreak:
             try:
                 return _break_entry(fn, tx, failure, settings, start)
@@ -98,6 +100,7 @@ def _translator(fn: types.FunctionType, f_locals: dict) -> Translator:
 def _break_entry(fn, tx: Translator, failure: Unsupported, settings: CompileSettings, start: float) -> CacheEntry:
     rebuild = Reconstructor()
     statements = BreakCodegen(tx, fn, settings, rebuild).generate()
+    replay = tx.output.side_effects.replay(rebuild)
     text, call_site = failure.reason, tx.location()
     if failure.location is not None and failure.location != call_site:  # it failed inside a callee
         text += f" (inside the call at {call_site}: {call_site.source_line})"
@@ -107,13 +110,14 @@ def _break_entry(fn, tx: Translator, failure: Unsupported, settings: CompileSett
     grad_restore = []  # contexts re-entered above set the mode; a bare set_grad_enabled() call did not
     if tx.output.grad_mode_changed:
         grad_restore.append(f"{rebuild.const(torch._C._set_grad_enabled)}({tx.output.grad_enabled})")
-    body = ["___reason.count += 1", *rebuild.lines, *grad_restore, *statements]
+    body = ["___reason.count += 1", *rebuild.lines, *replay, *grad_restore, *statements]
     return _graph_entry(fn, tx, rebuild, body, settings, start, reason, restore_grad_mode=True)
 
 
 def _graph_entry(fn, tx: Translator, rebuild: Reconstructor, body: list[str], settings: CompileSettings,
                  start: float, reason: BreakReason | None = None, restore_grad_mode: bool = False) -> CacheEntry:
-    """An entry that runs the graph, then `body` (which ends in a return)."""
+    """An entry that runs the graph, then `body` (which ends in a return); everything that
+    adds graph outputs (return value, rebuilt stack, side-effect replay) is done before."""
     output = tx.output
     gm, example_inputs, input_sources = output.finish(rebuild.graph_outputs, restore_grad_mode)
     prefix = []
@@ -131,8 +135,6 @@ def _graph_entry(fn, tx: Translator, rebuild: Reconstructor, body: list[str], se
         function=fn.__code__.co_qualname, graph=gm if output.op_count() else None, op_count=output.op_count(),
         guards=output.guards.readable(), compile_time_s=time.perf_counter() - start, break_reason=reason,
     )
-    if reason is None:
-        body = [*rebuild.lines, *body]
     entry = build_entry(fn, output.guards, prefix + body, rebuild.constants, report)
     _log_translation(fn, entry)
     publish(report)

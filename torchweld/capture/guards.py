@@ -84,6 +84,10 @@ class GuardSet:
         text = f"type({source.name()}) is dict and list({source.name()}) == {keys!r}"
         self._add((source.name(), "keys"), text, f"type({e}) is dict and list({e}) == {self._const(keys)}")
 
+    def same_object(self, source: Source, first: Source) -> None:
+        text = f"{source.name()} is {first.name()}"
+        self._add((source.name(), "same"), text, f"{source.expr()} is {first.expr()}")
+
     def has_attr(self, source: Source, attr: str, present: bool) -> None:
         text = f"hasattr({source.name()}, {attr!r}) is {present}"
         self._add((source.name(), f"hasattr {attr}"), text, f"hasattr({source.expr()}, {attr!r}) is {present}")

@@ -38,6 +38,9 @@ def _attribute(tx: "Translator", owner: Value, obj: object, name: str, source: S
     from torchweld.capture.builder import wrap
     from torchweld.capture.callables import BoundMethodValue
 
+    stored = tx.output.side_effects.stored_attribute(obj, name)
+    if stored is not None:  # set earlier in this frame
+        return stored
     attr_source = AttrSource(source, name) if source is not None else None
     cls_attr = inspect.getattr_static(type(obj), name, None)
     if isinstance(cls_attr, property):
@@ -53,6 +56,23 @@ def _attribute(tx: "Translator", owner: Value, obj: object, name: str, source: S
     except AttributeError:
         raise Unsupported(f"{type(obj).__name__} object has no attribute {name!r}") from None
     return wrap(tx, value, attr_source)
+
+
+def _store_attribute(tx: "Translator", owner: Value, obj: object, name: str, value: Value) -> None:
+    """`obj.name = value` on an object from outside the frame: replayed after the graph."""
+    if owner.source is None:
+        raise Unsupported(f"setting {name!r} of a {type(obj).__name__} reached without a source")
+    setter = inspect.getattr_static(type(obj), "__setattr__", object.__setattr__)
+    descriptor = inspect.getattr_static(type(obj), name, None)
+    if isinstance(obj, torch.nn.Module):
+        if name in obj._parameters or name in obj._buffers or name in obj._modules or name == "training" \
+                or isinstance(value, (NNModuleValue,)) or value.python_type() is torch.nn.Parameter:
+            raise Unsupported(f"setting {type(obj).__name__}.{name} changes the module's registered state")
+    elif setter is not object.__setattr__:
+        raise Unsupported(f"{type(obj).__qualname__} defines __setattr__; setting {name!r} needs Python")
+    if hasattr(descriptor, "__set__"):
+        raise Unsupported(f"{type(obj).__qualname__}.{name} is a property or descriptor; setting it needs Python")
+    tx.output.side_effects.store_attribute(owner, obj, name, value)
 
 
 def attr_source_for_type(source: Source) -> Source:
@@ -76,6 +96,9 @@ class NNModuleValue(Value):
                 tx.output.guards.constant(AttrSource(self.source, "training"), self.module.training)
             return ConstantValue(self.module.training)
         return _attribute(tx, self, self.module, name, self.source)
+
+    def setattr(self, tx, name, value):
+        _store_attribute(tx, self, self.module, name, value)
 
     def items(self, tx):
         from torchweld.capture.builder import wrap
@@ -131,6 +154,9 @@ class UserObjectValue(Value):
         if self.source is None:
             raise Unsupported(f"reading {name!r} of a {type(self.obj).__name__} without a source")
         return _attribute(tx, self, self.obj, name, self.source)
+
+    def setattr(self, tx, name, value):
+        _store_attribute(tx, self, self.obj, name, value)
 
     def call(self, tx, args, kwargs):
         if not isinstance(inspect.getattr_static(type(self.obj), "__call__", None), types.FunctionType):

@@ -16,6 +16,7 @@ from torch._subclasses.fake_tensor import (
 from torch.utils import _pytree as pytree
 
 from torchweld.capture.guards import GuardSet
+from torchweld.capture.side_effects import SideEffects
 from torchweld.capture.sources import Source
 from torchweld.capture.values import ConstantValue, TensorValue, TupleValue, Value, const, is_constant_literal
 from torchweld.errors import Unsupported
@@ -27,6 +28,8 @@ class OutputGraph:
         self.graph = torch.fx.Graph()
         self.root = torch.nn.Module()  # owns the submodules `call_module` nodes name
         self.guards = GuardSet()
+        self.side_effects = SideEffects()
+        self.mutable_inputs: dict[int, tuple[object, Value]] = {}  # id -> (list/dict, its one Value)
         self.fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
         self.grad_enabled = self.initial_grad_enabled = torch.is_grad_enabled()
         self.grad_mode_changed = False

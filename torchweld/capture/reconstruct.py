@@ -53,7 +53,7 @@ class Reconstructor:
                 return repr(v)
             return self.const(v)
         if isinstance(value, ListValue):
-            if value.source is not None and not value.mutated:
+            if value.source is not None:  # the real list (side effects write its new contents back)
                 return value.source.expr()
             return self._build_once(value, lambda: "[" + ", ".join(self.expr(v) for v in value.elements) + "]")
         if isinstance(value, TupleValue):

@@ -143,11 +143,20 @@ class Translator:
     def load_global(self, name: str) -> Value:
         from torchweld.capture.builder import wrap
 
+        stored = self.output.side_effects.stored_global(self.f_globals, name)
+        if stored is not None:
+            return stored
         if name in self.f_globals:
             return wrap(self, self.f_globals[name], self._global_source(name))
         if name in self.f_builtins:
             return wrap(self, self.f_builtins[name], BuiltinSource(name), guard=False)
         raise Unsupported(f"name {name!r} is not defined")
+
+    def store_global(self, name: str, value: Value) -> None:
+        """`global name; name = value`: replayed into the module's globals after the graph."""
+        source = self._global_source(name)  # G['name'] or another module's dict
+        globals_expr = source.expr().rsplit("[", 1)[0]
+        self.output.side_effects.store_global(self.f_globals, globals_expr, name, value)
 
     def _global_source(self, name: str) -> Source:
         if self.f_globals is self.output.root_globals:

@@ -272,8 +272,8 @@ class ListValue(SequenceValue):
         self.mutated = False  # set by any in-place change; a sourced list that changes is a side effect
 
     def mutate(self, tx: "Translator") -> None:
-        if self.source is not None:
-            raise Unsupported(f"mutating {self.source.name()}, a list from outside the compiled function, is a side effect capture does not model yet")
+        if self.source is not None:  # a list from outside: its final contents are written back
+            tx.output.side_effects.changed_container(self)
         self.mutated = True
 
 
@@ -308,8 +308,8 @@ class DictValue(Value):
         return self.entries[k]
 
     def mutate(self, tx: "Translator") -> None:
-        if self.source is not None:
-            raise Unsupported(f"mutating {self.source.name()}, a dict from outside the compiled function, is a side effect capture does not model yet")
+        if self.source is not None:  # a dict from outside: its final contents are written back
+            tx.output.side_effects.changed_container(self)
 
     def getattr(self, tx: "Translator", name: str) -> Value:
         from torchweld.capture.callables import ContainerMethodValue

@@ -65,7 +65,7 @@ def load_global(tx, inst):
 
 @handles("STORE_GLOBAL")
 def store_global(tx, inst):
-    raise Unsupported(f"assigning global {inst.argval!r} is a side effect capture does not model yet")
+    tx.store_global(inst.argval, tx.pop())
 
 
 @handles("MAKE_CELL")
