@@ -8,7 +8,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from torchweld.capture.callables import OpaqueCallableValue, TorchCallableValue, UserFunctionValue
-from torchweld.capture.objects import ClassValue, NNModuleValue, PythonModuleValue, UserObjectValue
+from torchweld.capture.objects import (
+    ClassValue, NNModuleValue, PythonModuleValue, UserObjectValue, is_stateless_standard_module,
+)
 from torchweld.capture.sources import AttrSource, ItemSource, Source
 from torchweld.capture.values import (
     ConstantValue, DictValue, ListValue, TupleValue, Value, is_constant_literal,
@@ -81,8 +83,13 @@ def wrap(tx: "Translator", obj: object, source: Source | None, guard: bool = Tru
         return value
     if isinstance(obj, torch.nn.Module):
         if guards:
-            guards.identity(source, obj)
+            if is_stateless_standard_module(obj):  # made anew per call (a loss): any instance will do
+                guards.type_is(source, type(obj))
+            else:
+                guards.identity(source, obj)
         return NNModuleValue(obj, source)
+    if isinstance(obj, types.FunctionType) and obj.__code__.co_filename.endswith(("torch/_compile.py", "_dynamo/decorators.py")):
+        return OpaqueCallableValue(obj, f"{obj.__qualname__} is marked by torch to run without compilers")
     if is_torch_callable(obj):
         if guards:
             guards.identity(source, obj)

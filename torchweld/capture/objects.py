@@ -24,6 +24,13 @@ def is_standard_module(module: torch.nn.Module) -> bool:
 _CONTAINERS = (torch.nn.Sequential, torch.nn.ModuleList, torch.nn.ModuleDict)
 
 
+def is_stateless_standard_module(module: torch.nn.Module) -> bool:
+    """nn.ReLU, nn.CrossEntropyLoss(): no parameters, buffers or children. Their forward is
+    inlined and their settings guarded by value, so a fresh instance per call is no recompile."""
+    return (is_standard_module(module) and not module._parameters and not module._modules
+            and all(b is None for b in module._buffers.values()))
+
+
 def _has_hooks(module: torch.nn.Module) -> bool:
     return bool(
         module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
@@ -128,7 +135,7 @@ class NNModuleValue(Value):
         m = self.module
         if _has_hooks(m):
             raise Unsupported(f"module {type(m).__name__} has hooks; capture does not run them yet")
-        if is_standard_module(m):
+        if is_standard_module(m) and not is_stateless_standard_module(m):
             if self.source is None:
                 raise Unsupported(f"calling a {type(m).__name__} made inside the compiled function")
             tx.output.guards.constant(AttrSource(self.source, "training"), m.training)
@@ -213,6 +220,8 @@ class ClassValue(Value):
     def getattr(self, tx, name):
         from torchweld.capture.builder import wrap
 
+        if name in ("__name__", "__qualname__", "__module__", "__doc__"):
+            return const(getattr(self.cls, name))
         value = inspect.getattr_static(self.cls, name)
         if isinstance(value, (staticmethod, classmethod)):
             value = getattr(self.cls, name)
@@ -226,6 +235,11 @@ class ClassValue(Value):
             return special
         if self.cls is torch.Size:
             return const(torch.Size(*[a.as_constant() for a in args]))
+        if isinstance(self.cls, type) and issubclass(self.cls, torch.nn.Module) and self.cls.__module__.startswith("torch.nn."):
+            instance = self.cls(*[a.as_constant() for a in args], **{k: v.as_constant() for k, v in kwargs.items()})
+            if is_stateless_standard_module(instance):  # nn.CrossEntropyLoss(): built now, once
+                return NNModuleValue(instance)
+            raise Unsupported(f"creating a {self.cls.__qualname__} (a module with parameters) inside a compiled function")
         if self.cls in (torch.device, torch.dtype, torch.finfo, torch.iinfo):
             return const(self.cls(*[a.as_constant() for a in args], **{k: v.as_constant() for k, v in kwargs.items()}))
         raise Unsupported(f"creating a {self.cls.__qualname__} inside a compiled function is not captured yet")

@@ -13,6 +13,7 @@ import torch.fx
 from torch._subclasses.fake_tensor import (
     DataDependentOutputException, DynamicOutputShapeException, FakeTensorMode, UnsupportedOperatorException,
 )
+from torch.nn.utils.stateless import _reparametrize_module
 from torch.utils import _pytree as pytree
 
 from torchweld.capture.guards import GuardSet
@@ -38,6 +39,8 @@ class OutputGraph:
         self._input_by_source: dict[str, TensorValue] = {}
         self._input_by_id: dict[int, TensorValue] = {}
         self._module_names: dict[int, str] = {}
+        self._fakes: dict[int, torch.Tensor] = {}  # id(real parameter or buffer) -> its fake copy
+        self._keep_alive: list[torch.Tensor] = []
 
     # -- inputs ----------------------------------------------------------------
     def input_tensor(self, source: Source, real: torch.Tensor) -> TensorValue:
@@ -90,7 +93,25 @@ class OutputGraph:
                 name += "_"
             self.root.add_module(name, module)
             self._module_names[id(module)] = name
-        return self._record("call_module", name, module, args, kwargs)
+        return self._record("call_module", name, self._with_fake_state(module), args, kwargs)
+
+    def _with_fake_state(self, module: torch.nn.Module):
+        """Run `module` on fake copies of its parameters and buffers: a fake run must never
+        change the real ones (BatchNorm's running statistics, num_batches_tracked)."""
+        def run(*args, **kwargs):
+            state = {name: self._fake_of(t) for name, t in
+                     [*module.named_parameters(), *module.named_buffers()]}
+            with _reparametrize_module(module, state):
+                return module(*args, **kwargs)
+
+        return run
+
+    def _fake_of(self, real: torch.Tensor) -> torch.Tensor:
+        fake = self._fakes.get(id(real))
+        if fake is None:
+            fake = self._fakes[id(real)] = self.fake_mode.from_tensor(real, static_shapes=True)
+            self._keep_alive.append(real)
+        return fake
 
     def set_grad_enabled(self, enabled: bool) -> None:
         if enabled != self.grad_enabled:
@@ -102,7 +123,7 @@ class OutputGraph:
     def _record(self, op: str, target: object, run: Callable, args: list[Value], kwargs: dict[str, Value]) -> Value:
         example_args = [a.example() for a in args]
         example_kwargs = {k: v.example() for k, v in kwargs.items()}
-        result = self._run_fake(target, run, example_args, example_kwargs)
+        result = self._run_fake(run if op == "call_module" else target, run, example_args, example_kwargs)
         has_tensor = any(isinstance(x, torch.Tensor) for x in pytree.tree_leaves(result))
         if not has_tensor and result is not None:
             if is_constant_literal(result):
