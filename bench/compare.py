@@ -103,6 +103,13 @@ def steady(fn, x, min_time=1.0, min_runs=5):
     return statistics.median(times)
 
 
+SKIPPED_VARIANTS: set[str] = set()  # filled from the command line
+
+
+def selected(variants: list) -> list:
+    return [v for v in variants if v[0] not in SKIPPED_VARIANTS]
+
+
 def first_call(fn, x):
     t0 = time.perf_counter()
     out = fn(x)
@@ -114,10 +121,14 @@ def main():
     parser.add_argument("--quick", action="store_true", help="smaller shapes, shorter timing")
     parser.add_argument("--train", action="store_true",
                         help="training rows: forward + backward + Adam step (see training_rows)")
+    parser.add_argument("--skip-inductor", action="store_true",
+                        help="leave torch.compile out (its cold compiles take minutes on the big rows)")
     parser.add_argument("--cuda-modes", action="store_true",
                         help="CUDA only: mode='reduce-overhead' / 'max-autotune' rows (see cuda_mode_rows)")
     args = parser.parse_args()
     q = args.quick
+    if args.skip_inductor:
+        SKIPPED_VARIANTS.add("inductor")
     if args.cuda_modes:
         return cuda_mode_rows(q)
     if args.train:
@@ -261,7 +272,7 @@ def cuda_mode_rows(q: bool, modes=("reduce-overhead", "max-autotune")):
             variants = [("inductor", lambda m, mode=mode: (torch._dynamo.reset(), torch.compile(m, mode=mode))[1]),
                         ("torchweld", lambda m, mode=mode: (torchweld.reset(),
                                                             torchweld.compile(m, backend="weld", mode=mode))[1])]
-            for variant, make_compiled in variants:
+            for variant, make_compiled in selected(variants):
                 with tempfile.TemporaryDirectory() as tmp, config.patch(cache_dir=tmp):
                     torch.manual_seed(0)
                     try:
@@ -400,7 +411,7 @@ def training_rows(q: bool):
                     ("inductor", lambda m: (torch._dynamo.reset(), torch.compile(m))[1]),
                     ("torchweld", lambda m: (torchweld.reset(), torchweld.compile(m, backend="weld"))[1])]
         eager_ms, eager_loss = None, None
-        for variant, make_compiled in variants:
+        for variant, make_compiled in selected(variants):
             model = copy.deepcopy(base)
             with tempfile.TemporaryDirectory() as tmp, config.patch(cache_dir=tmp):
                 try:
