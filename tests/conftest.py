@@ -1,5 +1,15 @@
+import os
+
 import pytest
 import torch
+
+# Triton's interpreter runs generated Triton kernels on CPU tensors. Triton reads
+# TRITON_INTERPRET when it is imported, so it is set here, before any test module
+# imports triton - and only without CUDA: on a GPU machine it would send every
+# kernel, CUDA graphs' included, through the interpreter.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 import torchweld
 
