@@ -21,15 +21,8 @@ os.environ.setdefault("TORCHINDUCTOR_FORCE_DISABLE_CACHES", "1")
 import torch  # noqa: E402
 
 import torchweld  # noqa: E402
+from compare import chain  # noqa: E402  (bench/compare.py: the 12-op elementwise chain)
 from torchweld import config  # noqa: E402
-
-
-def chain(t):
-    for _ in range(2):
-        t = torch.sin(t) * 1.5 + 0.5
-        t = torch.tanh(t) - torch.exp(-t.abs())
-        t = torch.sigmoid(t) * t
-    return t
 
 
 def add_mul_chain(t):  # memory-bound: compared with the copy bandwidth

@@ -15,6 +15,28 @@ from torchweld.compiler.ir import Expr, Op
 from torchweld.compiler.schedule import Kernel, Stage
 
 
+# The operators every C-like target spells alike; a renderer's `code_for_op` starts from these.
+C_LIKE_OPS: dict[Op, Callable[..., str]] = {
+    Op.IMOD: lambda a, b: f"{a} % {b}",
+    Op.NEG: lambda a: f"-{a}",
+    Op.RECIPROCAL: lambda a: f"1 / {a}",
+    Op.BITWISE_NOT: lambda a: f"~{a}",
+    Op.ADD: lambda a, b: f"{a} + {b}",
+    Op.SUB: lambda a, b: f"{a} - {b}",
+    Op.MUL: lambda a, b: f"{a} * {b}",
+    Op.TRUEDIV: lambda a, b: f"{a} / {b}",
+    Op.LT: lambda a, b: f"{a} < {b}",
+    Op.LE: lambda a, b: f"{a} <= {b}",
+    Op.GT: lambda a, b: f"{a} > {b}",
+    Op.GE: lambda a, b: f"{a} >= {b}",
+    Op.EQ: lambda a, b: f"{a} == {b}",
+    Op.NE: lambda a, b: f"{a} != {b}",
+    Op.BITWISE_AND: lambda a, b: f"{a} & {b}",
+    Op.BITWISE_OR: lambda a, b: f"{a} | {b}",
+    Op.BITWISE_XOR: lambda a, b: f"{a} ^ {b}",
+}
+
+
 class Scope:
     """Generated lines at one nesting level, with the CSE cache valid there."""
 

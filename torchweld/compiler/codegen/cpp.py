@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from torchweld.compiler.codegen.common import KernelRenderer, Scope
+from torchweld.compiler.codegen.common import C_LIKE_OPS, KernelRenderer, Scope
 from torchweld.compiler.ir import Op
 from torchweld.compiler.schedule import Kernel, Stage
 
@@ -76,9 +76,8 @@ class CppRenderer(KernelRenderer):
         torch.uint8: "uint8_t", torch.bool: "bool",
     }
     code_for_op = {
+        **C_LIKE_OPS,
         Op.IDIV: lambda a, b: f"{a} / {b}",
-        Op.IMOD: lambda a, b: f"{a} % {b}",
-        Op.NEG: lambda a: f"-{a}",
         Op.ABS: lambda a: f"std::abs({a})",
         Op.EXP: lambda a: f"std::exp({a})",
         Op.EXPM1: lambda a: f"std::expm1({a})",
@@ -92,7 +91,6 @@ class CppRenderer(KernelRenderer):
         Op.ATAN: lambda a: f"std::atan({a})",
         Op.SQRT: lambda a: f"std::sqrt({a})",
         Op.RSQRT: lambda a: f"1 / std::sqrt({a})",
-        Op.RECIPROCAL: lambda a: f"1 / {a}",
         Op.SIGMOID: lambda a: f"1 / (1 + std::exp(-{a}))",
         Op.ERF: lambda a: f"std::erf({a})",
         Op.FLOOR: lambda a: f"std::floor({a})",
@@ -102,29 +100,15 @@ class CppRenderer(KernelRenderer):
         Op.SIGN: lambda a: f"tw_sign({a})",
         Op.ISNAN: lambda a: f"std::isnan({a})",
         Op.LOGICAL_NOT: lambda a: f"!{a}",
-        Op.BITWISE_NOT: lambda a: f"~{a}",
-        Op.ADD: lambda a, b: f"{a} + {b}",
-        Op.SUB: lambda a, b: f"{a} - {b}",
-        Op.MUL: lambda a, b: f"{a} * {b}",
-        Op.TRUEDIV: lambda a, b: f"{a} / {b}",
         Op.FLOORDIV: lambda a, b: f"tw_floordiv({a}, {b})",
         Op.REMAINDER: lambda a, b: f"tw_mod({a}, {b})",
         Op.POW: lambda a, b: f"std::pow({a}, {b})",
         Op.MAXIMUM: lambda a, b: f"tw_max({a}, {b})",
         Op.MINIMUM: lambda a, b: f"tw_min({a}, {b})",
         Op.ATAN2: lambda a, b: f"std::atan2({a}, {b})",
-        Op.LT: lambda a, b: f"{a} < {b}",
-        Op.LE: lambda a, b: f"{a} <= {b}",
-        Op.GT: lambda a, b: f"{a} > {b}",
-        Op.GE: lambda a, b: f"{a} >= {b}",
-        Op.EQ: lambda a, b: f"{a} == {b}",
-        Op.NE: lambda a, b: f"{a} != {b}",
         Op.LOGICAL_AND: lambda a, b: f"{a} && {b}",
         Op.LOGICAL_OR: lambda a, b: f"{a} || {b}",
         Op.LOGICAL_XOR: lambda a, b: f"{a} != {b}",
-        Op.BITWISE_AND: lambda a, b: f"{a} & {b}",
-        Op.BITWISE_OR: lambda a, b: f"{a} | {b}",
-        Op.BITWISE_XOR: lambda a, b: f"{a} ^ {b}",
         Op.WHERE: lambda c, a, b: f"{c} ? {a} : {b}",
     }
     reduce_init = {Op.SUM: "0", Op.PROD: "1", Op.MAX: "-INFINITY", Op.MIN: "INFINITY"}

@@ -9,7 +9,7 @@ import re
 import torch
 
 from torchweld.compiler import ir
-from torchweld.compiler.codegen.common import KernelRenderer, Scope
+from torchweld.compiler.codegen.common import C_LIKE_OPS, KernelRenderer, Scope
 from torchweld.compiler.ir import Expr, Op
 from torchweld.compiler.schedule import Kernel, Stage, Store
 
@@ -154,9 +154,8 @@ class TritonRenderer(KernelRenderer):
         torch.int8: "tl.int8", torch.uint8: "tl.uint8", torch.bool: "tl.int1",
     }
     code_for_op = {
+        **C_LIKE_OPS,
         Op.IDIV: lambda a, b: f"{a} // {b}",
-        Op.IMOD: lambda a, b: f"{a} % {b}",
-        Op.NEG: lambda a: f"-{a}",
         Op.ABS: lambda a: f"tl.abs({a})",
         Op.EXP: lambda a: f"tl.exp({a})",
         Op.LOG: lambda a: f"tl.log({a})",
@@ -166,7 +165,6 @@ class TritonRenderer(KernelRenderer):
         Op.TANH: lambda a: f"2 * tl.sigmoid(2 * {a}) - 1",
         Op.SQRT: lambda a: f"tl.sqrt({a})",
         Op.RSQRT: lambda a: f"tl.rsqrt({a})",
-        Op.RECIPROCAL: lambda a: f"1 / {a}",
         Op.SIGMOID: lambda a: f"tl.sigmoid({a})",
         Op.ERF: lambda a: f"tl.erf({a})",
         Op.FLOOR: lambda a: f"tl.floor({a})",
@@ -174,25 +172,11 @@ class TritonRenderer(KernelRenderer):
         Op.TRUNC: lambda a: f"tl.where({a} < 0, tl.ceil({a}), tl.floor({a}))",
         Op.ISNAN: lambda a: f"{a} != {a}",
         Op.LOGICAL_NOT: lambda a: f"{a} == 0",
-        Op.BITWISE_NOT: lambda a: f"~{a}",
-        Op.ADD: lambda a, b: f"{a} + {b}",
-        Op.SUB: lambda a, b: f"{a} - {b}",
-        Op.MUL: lambda a, b: f"{a} * {b}",
-        Op.TRUEDIV: lambda a, b: f"{a} / {b}",
         Op.MAXIMUM: lambda a, b: f"tl.maximum({a}, {b})",
         Op.MINIMUM: lambda a, b: f"tl.minimum({a}, {b})",
-        Op.LT: lambda a, b: f"{a} < {b}",
-        Op.LE: lambda a, b: f"{a} <= {b}",
-        Op.GT: lambda a, b: f"{a} > {b}",
-        Op.GE: lambda a, b: f"{a} >= {b}",
-        Op.EQ: lambda a, b: f"{a} == {b}",
-        Op.NE: lambda a, b: f"{a} != {b}",
         Op.LOGICAL_AND: lambda a, b: f"{a} & {b}",
         Op.LOGICAL_OR: lambda a, b: f"{a} | {b}",
         Op.LOGICAL_XOR: lambda a, b: f"{a} ^ {b}",
-        Op.BITWISE_AND: lambda a, b: f"{a} & {b}",
-        Op.BITWISE_OR: lambda a, b: f"{a} | {b}",
-        Op.BITWISE_XOR: lambda a, b: f"{a} ^ {b}",
         Op.WHERE: lambda c, a, b: f"tl.where({c}, {a}, {b})",
     }
     # expm1, log1p, tan, atan, atan2, round, pow need libdevice, which Triton's CPU
