@@ -192,7 +192,7 @@ def test_save_all_and_min_cut_agree():
     model = Block()
     x = torch.randn(2, 8, 32, requires_grad=True)
     gm = torch.fx.symbolic_trace(model)
-    grads = {}
+    grads, saved_all_bytes = {}, None
     for strategy in ("save_all", "min_cut"):
         compiled = compile_training(gm, [x], strategy=strategy)
         model.zero_grad()

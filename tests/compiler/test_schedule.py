@@ -1,8 +1,7 @@
 """Fusion decisions: how many kernels, what is stored, what is freed."""
 import torch
 
-from torchweld.compiler import ir
-from torchweld.compiler.schedule import Free, Kernel
+from torchweld.compiler.schedule import Free
 from weld_helpers import check
 
 

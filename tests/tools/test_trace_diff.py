@@ -19,7 +19,6 @@ from torchweld.tools.trace_diff import (
     OpsDiff,
     TraceDiff,
     TraceDiffError,
-    classify_ops,
     compare_traces,
     load_trace_set,
     ops_diff,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import builtins
 import inspect
 import operator
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import torch
 
@@ -17,8 +17,6 @@ from torchweld.capture.values import (
 )
 from torchweld.errors import Unsupported
 
-if TYPE_CHECKING:
-    from torchweld.capture.translator import Translator
 
 BuiltinRule = Callable[..., Value]
 BUILTINS: dict[object, BuiltinRule] = {}

@@ -3,9 +3,6 @@ methods, user functions (inlined), bound methods and grad-mode context managers.
 from __future__ import annotations
 
 import types
-from typing import TYPE_CHECKING
-
-import torch
 
 from torchweld.capture.sources import AttrSource, Source
 from torchweld.capture.values import (
@@ -13,8 +10,6 @@ from torchweld.capture.values import (
 )
 from torchweld.errors import Unsupported
 
-if TYPE_CHECKING:
-    from torchweld.capture.translator import Translator
 
 
 def _constant_args(args: list[Value], kwargs: dict[str, Value]) -> tuple[list, dict]:

@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING
 from torchweld.capture.callables import (
     BoundMethodValue, ConstantMethodValue, ContainerMethodValue, TensorMethodValue, UserFunctionValue,
 )
-from torchweld.capture.handlers.ops import BINARY_OPERATORS
 from torchweld.capture.objects import NNModuleValue, is_standard_module
 from torchweld.capture.reconstruct import Reconstructor
 from torchweld.capture.resume import ITERATOR, NULL_SLOT, VALUE, live_locals_at, make_resume_code

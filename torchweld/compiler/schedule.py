@@ -16,13 +16,12 @@ frozen steps whose expressions are in the kernel's loop variables.
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Iterable
 
 import torch
 
 from torchweld.compiler import ir
-from torchweld.compiler.ir import Expr, Layout, Op
+from torchweld.compiler.ir import Expr, Op
 from torchweld.compiler.lowering import LoweredGraph, TensorValue
 
 

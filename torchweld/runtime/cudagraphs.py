@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import weakref
 from typing import Callable, Protocol, Sequence
 
 import torch

@@ -4,7 +4,7 @@ from __future__ import annotations
 from torchweld.capture.callables import NestedFunctionValue
 from torchweld.capture.grad_mode import GradModeContextValue
 from torchweld.capture.handlers import handles
-from torchweld.capture.values import DictValue, NullValue, TupleValue
+from torchweld.capture.values import DictValue, NullValue
 from torchweld.errors import Unsupported
 
 
