@@ -14,7 +14,7 @@ from torchweld import config  # noqa: E402
 from torchweld.runtime.autotune import Autotuner, load_choices  # noqa: E402
 
 triton = pytest.importorskip("triton")
-interpreter = pytest.mark.skipif(os.environ["TRITON_INTERPRET"] != "1", reason="needs TRITON_INTERPRET=1")
+interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs TRITON_INTERPRET=1")
 
 
 class FakeTimer:
