@@ -213,7 +213,7 @@ def test_resnet_bottleneck_triton(interpret):
     compile_and_check(model, [torch.randn(1, 3, 16, 16)], options=TRITON)
 
 
-def test_triton_convolutions_leave_their_bias_to_the_next_kernel():
+def test_triton_convolutions_leave_their_bias_to_the_next_kernel(interpret):
     from weld_helpers import check
 
     conv = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU()).eval()
