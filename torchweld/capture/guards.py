@@ -9,13 +9,14 @@ from typing import Callable
 
 import torch
 
-from torchweld.capture.sources import Source
+from torchweld.capture.sources import AttrSource, ItemSource, LocalSource, Source
 
 
 @dataclasses.dataclass(frozen=True)
 class Guard:
     text: str  # readable: "L['x']: Tensor(dtype=float32, shape=(4,), ...)"
     expr: str  # Python over the entry function's names and the GuardSet's constants
+    source: Source | None = None  # what it checks; its spelling in `expr` is shared across guards
 
 
 class GuardSet:
@@ -28,11 +29,11 @@ class GuardSet:
         self._weak_targets: list[object] = []  # objects guarded by identity
 
     # -- adding guards ---------------------------------------------------------
-    def _add(self, key: tuple[str, str], text: str, expr: str) -> None:
+    def _add(self, key: tuple[str, str], text: str, expr: str, source: Source | None = None) -> None:
         if key in self._seen:
             return
         self._seen.add(key)
-        self.guards.append(Guard(text, expr))
+        self.guards.append(Guard(text, expr, source))
 
     def _const(self, obj: object) -> str:
         name = f"___g{len(self.constants)}"
@@ -52,37 +53,37 @@ class GuardSet:
             f"shape={tuple(t.shape)}, stride={tuple(t.stride()) if t.layout is torch.strided else None}, "
             f"requires_grad={t.requires_grad})"
         )
-        self._add((source.name(), "tensor"), text, " and ".join(p.format(e=e) for p in parts))
+        self._add((source.name(), "tensor"), text, " and ".join(p.format(e=e) for p in parts), source)
 
     def constant(self, source: Source, value: object) -> None:
         e = source.expr()
         if value is None or isinstance(value, bool):
-            self._add((source.name(), "const"), f"{source.name()} is {value!r}", f"{e} is {value!r}")
+            self._add((source.name(), "const"), f"{source.name()} is {value!r}", f"{e} is {value!r}", source)
             return
         if isinstance(value, (int, float, str, bytes)) and not (isinstance(value, float) and value != value):
             expr = f"type({e}) is {type(value).__name__} and {e} == {value!r}"
         else:
             expr = f"type({e}) is {self._const(type(value))} and {e} == {self._const(value)}"
-        self._add((source.name(), "const"), f"{source.name()} == {value!r}", expr)
+        self._add((source.name(), "const"), f"{source.name()} == {value!r}", expr, source)
 
     def identity(self, source: Source, obj: object) -> None:
         self._keep_weakly(obj)
         text = f"{source.name()} is {_describe(obj)}"
-        self._add((source.name(), "id"), text, f"id({source.expr()}) == {id(obj)}")
+        self._add((source.name(), "id"), text, f"id({source.expr()}) == {id(obj)}", source)
 
     def type_is(self, source: Source, cls: type) -> None:
         text = f"type({source.name()}) is {cls.__qualname__}"
-        self._add((source.name(), "type"), text, f"type({source.expr()}) is {self._const(cls)}")
+        self._add((source.name(), "type"), text, f"type({source.expr()}) is {self._const(cls)}", source)
 
     def length(self, source: Source, cls: type, n: int) -> None:
         e = source.expr()
         text = f"type({source.name()}) is {cls.__name__} and len({source.name()}) == {n}"
-        self._add((source.name(), "len"), text, f"type({e}) is {self._const(cls)} and len({e}) == {n}")
+        self._add((source.name(), "len"), text, f"type({e}) is {self._const(cls)} and len({e}) == {n}", source)
 
     def dict_keys(self, source: Source, keys: list) -> None:
         e = source.expr()
         text = f"type({source.name()}) is dict and list({source.name()}) == {keys!r}"
-        self._add((source.name(), "keys"), text, f"type({e}) is dict and list({e}) == {self._const(keys)}")
+        self._add((source.name(), "keys"), text, f"type({e}) is dict and list({e}) == {self._const(keys)}", source)
 
     def same_object(self, source: Source, first: Source) -> None:
         text = f"{source.name()} is {first.name()}"
@@ -98,7 +99,33 @@ class GuardSet:
 
     # -- results ---------------------------------------------------------------
     def expression(self) -> str:
-        return " and ".join(f"({g.expr})" for g in self.guards) or "True"
+        """All guards as one `and` chain. A value read by several guards (`self.layer1`
+        for every guard below it) is read once, into a variable, where first needed."""
+        names: dict[str, str] = {}
+
+        def spell(source: Source) -> str:
+            if source.name() in names:
+                return names[source.name()]
+            base = getattr(source, "base", None)
+            if isinstance(source, (AttrSource, ItemSource)) and base is not None:
+                own = source.on(spell(base))
+            elif isinstance(source, LocalSource):
+                return source.expr()  # already a plain name
+            else:
+                own = source.expr()
+            name = names[source.name()] = f"___v{len(names)}"
+            return f"({name} := {own})"
+
+        parts = []
+        for guard in self.guards:
+            expr = guard.expr
+            if guard.source is not None and not isinstance(guard.source, LocalSource):
+                plain = guard.source.expr()
+                first = spell(guard.source)  # "(___vK := <chain>)" the first time, else "___vK"
+                later = names.get(guard.source.name(), plain)
+                expr = expr.replace(plain, "\0", 1).replace(plain, later).replace("\0", first)
+            parts.append(f"({expr})")
+        return " and ".join(parts) or "True"
 
     def readable(self) -> list[str]:
         return [g.text for g in self.guards]

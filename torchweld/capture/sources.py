@@ -102,9 +102,13 @@ class AttrSource(Source):
         return f"{self.base.name()}.{self.attr}"
 
     def expr(self) -> str:
+        return self.on(self.base.expr())
+
+    def on(self, base: str) -> str:
+        """This attribute of `base`, an expression for the base's value."""
         if self.attr.isidentifier() and not self.attr.startswith("__"):
-            return f"{self.base.expr()}.{self.attr}"
-        return f"getattr({self.base.expr()}, {self.attr!r})"
+            return f"{base}.{self.attr}"
+        return f"getattr({base}, {self.attr!r})"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,7 +122,10 @@ class ItemSource(Source):
         return f"{self.base.name()}[{self.key!r}]"
 
     def expr(self) -> str:
-        return f"{self.base.expr()}[{self.key!r}]"
+        return self.on(self.base.expr())
+
+    def on(self, base: str) -> str:
+        return f"{base}[{self.key!r}]"
 
 
 @dataclasses.dataclass(frozen=True)
