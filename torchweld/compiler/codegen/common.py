@@ -101,10 +101,13 @@ class KernelRenderer:
             for store in stage.stores:
                 self.store(store, inner)
             self.close_stage(i, stage, scope)
-        for store in kernel.outer_stores:
-            self.store(store, scope)
+        self.render_outer_stores(kernel, scope)
         self.close_kernel(kernel)
         return "\n".join(self.lines) + "\n"
+
+    def render_outer_stores(self, kernel: Kernel, scope: Scope) -> None:
+        for store in kernel.outer_stores:
+            self.store(store, scope)
 
     def emit(self, scope: Scope, line: str) -> None:
         self.lines.append("    " * scope.indent + line)

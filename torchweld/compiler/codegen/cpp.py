@@ -1,5 +1,12 @@
 """Render one scheduled kernel as a C++ function: OpenMP over the outer loops,
-`omp simd` on the innermost loop so g++ vectorizes it."""
+`omp simd` on the innermost loop so g++ vectorizes it.
+
+A reduction whose loads are contiguous along the last outer dim rather than the
+last reduced one (a column sum: bias and LayerNorm-weight gradients) is rendered
+as an *outer reduction*: the last outer loop is cut into blocks of OUTER_BLOCK,
+each accumulator becomes an array over the block, and the `omp simd` loop runs
+over the block inside the reduced loops, so loads are unit-stride vectors instead
+of one strided scalar per step."""
 from __future__ import annotations
 
 import math
@@ -7,10 +14,12 @@ import math
 import torch
 
 from torchweld.compiler.codegen.common import C_LIKE_OPS, KernelRenderer, Scope
+from torchweld.compiler import ir
 from torchweld.compiler.ir import Op
 from torchweld.compiler.schedule import Kernel, Stage
 
 HALF_TYPES = (torch.float16, torch.bfloat16)
+OUTER_BLOCK = 16  # lanes of an outer reduction's simd loop (one AVX-512 register of float)
 
 # Helpers every generated file starts with: NaN-propagating max/min, Python-style
 # integer division, and half/bfloat16 storage converted to float registers.
@@ -170,6 +179,9 @@ class CppRenderer(KernelRenderer):
         outer = [(f"x{k}", s) for k, s in enumerate(kernel.outer) if s != 1]
         numel = math.prod(kernel.outer) * max(math.prod(kernel.reduced), 1)
         parallel = f" if({numel} > 32768)" if numel else ""
+        self.block_var = _outer_reduction_var(kernel, outer)
+        if self.block_var is not None:
+            return self.open_blocked_kernel(outer, parallel)
         self.open_loops = len(outer)
         indent = 1
         for k, (var, size) in enumerate(outer):
@@ -189,20 +201,48 @@ class CppRenderer(KernelRenderer):
             indent += 1
         return Scope(None, indent)
 
+    def open_blocked_kernel(self, outer: list, parallel: str) -> Scope:
+        """Outer loops of an outer reduction: the last one steps by OUTER_BLOCK (see the module doc)."""
+        var, size = outer[-1]
+        self.emit(Scope(None, 1), f"#pragma omp parallel for collapse({len(outer)}){parallel}")
+        indent = 1
+        for v, s in outer[:-1]:
+            self.emit(Scope(None, indent), f"for (int64_t {v} = 0; {v} < {s}; {v}++) {{")
+            indent += 1
+        self.emit(Scope(None, indent), f"for (int64_t {var}b = 0; {var}b < {size}; {var}b += {OUTER_BLOCK}) {{")
+        self.block_lanes = str(OUTER_BLOCK) if size % OUTER_BLOCK == 0 else \
+            f"std::min<int64_t>({OUTER_BLOCK}, {size} - {var}b)"
+        self.open_loops = len(outer)
+        return Scope(None, indent + 1)
+
+    def open_lanes(self, indent: int) -> int:
+        """Open the simd loop over one block's lanes, binding the blocked outer variable."""
+        var = self.block_var
+        self.emit(Scope(None, indent), "#pragma omp simd")
+        self.emit(Scope(None, indent), f"for (int64_t {var}i = 0; {var}i < {self.block_lanes}; {var}i++) {{")
+        self.emit(Scope(None, indent + 1), f"const int64_t {var} = {var}b + {var}i;")
+        return indent + 1
+
     def close_kernel(self, kernel: Kernel) -> None:
         for k in range(self.open_loops, -1, -1):
             self.emit(Scope(None, k), "}")
 
+    def render_outer_stores(self, kernel: Kernel, scope: Scope) -> None:
+        if self.block_var is None or not kernel.outer_stores:
+            return super().render_outer_stores(kernel, scope)
+        indent = self.open_lanes(scope.indent)
+        lanes = Scope(scope, indent)
+        for store in kernel.outer_stores:
+            self.store(store, lanes)
+        self.emit(Scope(None, indent - 1), "}")
+
     def open_stage(self, i: int, stage: Stage, outer: Scope) -> Scope:
+        if self.block_var is not None:
+            return self.open_blocked_stage(stage, outer)
         for acc in stage.reductions:
             name = self.new_tmp("acc")
             self.reduced_names[acc.name] = name
-            init = self.reduce_init[acc.reduce_op] if acc.dtype is not torch.bool else (
-                "false" if acc.reduce_op in (Op.MAX, Op.SUM) else "true")
-            if acc.reduce_op in (Op.MAX, Op.MIN) and not acc.dtype.is_floating_point and acc.dtype is not torch.bool:
-                limit = "max" if acc.reduce_op is Op.MIN else "lowest"
-                init = f"std::numeric_limits<{self.register_type(acc.dtype)}>::{limit}()"
-            self.emit(outer, f"{self.register_type(acc.dtype)} {name} = {init};")
+            self.emit(outer, f"{self.register_type(acc.dtype)} {name} = {self.accumulator_init(acc)};")
         loops = [(f"r{k}", s) for k, s in enumerate(self.kernel.reduced) if s != 1]
         indent = outer.indent
         clause = [self.reduced_names[a.name] for a in stage.reductions if a.reduce_op in self.simd_clause]
@@ -218,9 +258,35 @@ class CppRenderer(KernelRenderer):
         self.stage_loops = len(loops)
         return Scope(outer, indent)
 
+    def open_blocked_stage(self, stage: Stage, outer: Scope) -> Scope:
+        """Accumulator arrays over the block, the reduced loops, then the simd loop over lanes."""
+        lane = f"{self.block_var}i"
+        for acc in stage.reductions:
+            name = self.new_tmp("acc")
+            self.reduced_names[acc.name] = f"{name}[{lane}]"
+            self.emit(outer, f"{self.register_type(acc.dtype)} {name}[{OUTER_BLOCK}];")
+            self.emit(outer, f"for (int64_t {lane} = 0; {lane} < {OUTER_BLOCK}; {lane}++) "
+                             f"{name}[{lane}] = {self.accumulator_init(acc)};")
+        loops = [(f"r{k}", s) for k, s in enumerate(self.kernel.reduced) if s != 1]
+        indent = outer.indent
+        for var, size in loops:
+            self.emit(Scope(None, indent), f"for (int64_t {var} = 0; {var} < {size}; {var}++) {{")
+            indent += 1
+        indent = self.open_lanes(indent)
+        self.stage_loops = len(loops) + 1
+        return Scope(outer, indent)
+
     def close_stage(self, i: int, stage: Stage, outer: Scope) -> None:
         for k in range(self.stage_loops - 1, -1, -1):
             self.emit(Scope(None, outer.indent + k), "}")
+
+    def accumulator_init(self, acc) -> str:
+        if acc.dtype is torch.bool:
+            return "false" if acc.reduce_op in (Op.MAX, Op.SUM) else "true"
+        if acc.reduce_op in (Op.MAX, Op.MIN) and not acc.dtype.is_floating_point:
+            limit = "max" if acc.reduce_op is Op.MIN else "lowest"
+            return f"std::numeric_limits<{self.register_type(acc.dtype)}>::{limit}()"
+        return self.reduce_init[acc.reduce_op]
 
     def accumulate(self, acc, value, scope) -> None:
         name = self.reduced_names[acc.name]
@@ -239,3 +305,24 @@ class CppRenderer(KernelRenderer):
         for kernel in kernels:
             parts.append(self.render(kernel))
         return "\n".join(parts)
+
+
+def _outer_reduction_var(kernel: Kernel, outer: list) -> str | None:
+    """The last outer variable, when more of the kernel's loads and stores are contiguous
+    along it than along the last reduced variable (a column reduction); else None."""
+    reduced = [f"r{k}" for k, s in enumerate(kernel.reduced) if s != 1]
+    if not reduced or not outer:
+        return None
+    x, r = outer[-1][0], reduced[-1]
+    indices = [n.args[0] for stage in kernel.stages for acc in stage.reductions for n in ir.loads(acc.value)]
+    indices += [n.args[0] for stage in kernel.stages for st in stage.stores for n in ir.loads(st.value)]
+    indices += [st.index for stage in kernel.stages for st in stage.stores]
+    along_x = along_r = 0
+    for index in indices:
+        terms = ir.affine_terms(index)
+        if terms is None:
+            continue
+        coefs = terms[0]
+        along_x += coefs.get(x) == 1 and coefs.get(r, 0) != 0
+        along_r += coefs.get(r) == 1
+    return x if along_x > along_r else None

@@ -1,0 +1,27 @@
+"""C++ kernels: column reductions render as outer reductions (blocked simd over the kept dim)."""
+import torch
+
+from weld_helpers import check, weld_compile
+
+
+def test_column_sum_is_an_outer_reduction():
+    def fn(x, w):
+        y = torch.erf(x) * w
+        return y.sum(0), (x * y).amax(0), y.sum(0, keepdim=True) / x.shape[0] + x
+
+    for cols in (256, 37):  # a whole number of blocks, and a ragged last block
+        inputs = (torch.randn(64, cols), torch.randn(cols))
+        compiled = check(fn, inputs, atol=1e-5, rtol=1e-5)
+        assert "x0b" in compiled.kernel_sources["cpp"]
+
+
+def test_row_sum_stays_an_inner_reduction():
+    inputs = (torch.randn(64, 256),)
+    compiled = weld_compile(lambda x: x.sum(1), inputs)
+    check(lambda x: x.sum(1), inputs, compiled=compiled)
+    assert "x0b" not in compiled.kernel_sources["cpp"]
+
+
+def test_outer_reduction_over_two_reduced_dims():
+    fn = lambda x: x.sum((0, 1)) + x.amin((0, 1))  # noqa: E731
+    check(fn, (torch.randn(8, 5, 40),), atol=1e-4, rtol=1e-5)
