@@ -118,9 +118,9 @@ _FROZEN_TYPES = (types.MappingProxyType, types.CodeType, inspect.Signature, insp
 
 
 def is_constant_literal(obj: object) -> bool:
-    if isinstance(obj, (tuple, frozenset)) and type(obj) in (tuple, frozenset):
+    if type(obj) in (tuple, frozenset):
         return all(is_constant_literal(o) for o in obj)
-    return type(obj) in _CONSTANT_TYPES or (isinstance(obj, torch.Size))
+    return type(obj) in _CONSTANT_TYPES
 
 
 def const(value: object) -> Value:
