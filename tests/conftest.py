@@ -25,3 +25,10 @@ def fresh_state():
 def surface_capture_bugs():
     with torchweld.config.patch(raise_internal_errors=True):
         yield
+
+
+@pytest.fixture(autouse=True)
+def grad_mode_is_left_as_found(request):
+    """A compiled call (or its compilation) must never leave grad mode changed."""
+    yield
+    assert torch.is_grad_enabled(), f"{request.node.name} left grad mode disabled"

@@ -36,7 +36,7 @@ def compile(model: Callable | None = None, *, fullgraph: bool = False, dynamic: 
 
 
 def _compile_one(model: Callable, settings: CompileSettings, disable: bool):
-    if disable:
+    if disable or getattr(model, "__torchweld_disabled__", False):  # decided once, not per call
         return model
     if isinstance(model, torch.nn.Module):
         return CompiledModule(model, settings)

@@ -367,3 +367,14 @@ def test_graph_breaks_log_and_counts(caplog, capsys):
     assert len(messages) == 1 and "print() needs Python" in messages[0] and "test_graph_breaks.py:" in messages[0]
     report = compiled.cache_entries[0].report
     assert report.break_reason.count == 3
+
+
+def test_backend_running_the_graph_at_compile_time_leaves_grad_mode_alone(capsys):
+    def runs_graph(gm, example_inputs):  # like a tracing backend: executes _set_grad_enabled nodes
+        gm(*example_inputs)
+        return gm.forward
+
+    compiled = torchweld.compile(break_in_no_grad, backend=runs_graph)
+    x, w = torch.randn(3), torch.randn(3, requires_grad=True)
+    assert_same(compiled(x, w), break_in_no_grad(x, w))
+    assert torch.is_grad_enabled()

@@ -48,8 +48,6 @@ class CompiledFunction:
         LIVE_CACHES.add(self)
 
     def __call__(self, *args, **kwargs):
-        if getattr(self._fn, "__torchweld_disabled__", False):
-            return self._fn(*args, **kwargs)
         if self._owner is not None:
             args = (self._owner, *args)
         for run in self._runs:

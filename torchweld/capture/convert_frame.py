@@ -111,15 +111,15 @@ def _break_entry(fn, tx: Translator, failure: Unsupported, settings: CompileSett
     if tx.output.grad_mode_changed:
         grad_restore.append(f"{rebuild.const(torch._C._set_grad_enabled)}({tx.output.grad_enabled})")
     body = ["___reason.count += 1", *rebuild.lines, *replay, *grad_restore, *statements]
-    return _graph_entry(fn, tx, rebuild, body, settings, start, reason, restore_grad_mode=True)
+    return _graph_entry(fn, tx, rebuild, body, settings, start, reason)
 
 
 def _graph_entry(fn, tx: Translator, rebuild: Reconstructor, body: list[str], settings: CompileSettings,
-                 start: float, reason: BreakReason | None = None, restore_grad_mode: bool = False) -> CacheEntry:
+                 start: float, reason: BreakReason | None = None) -> CacheEntry:
     """An entry that runs the graph, then `body` (which ends in a return); everything that
     adds graph outputs (return value, rebuilt stack, side-effect replay) is done before."""
     output = tx.output
-    gm, example_inputs, input_sources = output.finish(rebuild.graph_outputs, restore_grad_mode)
+    gm, example_inputs, input_sources = output.finish(rebuild.graph_outputs)
     prefix = []
     if output.op_count() > 0:
         compiled = _compile_graph(gm, example_inputs, settings, tx)
@@ -129,7 +129,8 @@ def _graph_entry(fn, tx: Translator, rebuild: Reconstructor, body: list[str], se
         rebuild.constants["___graph"] = compiled
         prefix.append(f"___out = ___graph({', '.join(s.expr() for s in input_sources)})")
         if output.grad_mode_changed:  # whatever the backend did with the graph's grad-mode nodes
-            final = output.initial_grad_enabled if restore_grad_mode else output.grad_enabled
+            # a break re-enters its contexts from the frame's starting mode; a return keeps the last mode
+            final = output.initial_grad_enabled if reason is not None else output.grad_enabled
             prefix.append(f"{rebuild.const(torch._C._set_grad_enabled)}({final})")
     report = TranslationReport(
         function=fn.__code__.co_qualname, graph=gm if output.op_count() else None, op_count=output.op_count(),
@@ -145,7 +146,9 @@ def _compile_graph(gm, example_inputs, settings: CompileSettings, tx: Translator
     logs.get("graph").info("graph of %s:\n%s", tx.code.co_qualname, gm.print_readable(print_output=False))
     logs.get("graph_code").info("graph code of %s:\n%s", tx.code.co_qualname, gm.code)
     try:
-        compiled = settings.backend(gm, example_inputs)
+        # a backend that traces or runs the graph executes its grad-mode nodes: undo that after
+        with torch.set_grad_enabled(torch.is_grad_enabled()):
+            compiled = settings.backend(gm, example_inputs)
         if not callable(compiled):
             raise TypeError(f"the backend returned {compiled!r}, which is not callable")
     except Exception as e:

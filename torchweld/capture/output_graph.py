@@ -180,12 +180,9 @@ class OutputGraph:
     def op_count(self) -> int:
         return sum(1 for n in self.graph.nodes if n.op in ("call_function", "call_method", "call_module"))
 
-    def finish(self, outputs: list[TensorValue], restore_grad_mode: bool = False
-               ) -> tuple[torch.fx.GraphModule, list[torch.Tensor], list[Source]]:
+    def finish(self, outputs: list[TensorValue]) -> tuple[torch.fx.GraphModule, list[torch.Tensor], list[Source]]:
         """Close the graph with `outputs`; return it, its example inputs and their sources.
-        `restore_grad_mode` ends the graph in the grad mode the frame started in."""
-        if restore_grad_mode and self.grad_enabled != self.initial_grad_enabled:
-            self.graph.call_function(torch._C._set_grad_enabled, (self.initial_grad_enabled,))
+        (The grad mode after the graph is set by the entry code, whatever the backend did.)"""
         self.graph.output(tuple(v.node for v in outputs))
         self._remove_dead_code()
         kept = []
