@@ -10,7 +10,7 @@ from typing import Callable
 import torch
 
 from torchweld.capture import operators
-from torchweld.capture.objects import ClassValue, NNModuleValue, PythonModuleValue, UserObjectValue
+from torchweld.capture.objects import ClassValue, NNModuleValue
 from torchweld.capture.sources import Source
 from torchweld.capture.values import (
     ConstantValue, DictValue, IteratorValue, ListValue, SetValue, TensorValue, TupleValue, Value, const,
@@ -46,6 +46,9 @@ class BuiltinValue(Value):
     def __init__(self, fn: object, source: Source | None = None):
         self.fn = fn
         self.source = source
+
+    def real_object(self) -> object:
+        return self.fn
 
     def python_type(self) -> type:
         return type(self.fn)
@@ -284,13 +287,6 @@ def _callable(tx, obj: Value) -> Value:
     return ConstantValue(hasattr(obj, "call") and type(obj).call is not Value.call)
 
 
-def _real_object(v: Value) -> object | None:
-    for attr in ("module", "obj", "cls"):
-        if isinstance(v, (NNModuleValue, UserObjectValue, PythonModuleValue, ClassValue)) and hasattr(v, attr):
-            return getattr(v, attr)
-    return None
-
-
 @rule(getattr)
 def _getattr(tx, obj: Value, name: Value, *default: Value) -> Value:
     attr = name.as_constant()
@@ -304,7 +300,7 @@ def _hasattr(tx, obj: Value, name: Value) -> Value:
     attr = name.as_constant()
     if isinstance(obj, TensorValue):
         return ConstantValue(hasattr(obj.fake, attr))
-    real = _real_object(obj)
+    real = obj.real_object()
     if real is not None:
         present = hasattr(real, attr)
         if obj.source is not None:

@@ -157,6 +157,9 @@ class TorchCallableValue(Value):
         self.fn = fn
         self.source = source
 
+    def real_object(self) -> object:
+        return self.fn
+
     def python_type(self) -> type:
         return type(self.fn)
 
@@ -209,6 +212,9 @@ class UserFunctionValue(Value):
     def __init__(self, fn: types.FunctionType, source: Source | None = None):
         self.fn = fn
         self.source = source
+
+    def real_object(self) -> object:
+        return self.fn
 
     def python_type(self) -> type:
         return types.FunctionType
@@ -283,6 +289,9 @@ class OpaqueCallableValue(Value):
     def __init__(self, fn: object, reason: str):
         self.fn = fn
         self.reason = reason
+
+    def real_object(self) -> object:
+        return self.fn
 
     def python_type(self) -> type:
         return type(self.fn)

@@ -92,16 +92,10 @@ class BreakCodegen:
         return self.lines + [f"return {self._resume_call(index, slots, self._locals(), compiled=False)}"]
 
     def _compiled_callee(self, value: Value) -> Value:
-        """A user function or module on the stack, as its compiled wrapper."""
-        if isinstance(value, UserFunctionValue):
-            return _Expr(self._wrapper(value.fn))
-        if isinstance(value, BoundMethodValue) and isinstance(value.func, UserFunctionValue):
-            method = self.rebuild.const(types.MethodType)
-            return _Expr(f"{method}({self._wrapper(value.func.fn)}, {self.rebuild.expr(value.self_value)})")
-        if isinstance(value, NNModuleValue) and not is_standard_module(value.module):
-            method = self.rebuild.const(types.MethodType)
-            return _Expr(f"{method}({self._wrapper(type(value.module).forward)}, {self.rebuild.expr(value)})")
-        return value
+        """A callable on the stack as Python source: user functions and modules as their
+        compiled wrappers (see `_callable_expr`); any other value as it is."""
+        text = self._callable_expr(value)
+        return _Expr(text) if text is not None else value
 
     def _branch(self, condition: Value, below, locals_now) -> list[str]:
         inst, tx = self.inst, self.tx
@@ -240,22 +234,27 @@ class BreakCodegen:
 
     def _call(self, fn: Value, args: list[str], kwargs: list[str]) -> str:
         """A call of `fn`; user functions go through their own compiled wrapper."""
+        target = self._callable_expr(fn) or self.rebuild.expr(fn)
+        return f"{target}({', '.join(args + kwargs)})"
+
+    def _callable_expr(self, fn: Value) -> str | None:
+        """Python source for a callable that has no source of its own to reload from:
+        a user function, method or module (through its compiled wrapper, so that it is
+        captured in its own graphs) or a method of a tensor, container or constant."""
         expr = self.rebuild.expr
-        target, leading = None, []
+        bind = lambda function, owner: f"{self.rebuild.const(types.MethodType)}({self._wrapper(function)}, {expr(owner)})"  # noqa: E731
         if isinstance(fn, UserFunctionValue):
-            target = self._wrapper(fn.fn)
-        elif isinstance(fn, BoundMethodValue) and isinstance(fn.func, UserFunctionValue):
-            target, leading = self._wrapper(fn.func.fn), [expr(fn.self_value)]
-        elif isinstance(fn, NNModuleValue) and not is_standard_module(fn.module):
-            target, leading = self._wrapper(type(fn.module).forward), [expr(fn)]  # hooks: none (checked)
-        elif isinstance(fn, (TensorMethodValue, ContainerMethodValue)):
+            return self._wrapper(fn.fn)
+        if isinstance(fn, BoundMethodValue) and isinstance(fn.func, UserFunctionValue):
+            return bind(fn.func.fn, fn.self_value)
+        if isinstance(fn, NNModuleValue) and not is_standard_module(fn.module):  # hooks: none (checked)
+            return bind(type(fn.module).forward, fn)
+        if isinstance(fn, (TensorMethodValue, ContainerMethodValue)):
             owner = fn.tensor if isinstance(fn, TensorMethodValue) else fn.container
-            target = f"{expr(owner)}.{fn.name}"
-        elif isinstance(fn, ConstantMethodValue):
-            target = f"{self.rebuild.const(fn.obj)}.{fn.name}"
-        else:
-            target = expr(fn)
-        return f"{target}({', '.join(leading + args + kwargs)})"
+            return f"{expr(owner)}.{fn.name}"
+        if isinstance(fn, ConstantMethodValue):
+            return f"{self.rebuild.const(fn.obj)}.{fn.name}"
+        return None
 
     def _wrapper(self, function: types.FunctionType) -> str:
         from torchweld.capture.compiled_function import CompiledFunction

@@ -91,6 +91,9 @@ class NNModuleValue(Value):
         self.module = module
         self.source = source
 
+    def real_object(self) -> object:
+        return self.module
+
     def python_type(self) -> type:
         return type(self.module)
 
@@ -154,6 +157,9 @@ class UserObjectValue(Value):
         self.obj = obj
         self.source = source
 
+    def real_object(self) -> object:
+        return self.obj
+
     def python_type(self) -> type:
         return type(self.obj)
 
@@ -185,6 +191,9 @@ class PythonModuleValue(Value):
         self.module = module
         self.source = source
 
+    def real_object(self) -> object:
+        return self.module
+
     def python_type(self) -> type:
         return types.ModuleType
 
@@ -210,6 +219,9 @@ class ClassValue(Value):
     def __init__(self, cls: type, source: Source | None = None):
         self.cls = cls
         self.source = source
+
+    def real_object(self) -> object:
+        return self.cls
 
     def python_type(self) -> type:
         return type(self.cls)
@@ -260,7 +272,7 @@ class SuperValue(Value):
         from torchweld.capture.callables import BoundMethodValue
         from torchweld.capture.sources import ItemSource
 
-        real = getattr(self.owner, "module", None) or getattr(self.owner, "obj", None)
+        real = self.owner.real_object()
         if real is None:
             raise Unsupported(f"super() of {self.owner}")
         mro = type(real).__mro__

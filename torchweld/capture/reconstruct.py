@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from torchweld.capture.builtins import BuiltinValue
 from torchweld.capture.grad_mode import GradModeExitValue
-from torchweld.capture.callables import OpaqueCallableValue, TorchCallableValue, UserFunctionValue
-from torchweld.capture.objects import ClassValue, NNModuleValue, PythonModuleValue, UserObjectValue
 from torchweld.capture.values import (
     ConstantValue, DictValue, IteratorValue, ListValue, SetValue, TensorValue, TupleValue, Value,
 )
@@ -81,21 +78,7 @@ class Reconstructor:
             return f"{ctx}.__exit__"
         if value.source is not None:
             return value.source.expr()
-        real = _real_object(value)
+        real = value.real_object()
         if real is not None:
             return self.const(real)
         raise Unsupported(f"returning {value}, made inside the compiled function, is not supported yet")
-
-
-def _real_object(value: Value) -> object | None:
-    if isinstance(value, NNModuleValue):
-        return value.module
-    if isinstance(value, UserObjectValue):
-        return value.obj
-    if isinstance(value, PythonModuleValue):
-        return value.module
-    if isinstance(value, ClassValue):
-        return value.cls
-    if isinstance(value, (UserFunctionValue, TorchCallableValue, BuiltinValue, OpaqueCallableValue)):
-        return value.fn
-    return None

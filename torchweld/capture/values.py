@@ -53,6 +53,11 @@ class Value:
     def call(self, tx: "Translator", args: list["Value"], kwargs: dict[str, "Value"]) -> "Value":
         raise Unsupported(f"calling {self} is not supported")
 
+    def real_object(self) -> object | None:
+        """The Python object this value stands for, where capture holds it (modules,
+        user objects, classes, functions); None for values that exist only symbolically."""
+        return None
+
     def node_arg(self) -> object:
         """This value as an argument of an FX node."""
         value = self.as_constant()
