@@ -74,6 +74,17 @@ class Block(nn.Module):
         return x + self.mlp(self.ln2(x))
 
 
+class LastHidden(nn.Module):
+    """A transformers model returning the tensor its output dataclass holds."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids):
+        return self.model(ids).last_hidden_state
+
+
 def weld_compile(model):
     """torchweld.compile when capture is there; else the weld backend on a symbolic trace."""
     if hasattr(torchweld, "compile"):
@@ -193,14 +204,6 @@ def cuda_mode_cases(q: bool):
     try:
         import transformers
 
-        class LastHidden(nn.Module):
-            def __init__(self, model):
-                super().__init__()
-                self.model = model
-
-            def forward(self, ids):
-                return self.model(ids).last_hidden_state
-
         rows.append(("BERT b8 s128 infer", lambda: (
             LastHidden(transformers.BertModel(transformers.BertConfig())).to(dev).eval(),
             (torch.randint(0, 30000, (8, 128), device=dev),)), False))
@@ -314,14 +317,6 @@ def training_cases(q: bool, device: str):
         print("torchvision missing: no densenet121/resnet50 training rows")
     try:
         import transformers
-
-        class LastHidden(nn.Module):
-            def __init__(self, model):
-                super().__init__()
-                self.model = model
-
-            def forward(self, ids):
-                return self.model(ids).last_hidden_state
 
         rows.append(("BERT b8 s128", lambda: LastHidden(transformers.BertModel(transformers.BertConfig())),
                      lambda: (torch.randint(0, 30000, (8, 128)), torch.randn(8, 128, 768)), mse))

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import tempfile
 import time
 
@@ -22,6 +21,7 @@ import torch  # noqa: E402
 
 import torchweld  # noqa: E402
 from compare import chain  # noqa: E402  (bench/compare.py: the 12-op elementwise chain)
+from profile_weld_gpu import latency_ms  # noqa: E402  (median of CUDA-event timings of single calls)
 from torchweld import config  # noqa: E402
 
 
@@ -63,15 +63,7 @@ def gpu_time(fn, x, iters=50) -> float:
     for _ in range(5):
         fn(x)
     torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn(x)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    return latency_ms(fn, x, iters)
 
 
 def cold(fn, x):

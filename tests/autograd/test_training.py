@@ -11,7 +11,7 @@ import torchweld
 from torchweld.autograd import CompiledTrainingGraph, DoubleBackwardError, compile_training
 from torchweld.backends import lookup_backend
 
-from tests.autograd.models import CNN, MLP, Block, DenseBlock
+from tests.models import CNN, MLP, Block, DenseBlock
 
 TOL = dict(atol=1e-4, rtol=1e-4)
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])

@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn as nn
 
+from tests.models import CNN, Block
 from torchweld.backends import lookup_backend
 
 
@@ -16,37 +17,6 @@ class MLP(nn.Module):
 
     def forward(self, x):
         return self.layers(x)
-
-
-class CNN(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.body = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(inplace=True),
-                                  nn.MaxPool2d(2), nn.Conv2d(8, 8, 3), nn.BatchNorm2d(8), nn.ReLU(),
-                                  nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 4))
-
-    def forward(self, x):
-        return self.body(x)
-
-
-class Block(nn.Module):
-    """A pre-norm transformer block: attention with softmax, then an MLP."""
-
-    def __init__(self, d=32, heads=4):
-        super().__init__()
-        self.heads = heads
-        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
-        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
-
-    def forward(self, x):
-        b, s, d = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
-        q, k, v = (t.reshape(b, s, self.heads, d // self.heads).transpose(1, 2) for t in (q, k, v))
-        att = torch.softmax(q @ k.transpose(-2, -1) / (d // self.heads) ** 0.5, dim=-1)
-        y = (att @ v).transpose(1, 2).reshape(b, s, d)
-        x = x + self.proj(y)
-        return x + self.mlp(self.ln2(x))
 
 
 def _eval(model):

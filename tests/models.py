@@ -1,4 +1,4 @@
-"""Small models for the training tests: each is checked against eager."""
+"""Small models several test files share; every test compares them with eager."""
 import torch
 import torch.nn as nn
 
