@@ -32,12 +32,11 @@ def is_stateless_standard_module(module: torch.nn.Module) -> bool:
 
 
 def _has_hooks(module: torch.nn.Module) -> bool:
-    return bool(
-        module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
-        or getattr(module, "_forward_hooks_with_kwargs", None) and module._forward_hooks_with_kwargs
-        or torch.nn.modules.module._global_forward_hooks or torch.nn.modules.module._global_forward_pre_hooks
-        or torch.nn.modules.module._global_backward_hooks
-    )
+    """Forward or backward hooks on `module`, or global module hooks (checked on every call
+    of a compiled module, so: plain truth tests of the hook dicts)."""
+    hooks = torch.nn.modules.module
+    return bool(module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
+                or hooks._global_forward_hooks or hooks._global_forward_pre_hooks or hooks._global_backward_hooks)
 
 
 def _attribute(tx: "Translator", owner: Value, obj: object, name: str, source: Source | None) -> Value:
