@@ -32,13 +32,15 @@ class CacheEntry:
     guards: GuardSet
     report: TranslationReport
     source: str  # the generated entry's Python source (the `bytecode` log shows it)
+    signature: str  # the frame's parameter list, for single-guard checks when diagnosing a miss
+    namespace: dict  # the generated functions' globals
     alive: bool = True
     watchers: list = dataclasses.field(default_factory=list)
 
     def failing_guard(self, args: tuple, kwargs: dict) -> str | None:
         """The readable text of the first guard these arguments fail, if any."""
         for guard in self.guards.guards:
-            single = _compile_check(self._signature, guard.expr, self._namespace)
+            single = _compile_check(self.signature, guard.expr, self.namespace)
             single.__defaults__, single.__kwdefaults__ = self.run.__defaults__, self.run.__kwdefaults__
             try:
                 ok = single(*args, **kwargs)
@@ -47,9 +49,6 @@ class CacheEntry:
             if not ok:
                 return guard.text
         return None
-
-    _signature: str = ""
-    _namespace: dict = dataclasses.field(default_factory=dict)
 
 
 def signature_of(code: types.CodeType) -> tuple[str, str]:
@@ -109,7 +108,4 @@ def build_entry(fn: types.FunctionType, guards: GuardSet, body: list[str], const
     for f in (run, check):
         f.__defaults__ = fn.__defaults__
         f.__kwdefaults__ = fn.__kwdefaults__
-    entry = CacheEntry(run, check, guards, report, source)
-    entry._signature = signature
-    entry._namespace = namespace
-    return entry
+    return CacheEntry(run, check, guards, report, source, signature, namespace)
