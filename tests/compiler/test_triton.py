@@ -86,3 +86,20 @@ def test_big_pointwise_launch_and_int64_choice():
     assert launch_config(kernel(1 << 26)) == {"XBLOCK": 2048, "RBLOCK": 1, "num_warps": 8}
     assert launch_config(kernel(100)) == {"XBLOCK": 128, "RBLOCK": 1}
     assert needs_int64(kernel(1 << 31)) and not needs_int64(kernel(1 << 26))
+
+
+def test_cat_reads_each_element_from_one_input():
+    """Each input's loads are masked by the condition that selects it, so a cat of n
+    inputs reads one input per element, not n."""
+    def fn(a, b, c):
+        return torch.cat([a.relu(), b, c * 2], 1).sigmoid()
+
+    inputs = [torch.randn(2, 3, 4), torch.randn(2, 5, 4), torch.randn(2, 1, 4)]
+    compiled = check(fn, inputs, options=TRITON)
+    loads = [line for line in compiled.kernel_sources["triton"].splitlines() if "tl.load(" in line]
+    assert len(loads) == 3 and all("xmask & (" in line for line in loads)
+
+
+def test_where_keeps_a_load_its_condition_needs_unmasked():
+    compiled = check(lambda a: torch.where(a > 0, a, a * 0.1), [torch.randn(5, 6)], options=TRITON)
+    assert compiled.kernel_sources["triton"].count("tl.load(") == 1

@@ -13,7 +13,7 @@ import torch.utils._pytree as pytree
 from torchweld.compiler import ir
 from torchweld.compiler.aten_graph import to_aten_graph
 from torchweld.compiler.codegen.cpp import CppRenderer
-from torchweld.compiler.codegen.wrapper import WrapperRenderer
+from torchweld.compiler.codegen.wrapper import PRELUDE, WrapperRenderer
 from torchweld.compiler.lowering import GraphLowering
 from torchweld.compiler.schedule import Kernel, Schedule, schedule
 from torchweld.runtime.cache import cache_dir, content_hash, write_once
@@ -82,40 +82,37 @@ def _codegen(sched: Schedule, out_spec, options: dict) -> CompiledGraph:
             continue  # no elements: nothing to compute
         by_renderer.setdefault(renderer_for(k.device, options), []).append(k)
 
-    launches: dict[str, str] = {}
+    launches: dict[str, str] = {}  # kernel name -> line of the wrapper
+    fast_launches: dict[str, str] = {}  # the same through Triton's compiled launchers (triton_launches.py)
+    checked_inputs: list[str] = []
+    stream_index = None
     kernel_objects: dict[str, object] = {}
     sources: dict[str, str] = {}
     paths: dict[str, str] = {}
     for renderer_cls, kernels in by_renderer.items():
         renderer = renderer_cls()
-        source = renderer.render_kernels(kernels, buffer_dtypes)
-        n_args = {k.name: len(k.reads) + len([w for w in k.writes if w not in k.reads]) for k in kernels}
-        args_of = {k.name: list(k.reads) + [w for w in k.writes if w not in k.reads] for k in kernels}
         if renderer_cls is CppRenderer:
             from torchweld.runtime.cpp_loader import load_kernels
 
-            fns, path = load_kernels(source, [k.name for k in kernels], n_args)
+            source = renderer.render_kernels(kernels, buffer_dtypes)
+            fns, path = load_kernels(source, [k.name for k in kernels], {k.name: len(k.args) for k in kernels})
             sources["cpp"], paths["cpp"] = source, path
             for k in kernels:
                 kernel_objects[f"_k_{k.name}"] = fns[k.name]
-                ptrs = ", ".join(f"{a}.data_ptr()" for a in args_of[k.name])
+                ptrs = ", ".join(f"{a}.data_ptr()" for a in k.args)
                 launches[k.name] = f"_k_{k.name}({ptrs})"
         else:
-            from torchweld.compiler.codegen.triton import launch_config
+            from torchweld.compiler.codegen.triton_launches import build_launches
             from torchweld.runtime.triton_loader import load_module
 
+            source, fn_names = renderer.render_kernels(kernels, buffer_dtypes)
             module, path = load_module(source)
             sources["triton"], paths["triton"] = source, path
-            for k in kernels:
-                kernel_objects[f"_k_{k.name}"] = getattr(module, k.name)
-                launch = launch_config(k)
-                if options.get("max_autotune"):  # runtime/autotune.py
-                    from torchweld.compiler.codegen.triton import tune_launch
-
-                    launch = tune_launch(k, getattr(module, k.name), args_of[k.name], sched.layouts, path, options)
-                grid = -(-max(math.prod(k.outer), 1) // launch["XBLOCK"])
-                launches[k.name] = (f"_k_{k.name}[({grid},)]({', '.join(args_of[k.name])}, "
-                                    + ", ".join(f"{name}={value}" for name, value in launch.items()) + ")")
+            triton = build_launches(kernels, module, fn_names, sched, path, options)
+            launches |= triton.jit
+            fast_launches |= triton.fast
+            checked_inputs, stream_index = triton.checked_inputs, triton.stream_index
+            kernel_objects |= triton.objects
 
     if options.get("max_autotune"):  # aten mm/bmm against the Triton matmul template
         from torchweld.compiler.codegen.triton import TritonRenderer
@@ -124,12 +121,20 @@ def _codegen(sched: Schedule, out_spec, options: dict) -> CompiledGraph:
         for line in choose_matmuls(sched, options, lambda device: renderer_for(device, options) is TritonRenderer):
             log.debug("matmul choice: %s", line)
 
-    wrapper = WrapperRenderer(sched, lambda k: launches.get(k.name))
-    wrapper_source = wrapper.render()
+    wrapper = WrapperRenderer(sched)
+    wrapper_source = PRELUDE
+    if fast_launches:  # the JIT launches run when an input is misaligned for the compiled kernels
+        wrapper_source += wrapper.render("call_jit", lambda k: launches.get(k.name)) + "\n" + wrapper.render(
+            "call", lambda k: fast_launches.get(k.name) or launches.get(k.name),
+            check_alignment=checked_inputs, stream_index=stream_index)
+    else:
+        wrapper_source += wrapper.render("call", lambda k: launches.get(k.name))
     wrapper_path = write_once(os.path.join(cache_dir("wrappers"), f"w{content_hash(wrapper_source)}.py"),
                               wrapper_source)
     paths["wrapper"] = wrapper_path
     namespace = {"torch": torch, **wrapper.constants, **kernel_objects}
+    if stream_index is not None:
+        namespace["_raw_stream"] = torch._C._cuda_getCurrentRawStream
     exec(compile(wrapper_source, wrapper_path, "exec"), namespace)
     if output_code_log.isEnabledFor(logging.INFO):
         text = [f"wrapper: {wrapper_path}", wrapper_source]

@@ -31,6 +31,9 @@ class Op(enum.Enum):
     VAR = enum.auto()  # arg: an index variable's name ("d0", or a kernel's loop variable)
     LOAD = enum.auto()  # arg: buffer name; args: one index Expr per buffer dim
     REDUCED = enum.auto()  # arg: name of a reduction computed earlier in the same kernel
+    # arg: buffer name; args: (flat index, bool mask); 0 where the mask is false, and no memory
+    # read there. Made by the Triton renderer only, from the branches of a WHERE
+    MASKED_LOAD = enum.auto()
     # -- index arithmetic (non-negative int64 operands) --------------------------
     IDIV = enum.auto()
     IMOD = enum.auto()

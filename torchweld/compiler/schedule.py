@@ -69,6 +69,11 @@ class Kernel:
     def is_reduction(self) -> bool:
         return bool(self.reduced)
 
+    @property
+    def args(self) -> list[str]:
+        """The kernel's pointer parameters, in order: what it reads, then what it only writes."""
+        return list(self.reads) + [w for w in self.writes if w not in self.reads]
+
 
 @dataclasses.dataclass(frozen=True)
 class ExternCall:

@@ -92,7 +92,7 @@ class KernelRenderer:
         self.lines: list[str] = []
         self.tmp_count = 0
         self.reduced_names: dict[str, str] = {}
-        self.args = list(kernel.reads) + [w for w in kernel.writes if w not in kernel.reads]
+        self.args = kernel.args
         scope = self.open_kernel(kernel)
         for i, stage in enumerate(kernel.stages):
             inner = self.open_stage(i, stage, scope)
@@ -140,6 +140,8 @@ class KernelRenderer:
             return hit
         if node.op is Op.LOAD:
             code = self.render_load(node.arg, args[0], node.dtype, scope)
+        elif node.op is Op.MASKED_LOAD:
+            code = self.render_load(node.arg, args[0], node.dtype, scope, mask=args[1])
         elif node.op is Op.CAST:
             code = self.render_cast(args[0], node.args[0].dtype, node.dtype)
         else:
@@ -147,7 +149,7 @@ class KernelRenderer:
             if rule is None:
                 raise NotImplementedError(f"{self.name} has no rule for {node.op}")
             code = rule(*args)
-        if node.dtype is ir.INDEX and node.op is not Op.LOAD:
+        if node.dtype is ir.INDEX and node.op is not Op.LOAD and node.op is not Op.MASKED_LOAD:
             code = f"({code})"  # index arithmetic stays inline: the compiler sees affine indexing
         else:
             name = self.new_tmp()

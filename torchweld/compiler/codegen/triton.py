@@ -101,6 +101,69 @@ def coalesce_indices(kernel: Kernel) -> Kernel:
     return dataclasses.replace(kernel, stages=stages, outer_stores=tuple(store(st) for st in kernel.outer_stores))
 
 
+# =============================================================================
+# Branch loads: where(c, a, b) reads a's operands only where c holds, b's where it does not
+# =============================================================================
+# A torch.cat of n inputs is a chain of n-1 wheres over clamped loads of every input:
+# without masks each output element reads all n inputs.
+
+
+def _key(load: Expr) -> tuple:
+    return (load.arg, load.args[0].key())
+
+
+def _branch_loads(e: Expr) -> list[Expr]:
+    return [n for n in ir.walk(e) if n.op is Op.LOAD or n.op is Op.MASKED_LOAD]
+
+
+def _add_mask(e: Expr, mask: Expr, keep: set) -> Expr:
+    """`e` with every load whose (buffer, index) is not in `keep` masked by `mask` too."""
+    def leaf(node: Expr):
+        if node.op is Op.LOAD and _key(node) not in keep:
+            return Expr(Op.MASKED_LOAD, node.dtype, (node.args[0], mask), node.arg)
+        if node.op is Op.MASKED_LOAD:
+            both = Expr(Op.LOGICAL_AND, torch.bool, (node.args[1], mask))
+            return Expr(Op.MASKED_LOAD, node.dtype, (node.args[0], both), node.arg)
+        return None
+
+    return ir.rewrite(e, leaf)
+
+
+def _mask_branches(e: Expr) -> Expr:
+    def leaf(node: Expr):
+        if node.op is not Op.WHERE:
+            return None
+        cond, a, b = node.args
+        a_loads, b_loads = _branch_loads(a), _branch_loads(b)
+        if not a_loads and not b_loads:
+            return None
+        in_cond = {_key(n) for n in ir.loads(cond)}
+        # a load the condition or the other branch needs anyway is read unmasked, once
+        a = _add_mask(a, cond, in_cond | {_key(n) for n in b_loads}) if a_loads else a
+        not_cond = Expr(Op.LOGICAL_NOT, torch.bool, (cond,))
+        b = _add_mask(b, not_cond, in_cond | {_key(n) for n in a_loads}) if b_loads else b
+        return Expr(Op.WHERE, node.dtype, (cond, a, b))
+
+    return ir.rewrite(e, leaf)
+
+
+def mask_branch_loads(kernel: Kernel) -> Kernel:
+    """`kernel` with the loads only one branch of a where needs masked by its condition."""
+    if not any(n.op is Op.WHERE for e in _values(kernel) for n in ir.walk(e)):
+        return kernel
+    stages = tuple(Stage(tuple(dataclasses.replace(a, value=_mask_branches(a.value)) for a in stage.reductions),
+                         tuple(Store(st.buffer, st.index, _mask_branches(st.value)) for st in stage.stores))
+                   for stage in kernel.stages)
+    outer = tuple(Store(st.buffer, st.index, _mask_branches(st.value)) for st in kernel.outer_stores)
+    return dataclasses.replace(kernel, stages=stages, outer_stores=outer)
+
+
+def _values(kernel: Kernel) -> list[Expr]:
+    values = [a.value for stage in kernel.stages for a in stage.reductions]
+    values += [st.value for stage in kernel.stages for st in stage.stores]
+    return values + [st.value for st in kernel.outer_stores]
+
+
 def needs_int64(kernel: Kernel) -> bool:
     """Whether some index of `kernel` may reach 2**31 (Triton's program ids and aranges are int32)."""
     sizes = {f"x{k}": s for k, s in enumerate(kernel.outer)} | {f"r{k}": s for k, s in enumerate(kernel.reduced)}
@@ -108,9 +171,7 @@ def needs_int64(kernel: Kernel) -> bool:
     if math.prod(kernel.outer) * math.prod(kernel.reduced) >= INT32_LIMIT:
         return True
     indexes = [st.index for stage in kernel.stages for st in stage.stores] + [st.index for st in kernel.outer_stores]
-    values = [a.value for stage in kernel.stages for a in stage.reductions]
-    values += [st.value for stage in kernel.stages for st in stage.stores] + [st.value for st in kernel.outer_stores]
-    indexes += [n.args[0] for v in values for n in ir.loads(v)]
+    indexes += [n.args[0] for v in _values(kernel) for n in ir.loads(v)]
     for index in indexes:
         terms = ir.affine_terms(index)
         if terms is None:
@@ -216,7 +277,7 @@ class TritonRenderer(KernelRenderer):
         return index if re.search(r"\b[xr]\d+\b|index", index) else f"{index} + 0 * xindex"
 
     def render(self, kernel: Kernel) -> str:
-        return _drop_unused_index_vars(super().render(coalesce_indices(kernel)))
+        return _drop_unused_index_vars(super().render(mask_branch_loads(coalesce_indices(kernel))))
 
     def eviction(self, index: str) -> str:
         """Pointwise kernels too big for L2 stream their operands; broadcast operands are reused."""
@@ -229,8 +290,9 @@ class TritonRenderer(KernelRenderer):
             return ", eviction_policy='evict_first'"
         return ""
 
-    def render_load(self, buffer, index, dtype, scope) -> str:
-        code = (f"tl.load({self.pointer(buffer)} + ({self.as_block(index)}), {self.mask(scope)}, other=0"
+    def render_load(self, buffer, index, dtype, scope, mask: str | None = None) -> str:
+        block_mask = self.mask(scope) if mask is None else f"{self.mask(scope)} & ({mask})"
+        code = (f"tl.load({self.pointer(buffer)} + ({self.as_block(index)}), {block_mask}, other=0"
                 f"{self.eviction(index)})")
         if dtype in HALF_TYPES:
             code += ".to(tl.float32)"
@@ -329,12 +391,24 @@ class TritonRenderer(KernelRenderer):
             combine = f"{name} | {value}" if acc.reduce_op in (Op.MAX, Op.SUM) else f"{name} & {value}"
         self.emit(scope, f"{name} = tl.where(xrmask, {combine}, {name})")
 
-    def render_kernels(self, kernels: list[Kernel], buffer_dtypes: dict) -> str:
+    def render_kernels(self, kernels: list[Kernel], buffer_dtypes: dict) -> tuple[str, dict[str, str]]:
+        """The module source and, per scheduled kernel, its function's name there.
+
+        Functions are named by a hash of their text, so identical kernels (the
+        repeated blocks of a network) are one function, compiled once per process
+        and found in Triton's disk cache by the next."""
+        from torchweld.runtime.cache import content_hash
+
         self.buffer_dtypes = buffer_dtypes
         parts = ["import triton", "import triton.language as tl", ""]
+        names: dict[str, str] = {}
         for kernel in kernels:
-            parts.append(self.render(kernel))
-        return "\n".join(parts)
+            text = self.render(dataclasses.replace(kernel, name="KERNEL"))
+            name = f"k_{content_hash(text)[:20]}"
+            if name not in names.values():
+                parts.append(text.replace("def KERNEL(", f"def {name}(", 1))
+            names[kernel.name] = name
+        return "\n".join(parts), names
 
 
 # =============================================================================
@@ -365,7 +439,8 @@ def launch_candidates(kernel: Kernel) -> list[dict]:
     return [default] + [c for c in found if c != default]
 
 
-def tune_launch(kernel: Kernel, fn, arg_names: list[str], layouts: dict, source_path: str, options: dict) -> dict:
+def tune_launch(kernel: Kernel, fn, fn_name: str, arg_names: list[str], layouts: dict, source_path: str,
+                options: dict) -> dict:
     """The fastest of launch_candidates(kernel), timed on buffers of the real shapes;
     the choice is kept in `<source_path>.tune.json` beside the kernel source."""
     from torchweld.runtime.autotune import Autotuner, device_name, synthetic_tensor
@@ -377,5 +452,5 @@ def tune_launch(kernel: Kernel, fn, arg_names: list[str], layouts: dict, source_
         fn[(-(-xnumel // config["XBLOCK"]),)](*args, **config)
 
     tuner = options.get("autotuner") or Autotuner(options.get("autotune_timer"))
-    return tuner.choose(source_path + ".tune.json", f"{device_name(kernel.device)}/{kernel.name}",
+    return tuner.choose(source_path + ".tune.json", f"{device_name(kernel.device)}/{fn_name}",
                         launch_candidates(kernel), run)

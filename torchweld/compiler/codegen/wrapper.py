@@ -36,10 +36,9 @@ def _storage_size(layout: Layout) -> int:
 class WrapperRenderer:
     """Python source for `call(*inputs)`; `constants` holds objects the source refers to by name."""
 
-    def __init__(self, sched: Schedule, kernel_launch):
+    def __init__(self, sched: Schedule):
         self.sched = sched
         self.graph = sched.graph
-        self.launch = kernel_launch  # Kernel -> line of Python, or None when it has no work
         self.constants: dict[str, object] = {}
         self.lines: list[str] = []
 
@@ -71,10 +70,20 @@ class WrapperRenderer:
     def emit(self, line: str) -> None:
         self.lines.append("    " + line)
 
-    def render(self) -> str:
+    def render(self, name: str, kernel_launch, check_alignment=(), stream_index: int | None = None) -> str:
+        """Source of `def <name>(*inputs)`. `kernel_launch(kernel)` is a kernel's line (None: no work).
+
+        With `check_alignment`, the function first hands the call to `call_jit`
+        when one of those inputs is not 16-byte aligned; with `stream_index`, it
+        reads that device's current CUDA stream into `_stream` for the launches."""
         g = self.graph
         params = [n if n is not None else f"_unused{i}" for i, n in enumerate(g.input_names)]
-        self.lines = [PRELUDE, f"def call({', '.join(params)}):"]
+        self.lines = [f"def {name}({', '.join(params)}):"]
+        if check_alignment:
+            pointers = " | ".join(f"{n}.data_ptr()" for n in check_alignment)
+            self.emit(f"if ({pointers}) & 15: return call_jit({', '.join(params)})")
+        if stream_index is not None:
+            self.emit(f"_stream = _raw_stream({stream_index})")
         for name in params:
             if name in self.sched.layouts:
                 dtype, layout, _ = self.sched.layouts[name]
@@ -88,7 +97,7 @@ class WrapperRenderer:
                 for name in step.writes:
                     if name in allocated:
                         self.allocate(name, pool)
-                line = self.launch(step)
+                line = kernel_launch(step)
                 if line:
                     self.emit(line)
             elif isinstance(step, ExternCall):

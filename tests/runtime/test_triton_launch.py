@@ -1,0 +1,81 @@
+"""Ahead-of-time Triton compiles and direct launches (runtime/triton_launch.py,
+compiler/codegen/triton_launches.py). Kernel naming by content is checked on the
+CPU through Triton's interpreter; the compiled launchers need CUDA."""
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "compiler"))
+from weld_helpers import check, weld_compile  # noqa: E402
+
+triton = pytest.importorskip("triton")
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="the compiled launchers need CUDA")
+
+
+def _two_identical_kernels(x, w):
+    a = torch.sin(x) * 2  # a kernel
+    b = a @ w  # an extern between them
+    return torch.sin(b) * 2  # the same kernel text: the same shapes and pointers
+
+
+def test_identical_kernels_are_one_function():
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("the CPU variant runs Triton's interpreter")
+    c = check(_two_identical_kernels, [torch.randn(16, 16), torch.randn(16, 16)], options={"cpu_codegen": "triton"})
+    source = c.kernel_sources["triton"]
+    assert source.count("@triton.jit") == 1
+    assert "call_jit" not in c.wrapper_source  # no compiled launchers through the interpreter
+
+
+@cuda
+def test_fast_launch_matches_eager_and_compiles_identical_kernels_once():
+    from torchweld.runtime import triton_launch
+
+    x, w = torch.randn(64, 64, device="cuda"), torch.randn(64, 64, device="cuda")
+    before = len(triton_launch._compiled)
+    c = check(_two_identical_kernels, [x, w])
+    assert "_run_" in c.wrapper_source and "def call_jit(" in c.wrapper_source
+    assert len(triton_launch._compiled) - before <= 1  # one kernel text, one config, aligned pointers
+    c2 = weld_compile(_two_identical_kernels, [x, w])  # a second graph reuses the compiled kernel
+    assert len(triton_launch._compiled) - before <= 1
+    check(_two_identical_kernels, [x, w], compiled=c2)
+
+
+@cuda
+def test_misaligned_input_runs_the_jit_launches():
+    def fn(a, b):
+        return torch.sigmoid(a) * b + 1
+
+    base = torch.randn(4097, device="cuda")
+    aligned, b = base[:4096], torch.randn(4096, device="cuda")
+    c = check(fn, [aligned, b])
+    misaligned = base[1:]  # 4 bytes past an aligned start
+    check(fn, [misaligned, b], compiled=c)
+
+
+@cuda
+def test_fast_launch_under_cuda_graph_capture():
+    def fn(a):
+        return (a * 3).relu().sum(1)
+
+    x = torch.randn(32, 100, device="cuda")
+    c = weld_compile(fn, [x])
+    with torch.no_grad():
+        c(x)  # warm up
+        graph, static_x = torch.cuda.CUDAGraph(), x.clone()
+        with torch.cuda.graph(graph):
+            out = c(static_x)
+        static_x.copy_(x * 2)
+        graph.replay()
+        torch.testing.assert_close(out[0] if isinstance(out, (list, tuple)) else out, fn(x * 2))
+
+
+@cuda
+def test_max_autotune_compiles_candidates_ahead():
+    from torchweld.runtime.autotune import Autotuner
+
+    tuner = Autotuner(timer=lambda fn: (fn(), 1.0)[1])
+    x = torch.randn(300, 77, device="cuda")
+    check(lambda a: (a.exp() * 2).sum(1), [x], options={"max_autotune": True, "autotuner": tuner})

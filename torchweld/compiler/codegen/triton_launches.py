@@ -1,0 +1,132 @@
+"""The wrapper lines that launch one graph's Triton kernels.
+
+Two sets of lines come out. The JIT lines (`k[(grid,)](a, b, XBLOCK=..)`) work
+everywhere, Triton's CPU interpreter included. Where Triton allows it
+(runtime/triton_launch.py), every kernel is also compiled ahead of time, all of
+them at once in a thread pool, and launched through its compiled launcher: the
+fast lines. Each pointer's 16-byte alignment is part of a compiled kernel; it is
+known here for buffers the wrapper allocates, constants and fresh extern
+results, and checked once per call for the graph's inputs: the wrapper runs
+the JIT lines when one is misaligned.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+
+import torch
+
+from torchweld.compiler import ir
+from torchweld.compiler.schedule import Kernel, Schedule
+
+log = logging.getLogger("torchweld.weld")
+
+
+@dataclasses.dataclass
+class TritonLaunches:
+    jit: dict[str, str]  # kernel name -> launch through the JIT function
+    fast: dict[str, str]  # kernel name -> launch through the compiled launcher (empty when unavailable)
+    checked_inputs: list[str]  # graph inputs whose alignment the fast lines assume
+    objects: dict[str, object]  # what the lines refer to by name
+    stream_index: int | None  # the CUDA device whose current stream the fast lines launch on
+
+
+def build_launches(kernels: list[Kernel], module, fn_names: dict[str, str], sched: Schedule,
+                   source_path: str, options: dict) -> TritonLaunches:
+    from torchweld.compiler.codegen.triton import launch_candidates, launch_config, tune_launch
+    from torchweld.runtime import triton_launch
+
+    args_of = {k.name: k.args for k in kernels}
+    fns = {k.name: getattr(module, fn_names[k.name]) for k in kernels}
+    fast = bool(kernels) and all(triton_launch.fast_launch_available(k.device) for k in kernels)
+    launches = TritonLaunches({}, {}, [], {}, None)
+
+    configs = {k.name: launch_config(k) for k in kernels}
+    if options.get("max_autotune"):  # runtime/autotune.py
+        if fast:  # compile every candidate of every kernel at once before timing them one by one
+            _precompile_candidates(kernels, fns, fn_names, args_of, sched, launch_candidates)
+        for k in kernels:
+            configs[k.name] = tune_launch(k, fns[k.name], fn_names[k.name], args_of[k.name], sched.layouts,
+                                          source_path, options)
+
+    for k in kernels:
+        name, config = k.name, configs[k.name]
+        grid = -(-max(math.prod(k.outer), 1) // config["XBLOCK"])
+        launches.objects[f"_k_{name}"] = fns[name]
+        launches.jit[name] = (f"_k_{name}[({grid},)]({', '.join(args_of[name])}, "
+                              + ", ".join(f"{key}={value}" for key, value in config.items()) + ")")
+    if not fast:
+        return launches
+
+    aligned = {k.name: tuple(_aligned(a, sched) for a in args_of[k.name]) for k in kernels}
+    jobs = [triton_launch.CompileJob(source_of(fns[k.name]), fns[k.name],
+                                     tuple(sched.layouts[a][0] for a in args_of[k.name]),
+                                     aligned[k.name], tuple(sorted(configs[k.name].items())), k.device)
+            for k in kernels]
+    try:
+        handles = [triton_launch.launch_handles(kernel) for kernel in triton_launch.compile_kernels(jobs)]
+    except Exception as e:  # noqa: BLE001 - the JIT lines still run, and raise there if the kernel is wrong
+        log.warning("compiling Triton kernels ahead of time failed, launching through Triton's JIT: %s", e)
+        return launches
+    inputs = set(n for n in sched.graph.input_names if n is not None)
+    for k, (run, function, metadata) in zip(kernels, handles):
+        name, config = k.name, configs[k.name]
+        launches.objects |= {f"_run_{name}": run, f"_fn_{name}": function, f"_meta_{name}": metadata}
+        grid = -(-max(math.prod(k.outer), 1) // config["XBLOCK"])
+        constexprs = ", ".join(str(config[c]) for c in triton_launch.CONSTEXPRS)
+        launches.fast[name] = (f"_run_{name}({grid}, 1, 1, _stream, _fn_{name}, _meta_{name}, None, None, None, "
+                               f"{', '.join(args_of[name])}, {constexprs})")
+        launches.checked_inputs += [a for a in args_of[name] if a in inputs and a not in launches.checked_inputs]
+    device = kernels[0].device
+    launches.stream_index = device.index if device.index is not None else torch.cuda.current_device()
+    return launches
+
+
+def source_of(fn) -> str:
+    return fn.src if hasattr(fn, "src") else repr(fn)
+
+
+def _aligned(name: str, sched: Schedule) -> bool:
+    """Whether buffer `name`'s data pointer is 16-byte aligned on every call, or is
+    a graph input (whose alignment the wrapper checks)."""
+    from torchweld.runtime.triton_launch import ALIGNMENT, is_aligned
+
+    graph = sched.graph
+    if name in sched.allocated or name in graph.input_names:
+        return True
+    if name in graph.constants:
+        return is_aligned(graph.constants[name])
+    buf = graph.buffers.get(name)
+    if buf is None:  # `<extern>_<i>`, one result of a multi-result extern
+        base, _, index = name.rpartition("_")
+        buf, index = graph.buffers.get(base), int(index) if index.isdigit() else 0
+    else:
+        index = 0
+    if not isinstance(buf, ir.Extern) or index >= len(buf.outputs):
+        return False
+    schema = getattr(buf.target, "_schema", None)
+    if schema is None or any(r.alias_info is not None for r in schema.returns):
+        return False  # a view may start anywhere in its base
+    dtype, layout = buf.outputs[index]
+    return layout.offset * dtype.itemsize % ALIGNMENT == 0
+
+
+def _precompile_candidates(kernels, fns, fn_names, args_of, sched, launch_candidates) -> None:
+    """Compile every autotuning candidate at once, for the synthetic arguments tune_launch times them on."""
+    from torchweld.runtime import triton_launch
+    from torchweld.runtime.autotune import synthetic_tensor
+
+    jobs = []
+    for k in kernels:
+        args = [synthetic_tensor(*sched.layouts[a]) for a in args_of[k.name]]
+        aligned = tuple(triton_launch.is_aligned(t) for t in args)
+        dtypes = tuple(t.dtype for t in args)
+        for config in launch_candidates(k):
+            jobs.append(triton_launch.CompileJob(source_of(fns[k.name]), fns[k.name], dtypes, aligned,
+                                                 tuple(sorted(config.items())), k.device))
+    for job, future in zip(jobs, triton_launch.submit_kernels(jobs)):
+        try:
+            future.result()
+        except Exception as e:  # noqa: BLE001 - a candidate that does not compile loses when it is timed
+            log.debug("candidate %s of %s does not compile: %s", dict(job.config), fn_names, e)
