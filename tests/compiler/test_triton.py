@@ -103,3 +103,12 @@ def test_cat_reads_each_element_from_one_input():
 def test_where_keeps_a_load_its_condition_needs_unmasked():
     compiled = check(lambda a: torch.where(a > 0, a, a * 0.1), [torch.randn(5, 6)], options=TRITON)
     assert compiled.kernel_sources["triton"].count("tl.load(") == 1
+
+
+def test_channels_last_kernel_iterates_in_memory_order():
+    """A pointwise kernel over a channels-last tensor walks it channel-fastest: its
+    loads and stores are contiguous (xindex), not strided by the channel count."""
+    x = torch.randn(2, 3, 4, 5).contiguous(memory_format=torch.channels_last)
+    compiled = check(lambda a, b: (a * 2 + b).relu(), [x, torch.randn(3, 1, 1)], options=TRITON)
+    source = compiled.kernel_sources["triton"]
+    assert "tl.load(ptr0 + (xindex)" in source and "tl.store(ptr2 + (xindex)" in source

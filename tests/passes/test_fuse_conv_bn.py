@@ -26,3 +26,30 @@ def test_training_bn_and_shared_conv_are_left_alone():
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4))  # training mode
     gm = fuse_conv_bn(model)
     assert [n.target for n in gm.graph.nodes if n.op == "call_module"] == ["0", "1"]
+
+
+def test_live_folding_follows_parameter_updates():
+    """live=True computes the folded weights in the graph on each call, so in-place updates
+    of the conv's weights or the batch norm's statistics after folding are seen."""
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU()).eval()
+    gm = fuse_conv_bn(model, live=True)
+    assert [n.target for n in gm.graph.nodes if n.op == "call_module"] == ["2"]
+    x = torch.randn(2, 3, 6, 6)
+    with torch.no_grad():
+        torch.testing.assert_close(gm(x), model(x), atol=1e-5, rtol=1e-5)
+        model[1].running_mean.add_(0.5)
+        model[0].weight.mul_(2)
+        torch.testing.assert_close(gm(x), model(x), atol=1e-5, rtol=1e-5)
+
+
+def test_weld_inference_sees_updated_weights():
+    import torchweld
+    from tests.models import CNN
+
+    model, x = CNN().eval(), torch.randn(2, 3, 12, 12)
+    compiled = torchweld.compile(model)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), atol=1e-5, rtol=1e-5)
+        model.body[1].running_var.mul_(3)
+        model.body[0].weight.mul_(2)
+        torch.testing.assert_close(compiled(x), model(x), atol=1e-5, rtol=1e-5)

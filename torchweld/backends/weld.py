@@ -36,22 +36,32 @@ def needs_autograd(gm: torch.fx.GraphModule, example_inputs: list) -> bool:
 def weld(gm: torch.fx.GraphModule, example_inputs: list, mode=None, options=None):
     options = {} if options is None else options  # kept, not copied: it carries the model's graph pool
     if needs_autograd(gm, example_inputs):
-        return _compile_training(gm, example_inputs, compile_options(mode, options))
+        return _compile_training(prepare(gm, options, inference=False), example_inputs, compile_options(mode, options))
     from torchweld.compiler import compile_graph
     from torchweld.compiler.lowering import LoweringError
     from torchweld.runtime.cpp_loader import CppCompileError
 
-    graph_module = gm
-    if not torch.is_grad_enabled():
-        from torchweld.passes.fuse_conv_bn import fuse_conv_bn
-
-        graph_module = fuse_conv_bn(gm)
+    graph_module = prepare(gm, options, inference=True)
     try:
         compiled = compile_graph(graph_module, list(example_inputs), compile_options(mode, options))
     except (LoweringError, CppCompileError) as e:
         log.warning("weld cannot compile this graph, running it eagerly: %s", e)
         compiled = gm.forward
     return with_cudagraphs(compiled, gm, mode, options)
+
+
+def prepare(gm: torch.fx.GraphModule, options: dict, inference: bool) -> torch.fx.GraphModule:
+    """The torch-level passes before lowering: for inference, batch norms folded into the
+    convolutions before them (computed per call from the live parameters); CUDA
+    convolutions in channels-last unless options={"channels_last": False}."""
+    from torchweld.passes.channels_last import to_channels_last
+    from torchweld.passes.fuse_conv_bn import fuse_conv_bn
+
+    if inference:
+        gm = fuse_conv_bn(gm, live=True)
+    if options.get("channels_last", True):
+        gm = to_channels_last(gm)
+    return gm
 
 
 # -- modes: which of CUDA graphs and autotuning a compile asked for ---------------

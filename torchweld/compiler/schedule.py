@@ -232,11 +232,16 @@ class KernelVars:
 
     full: tuple[int, ...]
     reduced: tuple[int, ...]
+    # the outer dims from the slowest-varying loop variable to the fastest (None: in order)
+    loop_order: tuple[int, ...] | None = None
 
     def __post_init__(self):
         self.outer_sizes = tuple(s for i, s in enumerate(self.full) if i not in self.reduced)
         self.reduced_sizes = tuple(self.full[i] for i in self.reduced)
-        self.x = [ir.const(0) if s == 1 else ir.var(f"x{k}") for k, s in enumerate(self.outer_sizes)]
+        order = self.loop_order or tuple(range(len(self.outer_sizes)))
+        self.loop_sizes = tuple(self.outer_sizes[d] for d in order)  # the kernel's x0, x1, ...
+        var_of_dim = {d: k for k, d in enumerate(order)}
+        self.x = [ir.const(0) if s == 1 else ir.var(f"x{var_of_dim[d]}") for d, s in enumerate(self.outer_sizes)]
         self.r = [ir.const(0) if s == 1 else ir.var(f"r{k}") for k, s in enumerate(self.reduced_sizes)]
 
     def full_index(self) -> list[Expr]:
@@ -260,7 +265,7 @@ class _KernelBuilder:
         self.name, self.group, self.grouper = name, group, grouper
         self.buffers = grouper.buffers
         self.stored, self.layouts = stored, layouts
-        self.kv = KernelVars(group.full, group.reduced)
+        self.kv = KernelVars(group.full, group.reduced, self.loop_order(group, stored, layouts))
         self.members = set(group.members)
         self.reads: dict[str, None] = {}
         self.level: dict[str, int] = {}
@@ -298,6 +303,20 @@ class _KernelBuilder:
         self.level[name] = max(deps, default=0)
         return self.level[name]
 
+    @staticmethod
+    def loop_order(group: _Group, stored: set[str], layouts: dict) -> tuple[int, ...] | None:
+        """A pointwise kernel iterates in the memory order of the first buffer it stores, so
+        that its stores (and the loads laid out alike) are contiguous: a channels-last
+        result is written channel by channel, not with a stride of the channel count."""
+        if group.reduced:
+            return None
+        for name in group.members:
+            _, layout, _ = layouts[name]
+            if name in stored and layout.shape == group.full:
+                order = sorted(range(len(group.full)), key=lambda d: -layout.stride[d])  # stable: ties keep order
+                return tuple(order) if order != sorted(order) else None
+        return None
+
     def build(self) -> Kernel:
         kv = self.kv
         n_stages = 0
@@ -326,7 +345,7 @@ class _KernelBuilder:
                     outer_stores.append(st)
         stages = tuple(Stage(tuple(red_by_stage.get(i, ())), tuple(stores_by_stage.get(i, ()))) for i in range(n_stages))
         writes = tuple(s.buffer for s in outer_stores) + tuple(s.buffer for st in stages for s in st.stores)
-        return Kernel(self.name, self.group.device, kv.outer_sizes, kv.reduced_sizes if self.group.reduced else (),
+        return Kernel(self.name, self.group.device, kv.loop_sizes, kv.reduced_sizes if self.group.reduced else (),
                       stages, tuple(outer_stores), tuple(self.reads), writes, tuple(self.group.members))
 
     def depth(self, name: str) -> int:

@@ -1,0 +1,90 @@
+"""Channels-last convolutions for CUDA tensors (torchweld/passes/channels_last.py).
+
+The rewrite is checked on the CPU with fake CUDA example values (what the pass
+reads to decide); the rewritten graph is then run on real CPU tensors, where it
+must compute what the original does. The CUDA test runs the weld backend on a
+real GPU."""
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.passes.shape_prop import ShapeProp
+
+from tests.models import CNN, DenseBlock
+from torchweld.passes.channels_last import conv_nodes, to_channels_last
+
+
+def traced_as_if_on_cuda(model: nn.Module, shape) -> torch.fx.GraphModule:
+    """`model` traced, with each node's example_value a fake CUDA tensor, as capture leaves them."""
+    gm = torch.fx.symbolic_trace(model)
+    ShapeProp(gm).propagate(torch.randn(shape))
+    with FakeTensorMode():
+        for node in gm.graph.nodes:
+            meta = node.meta.get("tensor_meta")
+            if meta is not None and hasattr(meta, "shape"):
+                node.meta["example_value"] = torch.empty_strided(meta.shape, meta.stride, dtype=meta.dtype,
+                                                                 device="cuda")
+    return gm
+
+
+class Functional(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4, 3, 3, 3))
+
+    def forward(self, x):
+        y = F.conv2d(x, self.w, padding=1)
+        return y.relu(), y.sum()
+
+
+@pytest.mark.parametrize("model,shape,n_convs", [(CNN(), (2, 3, 12, 12), 2), (DenseBlock(), (2, 4, 6, 6), 3),
+                                                  (Functional(), (2, 3, 5, 5), 1)])
+def test_rewrites_cuda_convs_and_computes_the_same(model, shape, n_convs):
+    model.eval()
+    gm = traced_as_if_on_cuda(model, shape)
+    assert len(conv_nodes(gm)) == n_convs
+    out = to_channels_last(gm)
+    formats = [n.kwargs.get("memory_format") for n in out.graph.nodes if n.target == "contiguous"]
+    assert formats.count(torch.channels_last) == 2 * n_convs  # each conv's input and weight
+    assert not [n for n in out.graph.nodes if n.op == "call_module" and isinstance(out.get_submodule(n.target), nn.Conv2d)]
+    x = torch.randn(shape)
+    with torch.no_grad():
+        torch.testing.assert_close(out(x), model(x))
+    assert gm.graph is not out.graph  # the input graph is not changed
+    assert len(conv_nodes(gm)) == n_convs
+
+
+def test_outputs_keep_eager_layout():
+    gm = traced_as_if_on_cuda(Functional(), (2, 3, 5, 5))
+    out = to_channels_last(gm)
+    last = [n for n in out.graph.nodes if n.target == "contiguous"][-1]
+    assert last.kwargs["memory_format"] == torch.contiguous_format and last.users
+
+
+def test_cpu_graphs_are_left_alone():
+    gm = torch.fx.symbolic_trace(CNN())
+    ShapeProp(gm).propagate(torch.randn(2, 3, 12, 12))
+    for node in gm.graph.nodes:
+        node.meta["example_value"] = getattr(node.meta.get("tensor_meta"), "shape", None) and torch.empty(1)
+    assert to_channels_last(gm) is gm
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("train", [False, True])
+def test_weld_runs_cnn_channels_last_on_cuda(train):
+    import torchweld
+
+    model = CNN().cuda().train(train)
+    reference = CNN().cuda().train(train)
+    reference.load_state_dict(model.state_dict())
+    x = torch.randn(4, 3, 16, 16, device="cuda")
+    compiled = torchweld.compile(model, backend="weld")
+    with torch.set_grad_enabled(train):
+        out, expected = compiled(x), reference(x)
+        torch.testing.assert_close(out, expected, atol=2e-3, rtol=2e-3)  # cuDNN may pick other (TF32) kernels
+        if train:
+            out.sum().backward()
+            expected.sum().backward()
+            for p, q in zip(model.parameters(), reference.parameters()):
+                torch.testing.assert_close(p.grad, q.grad, atol=5e-3, rtol=5e-3)

@@ -1,0 +1,103 @@
+"""Run 2-D convolutions on CUDA tensors in channels-last layout.
+
+cuDNN's convolutions are markedly faster on NHWC tensors than on NCHW ones
+(tensor-core kernels read NHWC natively); eager PyTorch keeps NCHW because
+that is what the user's tensors are. This FX pass converts the input and the
+weight of every CUDA `Conv2d` / `F.conv2d` to channels-last. Everything
+between two convolutions then follows that layout (PyTorch's pointwise ops
+keep their input's layout, and weld stores fused results in the layout the
+tracer saw), so the conversions happen once at the edges, and the weights'
+once per call (a small copy; the model's parameters are read live, so
+updating them needs no recompile). Graph outputs keep the layout eager gives them.
+
+    gm = to_channels_last(gm)   # the input is not changed
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+CONV2D_FUNCTIONS = (F.conv2d, torch.conv2d)
+
+
+def _example(node) -> torch.Tensor | None:
+    value = node.meta.get("example_value") if isinstance(node, torch.fx.Node) else None
+    return value if isinstance(value, torch.Tensor) else None
+
+
+def _converts(x: torch.Tensor | None) -> bool:
+    return x is not None and x.is_cuda and x.dim() == 4 and x.dtype in (torch.float32, torch.float16, torch.bfloat16)
+
+
+def conv_nodes(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
+    """The 2-D convolutions of `gm` on CUDA floating-point tensors that this pass converts."""
+    modules = dict(gm.named_modules())
+    found = []
+    for node in gm.graph.nodes:
+        if not node.args or not _converts(_example(node.args[0])):
+            continue
+        if node.op == "call_module":
+            conv = modules.get(node.target)
+            if type(conv) is nn.Conv2d and conv.padding_mode == "zeros" and not node.kwargs:
+                found.append(node)
+        elif node.op == "call_function" and node.target in CONV2D_FUNCTIONS and isinstance(node.args[1], torch.fx.Node):
+            found.append(node)
+    return found
+
+
+def to_channels_last(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A GraphModule computing the same as `gm` with its CUDA convolutions in channels-last."""
+    convs = conv_nodes(gm)
+    if not convs:
+        return gm
+    graph = copy.deepcopy(gm.graph)
+    out = torch.fx.GraphModule(gm, graph)
+    modules = dict(gm.named_modules())
+    by_name = {n.name: n for n in graph.nodes}
+    for original in convs:
+        node = by_name[original.name]
+        with graph.inserting_before(node):
+            if node.op == "call_module":
+                conv = modules[node.target]
+                weight = graph.get_attr(f"{node.target}.weight")
+                bias = graph.get_attr(f"{node.target}.bias") if conv.bias is not None else None
+                x = _channels_last(graph, node.args[0])
+                args = (x, _channels_last(graph, weight), bias, conv.stride, conv.padding, conv.dilation, conv.groups)
+                new = graph.call_function(F.conv2d, args)
+            else:
+                args = list(node.args)
+                args[0], args[1] = _channels_last(graph, args[0]), _channels_last(graph, args[1])
+                new = graph.call_function(node.target, tuple(args), node.kwargs)
+        new.meta = dict(node.meta)
+        node.replace_all_uses_with(new)
+        graph.erase_node(node)
+    _outputs_as_eager(graph)
+    graph.lint()
+    out.recompile()
+    return out
+
+
+def _channels_last(graph: torch.fx.Graph, value: torch.fx.Node) -> torch.fx.Node:
+    return graph.call_method("contiguous", (value,), {"memory_format": torch.channels_last})
+
+
+def _outputs_as_eager(graph: torch.fx.Graph) -> None:
+    """Graph outputs in the layout eager gives them (contiguous or channels-last)."""
+    output = next(n for n in graph.nodes if n.op == "output")
+
+    def restore(arg):
+        x = _example(arg)
+        if x is None or x.dim() != 4:
+            return arg
+        for fmt in (torch.contiguous_format, torch.channels_last):
+            if x.is_contiguous(memory_format=fmt):
+                with graph.inserting_before(output):
+                    node = graph.call_method("contiguous", (arg,), {"memory_format": fmt})
+                node.meta = dict(arg.meta)
+                return node
+        return arg
+
+    output.args = (torch.fx.node.map_arg(output.args[0], restore),)
