@@ -1,6 +1,6 @@
 """GPU inference: eager vs torch.compile vs torchweld (weld backend), float32, one run.
 
-    python3 bench/gpu_inference.py [--only NAME ...] [--mode MODE]
+    python3 bench/gpu_inference.py [--only NAME ...] [--mode MODE] [--skip-inductor] [--options JSON]
 
 Rows (issue 4): the 12-op elementwise chain on 16M floats, torchvision resnet50
 (batch 32, 224x224) and densenet121 (batch 16, 3x128x128), transformers' BERT
@@ -11,6 +11,7 @@ compile is the first call in this process with empty torchweld and inductor cach
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import tempfile
 import time
@@ -79,8 +80,10 @@ def main():
     parser.add_argument("--only", nargs="*", help="first words of row names, e.g. resnet50 BERT")
     parser.add_argument("--mode", default=None)
     parser.add_argument("--skip-inductor", action="store_true")
+    parser.add_argument("--options", default="{}", help='torchweld options as JSON, e.g. \'{"channels_last": false}\'')
     args = parser.parse_args()
-    print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, float32, mode={args.mode}")
+    options = json.loads(args.options)
+    print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, float32, mode={args.mode}, options={options}")
     header = (f"{'case':24s} {'eager ms':>9s} {'inductor ms':>11s} {'weld ms':>8s} {'ind x':>6s} {'weld x':>7s} "
               f"{'ind cold s':>10s} {'weld cold s':>11s} {'max err':>8s}")
     print(header)
@@ -99,7 +102,7 @@ def main():
                 ind = gpu_time(compiled, x)
                 torch._dynamo.reset()
             with tempfile.TemporaryDirectory() as tmp, config.patch(cache_dir=tmp):
-                welded = torchweld.compile(fn, backend="weld", mode=args.mode)
+                welded = torchweld.compile(fn, backend="weld", mode=args.mode, options=options)
                 weld_cold, out = cold(welded, x)
                 weld = gpu_time(welded, x)
             err = (out - expected).abs().max().item() / max(expected.abs().max().item(), 1e-6)
