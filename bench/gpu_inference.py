@@ -5,14 +5,17 @@
 Rows (issue 4): the 12-op elementwise chain on 16M floats, torchvision resnet50
 (batch 32, 224x224) and densenet121 (batch 16, 3x128x128), transformers' BERT
 (batch 8, seq 128) and GPT-2 (batch 8, seq 256) from their default configs (no
-weights). Steady state is the median of CUDA-event timings after warm-up; cold
-compile is the first call in this process with empty torchweld and inductor caches.
+weights). Each compiler runs each case in a fresh process (eager too): steady state
+is the median of CUDA-event timings after warm-up; cold compile is the first call
+there, with empty torchweld and inductor caches; peak is torch.cuda.max_memory_allocated.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import subprocess
+import sys
 import tempfile
 import time
 
@@ -75,43 +78,75 @@ def cold(fn, x):
     return time.perf_counter() - t0, out
 
 
+def worker(case: str, compiler: str, mode: str | None, options: dict, out_path: str) -> None:
+    """One compiler on one case in this (fresh) process: prints a JSON line and saves the output."""
+    torch.manual_seed(0)  # the same weights and inputs in every process
+    [(_, make)] = cases({case})
+    fn, x = make()
+    torch.cuda.reset_peak_memory_stats()
+    with torch.no_grad(), tempfile.TemporaryDirectory() as tmp, config.patch(cache_dir=tmp):
+        if compiler == "inductor":
+            fn = torch.compile(fn, mode=mode)
+        elif compiler == "weld":
+            fn = torchweld.compile(fn, backend="weld", mode=mode, options=options)
+        cold_s, out = cold(fn, x)
+        ms = gpu_time(fn, x)
+    torch.save(out.float().cpu(), out_path)
+    peak = torch.cuda.max_memory_allocated() / 2**20
+    print(json.dumps({"ms": ms, "cold_s": cold_s, "peak_mib": peak}))
+
+
+def run_worker(case: str, compiler: str, args, out_path: str) -> dict:
+    cmd = [sys.executable, __file__, "--worker", case, compiler, "--options", args.options, "--out", out_path]
+    if args.mode:
+        cmd += ["--mode", args.mode]
+    with tempfile.TemporaryDirectory() as triton_cache:  # Triton's own kernel cache starts empty too
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "TRITON_CACHE_DIR": triton_cache}
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode or not lines:
+        print(f"  {compiler} failed on {case}:\n{proc.stderr[-3000:]}")
+        return {"ms": float("nan"), "cold_s": float("nan"), "peak_mib": float("nan")}
+    return json.loads(lines[-1])
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--only", nargs="*", help="first words of row names, e.g. resnet50 BERT")
     parser.add_argument("--mode", default=None)
     parser.add_argument("--skip-inductor", action="store_true")
     parser.add_argument("--options", default="{}", help='torchweld options as JSON, e.g. \'{"channels_last": false}\'')
+    parser.add_argument("--worker", nargs=2, metavar=("CASE", "COMPILER"), help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     options = json.loads(args.options)
+    if args.worker:
+        return worker(args.worker[0], args.worker[1], args.mode, options, args.out)
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, float32, mode={args.mode}, options={options}")
+    print("each compiler runs each case in a fresh process; cold = first call there, with empty caches")
     header = (f"{'case':24s} {'eager ms':>9s} {'inductor ms':>11s} {'weld ms':>8s} {'ind x':>6s} {'weld x':>7s} "
-              f"{'ind cold s':>10s} {'weld cold s':>11s} {'max err':>8s}")
+              f"{'ind cold s':>10s} {'weld cold s':>11s} {'peak MiB e/i/w':>16s} {'max err':>8s}")
     print(header)
     print("-" * len(header))
-    for name, make in cases(set(args.only) if args.only else None):
-        fn, x = make()
-        with torch.no_grad():
-            eager = gpu_time(fn, x)
-            expected = fn(x)
-            if args.skip_inductor:
-                ind, ind_cold = float("nan"), float("nan")
-            else:
-                torch._dynamo.reset()
-                compiled = torch.compile(fn, mode=args.mode)
-                ind_cold, _ = cold(compiled, x)
-                ind = gpu_time(compiled, x)
-                torch._dynamo.reset()
-            with tempfile.TemporaryDirectory() as tmp, config.patch(cache_dir=tmp):
-                welded = torchweld.compile(fn, backend="weld", mode=args.mode, options=options)
-                weld_cold, out = cold(welded, x)
-                weld = gpu_time(welded, x)
-            err = (out - expected).abs().max().item() / max(expected.abs().max().item(), 1e-6)
-        print(f"{name:24s} {eager:9.3f} {ind:11.3f} {weld:8.3f} {eager / ind:6.2f} {eager / weld:7.2f} "
-              f"{ind_cold:10.1f} {weld_cold:11.1f} {err:8.1e}", flush=True)
+    compilers = ["eager"] + ([] if args.skip_inductor else ["inductor"]) + ["weld"]
+    nan = {"ms": float("nan"), "cold_s": float("nan"), "peak_mib": float("nan")}
+    for name, _ in cases(set(args.only) if args.only else None):
+        case = name.split()[0]
+        with tempfile.TemporaryDirectory() as tmp:
+            got = {c: run_worker(case, c, args, os.path.join(tmp, f"{c}.pt")) for c in compilers}
+            try:
+                expected = torch.load(os.path.join(tmp, "eager.pt"))
+                out = torch.load(os.path.join(tmp, "weld.pt"))
+                err = (out - expected).abs().max().item() / max(expected.abs().max().item(), 1e-6)
+            except FileNotFoundError:
+                err = float("nan")
+        e, i, w = got["eager"], got.get("inductor", nan), got["weld"]
+        print(f"{name:24s} {e['ms']:9.3f} {i['ms']:11.3f} {w['ms']:8.3f} {e['ms'] / i['ms']:6.2f} {e['ms'] / w['ms']:7.2f} "
+              f"{i['cold_s']:10.1f} {w['cold_s']:11.1f} {e['peak_mib']:5.0f}/{i['peak_mib']:4.0f}/{w['peak_mib']:5.0f} "
+              f"{err:8.1e}", flush=True)
         if name.startswith("add/mul"):
-            bytes_moved = 2 * x.numel() * 4
-            print(f"  weld add/mul chain bandwidth: {bytes_moved / (weld * 1e-3) / 1e12:.2f} TB/s (copy ceiling ~3.0)")
-        del fn, x
+            bytes_moved = 2 * (1 << 26) * 4
+            print(f"  weld add/mul chain bandwidth: {bytes_moved / (w['ms'] * 1e-3) / 1e12:.2f} TB/s (copy ceiling ~3.0)")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Where weld's GPU time goes: eager vs weld for resnet50 and the add/mul chain, one run.
 
-    python3 bench/profile_weld_gpu.py [--only chain|resnet50] [--iters 50]
+    python3 bench/profile_weld_gpu.py [--only chain|resnet50] [--iters 50] [--options JSON]
 
 For each case it prints, for eager and for weld (torchweld.compile(backend="weld")),
 float32 inference under no_grad:
@@ -9,7 +9,7 @@ float32 inference under no_grad:
   - throughput: CUDA-event time of `iters` back-to-back calls / iters (GPU-bound);
   - CPU time to enqueue one call (perf_counter over back-to-back calls);
   - CUDA kernels (and memcpy/memset) per call, from torch.profiler;
-  - weld: the top 10 kernels by GPU time, what the generated wrappers contain
+  - the top 14 kernels by GPU time; weld: what the generated wrappers contain
     (Triton kernels, extern calls, layout-fix copies, allocations) and the top Python
     functions by time for 20 calls (cProfile);
   - chain: TB/s against a plain copy, and a sweep of XBLOCK/num_warps for weld's kernel.
@@ -21,6 +21,7 @@ import argparse
 import cProfile
 import collections
 import io
+import json
 import math
 import pstats
 import statistics
@@ -168,9 +169,8 @@ def report(name: str, eager, weld, x, iters: int, spy: GraphSpy | None, bytes_mo
             extra = f", {bytes_moved / (thr * 1e-3) / 1e12:.2f} TB/s"
         print(f"  {label:5}: latency {lat:8.3f} ms, throughput {thr:8.3f} ms/call{extra}, "
               f"CPU enqueue {cpu:7.3f} ms/call, {len(kernels) / calls:.0f} kernels + {copies / calls:.0f} memcpy/memset per call")
-        if label == "weld":
-            print("    top kernels (weld):")
-            print(kernel_table(events, calls))
+        print(f"    top kernels ({label}):")
+        print(kernel_table(events, calls, top=14))
     e, w = results["eager"], results["weld"]
     print(f"  weld speedup over eager: latency {e[0] / w[0]:.2f}x, throughput {e[1] / w[1]:.2f}x")
     if spy is not None:
@@ -213,7 +213,7 @@ def sweep_chain_kernel(graph, x, nbytes: int, iters: int) -> None:
         print(f"      XBLOCK={xblock:5} num_warps={warps:2}: {ms:7.3f} ms  {nbytes / (ms * 1e-3) / 1e12:5.2f} TB/s")
 
 
-def resnet_case(iters: int) -> None:
+def resnet_case(iters: int, options: dict) -> None:
     try:
         import torchvision
     except ImportError:
@@ -222,7 +222,7 @@ def resnet_case(iters: int) -> None:
     model = torchvision.models.resnet50().cuda().eval()
     x = torch.randn(32, 3, 224, 224, device="cuda")
     with GraphSpy() as spy:
-        weld = torchweld.compile(model, backend="weld")
+        weld = torchweld.compile(model, backend="weld", options=options)
         t0 = time.perf_counter()
         weld(x)
         torch.cuda.synchronize()
@@ -234,6 +234,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", choices=["chain", "resnet50"])
     parser.add_argument("--iters", type=int, default=50)
+    parser.add_argument("--options", default="{}", help="torchweld options as JSON, for the resnet50 case")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("needs a CUDA GPU")
@@ -244,7 +245,7 @@ def main() -> None:
         if args.only in (None, "chain"):
             chain_case(args.iters)
         if args.only in (None, "resnet50"):
-            resnet_case(args.iters)
+            resnet_case(args.iters, json.loads(args.options))
     print(f"\ntotal {time.perf_counter() - start:.0f} s")
 
 

@@ -44,9 +44,10 @@ def test_rewrites_cuda_convs_and_computes_the_same(model, shape, n_convs):
     model.eval()
     gm = traced_as_if_on_cuda(model, shape)
     assert len(conv_nodes(gm)) == n_convs
-    out = to_channels_last(gm)
-    formats = [n.kwargs.get("memory_format") for n in out.graph.nodes if n.target == "contiguous"]
-    assert formats.count(torch.channels_last) == 2 * n_convs  # each conv's input and weight
+    for weights, per_conv in ((True, 2), (False, 1)):  # the input and the weight, or the input alone
+        out = to_channels_last(gm, weights=weights)
+        formats = [n.kwargs.get("memory_format") for n in out.graph.nodes if n.target == "contiguous"]
+        assert formats.count(torch.channels_last) == per_conv * n_convs
     assert not [n for n in out.graph.nodes if n.op == "call_module" and isinstance(out.get_submodule(n.target), nn.Conv2d)]
     x = torch.randn(shape)
     with torch.no_grad():

@@ -51,16 +51,18 @@ def weld(gm: torch.fx.GraphModule, example_inputs: list, mode=None, options=None
 
 
 def prepare(gm: torch.fx.GraphModule, options: dict, inference: bool) -> torch.fx.GraphModule:
-    """The torch-level passes before lowering: for inference, batch norms folded into the
-    convolutions before them (computed per call from the live parameters); CUDA
-    convolutions in channels-last unless options={"channels_last": False}."""
+    """The torch-level passes before lowering: CUDA convolutions in channels-last unless
+    options={"channels_last": False}. With options={"freeze": True}, for inference, each
+    batch norm is folded into the convolution before it and the folded (channels-last)
+    weights are computed once, not per call (compiler/constant_folding.py)."""
     from torchweld.passes.channels_last import to_channels_last
     from torchweld.passes.fuse_conv_bn import fuse_conv_bn
 
-    if inference:
+    freeze = inference and options.get("freeze", False)
+    if freeze:
         gm = fuse_conv_bn(gm, live=True)
     if options.get("channels_last", True):
-        gm = to_channels_last(gm)
+        gm = to_channels_last(gm, weights=freeze)
     return gm
 
 
@@ -130,4 +132,5 @@ def with_cudagraphs(compiled, gm: torch.fx.GraphModule, mode: str | None, option
         mutated |= {names.index(name) for name, _ in compiled.schedule.graph.mutated_inputs if name in names}
     return CudaGraphed(compiled, pool=pool, name=pool.next_name("weld graph"), mutated_input_indices=sorted(mutated),
                        outputs=options.get("cudagraph_outputs", "copy"),
-                       graph_reason=graph_reason(gm, pool.recorder.device_type))
+                       graph_reason=graph_reason(gm, pool.recorder.device_type),
+                       before_replay=getattr(compiled, "refresh_constants", None))

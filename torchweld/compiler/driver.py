@@ -13,6 +13,7 @@ import torch.utils._pytree as pytree
 from torchweld.compiler import ir
 from torchweld.compiler.aten_graph import to_aten_graph
 from torchweld.compiler.codegen.cpp import CppRenderer
+from torchweld.compiler.constant_folding import HoistedConstants, hoist_constants
 from torchweld.compiler.codegen.wrapper import PRELUDE, WrapperRenderer
 from torchweld.compiler.lowering import GraphLowering
 from torchweld.compiler.schedule import Kernel, Schedule, schedule
@@ -32,9 +33,17 @@ class CompiledGraph:
     wrapper_source: str
     kernel_sources: dict[str, str]  # "cpp" / "triton" -> source
     paths: dict[str, str]
+    hoisted: HoistedConstants | None = None  # constant work done once (constant_folding.py)
 
     def __call__(self, *args):
+        if self.hoisted is not None:
+            self.hoisted.refresh()
         return pytree.tree_unflatten(list(self.fn(*args)), self.out_spec)
+
+    def refresh_constants(self) -> None:
+        """Recompute the hoisted constants if a parameter they come from changed (before a CUDA graph replay)."""
+        if self.hoisted is not None:
+            self.hoisted.refresh()
 
     @property
     def externs(self) -> list[str]:
@@ -53,13 +62,16 @@ def renderer_for(device: torch.device, options: dict):
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: list, options: dict | None = None) -> CompiledGraph:
     options = dict(options or {})
     aten = to_aten_graph(gm, example_inputs)
-    lowering = GraphLowering(aten.gm, check=lambda buf: _check(buf, options),
+    aten_gm, hoisted = hoist_constants(aten.gm) if options.get("freeze") else (aten.gm, None)
+    lowering = GraphLowering(aten_gm, check=lambda buf: _check(buf, options),
                              bias_in_kernel=lambda device: renderer_for(device, options) is not CppRenderer)
     lowered = lowering.run(list(example_inputs))
     for line in lowered.externs:
         log.debug("extern call: %s", line)
     sched = schedule(lowered)
-    return _codegen(sched, aten.out_spec, options)
+    compiled = _codegen(sched, aten.out_spec, options)
+    compiled.hoisted = hoisted
+    return compiled
 
 
 def _check(buf, options: dict) -> None:

@@ -3,12 +3,13 @@
 cuDNN's convolutions are markedly faster on NHWC tensors than on NCHW ones
 (tensor-core kernels read NHWC natively); eager PyTorch keeps NCHW because
 that is what the user's tensors are. This FX pass converts the input and the
-weight of every CUDA `Conv2d` / `F.conv2d` to channels-last. Everything
+weight of every CUDA `Conv2d` / `F.conv2d` to channels-last (the weight
+either in the graph or by cuDNN itself, see `to_channels_last`). Everything
 between two convolutions then follows that layout (PyTorch's pointwise ops
 keep their input's layout, and weld stores fused results in the layout the
 tracer saw), so the conversions happen once at the edges, and the weights'
 once per call (a small copy; the model's parameters are read live, so
-updating them needs no recompile). Graph outputs keep the layout eager gives them.
+updating them needs no recompile) or, frozen, once. Graph outputs keep the layout eager gives them.
 
     gm = to_channels_last(gm)   # the input is not changed
 """
@@ -48,8 +49,11 @@ def conv_nodes(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
     return found
 
 
-def to_channels_last(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
-    """A GraphModule computing the same as `gm` with its CUDA convolutions in channels-last."""
+def to_channels_last(gm: torch.fx.GraphModule, weights: bool = False) -> torch.fx.GraphModule:
+    """A GraphModule computing the same as `gm` with its CUDA convolutions in channels-last.
+
+    The weights are converted in the graph with `weights=True` (for a compiler that
+    then computes that once); otherwise cuDNN converts them itself, from C++."""
     convs = conv_nodes(gm)
     if not convs:
         return gm
@@ -65,11 +69,13 @@ def to_channels_last(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
                 weight = graph.get_attr(f"{node.target}.weight")
                 bias = graph.get_attr(f"{node.target}.bias") if conv.bias is not None else None
                 x = _channels_last(graph, node.args[0])
-                args = (x, _channels_last(graph, weight), bias, conv.stride, conv.padding, conv.dilation, conv.groups)
+                weight = _channels_last(graph, weight) if weights else weight
+                args = (x, weight, bias, conv.stride, conv.padding, conv.dilation, conv.groups)
                 new = graph.call_function(F.conv2d, args)
             else:
                 args = list(node.args)
-                args[0], args[1] = _channels_last(graph, args[0]), _channels_last(graph, args[1])
+                args[0] = _channels_last(graph, args[0])
+                args[1] = _channels_last(graph, args[1]) if weights else args[1]
                 new = graph.call_function(node.target, tuple(args), node.kwargs)
         new.meta = dict(node.meta)
         node.replace_all_uses_with(new)

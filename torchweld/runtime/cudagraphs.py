@@ -261,7 +261,8 @@ class CudaGraphed:
 
     def __init__(self, fn: Callable, *, pool: CudaGraphPool, name: str = "graph",
                  static_input_indices: Sequence[int] = (), mutated_input_indices: Sequence[int] = (),
-                 outputs: str = "copy", max_instances: int = 4, graph_reason: str | None = None):
+                 outputs: str = "copy", max_instances: int = 4, graph_reason: str | None = None,
+                 before_replay: Callable[[], None] | None = None):
         if outputs not in OUTPUT_POLICIES:
             raise ValueError(f"outputs must be one of {OUTPUT_POLICIES}, got {outputs!r}")
         self.fn = fn
@@ -272,6 +273,8 @@ class CudaGraphed:
         self.outputs = outputs
         self.max_instances = max_instances
         self.graph_reason = graph_reason  # known up front (from the FX graph): never record
+        # Python work a replay skips but must still do (weld's refresh of folded constants)
+        self.before_replay = before_replay
         self.layouts: dict[tuple, object] = {}
         self.replays = 0
 
@@ -317,6 +320,8 @@ class CudaGraphed:
         for i, static in enumerate(instance.inputs):
             if static is not None and i not in instance.static_ptrs and static is not args[i]:
                 static.copy_(args[i])
+        if self.before_replay is not None:
+            self.before_replay()
         instance.replay()
         self.replays += 1
         for i in self.mutated_input_indices:

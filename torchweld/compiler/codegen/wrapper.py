@@ -123,7 +123,10 @@ class WrapperRenderer:
         free = pool.get(self.pool_key(name))
         if free:
             old = free.pop()
-            self.emit(f"{name} = {old}.as_strided({layout.shape}, {layout.stride}); del {old}  # reuse")
+            if self.sched.layouts[old][1] == layout:
+                self.emit(f"{name} = {old}; del {old}  # reuse")
+            else:
+                self.emit(f"{name} = {old}.as_strided({layout.shape}, {layout.stride}); del {old}  # reuse")
             return
         self.emit(f"{name} = torch.empty_strided({layout.shape}, {layout.stride}, dtype={dtype}, "
                   f"device={self.const(torch.device(device))})")
