@@ -622,8 +622,13 @@ def cat(L, node, tensors, dim=0):
     for start, n, value in reversed(pieces):
         if body is None:
             body = value
-        else:
+            if start > 0:  # the last input, read only past its start
+                cond = Expr(Op.GE, torch.bool, (index[dim], ir.const(start)))
+                body = Expr(Op.WHERE, compute, (cond, value, ir.const(0, compute)))
+        else:  # the exact range of each input, so that a GPU kernel can mask its loads by it alone
             cond = Expr(Op.LT, torch.bool, (index[dim], ir.const(start + n)))
+            if start > 0:
+                cond = Expr(Op.LOGICAL_AND, torch.bool, (Expr(Op.GE, torch.bool, (index[dim], ir.const(start))), cond))
             body = Expr(Op.WHERE, compute, (cond, value, body))
     if body is None:
         body = ir.const(0, compute)

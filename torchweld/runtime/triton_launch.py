@@ -117,7 +117,12 @@ def _compile(job: CompileJob, args: list[torch.Tensor]) -> object:
     config = dict(job.config)
     with torch.cuda.device(job.device):
         kernel = job.fn.warmup(*args, grid=(1,), **config)
-    return kernel.result() if hasattr(kernel, "result") else kernel
+        kernel = kernel.result() if hasattr(kernel, "result") else kernel
+        try:  # build its launcher (a C extension, compiled per signature) and load it here, in parallel
+            kernel._init_handles()
+        except Exception as e:  # noqa: BLE001 - launch_handles does it again in the caller's thread
+            log.debug("loading a Triton kernel in a compile thread failed: %s", e)
+    return kernel
 
 
 def launch_handles(kernel) -> tuple[object, object, object]:

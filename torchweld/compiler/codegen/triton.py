@@ -117,13 +117,14 @@ def _branch_loads(e: Expr) -> list[Expr]:
 
 
 def _add_mask(e: Expr, mask: Expr, keep: set) -> Expr:
-    """`e` with every load whose (buffer, index) is not in `keep` masked by `mask` too."""
+    """`e` with every unmasked load whose (buffer, index) is not in `keep` masked by `mask`.
+
+    A load keeps the mask of the innermost where it sits in: masks only save reads
+    (the where picks the value), and conditions that say their range exactly, as
+    torch.cat's do, then cost O(1) each instead of a conjunction per level."""
     def leaf(node: Expr):
         if node.op is Op.LOAD and _key(node) not in keep:
             return Expr(Op.MASKED_LOAD, node.dtype, (node.args[0], mask), node.arg)
-        if node.op is Op.MASKED_LOAD:
-            both = Expr(Op.LOGICAL_AND, torch.bool, (node.args[1], mask))
-            return Expr(Op.MASKED_LOAD, node.dtype, (node.args[0], both), node.arg)
         return None
 
     return ir.rewrite(e, leaf)
