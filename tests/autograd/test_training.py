@@ -47,6 +47,25 @@ def test_gradients_match_eager(make, shape, device):
         assert_same_training_state(model, reference)
 
 
+@pytest.mark.parametrize("make,shape", [(CNN, (2, 3, 12, 12)), (DenseBlock, (2, 4, 8, 8))], ids=["CNN", "DenseBlock"])
+def test_channels_last_training_is_compiled(make, shape):
+    """Channels-last activations (what weld uses for CUDA convolutions) make the joint
+    graph write views in place (`as_strided(zeros).copy_(...)` in a pooling backward,
+    an in-place ReLU after batch norm): functionalization must still compile it."""
+    model = make()
+    reference = copy.deepcopy(model)
+    x = torch.randn(shape).contiguous(memory_format=torch.channels_last)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = torchweld.compile(model, backend="weld")(x)
+    assert "CompiledFunctionBackward" in repr(out)
+    expected = reference(x)
+    torch.testing.assert_close(out, expected, **TOL)
+    out.sum().backward()
+    expected.sum().backward()
+    assert_same_training_state(model, reference)
+
+
 def test_batch_norm_running_stats_through_the_backend():
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU())
     reference = copy.deepcopy(model)

@@ -86,12 +86,23 @@ def functionalize(gm: torch.fx.GraphModule) -> Functionalized:
         if base is None:
             continue
         original = root.get(base, base)
-        if is_view(original) or (original.op == "call_function" and original.target is operator.getitem
-                                 and not isinstance(original.meta.get("val"), torch.Tensor)):
-            raise FunctionalizationError(f"in-place {node.target} on a view ({original.name}) is not supported")
+        scattered = None  # the base an as_strided view writes through, when its base is read later
+        if is_view(original) and not _only_view_read_later(original, node, position):
+            scattered = _strided_base(original)
+            if scattered is None:
+                raise FunctionalizationError(f"in-place {node.target} on a view ({original.name}) is not supported")
+            _check_no_stale_views(scattered, node, position, allowed=original)
+        if original.op == "call_function" and original.target is operator.getitem \
+                and not isinstance(original.meta.get("val"), torch.Tensor):
+            raise FunctionalizationError(f"in-place {node.target} on {original.name} is not supported")
         _check_no_stale_views(original, node, position)
         with graph.inserting_before(node):
             pure = graph.call_function(functional_variant(node.target), *_with_defaults(node))
+            if scattered is not None:  # the base's new value: the view's elements written into it
+                new_base = graph.call_function(aten.as_strided_scatter.default,
+                                               (latest(scattered), pure, *original.args[1:]))
+                new_base.meta = dict(scattered.meta)
+                position[new_base] = position[node]
         pure.meta = dict(node.meta)
         position[pure] = position[node]
         root[pure] = original
@@ -102,6 +113,8 @@ def functionalize(gm: torch.fx.GraphModule) -> Functionalized:
                 current[k] = pure
         current[original] = pure
         current[base] = pure
+        if scattered is not None:
+            current[scattered] = new_base
     output = next(n for n in graph.nodes if n.op == "output")
     flat = list(output.args[0])
     flat = [latest(a) for a in flat]
@@ -128,9 +141,19 @@ def _with_defaults(node: torch.fx.Node) -> tuple[tuple, dict]:
     return tuple(args), kwargs
 
 
-def _check_no_stale_views(base: torch.fx.Node, mutation: torch.fx.Node, position: dict) -> None:
-    """Refuse when a view of `base` taken before `mutation` is read after it (it would see the write)."""
-    stack = [u for u in base.users if is_view(u) and position.get(u, 0) < position[mutation]]
+def _strided_base(view: torch.fx.Node) -> torch.fx.Node | None:
+    """The base `view` is an `as_strided` of, when an as_strided_scatter can write it back."""
+    if view.target is aten.as_strided.default and isinstance(view.args[0], torch.fx.Node) \
+            and not is_view(view.args[0]) and isinstance(view.args[0].meta.get("val"), torch.Tensor):
+        return view.args[0]
+    return None
+
+
+def _check_no_stale_views(base: torch.fx.Node, mutation: torch.fx.Node, position: dict,
+                          allowed: torch.fx.Node | None = None) -> None:
+    """Refuse when a view of `base` taken before `mutation` is read after it (it would see the write);
+    `allowed` is the view being written, whose later readers are given its new value."""
+    stack = [u for u in base.users if is_view(u) and u is not allowed and position.get(u, 0) < position[mutation]]
     while stack:
         view = stack.pop()
         for user in view.users:
@@ -139,3 +162,29 @@ def _check_no_stale_views(base: torch.fx.Node, mutation: torch.fx.Node, position
                     f"{view.name}, a view of {base.name}, is read after {mutation.target} writes {base.name}")
             if is_view(user):
                 stack.append(user)
+
+
+def _only_view_read_later(view: torch.fx.Node, mutation: torch.fx.Node, position: dict) -> bool:
+    """Whether writing `view` in place is the same as rebinding it: its base is an
+    intermediate (not an input) that nothing but `view` reaches after `mutation`
+    (batch norm's decomposition, say, returns an as_strided view of a fresh result
+    that an in-place ReLU then writes)."""
+    base = view
+    while is_view(base):
+        base = base.args[0]
+    if base.op != "call_function":
+        return False  # a view of an input: the write must reach the input
+    stack, seen = [base], set()
+    while stack:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        for user in node.users:
+            if user is view or user is mutation:
+                continue
+            if user.op == "output" or position.get(user, -1) > position[mutation]:
+                return False
+            if is_view(user):
+                stack.append(user)
+    return True
