@@ -112,3 +112,9 @@ def test_channels_last_kernel_iterates_in_memory_order():
     compiled = check(lambda a, b: (a * 2 + b).relu(), [x, torch.randn(3, 1, 1)], options=TRITON)
     source = compiled.kernel_sources["triton"]
     assert "tl.load(ptr0 + (xindex)" in source and "tl.store(ptr2 + (xindex)" in source
+
+
+def test_constant_fill_is_stored():
+    """A kernel that only stores a constant (zeros in a backward) gets a block, not a literal."""
+    compiled = check(lambda a: [torch.zeros_like(a), a * 2], [torch.randn(3, 5)], options=TRITON)
+    assert "tl.full([XBLOCK]" in compiled.kernel_sources["triton"]

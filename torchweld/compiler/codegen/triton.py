@@ -303,11 +303,15 @@ class TritonRenderer(KernelRenderer):
         value = self.expr(store.value, scope)
         index = self.expr(store.index, scope)
         if self.kernel.is_reduction and not self.scope_masks.get(id(scope)):
-            value = f"tl.broadcast_to({value}, [XBLOCK, 1])"
+            shape = "[XBLOCK, 1]"
         elif not self.kernel.is_reduction:
-            value = f"tl.broadcast_to({value}, [XBLOCK])"
+            shape = "[XBLOCK]"
         else:
-            value = f"tl.broadcast_to({value}, [XBLOCK, RBLOCK])"
+            shape = "[XBLOCK, RBLOCK]"
+        if store.value.op is Op.CONST:  # a literal is a constexpr, which broadcast_to does not take
+            value = f"tl.full({shape}, {value}, {self.register_type(store.value.dtype)})"
+        else:
+            value = f"tl.broadcast_to({value}, {shape})"
         self.emit(scope, f"tl.store({self.pointer(store.buffer)} + ({self.as_block(index)}), {value}, {self.mask(scope)})")
 
     # -- blocks ------------------------------------------------------------------
