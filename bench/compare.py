@@ -197,7 +197,7 @@ def cuda_mode_cases(q: bool):
             return model, data
 
         rows += [("densenet121 b16 infer", densenet, False), ("densenet121 b16 train step", densenet_train, True)]
-        rows.append(("resnet50 b32 infer", lambda: (torchvision.models.resnet50().to(dev).eval(),
+        rows.append((f"resnet50 b{8 if q else 32} infer", lambda: (torchvision.models.resnet50().to(dev).eval(),
                                                      (torch.randn(8 if q else 32, 3, 224, 224, device=dev),)), False))
     except ImportError:
         print("torchvision missing: no densenet121/resnet50 rows")
@@ -207,7 +207,7 @@ def cuda_mode_cases(q: bool):
         rows.append(("BERT b8 s128 infer", lambda: (
             LastHidden(transformers.BertModel(transformers.BertConfig())).to(dev).eval(),
             (torch.randint(0, 30000, (8, 128), device=dev),)), False))
-        rows.append(("GPT-2 b8 s256 infer", lambda: (
+        rows.append((f"GPT-2 b8 s{64 if q else 256} infer", lambda: (
             LastHidden(transformers.GPT2Model(transformers.GPT2Config())).to(dev).eval(),
             (torch.randint(0, 50000, (8, 64 if q else 256), device=dev),)), False))
     except ImportError:
@@ -311,7 +311,7 @@ def training_cases(q: bool, device: str):
 
         rows.append(("densenet121 b16 3x128x128", torchvision.models.densenet121,
                      lambda: (torch.randn(16, 3, 128, 128), torch.randint(0, 1000, (16,))), ce))
-        rows.append(("resnet50 b32 3x224x224", torchvision.models.resnet50,
+        rows.append((f"resnet50 b{8 if q else 32} 3x224x224", torchvision.models.resnet50,
                      lambda: (torch.randn(8 if q else 32, 3, 224, 224), torch.randint(0, 1000, (8 if q else 32,))), ce))
     except ImportError:
         print("torchvision missing: no densenet121/resnet50 training rows")
@@ -320,7 +320,7 @@ def training_cases(q: bool, device: str):
 
         rows.append(("BERT b8 s128", lambda: LastHidden(transformers.BertModel(transformers.BertConfig())),
                      lambda: (torch.randint(0, 30000, (8, 128)), torch.randn(8, 128, 768)), mse))
-        rows.append(("GPT-2 b8 s256", lambda: LastHidden(transformers.GPT2Model(transformers.GPT2Config())),
+        rows.append((f"GPT-2 b8 s{64 if q else 256}", lambda: LastHidden(transformers.GPT2Model(transformers.GPT2Config())),
                      lambda: (torch.randint(0, 50000, (8, 64 if q else 256)), torch.randn(8, 64 if q else 256, 768)),
                      mse))
     except ImportError:
