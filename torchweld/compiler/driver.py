@@ -13,8 +13,8 @@ import torch.utils._pytree as pytree
 from torchweld.compiler import ir
 from torchweld.compiler.aten_graph import to_aten_graph
 from torchweld.compiler.codegen.cpp import CppRenderer
-from torchweld.compiler.constant_folding import HoistedConstants, hoist_constants
 from torchweld.compiler.codegen.wrapper import PRELUDE, WrapperRenderer
+from torchweld.compiler.constant_folding import HoistedConstants, hoist_constants
 from torchweld.compiler.lowering import GraphLowering
 from torchweld.compiler.schedule import Kernel, Schedule, schedule
 from torchweld.runtime.cache import cache_dir, content_hash, write_once
@@ -36,8 +36,7 @@ class CompiledGraph:
     hoisted: HoistedConstants | None = None  # constant work done once (constant_folding.py)
 
     def __call__(self, *args):
-        if self.hoisted is not None:
-            self.hoisted.refresh()
+        self.refresh_constants()
         return pytree.tree_unflatten(list(self.fn(*args)), self.out_spec)
 
     def refresh_constants(self) -> None:
