@@ -9,6 +9,8 @@ import operator
 
 import torch
 
+from torchweld.compiler.aten_graph import pure_overload
+
 aten = torch.ops.aten
 
 
@@ -16,21 +18,9 @@ class FunctionalizationError(Exception):
     """This graph mutates something we cannot express functionally (a view, an out= argument)."""
 
 
-# In-place overloads whose functional variant is not simply "drop the trailing underscore".
-FUNCTIONAL_VARIANTS = {
-    aten.copy_.default: aten.copy.default,
-    aten.bernoulli_.float: aten.bernoulli.p,
-    aten.bernoulli_.Tensor: aten.bernoulli.Tensor,
-}
-
-
 def functional_variant(target: torch._ops.OpOverload) -> torch._ops.OpOverload:
-    if target in FUNCTIONAL_VARIANTS:
-        return FUNCTIONAL_VARIANTS[target]
-    name = target.overloadpacket.__name__
-    packet = getattr(aten, name[:-1], None) if name.endswith("_") else None
-    overload = getattr(packet, target._overloadname, None) if packet is not None else None
-    if overload is None or overload._schema.is_mutable:
+    overload = pure_overload(target)
+    if overload is None:
         raise FunctionalizationError(f"{target} mutates its input and has no functional variant")
     return overload
 

@@ -72,6 +72,24 @@ DECOMPOSED_OPS = [
 DECOMPOSITIONS = get_decompositions(DECOMPOSED_OPS)
 
 
+# In-place overloads whose functional variant is not simply "drop the trailing underscore".
+FUNCTIONAL_VARIANTS = {
+    aten.copy_.default: aten.copy.default,
+    aten.bernoulli_.float: aten.bernoulli.p,
+    aten.bernoulli_.Tensor: aten.bernoulli.Tensor,
+}
+
+
+def pure_overload(target: torch._ops.OpOverload) -> torch._ops.OpOverload | None:
+    """The functional variant of an in-place aten overload (`aten.relu_` -> `aten.relu`), or None."""
+    if target in FUNCTIONAL_VARIANTS:
+        return FUNCTIONAL_VARIANTS[target]
+    name = target.overloadpacket.__name__
+    packet = getattr(aten, name[:-1], None) if name.endswith("_") else None
+    overload = getattr(packet, target._overloadname, None) if packet is not None else None
+    return None if overload is None or overload._schema.is_mutable else overload
+
+
 @dataclasses.dataclass(frozen=True)
 class AtenGraph:
     """An aten-level graph taking the inputs flat and returning its outputs flat."""

@@ -11,6 +11,7 @@ import torch.utils._pytree as pytree
 from torch._prims_common import is_non_overlapping_and_dense_or_false
 
 from torchweld.compiler import ir
+from torchweld.compiler.aten_graph import pure_overload
 from torchweld.compiler.ir import Expr, Layout
 
 log = logging.getLogger("torchweld.weld")
@@ -189,10 +190,8 @@ class GraphLowering:
 
     def functional_variant(self, target, node):
         """`aten.relu_` -> `aten.relu`: we lower the pure op and rebind the mutated input."""
-        name = target.overloadpacket.__name__
-        func = getattr(aten, name[:-1], None) if name.endswith("_") else None
-        overload = getattr(func, target._overloadname, None) if func is not None else None
-        if overload is None or overload._schema.is_mutable:
+        overload = pure_overload(target)
+        if overload is None:
             raise LoweringError(f"{target} mutates its input and has no functional variant")
         return overload
 

@@ -80,6 +80,16 @@ def _coalesce(e: Expr, groups) -> Expr:
     return out
 
 
+def map_exprs(kernel: Kernel, value, index=lambda e: e) -> Kernel:
+    """`kernel` with `value(e)` for every accumulated or stored value and `index(e)` for every store offset."""
+    def store(st: Store) -> Store:
+        return Store(st.buffer, index(st.index), value(st.value))
+
+    stages = tuple(Stage(tuple(dataclasses.replace(a, value=value(a.value)) for a in stage.reductions),
+                         tuple(store(st) for st in stage.stores)) for stage in kernel.stages)
+    return dataclasses.replace(kernel, stages=stages, outer_stores=tuple(store(st) for st in kernel.outer_stores))
+
+
 def coalesce_indices(kernel: Kernel) -> Kernel:
     """`kernel` with every load and store offset that is contiguous in x (or r) written over xindex (rindex)."""
     groups = (("x", kernel.outer, "xindex"), ("r", kernel.reduced, "rindex"))
@@ -90,15 +100,7 @@ def coalesce_indices(kernel: Kernel) -> Kernel:
             return Expr(Op.LOAD, node.dtype, (_coalesce(node.args[0], groups),), node.arg)
         return None
 
-    def expr(e: Expr) -> Expr:
-        return ir.rewrite(e, leaf, memo)
-
-    def store(st: Store) -> Store:
-        return Store(st.buffer, _coalesce(st.index, groups), expr(st.value))
-
-    stages = tuple(Stage(tuple(dataclasses.replace(a, value=expr(a.value)) for a in stage.reductions),
-                         tuple(store(st) for st in stage.stores)) for stage in kernel.stages)
-    return dataclasses.replace(kernel, stages=stages, outer_stores=tuple(store(st) for st in kernel.outer_stores))
+    return map_exprs(kernel, lambda e: ir.rewrite(e, leaf, memo), lambda e: _coalesce(e, groups))
 
 
 # =============================================================================
@@ -152,11 +154,7 @@ def mask_branch_loads(kernel: Kernel) -> Kernel:
     """`kernel` with the loads only one branch of a where needs masked by its condition."""
     if not any(n.op is Op.WHERE for e in _values(kernel) for n in ir.walk(e)):
         return kernel
-    stages = tuple(Stage(tuple(dataclasses.replace(a, value=_mask_branches(a.value)) for a in stage.reductions),
-                         tuple(Store(st.buffer, st.index, _mask_branches(st.value)) for st in stage.stores))
-                   for stage in kernel.stages)
-    outer = tuple(Store(st.buffer, st.index, _mask_branches(st.value)) for st in kernel.outer_stores)
-    return dataclasses.replace(kernel, stages=stages, outer_stores=outer)
+    return map_exprs(kernel, _mask_branches)
 
 
 def _values(kernel: Kernel) -> list[Expr]:

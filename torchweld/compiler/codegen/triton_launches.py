@@ -37,7 +37,7 @@ def build_launches(kernels: list[Kernel], module, fn_names: dict[str, str], sche
     from torchweld.compiler.codegen.triton import launch_candidates, launch_config, tune_launch
     from torchweld.runtime import triton_launch
 
-    args_of = {k.name: k.args for k in kernels}
+    args_of = {k.name: k.args for k in kernels}  # computed once: Kernel.args builds a new list
     fns = {k.name: getattr(module, fn_names[k.name]) for k in kernels}
     fast = bool(kernels) and all(triton_launch.fast_launch_available(k.device) for k in kernels)
     launches = TritonLaunches({}, {}, [], {}, None)
@@ -50,9 +50,9 @@ def build_launches(kernels: list[Kernel], module, fn_names: dict[str, str], sche
             configs[k.name] = tune_launch(k, fns[k.name], fn_names[k.name], args_of[k.name], sched.layouts,
                                           source_path, options)
 
+    grids = {k.name: -(-max(math.prod(k.outer), 1) // configs[k.name]["XBLOCK"]) for k in kernels}
     for k in kernels:
-        name, config = k.name, configs[k.name]
-        grid = -(-max(math.prod(k.outer), 1) // config["XBLOCK"])
+        name, config, grid = k.name, configs[k.name], grids[k.name]
         launches.objects[f"_k_{name}"] = fns[name]
         launches.jit[name] = (f"_k_{name}[({grid},)]({', '.join(args_of[name])}, "
                               + ", ".join(f"{key}={value}" for key, value in config.items()) + ")")
@@ -71,9 +71,8 @@ def build_launches(kernels: list[Kernel], module, fn_names: dict[str, str], sche
         return launches
     inputs = set(n for n in sched.graph.input_names if n is not None)
     for k, (run, function, metadata) in zip(kernels, handles):
-        name, config = k.name, configs[k.name]
+        name, config, grid = k.name, configs[k.name], grids[k.name]
         launches.objects |= {f"_run_{name}": run, f"_fn_{name}": function, f"_meta_{name}": metadata}
-        grid = -(-max(math.prod(k.outer), 1) // config["XBLOCK"])
         constexprs = ", ".join(str(config[c]) for c in triton_launch.CONSTEXPRS)
         launches.fast[name] = (f"_run_{name}({grid}, 1, 1, _stream, _fn_{name}, _meta_{name}, None, None, None, "
                                f"{', '.join(args_of[name])}, {constexprs})")
