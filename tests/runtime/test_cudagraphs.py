@@ -308,3 +308,21 @@ def test_misaligned_input_warms_up_the_static_variant_too():
         x = base[1:]  # 4 bytes past an aligned pointer: a different Triton specialization
         torch.testing.assert_close(g(x), x * 2)
     assert g.pool.recorder.warm_ups == 2 and len(g.pool.recorder.records) == 1
+
+
+def test_before_replay_runs_before_each_replay():
+    """weld's frozen constants are refreshed before a replay: a weight updated in place
+    after recording must reach the replayed graph (here: a constant the graph reads by address)."""
+    weight = torch.ones(4)
+    folded = weight * 2  # what freezing computes once, outside the graph
+
+    def refresh():
+        folded.copy_(weight * 2)
+
+    g = graphed(lambda x: x * folded, before_replay=refresh)
+    x = torch.randn(4)
+    for _ in range(3):
+        torch.testing.assert_close(g(x), x * weight * 2)
+    weight.mul_(3)
+    torch.testing.assert_close(g(x), x * weight * 2)
+    assert g.pool.recorder.replays >= 2
