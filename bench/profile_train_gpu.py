@@ -1,0 +1,189 @@
+"""Where a training step's time goes: eager vs weld, the torch.compile tutorial's step.
+
+    python3 bench/profile_train_gpu.py [--model densenet121|resnet50] [--batch 16] [--size 128]
+                                       [--mode MODE] [--options JSON] [--steps 20] [--compile-profile]
+
+One step = opt.zero_grad(True); loss = CrossEntropyLoss()(model(x), y); loss.backward(); opt.step()
+with Adam, float32, on CUDA. For eager and for weld (the model compiled with
+torchweld.compile(backend="weld", mode=MODE); the optimizer runs eagerly) it prints:
+  - ms per step: median of CUDA-event timings of single steps (what bench/compare.py reports);
+  - per phase (forward+loss, backward, optimizer): CPU ms to enqueue it, and the wall ms
+    between CUDA events around it (the larger of CPU and GPU time when the GPU waits);
+  - GPU busy time per step: the sum of kernel, memcpy and memset durations (torch.profiler),
+    with counts, and the top kernels, so "CPU-bound" and "GPU-bound" read off at once;
+  - weld: what its forward and backward wrappers contain, and the top Python functions
+    of 5 steps by own time (cProfile).
+--compile-profile runs weld's first step (capture, joint trace, partition, code
+generation, Triton compiles) under cProfile and prints where the cold compile goes.
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import collections
+import io
+import json
+import os
+import pstats
+import statistics
+import tempfile
+import time
+
+os.environ.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="triton-cache-"))
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+import torchweld  # noqa: E402
+from profile_weld_gpu import GraphSpy, kernel_table  # noqa: E402
+from torchweld import config  # noqa: E402
+
+
+def make_model(name: str) -> nn.Module:
+    import torchvision
+
+    return getattr(torchvision.models, name)().cuda().train()
+
+
+class Step:
+    """The tutorial's train step, timed per phase with CUDA events and perf_counter."""
+
+    def __init__(self, model: nn.Module, compiled, x: torch.Tensor, y: torch.Tensor):
+        self.opt = torch.optim.Adam(model.parameters())
+        self.compiled, self.x, self.y = compiled, x, y
+        self.loss_fn = nn.CrossEntropyLoss()
+
+    def __call__(self, timed: bool = False):
+        marks = []
+
+        def mark():
+            if timed:
+                event = torch.cuda.Event(enable_timing=True)
+                event.record()
+                marks.append((time.perf_counter(), event))
+
+        mark()
+        self.opt.zero_grad(True)
+        loss = self.loss_fn(self.compiled(self.x), self.y)
+        mark()
+        loss.backward()
+        mark()
+        self.opt.step()
+        mark()
+        return loss.detach(), marks
+
+
+PHASES = ("forward+loss", "backward", "optimizer")
+
+
+def phase_times(step: Step, steps: int) -> tuple[float, list[tuple[float, float]]]:
+    """(median ms per step, per phase (median CPU ms, median event ms))."""
+    totals, cpu, wall = [], [[] for _ in PHASES], [[] for _ in PHASES]
+    for _ in range(steps):
+        torch.cuda.synchronize()
+        _, marks = step(timed=True)
+        torch.cuda.synchronize()
+        totals.append(marks[0][1].elapsed_time(marks[-1][1]))
+        for i in range(len(PHASES)):
+            cpu[i].append((marks[i + 1][0] - marks[i][0]) * 1e3)
+            wall[i].append(marks[i][1].elapsed_time(marks[i + 1][1]))
+    return statistics.median(totals), [(statistics.median(c), statistics.median(w)) for c, w in zip(cpu, wall)]
+
+
+def gpu_events(step: Step, calls: int = 2):
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            step()
+        torch.cuda.synchronize()
+    cuda = torch.autograd.DeviceType.CUDA
+    return [e for e in prof.events() if e.device_type == cuda]
+
+
+def report(label: str, step: Step, steps: int) -> float:
+    for _ in range(3):
+        step()
+    ms, phases = phase_times(step, steps)
+    print(f"  {label}: {ms:8.3f} ms/step")
+    for name, (cpu, wall) in zip(PHASES, phases):
+        print(f"    {name:13s} CPU {cpu:8.3f} ms   events {wall:8.3f} ms")
+    calls = 2
+    events = gpu_events(step, calls)
+    busy = sum(e.time_range.elapsed_us() for e in events) / calls / 1e3
+    copies = sum(1 for e in events if "memcpy" in e.name.lower() or "memset" in e.name.lower())
+    print(f"    GPU busy {busy:8.3f} ms/step in {(len(events) - copies) / calls:.0f} kernels "
+          f"+ {copies / calls:.0f} memcpy/memset")
+    print(kernel_table(events, calls, top=16))
+    return ms
+
+
+def python_profile(step: Step, calls: int = 5, top: int = 22) -> str:
+    torch.cuda.synchronize()
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(calls):
+        step()
+    torch.cuda.synchronize()
+    profiler.disable()
+    out = io.StringIO()
+    pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(top)
+    text = out.getvalue()
+    return text[text.index("ncalls"):]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="densenet121")
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--size", type=int, default=128)
+    parser.add_argument("--mode", default=None)
+    parser.add_argument("--options", default="{}")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--compile-profile", action="store_true")
+    parser.add_argument("--skip-eager", action="store_true")
+    args = parser.parse_args()
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; {args.model} b{args.batch} "
+          f"3x{args.size}x{args.size}, mode={args.mode}, options={args.options}")
+    torch.manual_seed(0)
+    x = torch.randn(args.batch, 3, args.size, args.size, device="cuda")
+    y = torch.randint(0, 1000, (args.batch,), device="cuda")
+    eager_ms = None
+    if not args.skip_eager:
+        model = make_model(args.model)
+        eager_ms = report("eager", Step(model, model, x, y), args.steps)
+        del model
+    model = make_model(args.model)
+    with tempfile.TemporaryDirectory() as tmp, config.patch(cache_dir=tmp), GraphSpy() as spy:
+        compiled = torchweld.compile(model, backend="weld", mode=args.mode, options=json.loads(args.options))
+        step = Step(model, compiled, x, y)
+        torch.cuda.synchronize()
+        profiler = cProfile.Profile() if args.compile_profile else None
+        t0 = time.perf_counter()
+        if profiler:
+            profiler.enable()
+        step()
+        torch.cuda.synchronize()
+        if profiler:
+            profiler.disable()
+        print(f"  weld cold first step: {time.perf_counter() - t0:.1f} s")
+        if profiler:
+            for key in ("cumulative", "tottime"):
+                out = io.StringIO()
+                pstats.Stats(profiler, stream=out).sort_stats(key).print_stats(28)
+                text = out.getvalue()
+                print(f"\n-- cold step by {key}\n" + text[text.index("ncalls"):])
+        weld_ms = report("weld", step, args.steps)
+    if eager_ms:
+        print(f"  weld speedup over eager: {eager_ms / weld_ms:.2f}x")
+    print("  weld wrappers (forward, backward):")
+    print(spy.summary())
+    print("  weld Python time, 5 steps (cProfile, by own time):")
+    print(python_profile(step))
+    counts = collections.Counter(type(m).__name__ for m in model.modules())
+    print(f"  modules: {dict(counts.most_common(6))}")
+
+
+if __name__ == "__main__":
+    main()
