@@ -90,7 +90,8 @@ def phase_times(step: Step, steps: int) -> tuple[float, list[tuple[float, float]
     return statistics.median(totals), [(statistics.median(c), statistics.median(w)) for c, w in zip(cpu, wall)]
 
 
-def gpu_events(step: Step, calls: int = 2):
+def profiled(step: Step, calls: int = 2):
+    """(the CUDA-side events of `calls` steps, a table of the CPU ops and CUDA API calls by own time)."""
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
@@ -99,7 +100,8 @@ def gpu_events(step: Step, calls: int = 2):
             step()
         torch.cuda.synchronize()
     cuda = torch.autograd.DeviceType.CUDA
-    return [e for e in prof.events() if e.device_type == cuda]
+    table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=24, max_name_column_width=60)
+    return [e for e in prof.events() if e.device_type == cuda and not e.name.startswith("Optimizer.")], table
 
 
 def report(label: str, step: Step, steps: int) -> float:
@@ -110,12 +112,14 @@ def report(label: str, step: Step, steps: int) -> float:
     for name, (cpu, wall) in zip(PHASES, phases):
         print(f"    {name:13s} CPU {cpu:8.3f} ms   events {wall:8.3f} ms")
     calls = 2
-    events = gpu_events(step, calls)
+    events, cpu_table = profiled(step, calls)
     busy = sum(e.time_range.elapsed_us() for e in events) / calls / 1e3
     copies = sum(1 for e in events if "memcpy" in e.name.lower() or "memset" in e.name.lower())
     print(f"    GPU busy {busy:8.3f} ms/step in {(len(events) - copies) / calls:.0f} kernels "
           f"+ {copies / calls:.0f} memcpy/memset")
     print(kernel_table(events, calls, top=16))
+    print(f"    CPU ops and CUDA API calls of {calls} steps, by own CPU time (torch.profiler):")
+    print("\n".join("      " + line for line in cpu_table.splitlines()))
     return ms
 
 

@@ -28,7 +28,7 @@ def test_warm_up_then_record_then_replay():
         x = torch.randn(4)
         torch.testing.assert_close(g(x, y), f(x, y))
     rec = g.pool.recorder
-    assert (rec.warm_ups, len(rec.records), rec.replays) == (1, 1, 3)
+    assert (rec.warm_ups, len(rec.records), rec.replays) == (1, 1, 4)  # the first call replays too
 
 
 def test_copied_outputs_stay_valid():
@@ -76,10 +76,27 @@ def test_parameters_are_read_in_place_and_a_moved_one_records_again():
         lin.weight.mul_(2)  # same storage: the recorded graph sees it
         torch.testing.assert_close(g(x, lin.weight, lin.bias), lin(x))
         assert len(g.pool.recorder.records) == 1
+        old = lin.weight
         lin.weight = nn.Parameter(torch.randn(2, 3))  # new storage: record again
         torch.testing.assert_close(g(x, lin.weight, lin.bias), lin(x))
+        assert len(g.pool.recorder.records) == 2
+        lin.weight = old  # back where the first recording reads it: replayed, not recorded
+        torch.testing.assert_close(g(x, lin.weight, lin.bias), lin(x))
     assert len(g.pool.recorder.records) == 2
-    assert g.layouts[next(iter(g.layouts))].instances[0].inputs[1] is lin.weight
+    # static inputs are read by address: the recordings keep no reference to them
+    instances = g.layouts[next(iter(g.layouts))].instances
+    assert all(inst.inputs[1] is None and inst.inputs[2] is None for inst in instances)
+
+
+def test_static_inputs_that_move_at_every_call_run_without_graphs(caplog):
+    g = graphed(lambda x, w: x * w, static_input_indices=[1], max_instances=2)
+    x = torch.randn(3)
+    with caplog.at_level(logging.INFO, logger="torchweld.weld"):
+        weights = [torch.randn(3) for _ in range(20)]  # all alive: each at its own address
+        for w in weights:
+            torch.testing.assert_close(g(x, w), x * w)
+    assert len(g.pool.recorder.records) <= 8
+    assert "move between calls" in caplog.text
 
 
 def test_mutated_inputs_are_copied_back():
@@ -179,7 +196,7 @@ def test_cudagraphs_backend_records_the_eager_graph():
         for _ in range(3):
             x = torch.randn(4, 8)
             torch.testing.assert_close(fast(x), model(x))
-    assert len(rec.records) == 1 and rec.replays == 2
+    assert len(rec.records) == 1 and rec.replays == 3
 
 
 def test_cudagraphs_backend_leaves_training_graphs_eager(caplog):
@@ -221,7 +238,7 @@ def test_weld_reduce_overhead_on_a_fake_recorder():
             outs.append((x, fast(x, y)))
         for x, out in outs:
             torch.testing.assert_close(out, fn(x, y))
-    assert len(rec.records) == 1 and rec.replays == 2
+    assert len(rec.records) == 1 and rec.replays == 3
 
 
 def test_weld_default_mode_never_records():
@@ -326,3 +343,34 @@ def test_before_replay_runs_before_each_replay():
     weight.mul_(3)
     torch.testing.assert_close(g(x), x * weight * 2)
     assert g.pool.recorder.replays >= 2
+
+
+def test_compiled_training_replays_forward_and_backward_like_eager():
+    """reduce-overhead training: the compiled forward and backward are recorded once each
+    and replayed; saved activations are read in place, so a step records nothing new."""
+    import copy
+
+    from torchweld.autograd import compile_training
+    from torchweld.backends.weld import cudagraph_wrapper
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(),
+                          nn.Linear(8 * 6 * 6, 4)).train()
+    ref = copy.deepcopy(model)
+    rec = FakeRecorder()
+    wrap = cudagraph_wrapper("reduce-overhead", {"cudagraph_pool": CudaGraphPool(rec)})
+    compiled = compile_training(torch.fx.symbolic_trace(model), [torch.randn(2, 3, 6, 6)], cudagraphs=wrap)
+    opts = [torch.optim.Adam(m.parameters(), lr=1e-2) for m in (model, ref)]
+    for step in range(5):
+        x = torch.randn(2, 3, 6, 6)
+        losses = []
+        for fn, opt in ((compiled, opts[0]), (ref, opts[1])):
+            opt.zero_grad(set_to_none=True)
+            loss = fn(x).square().mean()
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+        torch.testing.assert_close(losses[0], losses[1], rtol=1e-4, atol=1e-5)
+    for (name, a), b in zip([*model.named_parameters(), *model.named_buffers()], [*ref.parameters(), *ref.buffers()]):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=name)
+    assert len(rec.records) == 2 and rec.replays == 10  # forward + backward, each recorded once

@@ -24,6 +24,8 @@ BACKWARD_DECOMPOSITIONS = get_decompositions([
     aten.threshold_backward,
     aten.native_layer_norm_backward,
     aten.native_batch_norm_backward,
+    aten.cudnn_batch_norm_backward,  # what batch norm's backward is for CUDA tensors
+    aten.miopen_batch_norm_backward,
     aten._softmax_backward_data,
     aten._log_softmax_backward_data,
     aten.gelu_backward,

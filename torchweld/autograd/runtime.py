@@ -47,8 +47,8 @@ class CompiledFunction(torch.autograd.Function):
         # A primal the backward reads at its value before this forward's write-back: keep that value.
         saved = [s.clone() if kind == "primal" and i in mutated else s
                  for s, (kind, i) in zip(saved, graph.saved)]
-        for i, value in zip(graph.mutated_primals, new_values):
-            primals[i].copy_(value)
+        if new_values:  # one multi-tensor kernel, not a copy per buffer (batch norm's running statistics)
+            torch._foreach_copy_([primals[i] for i in graph.mutated_primals], new_values)
         ctx.graph = graph
         ctx.save_for_backward(*saved)
         diff = set(graph.diff_outputs)

@@ -33,7 +33,9 @@ class CompiledTrainingGraph:
 
 
 def compile_training(gm: torch.fx.GraphModule, example_inputs: list, options: dict | None = None,
-                     strategy: str | None = None) -> CompiledTrainingGraph:
+                     strategy: str | None = None, cudagraphs=None) -> CompiledTrainingGraph:
+    """`cudagraphs`: None, or backends.weld.cudagraph_wrapper's `wrap`, which records the
+    compiled forward and backward as CUDA graphs (mode="reduce-overhead")."""
     options = dict(options or {})
     strategy = strategy or options.get("partition", "min_cut")
     state = module_state(gm)
@@ -50,9 +52,20 @@ def compile_training(gm: torch.fx.GraphModule, example_inputs: list, options: di
     log.debug("training partition (%s): saves %d tensors, %d bytes of intermediates",
               strategy, len(part.saved), part.saved_bytes)
     forward = compile_aten(part.forward, primals, options, "forward")
+    if cudagraphs is not None:
+        # Module state stays put between steps: read in place. The saved activations a
+        # forward replay hands out stay valid until its backward has run ("track").
+        forward = cudagraphs(forward, "forward", static_input_indices=range(len(state)), outputs="track")
 
     def compile_backward(example):
-        return compile_aten(part.backward, example, options, "backward")
+        backward = compile_aten(part.backward, example, options, "backward")
+        if cudagraphs is None:
+            return backward
+        # Saved activations lie in the forward recording's memory, and module state in the
+        # module: both read in place. Saved user inputs and the tangents are copied in. The
+        # gradients stay valid while the user holds them (in .grad, until zero_grad).
+        in_place = [i for i, (kind, j) in enumerate(part.saved) if kind == "forward" or j < len(state)]
+        return cudagraphs(backward, "backward", static_input_indices=in_place, outputs="track")
 
     graph = TrainingGraph(forward, compile_backward, joint.num_outputs, joint.out_spec, joint.diff_outputs,
                           joint.mutated_primals, joint.grad_primals, part.saved)

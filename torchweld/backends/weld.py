@@ -13,11 +13,12 @@ from torchweld.backends import register_backend
 log = logging.getLogger("torchweld.weld")
 
 
-def _compile_training(gm: torch.fx.GraphModule, example_inputs: list, options):
+def _compile_training(gm: torch.fx.GraphModule, example_inputs: list, mode: str | None, options: dict):
     from torchweld.autograd import TrainingUnsupported, compile_training
 
     try:
-        return compile_training(gm, list(example_inputs), options)
+        return compile_training(gm, list(example_inputs), compile_options(mode, options),
+                                cudagraphs=cudagraph_wrapper(mode, options, gm))
     except TrainingUnsupported as e:
         log.warning("weld cannot compile this graph for training, running it eagerly: %s", e)
         return gm.forward
@@ -36,7 +37,7 @@ def needs_autograd(gm: torch.fx.GraphModule, example_inputs: list) -> bool:
 def weld(gm: torch.fx.GraphModule, example_inputs: list, mode=None, options=None):
     options = {} if options is None else options  # kept, not copied: it carries the model's graph pool
     if needs_autograd(gm, example_inputs):
-        return _compile_training(prepare(gm, options, inference=False), example_inputs, compile_options(mode, options))
+        return _compile_training(prepare(gm, options, inference=False), example_inputs, mode, options)
     from torchweld.compiler import compile_graph
     from torchweld.compiler.lowering import LoweringError
     from torchweld.runtime.cpp_loader import CppCompileError
@@ -89,28 +90,31 @@ def compile_options(mode: str | None, options: dict | None) -> dict:
     return {**(options or {}), "max_autotune": autotune_enabled(mode, options)}
 
 
-def cudagraph_wrapper(mode: str | None, options: dict | None):
+def cudagraph_wrapper(mode: str | None, options: dict | None, gm: torch.fx.GraphModule | None = None):
     """For compiled training (torchweld/autograd): None when mode/options ask for no
     CUDA graphs, else `wrap(fn, name, static_input_indices=(), mutated_input_indices=(),
-    outputs="copy")` recording `fn` into this model's pool. Call it on the options dict
-    the backend received (not a copy), e.g. for a forward over (params..., inputs...):
+    outputs="copy")` recording `fn` into this model's pool; with `gm`, the captured graph,
+    nothing is recorded when it holds what cannot be (CPU tensors, synchronizing ops).
+    Call it on the options dict the backend received (not a copy), e.g. for a forward
+    over (params..., inputs...):
 
-        wrap = cudagraph_wrapper(mode, options)
+        wrap = cudagraph_wrapper(mode, options, gm)
         if wrap:
             forward = wrap(forward, "forward", static_input_indices=range(n_params), outputs="track")
             backward = wrap(backward, "backward")
     """
     if not cudagraphs_enabled(mode, options) or options is None:
         return None
-    from torchweld.runtime.cudagraphs import CudaGraphed, pool_for
+    from torchweld.runtime.cudagraphs import CudaGraphed, graph_reason, pool_for
 
     pool = pool_for(options)
+    reason = graph_reason(gm, pool.recorder.device_type) if gm is not None else None
 
     def wrap(fn, name: str, static_input_indices=(), mutated_input_indices=(), outputs: str | None = None):
         return CudaGraphed(fn, pool=pool, name=pool.next_name(f"weld {name}"),
                            static_input_indices=tuple(static_input_indices),
                            mutated_input_indices=tuple(mutated_input_indices),
-                           outputs=outputs or options.get("cudagraph_outputs", "copy"))
+                           outputs=outputs or options.get("cudagraph_outputs", "copy"), graph_reason=reason)
 
     return wrap
 

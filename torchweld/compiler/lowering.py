@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import operator
 
 import torch
 import torch.utils._pytree as pytree
-from torch._prims_common import is_non_overlapping_and_dense_or_false
+from torch._prims_common import (is_non_overlapping_and_dense_or_false, make_channels_last_strides_for,
+                                 suggest_memory_format)
 
 from torchweld.compiler import ir
 from torchweld.compiler.aten_graph import pure_overload
@@ -227,6 +229,7 @@ class GraphLowering:
         if not all(isinstance(v, torch.Tensor) for v in vals):
             raise LoweringError(f"{target} returns non-tensors: {val!r}")
         outputs = tuple((v.dtype, Layout(tuple(v.shape), tuple(v.stride()))) for v in vals)
+        outputs = _cudnn_conv_backward_layouts(target, node, outputs)
         name = self.new_name()
         device = vals[0].device if vals else torch.device("cpu")
         ext = ir.Extern(name, target, call_args, call_kwargs, outputs, multi, device)
@@ -249,6 +252,25 @@ class GraphLowering:
         if isinstance(v, TensorValue) and v.layout is None:
             return self.materialize(v)
         return v
+
+
+def _cudnn_conv_backward_layouts(target, node: torch.fx.Node, outputs: tuple) -> tuple:
+    """The layouts cuDNN gives convolution_backward's gradients: channels-last when the input
+    or the weight is. torch before 2.12 guessed them from grad_output in its meta kernel, so
+    the trace said one layout and the kernel returned another (and the wrapper copied)."""
+    if target is not aten.convolution_backward.default:
+        return outputs
+    input_, weight = (a.meta.get("val") if isinstance(a, torch.fx.Node) else None for a in node.args[1:3])
+    if not all(isinstance(t, torch.Tensor) and t.device.type == "cuda" and t.dim() == 4 for t in (input_, weight)):
+        return outputs
+    if torch.channels_last not in (suggest_memory_format(input_), suggest_memory_format(weight)):
+        return outputs
+    fixed = list(outputs)
+    for i in (0, 1):  # grad_input, grad_weight
+        dtype, layout = outputs[i]
+        if len(layout.shape) == 4 and math.prod(layout.shape) > 0:
+            fixed[i] = (dtype, Layout(layout.shape, tuple(make_channels_last_strides_for(layout.shape))))
+    return tuple(fixed)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Run a compiled callable as CUDA graphs: warm it up once, record it, then replay.
 
     fast = CudaGraphed(fn, pool=CudaGraphPool(CudaGraphRecorder()))
-    fast(*inputs)   # 1st call per input layout: warm-up run (its results are returned) + recording
+    fast(*inputs)   # 1st call per input layout: warm-up run, recording, first replay
     fast(*inputs)   # later calls: copy inputs into static buffers, replay, hand out outputs
 
 Any callable that takes tensors positionally and returns a pytree of tensors can
@@ -17,10 +17,13 @@ graph, or a compiled backward. To record one from elsewhere (compiled training):
 
 Inputs. A graph is recorded per input layout (shape, stride, dtype, device of
 each tensor, value of each non-tensor): a new layout is a new graph. Inputs at
-`static_input_indices` (and every `nn.Parameter`) are recorded in place; if one
-moves (its data_ptr changes) the graph is recorded again. Every other tensor is
-copied into a static buffer before each replay, and inputs the callable mutates
-(`mutated_input_indices`) are copied back after it.
+`static_input_indices` (and every `nn.Parameter`) are read in place, by address:
+a replay needs them at the addresses they had when it was recorded, so a call
+whose static inputs lie elsewhere replays the recording made for those addresses
+or records one (a replaced parameter; a compiled backward reading the activations
+that one of several forward recordings saved). No reference to them is kept.
+Every other tensor is copied into a static buffer before each replay, and inputs
+the callable mutates (`mutated_input_indices`) are copied back after it.
 
 Outputs. A replay overwrites the tensors the previous replay produced, so:
   - outputs="copy" (the default) hands out a fresh copy of each output: always
@@ -238,11 +241,14 @@ class _Instance:
     """One recorded graph: its static inputs, static outputs and replay."""
 
     replay: Callable[[], None]
-    inputs: list  # static input tensors (None where the input is not a tensor)
+    inputs: list  # static buffers the inputs are copied into (None: not a tensor, or read in place)
     outputs: list  # flat static outputs
     static_ptrs: dict[int, int]  # input position -> data_ptr recorded in place
     baseline_uses: list | None  # storage use counts of the outputs after recording; None: copy out
     out_spec: pytree.TreeSpec
+    # The arguments the recorded function sees; set only around a replay, for recorders
+    # that run the function again (a CUDA graph reads its static inputs by address).
+    bound: list
 
 
 @dataclasses.dataclass(eq=False)
@@ -251,6 +257,8 @@ class _Layout:
 
     instances: list
     out_spec: pytree.TreeSpec
+    recordings: int = 1
+    replays: int = 0
 
 
 _EAGER = object()  # a layout that runs without CUDA graphs
@@ -305,7 +313,13 @@ class CudaGraphed:
             self._run_eagerly(key, str(e))
             return result
         self.layouts[key] = _Layout([instance], instance.out_spec)
-        return result  # the warm-up's results are fresh tensors: the user owns them
+        if self.mutated_input_indices:  # the warm-up did the call's writes: a replay would repeat them
+            return result
+        # Replayed at once, so that even the first call's outputs are the recording's: a
+        # compiled backward recorded next reads those saved activations where later
+        # replays will have them (the warm-up's results lie elsewhere and are dropped).
+        del result
+        return self._replay(self.layouts[key], args)
 
     def _run_eagerly(self, key: tuple, reason: str) -> None:
         self.layouts[key] = _EAGER
@@ -317,15 +331,18 @@ class CudaGraphed:
         except CannotRecord as e:
             self._run_eagerly(_layout_key(args), str(e))
             return self.fn(*args)
-        for i, static in enumerate(instance.inputs):
-            if static is not None and i not in instance.static_ptrs and static is not args[i]:
-                static.copy_(args[i])
+        for static, arg in zip(instance.inputs, args):
+            if static is not None and static is not arg:
+                static.copy_(arg)
         if self.before_replay is not None:
             self.before_replay()
+        instance.bound[0] = [arg if static is None else static for static, arg in zip(instance.inputs, args)]
         instance.replay()
+        instance.bound[0] = None
         self.replays += 1
+        entry.replays += 1
         for i in self.mutated_input_indices:
-            if i < len(args) and instance.inputs[i] is not None and i not in instance.static_ptrs:
+            if i < len(args) and instance.inputs[i] is not None:
                 args[i].copy_(instance.inputs[i])
         if instance.baseline_uses is None:  # "copy", or "track" past max_instances
             flat = [o.clone() if isinstance(o, torch.Tensor) else o for o in instance.outputs]
@@ -334,27 +351,34 @@ class CudaGraphed:
         return pytree.tree_unflatten(flat, entry.out_spec)
 
     def _pick_instance(self, entry: _Layout, args: tuple) -> _Instance:
-        kept = [inst for inst in entry.instances if not _moved(inst, args)]
-        if len(kept) < len(entry.instances):  # a parameter was replaced: those graphs read the old storage
-            log.debug("%s: a static input moved; recording again", self.name)
-            entry.instances = kept
+        """A recording this call can replay: its static inputs where `args` has them and,
+        for tracked outputs, none of its outputs still held; else a new recording."""
+        matching = [inst for inst in entry.instances if not _moved(inst, args)]
         if self.outputs == "copy":
-            if not entry.instances:
-                entry.instances.append(self._record(args, track=False))
-            return entry.instances[0]
-        tracked = [inst for inst in entry.instances if inst.baseline_uses is not None]
+            return matching[0] if matching else self._add(entry, args, track=False)
+        tracked = [inst for inst in matching if inst.baseline_uses is not None]
         for inst in tracked:
             if not _outputs_alive(inst):
                 return inst
         if len(tracked) < self.max_instances:
-            instance = self._record(args, track=True)
-        else:  # the user holds outputs of every copy: copy out from now on
-            log.debug("%s: outputs of %d recordings are all alive; copying outputs", self.name, len(tracked))
-            copying = [inst for inst in entry.instances if inst.baseline_uses is None]
-            if copying:
-                return copying[0]
-            instance = self._record(args, track=False)
+            return self._add(entry, args, track=True)
+        # the user holds outputs of every copy: copy out from now on
+        log.debug("%s: outputs of %d recordings are all alive; copying outputs", self.name, len(tracked))
+        copying = [inst for inst in matching if inst.baseline_uses is None]
+        return copying[0] if copying else self._add(entry, args, track=False)
+
+    def _add(self, entry: _Layout, args: tuple, track: bool) -> _Instance:
+        """Record once more for this layout. Recordings whose static inputs lie elsewhere
+        (a replaced parameter) are dropped once more than 2 * max_instances are kept;
+        static inputs that move at nearly every call make the layout run without graphs."""
+        if entry.recordings >= 4 * self.max_instances and entry.recordings > entry.replays // 2:
+            raise CannotRecord("its static inputs (parameters, saved activations) move between calls")
+        instance = self._record(args, track=track)
+        entry.recordings += 1
         entry.instances.append(instance)
+        while len(entry.instances) > 2 * self.max_instances:
+            stale = next((inst for inst in entry.instances if _moved(inst, args)), entry.instances[0])
+            entry.instances.remove(stale)
         return instance
 
     # -- recording -----------------------------------------------------------------
@@ -376,10 +400,10 @@ class CudaGraphed:
             # Triton specializes kernels on 16-byte pointer alignment: compile the static
             # buffers' variant now, since nothing may compile while a stream records
             self.pool.recorder.warm_up(lambda: self.fn(*static_args), _device_of(args))
-        spec_box = []
+        spec_box, bound = [], [static_args]
 
         def run():
-            flat, spec = pytree.tree_flatten(self.fn(*static_args))
+            flat, spec = pytree.tree_flatten(self.fn(*bound[0]))
             spec_box.append(spec)
             return flat
 
@@ -391,10 +415,12 @@ class CudaGraphed:
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise CannotRecord(f"recording failed: {first}") from e
         self.pool.graphs_recorded += 1
+        bound[0] = static_args = None  # static inputs are read by address: hold no reference to them
+        inputs = [None if i in static_ptrs else buf for i, buf in enumerate(inputs)]
         outputs = list(outputs)
         baseline = [_storage_uses(o) for o in outputs] if track else None
         # a recording computes nothing: the outputs hold garbage until the first replay
-        return _Instance(replay, inputs, outputs, static_ptrs, baseline, spec_box[-1])
+        return _Instance(replay, inputs, outputs, static_ptrs, baseline, spec_box[-1], bound)
 
 
 def _layout_key(args: tuple) -> tuple:

@@ -108,8 +108,13 @@ class WrapperRenderer:
                         pool.setdefault(self.pool_key(name), []).append(name)
                     else:
                         self.emit(f"del {name}")
-        for name, value in g.mutated_inputs:
+        if len(g.mutated_inputs) == 1:
+            [(name, value)] = g.mutated_inputs
             self.emit(f"{name}.copy_({self.output(value)})")
+        elif g.mutated_inputs:  # one multi-tensor kernel for all the write-backs
+            targets = ", ".join(name for name, _ in g.mutated_inputs)
+            values = ", ".join(self.output(value) for _, value in g.mutated_inputs)
+            self.emit(f"torch._foreach_copy_([{targets}], [{values}])")
         outs = ", ".join(self.output(v) for v in g.outputs)
         self.emit(f"return ({outs}{',' if len(g.outputs) == 1 else ''})")
         return "\n".join(self.lines) + "\n"
