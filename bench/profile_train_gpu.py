@@ -123,6 +123,26 @@ def report(label: str, step: Step, steps: int) -> float:
     return ms
 
 
+def count_jit_fallbacks(graphs) -> tuple[collections.Counter, collections.Counter]:
+    """Count, per compiled graph from now on, its calls and those that fell back to `call_jit`."""
+    calls, jit_calls = collections.Counter(), collections.Counter()
+    for i, graph in enumerate(graphs):
+        namespace = graph.fn.__globals__
+        if "call_jit" not in namespace:
+            continue
+
+        def counted(*args, _fn=graph.fn, _i=i):
+            calls[_i] += 1
+            return _fn(*args)
+
+        def counted_jit(*args, _fn=namespace["call_jit"], _i=i):
+            jit_calls[_i] += 1
+            return _fn(*args)
+
+        graph.fn, namespace["call_jit"] = counted, counted_jit
+    return calls, jit_calls
+
+
 def python_profile(step: Step, calls: int = 5, top: int = 22) -> str:
     torch.cuda.synchronize()
     profiler = cProfile.Profile()
@@ -178,11 +198,14 @@ def main() -> None:
                 pstats.Stats(profiler, stream=out).sort_stats(key).print_stats(28)
                 text = out.getvalue()
                 print(f"\n-- cold step by {key}\n" + text[text.index("ncalls"):])
+        calls, jit_calls = count_jit_fallbacks(spy.graphs)
         weld_ms = report("weld", step, args.steps)
     if eager_ms:
         print(f"  weld speedup over eager: {eager_ms / weld_ms:.2f}x")
     print("  weld wrappers (forward, backward):")
     print(spy.summary())
+    for i in calls:
+        print(f"      graph {i}: {jit_calls[i]} of {calls[i]} calls took the JIT launches (an input not 16-byte aligned)")
     print("  weld Python time, 5 steps (cProfile, by own time):")
     print(python_profile(step))
     counts = collections.Counter(type(m).__name__ for m in model.modules())

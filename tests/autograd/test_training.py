@@ -114,8 +114,10 @@ def test_reduce_overhead_training_matches_eager_on_cuda(make, shape, request):
     request.addfinalizer(lambda: flags.__exit__(None, None, None))
     model = make().cuda()
     reference = copy.deepcopy(model)
-    options = {}
-    compiled = torchweld.compile(model, backend="weld", mode="reduce-overhead", options=options)
+    from torchweld.runtime.cudagraphs import CudaGraphPool, CudaGraphRecorder
+
+    pool = CudaGraphPool(CudaGraphRecorder())
+    compiled = torchweld.compile(model, backend="weld", mode="reduce-overhead", options={"cudagraph_pool": pool})
     opt = torch.optim.Adam(model.parameters(), lr=1e-2, eps=1e-4)
     opt_ref = torch.optim.Adam(reference.parameters(), lr=1e-2, eps=1e-4)
     for _ in range(5):
@@ -129,7 +131,6 @@ def test_reduce_overhead_training_matches_eager_on_cuda(make, shape, request):
             losses.append(loss)
         torch.testing.assert_close(losses[0], losses[1], **TOL)
     assert_same_training_state(model, reference)
-    pool = options["cudagraph_pool"]
     assert 2 <= pool.graphs_recorded <= 3  # forward and backward (one more while a loss is held)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 
 import torch
 import torch.utils._pytree as pytree
@@ -48,9 +49,13 @@ class ModuleState:
     kind: str  # "parameter", "buffer" or "attribute"
 
     def read(self, gm: torch.nn.Module) -> torch.Tensor:
+        return self.reader(gm)()
+
+    def reader(self, gm: torch.nn.Module):
+        """A callable reading the tensor afresh (a replaced parameter is seen); the module
+        that owns it is looked up once, here."""
         owner, _, attr = self.name.rpartition(".")
-        module = gm.get_submodule(owner) if owner else gm
-        return getattr(module, attr)
+        return functools.partial(getattr, gm.get_submodule(owner) if owner else gm, attr)
 
 
 def module_state(gm: torch.fx.GraphModule) -> list[ModuleState]:

@@ -31,6 +31,7 @@ class TrainingGraph:
     mutated_primals: list[int]
     grad_primals: list[int]
     saved: list[tuple[str, int]]
+    write_back: Callable[[list, list], None]  # (mutated primals, new values): runtime/write_back.py
     backward: Callable | None = None
 
 
@@ -47,8 +48,8 @@ class CompiledFunction(torch.autograd.Function):
         # A primal the backward reads at its value before this forward's write-back: keep that value.
         saved = [s.clone() if kind == "primal" and i in mutated else s
                  for s, (kind, i) in zip(saved, graph.saved)]
-        if new_values:  # one multi-tensor kernel, not a copy per buffer (batch norm's running statistics)
-            torch._foreach_copy_([primals[i] for i in graph.mutated_primals], new_values)
+        if new_values:  # a multi-tensor kernel per dtype, not a copy per buffer (batch norm's statistics)
+            graph.write_back([primals[i] for i in graph.mutated_primals], new_values)
         ctx.graph = graph
         ctx.save_for_backward(*saved)
         diff = set(graph.diff_outputs)

@@ -11,6 +11,7 @@ from torchweld.autograd.functionalize import FunctionalizationError
 from torchweld.autograd.joint import JointGraph, ModuleState, module_state, trace_joint
 from torchweld.autograd.partition import Partition, partition
 from torchweld.autograd.runtime import TrainingGraph, run
+from torchweld.runtime.write_back import WriteBack
 
 log = logging.getLogger("torchweld.weld")
 
@@ -26,9 +27,10 @@ class CompiledTrainingGraph:
                  joint: JointGraph, part: Partition, graph: TrainingGraph):
         self.gm, self.state, self.tensor_positions = gm, state, tensor_positions
         self.joint, self.partition, self.graph = joint, part, graph
+        self.readers = [s.reader(gm) for s in state]
 
     def __call__(self, *args):
-        primals = [s.read(self.gm) for s in self.state] + [args[i] for i in self.tensor_positions]
+        primals = [read() for read in self.readers] + [args[i] for i in self.tensor_positions]
         return run(self.graph, primals)
 
 
@@ -67,8 +69,9 @@ def compile_training(gm: torch.fx.GraphModule, example_inputs: list, options: di
         in_place = [i for i, (kind, j) in enumerate(part.saved) if kind == "forward" or j < len(state)]
         return cudagraphs(backward, "backward", static_input_indices=in_place, outputs="track")
 
+    write_back = WriteBack([primals[i].dtype for i in joint.mutated_primals])
     graph = TrainingGraph(forward, compile_backward, joint.num_outputs, joint.out_spec, joint.diff_outputs,
-                          joint.mutated_primals, joint.grad_primals, part.saved)
+                          joint.mutated_primals, joint.grad_primals, part.saved, write_back)
     return CompiledTrainingGraph(gm, state, tensor_positions, joint, part, graph)
 
 
@@ -82,7 +85,7 @@ def compile_aten(gm: torch.fx.GraphModule, example_inputs: list, options: dict, 
         return gm
     try:
         with torch.no_grad():
-            return compile_graph(gm, list(example_inputs), options)
+            return compile_graph(gm, list(example_inputs), options, traced=True)
     except (LoweringError, CppCompileError) as e:
         log.warning("weld cannot compile the %s graph of this training step, running its aten ops eagerly: %s",
                     what, e)

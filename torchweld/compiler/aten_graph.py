@@ -2,6 +2,7 @@
 the decompositions that reach the small op set `lowering.py` handles."""
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 import torch
@@ -96,6 +97,18 @@ class AtenGraph:
 
     gm: torch.fx.GraphModule
     out_spec: pytree.TreeSpec
+
+
+def traced_aten_graph(gm: torch.fx.GraphModule) -> AtenGraph:
+    """An aten graph traced already (the training partitions: decomposed, with "val"
+    metadata on every node) as an AtenGraph, without tracing it again: its outputs
+    flattened (None entries dropped; out_spec puts them back)."""
+    graph = copy.deepcopy(gm.graph)
+    output = next(n for n in graph.nodes if n.op == "output")
+    flat, spec = pytree.tree_flatten(output.args[0])
+    output.args = (flat,)
+    graph.eliminate_dead_code()
+    return AtenGraph(torch.fx.GraphModule(gm, graph), spec)
 
 
 def to_aten_graph(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> AtenGraph:

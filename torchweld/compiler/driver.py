@@ -11,7 +11,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from torchweld.compiler import ir
-from torchweld.compiler.aten_graph import to_aten_graph
+from torchweld.compiler.aten_graph import to_aten_graph, traced_aten_graph
 from torchweld.compiler.codegen.cpp import CppRenderer
 from torchweld.compiler.codegen.wrapper import PRELUDE, WrapperRenderer
 from torchweld.compiler.constant_folding import HoistedConstants, hoist_constants
@@ -58,9 +58,11 @@ def renderer_for(device: torch.device, options: dict):
     return CppRenderer
 
 
-def compile_graph(gm: torch.fx.GraphModule, example_inputs: list, options: dict | None = None) -> CompiledGraph:
+def compile_graph(gm: torch.fx.GraphModule, example_inputs: list, options: dict | None = None,
+                  traced: bool = False) -> CompiledGraph:
+    """`traced`: `gm` is an aten graph traced already (compiled training's forward and backward)."""
     options = dict(options or {})
-    aten = to_aten_graph(gm, example_inputs)
+    aten = traced_aten_graph(gm) if traced else to_aten_graph(gm, example_inputs)
     aten_gm, hoisted = hoist_constants(aten.gm) if options.get("freeze") else (aten.gm, None)
     lowering = GraphLowering(aten_gm, check=lambda buf: _check(buf, options),
                              bias_in_kernel=lambda device: renderer_for(device, options) is not CppRenderer)

@@ -427,7 +427,7 @@ def _layout_key(args: tuple) -> tuple:
     key = []
     for a in args:
         if isinstance(a, torch.Tensor):
-            key.append((tuple(a.shape), a.stride(), a.dtype, a.device, a.requires_grad))
+            key.append((a.shape, a.stride(), a.dtype, a.device, a.requires_grad))
         else:
             key.append((type(a), a if isinstance(a, (int, float, bool, str, type(None))) else id(a)))
     return tuple(key)

@@ -11,6 +11,7 @@ from torchweld.compiler import ir
 from torchweld.compiler.ir import Layout
 from torchweld.compiler.lowering import TensorValue
 from torchweld.compiler.schedule import ExternCall, Free, Kernel, Schedule
+from torchweld.runtime.write_back import groups_by_dtype
 
 PRELUDE = '''
 def _restride(t, shape, stride):
@@ -108,13 +109,14 @@ class WrapperRenderer:
                         pool.setdefault(self.pool_key(name), []).append(name)
                     else:
                         self.emit(f"del {name}")
-        if len(g.mutated_inputs) == 1:
-            [(name, value)] = g.mutated_inputs
-            self.emit(f"{name}.copy_({self.output(value)})")
-        elif g.mutated_inputs:  # one multi-tensor kernel for all the write-backs
-            targets = ", ".join(name for name, _ in g.mutated_inputs)
-            values = ", ".join(self.output(value) for _, value in g.mutated_inputs)
-            self.emit(f"torch._foreach_copy_([{targets}], [{values}])")
+        dtypes = [self.sched.layouts[name][0] for name, _ in g.mutated_inputs]
+        for group in groups_by_dtype(dtypes):  # one multi-tensor kernel per dtype for the write-backs
+            targets = [g.mutated_inputs[i][0] for i in group]
+            values = [self.output(g.mutated_inputs[i][1]) for i in group]
+            if len(group) == 1:
+                self.emit(f"{targets[0]}.copy_({values[0]})")
+            else:
+                self.emit(f"torch._foreach_copy_([{', '.join(targets)}], [{', '.join(values)}])")
         outs = ", ".join(self.output(v) for v in g.outputs)
         self.emit(f"return ({outs}{',' if len(g.outputs) == 1 else ''})")
         return "\n".join(self.lines) + "\n"
