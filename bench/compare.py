@@ -115,6 +115,11 @@ def steady(fn, x, min_time=1.0, min_runs=5):
 
 
 SKIPPED_VARIANTS: set[str] = set()  # filled from the command line
+ONLY_ROWS: list[str] = []  # --only: row names must contain one of these
+
+
+def wanted(row_name: str) -> bool:
+    return not ONLY_ROWS or any(part in row_name for part in ONLY_ROWS)
 
 
 def selected(variants: list) -> list:
@@ -136,7 +141,9 @@ def main():
                         help="leave torch.compile out (its cold compiles take minutes on the big rows)")
     parser.add_argument("--cuda-modes", action="store_true",
                         help="CUDA only: mode='reduce-overhead' / 'max-autotune' rows (see cuda_mode_rows)")
+    parser.add_argument("--only", default="", help="comma-separated parts of row names to run (--train, --cuda-modes)")
     args = parser.parse_args()
+    ONLY_ROWS.extend(p.strip() for p in args.only.split(",") if p.strip())
     q = args.quick
     if args.skip_inductor:
         SKIPPED_VARIANTS.add("inductor")
@@ -268,6 +275,8 @@ def cuda_mode_rows(q: bool, modes=("reduce-overhead", "max-autotune")):
     print("-" * len(header))
     iters = 10 if q else 50
     for name, make, train in cuda_mode_cases(q):
+        if not wanted(name):
+            continue
         torch.manual_seed(0)
         eager_ms, eager_cold, eager_peak, expected = _cuda_run(lambda m: m, make, train, iters)
         print(f"{name:28s} {'-':22s} {'eager':10s} {eager_ms:9.3f} {1.0:8.2f} {eager_cold:8.2f} {eager_peak:9.0f}")
@@ -399,6 +408,8 @@ def training_rows(q: bool):
     print("-" * len(header))
     min_time = 0.5 if q else 2.0
     for name, make_model, make_batch, loss_fn in training_cases(q, device):
+        if not wanted(name):
+            continue
         torch.manual_seed(0)
         base = make_model().to(device).train()
         batch = tuple(t.to(device) for t in make_batch())

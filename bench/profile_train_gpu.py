@@ -143,6 +143,23 @@ def count_jit_fallbacks(graphs) -> tuple[collections.Counter, collections.Counte
     return calls, jit_calls
 
 
+def dump_kernels(step: Step, graphs, top: int) -> None:
+    """The Triton source of weld's `top` kernels by GPU time per step."""
+    events, _ = profiled(step, 1)
+    total = collections.Counter()
+    for e in events:
+        if e.name.startswith("k_"):
+            total[e.name] += e.time_range.elapsed_us()
+    sources = "\n".join(g.kernel_sources.get("triton", "") for g in graphs)
+    for name, us in total.most_common(top):
+        start = sources.find(f"def {name}(")
+        if start < 0:
+            continue
+        start = sources.rfind("@triton.jit", 0, start)
+        end = sources.find("@triton.jit", start + 1)
+        print(f"\n  -- {name}: {us:.1f} us per step\n{sources[start:end if end > 0 else None].rstrip()}")
+
+
 def python_profile(step: Step, calls: int = 5, top: int = 22) -> str:
     torch.cuda.synchronize()
     profiler = cProfile.Profile()
@@ -167,6 +184,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--compile-profile", action="store_true")
     parser.add_argument("--skip-eager", action="store_true")
+    parser.add_argument("--dump-kernels", type=int, default=0, help="print the source of weld's N slowest kernels")
     args = parser.parse_args()
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; {args.model} b{args.batch} "
           f"3x{args.size}x{args.size}, mode={args.mode}, options={args.options}")
@@ -200,6 +218,8 @@ def main() -> None:
                 print(f"\n-- cold step by {key}\n" + text[text.index("ncalls"):])
         calls, jit_calls = count_jit_fallbacks(spy.graphs)
         weld_ms = report("weld", step, args.steps)
+        if args.dump_kernels:
+            dump_kernels(step, spy.graphs, args.dump_kernels)
     if eager_ms:
         print(f"  weld speedup over eager: {eager_ms / weld_ms:.2f}x")
     print("  weld wrappers (forward, backward):")
