@@ -118,3 +118,26 @@ def test_constant_fill_is_stored():
     """A kernel that only stores a constant (zeros in a backward) gets a block, not a literal."""
     compiled = check(lambda a: [torch.zeros_like(a), a * 2], [torch.randn(3, 5)], options=TRITON)
     assert "tl.full([XBLOCK]" in compiled.kernel_sources["triton"]
+
+
+def test_few_outputs_long_rows_reduce_in_two_steps():
+    """Batch norm's training statistics: per-channel sums over N, H, W (channels-last here).
+    Few outputs and long rows reduce in two steps (lowering.split_dim), so that many
+    programs share the work; results equal eager's."""
+    from torchweld.compiler.lowering import split_dim
+    from torchweld.compiler.ir import Op
+
+    assert split_dim((16, 64, 32, 32), (0, 2, 3), Op.SUM) == 0
+    assert split_dim((4096, 64), (0,), Op.SUM) is None  # one reduced dim: nothing to split off
+    assert split_dim((8, 4096, 8, 8), (0, 2, 3), Op.SUM) is None  # many outputs already
+    x = torch.randn(16, 8, 32, 32).contiguous(memory_format=torch.channels_last)
+    g = torch.randn(16, 8, 32, 32)
+
+    def bn_stats_and_backward(x, g):
+        mean = x.mean((0, 2, 3), keepdim=True)
+        var = x.var((0, 2, 3), keepdim=True, unbiased=False)
+        return [mean, var, (g * (x - mean)).sum((0, 2, 3)), x.amax((0, 2, 3)), g - g.sum((0, 2, 3), keepdim=True)]
+
+    c = check(bn_stats_and_backward, [x, g], options=TRITON, atol=1e-3, rtol=1e-4)
+    assert len(c.schedule.kernels()) > len(check(bn_stats_and_backward, [x, g], atol=1e-3, rtol=1e-4,
+                                                 options={**TRITON, "split_reductions": False}).schedule.kernels())

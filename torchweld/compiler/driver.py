@@ -64,8 +64,9 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list, options: dict 
     options = dict(options or {})
     aten = traced_aten_graph(gm) if traced else to_aten_graph(gm, example_inputs)
     aten_gm, hoisted = hoist_constants(aten.gm) if options.get("freeze") else (aten.gm, None)
-    lowering = GraphLowering(aten_gm, check=lambda buf: _check(buf, options),
-                             bias_in_kernel=lambda device: renderer_for(device, options) is not CppRenderer)
+    triton = lambda device: renderer_for(device, options) is not CppRenderer  # noqa: E731
+    lowering = GraphLowering(aten_gm, check=lambda buf: _check(buf, options), bias_in_kernel=triton,
+                             split_reductions=lambda device: triton(device) and options.get("split_reductions", True))
     lowered = lowering.run(list(example_inputs))
     for line in lowered.externs:
         log.debug("extern call: %s", line)

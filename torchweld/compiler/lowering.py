@@ -83,9 +83,13 @@ class GraphLowering:
     """Lowers one aten graph; `check(buffer)` raises NotImplementedError when the
     target's renderer cannot render a new buffer, which turns its node extern."""
 
-    def __init__(self, gm: torch.fx.GraphModule, check=lambda buf: None, bias_in_kernel=lambda device: False):
+    def __init__(self, gm: torch.fx.GraphModule, check=lambda buf: None, bias_in_kernel=lambda device: False,
+                 split_reductions=lambda device: False):
         self.gm = gm
         self.check = check
+        # whether a reduction with few outputs and long rows on `device` runs in two steps
+        # (split_dim): right for Triton kernels, which get one program per block of outputs
+        self.split_reductions = split_reductions
         # whether a convolution on `device` is called without its bias, which the next
         # fused kernel adds (cuDNN convolutions add it in an extra pass of their own)
         self.bias_in_kernel = bias_in_kernel
@@ -121,11 +125,26 @@ class GraphLowering:
         return self.value_of_buffer(name, dtype, layout, device)
 
     def add_reduction(self, x: TensorValue, reduced, reduce_op: ir.Op, body: Expr, dtype) -> TensorValue:
+        reduced = tuple(sorted(reduced))
+        split = split_dim(x.shape, reduced, reduce_op) if self.split_reductions(x.device) else None
+        if split is None:
+            return self._reduction(x.shape, reduced, reduce_op, body, dtype, x.device)
+        # Few outputs, long rows: one program per output (or per few) leaves most of the GPU
+        # idle. Reduce in two steps: all reduced dims but `split` (many programs, one per
+        # (kept index, split index)), then the partial results along `split`.
+        partial = self._reduction(x.shape, tuple(d for d in reduced if d != split), reduce_op, body, body.dtype,
+                                  x.device)
+        position = sum(1 for d in range(split) if d not in reduced)
+        ndim = len(partial.shape)
+        return self._reduction(partial.shape, (position,), reduce_op, partial.read(ir.dim_vars(ndim)), dtype,
+                               x.device)
+
+    def _reduction(self, full_shape, reduced, reduce_op: ir.Op, body: Expr, dtype, device) -> TensorValue:
         name = self.new_name()
-        red = ir.Reduction(name, dtype, x.shape, tuple(sorted(reduced)), reduce_op, body, x.device)
+        red = ir.Reduction(name, dtype, tuple(full_shape), tuple(reduced), reduce_op, body, device)
         red.layout = Layout.contiguous(red.shape)
         self.buffers[name] = red
-        return self.value_of_buffer(name, dtype, red.layout, x.device)
+        return self.value_of_buffer(name, dtype, red.layout, device)
 
     # -- the walk -----------------------------------------------------------------
     def run(self, example_inputs: list[torch.Tensor]) -> LoweredGraph:
@@ -252,6 +271,29 @@ class GraphLowering:
         if isinstance(v, TensorValue) and v.layout is None:
             return self.materialize(v)
         return v
+
+
+SPLIT_MAX_OUTPUTS = 2048  # reductions with fewer outputs than this ...
+SPLIT_MIN_ROW = 8192  # ... and rows at least this long are split
+SPLIT_OPS = frozenset({ir.Op.SUM, ir.Op.MAX, ir.Op.MIN})  # associative: partial results combine
+
+
+def split_dim(shape, reduced: tuple[int, ...], reduce_op: ir.Op) -> int | None:
+    """The reduced dim to reduce last, in a second step, or None to reduce in one step.
+
+    Batch norm's statistics in training (sums over N, H, W per channel: 64 to 1024 outputs,
+    rows of N*H*W) are the case in point: split off the outermost reduced dim of 8 or more
+    whose removal leaves rows of 256 or more."""
+    if reduce_op not in SPLIT_OPS or len(reduced) < 2:
+        return None
+    outputs = math.prod(s for i, s in enumerate(shape) if i not in reduced)
+    row = math.prod(shape[d] for d in reduced)
+    if outputs >= SPLIT_MAX_OUTPUTS or row < SPLIT_MIN_ROW:
+        return None
+    for d in reduced:
+        if shape[d] >= 8 and row // shape[d] >= 256:
+            return d
+    return None
 
 
 def _cudnn_conv_backward_layouts(target, node: torch.fx.Node, outputs: tuple) -> tuple:
