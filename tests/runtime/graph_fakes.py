@@ -7,6 +7,8 @@ import torch
 
 
 class FakeRecorder:
+    replays_by_address = False  # a replay runs the function again, on the arguments bound for it
+
     def __init__(self, device_type: str = "cpu", fail_with: Exception | None = None):
         self.device_type = device_type
         self.fail_with = fail_with

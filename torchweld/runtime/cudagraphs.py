@@ -78,6 +78,9 @@ class GraphRecorder(Protocol):
     """How graphs are made; `CudaGraphRecorder` on a GPU, a fake in CPU tests."""
 
     device_type: str  # tensors on other devices cannot be recorded
+    # True: a replay reads its static inputs by address (a CUDA graph); False: it runs the
+    # function again (a fake), on the arguments CudaGraphed binds around each replay
+    replays_by_address: bool
 
     def new_pool(self) -> object:
         """A memory pool handle that several recordings can share."""
@@ -94,6 +97,7 @@ class CudaGraphRecorder:
     """torch.cuda.CUDAGraph: warm-up on a side stream, recording with a shared pool."""
 
     device_type = "cuda"
+    replays_by_address = True
 
     def new_pool(self) -> object:
         return torch.cuda.graph_pool_handle()
@@ -246,8 +250,8 @@ class _Instance:
     static_ptrs: dict[int, int]  # input position -> data_ptr recorded in place
     baseline_uses: list | None  # storage use counts of the outputs after recording; None: copy out
     out_spec: pytree.TreeSpec
-    # The arguments the recorded function sees; set only around a replay, for recorders
-    # that run the function again (a CUDA graph reads its static inputs by address).
+    # The arguments the recorded function sees; set only around a replay, and only for
+    # recorders that run the function again (GraphRecorder.replays_by_address is False).
     bound: list
 
 
@@ -336,9 +340,12 @@ class CudaGraphed:
                 static.copy_(arg)
         if self.before_replay is not None:
             self.before_replay()
-        instance.bound[0] = [arg if static is None else static for static, arg in zip(instance.inputs, args)]
-        instance.replay()
-        instance.bound[0] = None
+        if self.pool.recorder.replays_by_address:
+            instance.replay()
+        else:
+            instance.bound[0] = [arg if static is None else static for static, arg in zip(instance.inputs, args)]
+            instance.replay()
+            instance.bound[0] = None
         self.replays += 1
         entry.replays += 1
         for i in self.mutated_input_indices:
