@@ -1,14 +1,15 @@
-"""Where weld's GPU time goes: eager vs weld for resnet50 and the add/mul chain, one run.
+"""Where weld's GPU time goes: eager vs weld (vs torch.compile) per model, one run.
 
-    python3 bench/profile_weld_gpu.py [--only chain|resnet50] [--iters 50] [--options JSON]
+    python3 bench/profile_weld_gpu.py [--only chain resnet50 densenet121 BERT GPT-2] [--inductor]
+                                      [--iters 50] [--options JSON]
 
-For each case it prints, for eager and for weld (torchweld.compile(backend="weld")),
-float32 inference under no_grad:
+For each case it prints, for eager, for weld (torchweld.compile(backend="weld")) and,
+with --inductor, for torch.compile, float32 inference under no_grad:
   - latency: median of CUDA-event timings of one call each (what bench/gpu_inference.py
     reports; includes any CPU launch overhead the GPU waits for);
   - throughput: CUDA-event time of `iters` back-to-back calls / iters (GPU-bound);
   - CPU time to enqueue one call (perf_counter over back-to-back calls);
-  - CUDA kernels (and memcpy/memset) per call, from torch.profiler;
+  - CUDA kernels (and memcpy/memset) per call and the GPU time they take, from torch.profiler;
   - the top 14 kernels by GPU time; weld: what the generated wrappers contain
     (Triton kernels, extern calls, layout-fix copies, allocations) and the top Python
     functions by time for 20 calls (cProfile);
@@ -23,6 +24,7 @@ import collections
 import io
 import json
 import math
+import os
 import pstats
 import statistics
 import time
@@ -151,10 +153,11 @@ class GraphSpy:
 # -- cases -------------------------------------------------------------------------------
 
 
-def report(name: str, eager, weld, x, iters: int, spy: GraphSpy | None, bytes_moved: int | None) -> dict:
+def report(name: str, contenders: dict, x, iters: int, spy: GraphSpy | None, bytes_moved: int | None) -> dict:
+    """Times each of `contenders` ({label: fn}, eager first, weld among them) on `x`."""
     print(f"\n== {name}")
     results = {}
-    for label, fn in (("eager", eager), ("weld", weld)):
+    for label, fn in contenders.items():
         for _ in range(3):
             fn(x)
         lat = latency_ms(fn, x, iters)
@@ -163,21 +166,25 @@ def report(name: str, eager, weld, x, iters: int, spy: GraphSpy | None, bytes_mo
         events = device_events(fn, x, calls)
         kernels = [e for e in events if "memcpy" not in e.name.lower() and "memset" not in e.name.lower()]
         copies = len(events) - len(kernels)
+        gpu_busy = sum(e.time_range.elapsed_us() for e in events) / calls / 1e3
         results[label] = (lat, thr, cpu)
         extra = ""
         if bytes_moved:
             extra = f", {bytes_moved / (thr * 1e-3) / 1e12:.2f} TB/s"
-        print(f"  {label:5}: latency {lat:8.3f} ms, throughput {thr:8.3f} ms/call{extra}, "
-              f"CPU enqueue {cpu:7.3f} ms/call, {len(kernels) / calls:.0f} kernels + {copies / calls:.0f} memcpy/memset per call")
+        print(f"  {label:8}: latency {lat:8.3f} ms, throughput {thr:8.3f} ms/call{extra}, "
+              f"CPU enqueue {cpu:7.3f} ms/call, GPU busy {gpu_busy:7.3f} ms/call, "
+              f"{len(kernels) / calls:.0f} kernels + {copies / calls:.0f} memcpy/memset per call")
         print(f"    top kernels ({label}):")
         print(kernel_table(events, calls, top=14))
-    e, w = results["eager"], results["weld"]
-    print(f"  weld speedup over eager: latency {e[0] / w[0]:.2f}x, throughput {e[1] / w[1]:.2f}x")
+    e = results["eager"]
+    for label, r in results.items():
+        if label != "eager":
+            print(f"  {label} speedup over eager: latency {e[0] / r[0]:.2f}x, throughput {e[1] / r[1]:.2f}x")
     if spy is not None:
         print("    weld wrappers:")
         print(spy.summary())
     print("    weld Python time, 20 calls (cProfile, by tottime):")
-    print(profile_python(weld, x))
+    print(profile_python(contenders["weld"], x))
     return results
 
 
@@ -190,7 +197,7 @@ def chain_case(iters: int) -> None:
     out = torch.empty_like(x)
     copy_ms, _ = throughput_ms(lambda t: out.copy_(t), x, iters)
     print(f"\n(copy of 64M floats: {copy_ms:.3f} ms, {nbytes / (copy_ms * 1e-3) / 1e12:.2f} TB/s: the bandwidth goal is 90% of it)")
-    report("add/mul chain 64M floats ((t + 1) * 2 + 3) * 0.5", add_mul_chain, weld, x, iters, spy, nbytes)
+    report("add/mul chain 64M floats ((t + 1) * 2 + 3) * 0.5", {"eager": add_mul_chain, "weld": weld}, x, iters, spy, nbytes)
     if spy.graphs:
         sweep_chain_kernel(spy.graphs[-1], x, nbytes, iters)
 
@@ -213,28 +220,48 @@ def sweep_chain_kernel(graph, x, nbytes: int, iters: int) -> None:
         print(f"      XBLOCK={xblock:5} num_warps={warps:2}: {ms:7.3f} ms  {nbytes / (ms * 1e-3) / 1e12:5.2f} TB/s")
 
 
-def resnet_case(iters: int, options: dict) -> None:
-    try:
-        import torchvision
-    except ImportError:
-        print("\ntorchvision missing: no resnet50 row (pip install torchvision)")
+def model_case(case: str, iters: int, options: dict, inductor: bool, dump: str | None) -> None:
+    """A model row of bench/gpu_inference.py: eager, weld and (with `inductor`) torch.compile."""
+    from gpu_inference import cases
+
+    found = cases({case})
+    if not found:
+        print(f"\nno {case} row (torchvision / transformers missing?)")
         return
-    model = torchvision.models.resnet50().cuda().eval()
-    x = torch.randn(32, 3, 224, 224, device="cuda")
+    [(row, make)] = found
+    torch.manual_seed(0)
+    model, x = make()
+    contenders = {"eager": model}
     with GraphSpy() as spy:
         weld = torchweld.compile(model, backend="weld", options=options)
         t0 = time.perf_counter()
         weld(x)
         torch.cuda.synchronize()
-        print(f"\nweld resnet50 cold compile: {time.perf_counter() - t0:.1f} s")
-    report("torchvision resnet50, batch 32, 3x224x224", model, weld, x, iters, spy, None)
+        print(f"\nweld {row} cold compile: {time.perf_counter() - t0:.1f} s")
+    contenders["weld"] = weld
+    if inductor:
+        compiled = torch.compile(model)
+        t0 = time.perf_counter()
+        compiled(x)
+        torch.cuda.synchronize()
+        print(f"torch.compile {row} cold compile: {time.perf_counter() - t0:.1f} s")
+        contenders["inductor"] = compiled
+    report(row, contenders, x, iters, spy, None)
+    if dump:
+        os.makedirs(dump, exist_ok=True)
+        for i, graph in enumerate(spy.graphs):
+            with open(os.path.join(dump, f"{case}_graph{i}.py"), "w") as f:
+                f.write(graph.wrapper_source)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", choices=["chain", "resnet50"])
+    parser.add_argument("--only", nargs="*", default=["chain", "resnet50"],
+                        help="chain and/or first words of bench/gpu_inference.py's rows: resnet50 densenet121 BERT GPT-2")
+    parser.add_argument("--inductor", action="store_true", help="time torch.compile (default mode) beside them")
     parser.add_argument("--iters", type=int, default=50)
-    parser.add_argument("--options", default="{}", help="torchweld options as JSON, for the resnet50 case")
+    parser.add_argument("--options", default="{}", help="torchweld options as JSON, for the model cases")
+    parser.add_argument("--dump", metavar="DIR", help="write each weld wrapper's source there")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("needs a CUDA GPU")
@@ -242,10 +269,11 @@ def main() -> None:
           f"TF32 conv {torch.backends.cudnn.allow_tf32}, TF32 matmul {torch.backends.cuda.matmul.allow_tf32}")
     start = time.perf_counter()
     with torch.no_grad():
-        if args.only in (None, "chain"):
-            chain_case(args.iters)
-        if args.only in (None, "resnet50"):
-            resnet_case(args.iters, json.loads(args.options))
+        for case in args.only:
+            if case == "chain":
+                chain_case(args.iters)
+            else:
+                model_case(case, args.iters, json.loads(args.options), args.inductor, args.dump)
     print(f"\ntotal {time.perf_counter() - start:.0f} s")
 
 

@@ -72,6 +72,47 @@ def test_eval_mode_and_submodule_swap_are_guarded():
     torch.testing.assert_close(fn(x), model(x))
 
 
+class Scaled(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+        self.register_buffer("scale", torch.tensor(2.0))
+        self.bias = nn.Parameter(torch.randn(4))
+
+    def forward(self, x):
+        return self.inner(x) * self.scale + self.bias
+
+
+def test_module_entries_read_from_their_dicts_follow_replacement():
+    """Children, buffers and parameters are guarded and read through `_modules`,
+    `_buffers` and `_parameters`: replacing any of them is seen, and the entry's
+    source reads the dicts instead of calling nn.Module.__getattr__."""
+    model, x = Scaled(), torch.randn(3, 4)
+    fn = torchweld.compile(model, backend="eager")
+    torch.testing.assert_close(fn(x), model(x))
+    model.scale = torch.tensor(3.0)  # a new buffer tensor
+    torch.testing.assert_close(fn(x), model(x))
+    model.bias = nn.Parameter(torch.zeros(4))  # a new parameter
+    torch.testing.assert_close(fn(x), model(x))
+    model.inner[1] = nn.Tanh()  # a new child of a child
+    torch.testing.assert_close(fn(x), model(x))
+    with torch.no_grad():
+        model.inner[0].weight.mul_(2)  # in place: read live
+    torch.testing.assert_close(fn(x), model(x))
+
+
+def test_module_entry_source_spelling():
+    from torchweld.capture.objects import attribute_source
+    from torchweld.capture.sources import LocalSource
+
+    model, self_ = Scaled(), LocalSource("self")
+    assert attribute_source(self_, model, "inner").expr() == "self._modules['inner']"
+    assert attribute_source(self_, model, "scale").expr() == "self._buffers['scale']"
+    assert attribute_source(self_, model, "bias").expr() == "self._parameters['bias']"
+    assert attribute_source(self_, model, "training").expr() == "self.training"  # in the instance dict
+    assert attribute_source(self_, model, "inner").name() == "L['self'].inner"  # reads as an attribute
+
+
 def test_cache_size_limit_warns_naming_the_guard_then_runs_eagerly():
     backend = CountingBackend()
     fn = torchweld.compile(lambda x: x + 1, backend=backend)

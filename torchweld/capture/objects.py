@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from torchweld.capture.sources import AttrSource, Source
+from torchweld.capture.sources import AttrSource, ModuleEntrySource, Source
 from torchweld.capture.values import ConstantValue, Value, const
 from torchweld.errors import Unsupported
 
@@ -39,6 +39,17 @@ def _has_hooks(module: torch.nn.Module) -> bool:
                 or hooks._global_forward_hooks or hooks._global_forward_pre_hooks or hooks._global_backward_hooks)
 
 
+def attribute_source(source: Source, obj: object, name: str) -> AttrSource:
+    """The source of `obj.name`: read from the module's own dict where `nn.Module.__getattr__`
+    would find it (not shadowed by the instance or its class), else as a plain attribute."""
+    if isinstance(obj, torch.nn.Module) and name not in obj.__dict__ \
+            and inspect.getattr_static(type(obj), name, None) is None:
+        for store in ("_parameters", "_buffers", "_modules"):
+            if name in obj.__dict__.get(store, ()):
+                return ModuleEntrySource(source, name, store)
+    return AttrSource(source, name)
+
+
 def _attribute(tx: "Translator", owner: Value, obj: object, name: str, source: Source | None) -> Value:
     """`obj.name` for a module or user object, looked up the way Python does."""
     from torchweld.capture.builder import wrap
@@ -47,7 +58,7 @@ def _attribute(tx: "Translator", owner: Value, obj: object, name: str, source: S
     stored = tx.output.side_effects.stored_attribute(obj, name)
     if stored is not None:  # set earlier in this frame
         return stored
-    attr_source = AttrSource(source, name) if source is not None else None
+    attr_source = attribute_source(source, obj, name) if source is not None else None
     cls_attr = inspect.getattr_static(type(obj), name, None)
     if isinstance(cls_attr, property):
         getter = wrap(tx, cls_attr.fget, AttrSource(AttrSource(attr_source_for_type(source), name), "fget") if source else None)
@@ -114,7 +125,7 @@ class NNModuleValue(Value):
 
         m = self.module
         if isinstance(m, (torch.nn.Sequential, torch.nn.ModuleList)):
-            return [wrap(tx, child, AttrSource(self.source, key) if self.source else None)
+            return [wrap(tx, child, attribute_source(self.source, m, key) if self.source else None)
                     for key, child in m._modules.items()]
         if isinstance(m, torch.nn.ModuleDict):
             return [const(k) for k in m._modules]
@@ -125,12 +136,12 @@ class NNModuleValue(Value):
 
         m, k = self.module, key.as_constant()
         if isinstance(m, torch.nn.ModuleDict):
-            return wrap(tx, m[k], AttrSource(self.source, k) if self.source else None)
+            return wrap(tx, m[k], attribute_source(self.source, m, k) if self.source else None)
         if isinstance(m, (torch.nn.Sequential, torch.nn.ModuleList)):
             if isinstance(k, slice):
                 raise Unsupported("slicing a ModuleList/Sequential is not captured yet")
             child_name = list(m._modules)[k]
-            return wrap(tx, m[k], AttrSource(self.source, child_name) if self.source else None)
+            return wrap(tx, m[k], attribute_source(self.source, m, child_name) if self.source else None)
         raise Unsupported(f"indexing module {type(m).__name__}")
 
     def call(self, tx, args, kwargs):

@@ -112,6 +112,19 @@ class AttrSource(Source):
 
 
 @dataclasses.dataclass(frozen=True)
+class ModuleEntrySource(AttrSource):
+    """`module.name` where `name` is registered in one of the module's own dicts
+    (`_parameters`, `_buffers`, `_modules`). It reads like an attribute, and the
+    entry function reads it from that dict, as `nn.Module.__getattr__` does, without
+    a Python-level call per step of every guarded module path."""
+
+    store: str = "_modules"
+
+    def on(self, base: str) -> str:
+        return f"{base}.{self.store}[{self.attr!r}]"
+
+
+@dataclasses.dataclass(frozen=True)
 class ItemSource(Source):
     """`base[key]` for a constant key (tuple/list index or dict key)."""
 

@@ -7,7 +7,13 @@ them at once in a thread pool, and launched through its compiled launcher: the
 fast lines. Each pointer's 16-byte alignment is part of a compiled kernel; it is
 known here for buffers the wrapper allocates, constants and fresh extern
 results, and checked once per call for the graph's inputs: the wrapper runs
-the JIT lines when one is misaligned.
+the JIT lines when one is misaligned. The fast lines pass each pointer as an
+int (`buf.data_ptr()`): handed a tensor, Triton's launcher calls its
+`data_ptr()` and then asks the CUDA driver whether the address is a device
+pointer (`cuPointerGetAttribute`), microseconds per argument, which made
+densenet121's many-input concatenation kernels cost more CPU time to launch
+than they ran. The wrapper's layouts and the guards' device checks already
+say that every argument is a CUDA tensor of that device.
 """
 from __future__ import annotations
 
@@ -74,8 +80,9 @@ def build_launches(kernels: list[Kernel], module, fn_names: dict[str, str], sche
         name, config, grid = k.name, configs[k.name], grids[k.name]
         launches.objects |= {f"_run_{name}": run, f"_fn_{name}": function, f"_meta_{name}": metadata}
         constexprs = ", ".join(str(config[c]) for c in triton_launch.CONSTEXPRS)
+        pointers = ", ".join(f"{a}.data_ptr()" for a in args_of[name])
         launches.fast[name] = (f"_run_{name}({grid}, 1, 1, _stream, _fn_{name}, _meta_{name}, None, None, None, "
-                               f"{', '.join(args_of[name])}, {constexprs})")
+                               f"{pointers}, {constexprs})")
         launches.checked_inputs += [a for a in args_of[name] if a in inputs and a not in launches.checked_inputs]
     device = kernels[0].device
     launches.stream_index = device.index if device.index is not None else torch.cuda.current_device()

@@ -21,10 +21,6 @@ def _restride(t, shape, stride):
     out = torch.empty_strided(shape, stride, dtype=t.dtype, device=t.device)
     out.copy_(t)
     return out
-
-
-def _view(t, shape, stride, offset):
-    return torch.as_strided(t, shape, stride, t.storage_offset() + offset)
 '''
 
 
@@ -66,7 +62,9 @@ class WrapperRenderer:
         _, own, _ = self.sched.layouts[root]
         if own == layout:
             return root
-        return f"_view({root}, {layout.shape}, {layout.stride}, {layout.offset})"
+        if layout.offset == 0:  # as_strided keeps the base's own storage offset when given none
+            return f"{root}.as_strided({layout.shape}, {layout.stride})"
+        return f"{root}.as_strided({layout.shape}, {layout.stride}, {root}.storage_offset() + {layout.offset})"
 
     def emit(self, line: str) -> None:
         self.lines.append("    " + line)
@@ -139,7 +137,9 @@ class WrapperRenderer:
                   f"device={self.const(torch.device(device))})")
 
     def extern(self, ext: ir.Extern) -> None:
-        target = self.const(ext.target)
+        # an OpOverload's own __call__ is a Python frame around its C++ operator `_op`
+        target = self.const(getattr(ext.target, "_op", ext.target) if isinstance(ext.target, torch._ops.OpOverload)
+                            else ext.target)
         args = ", ".join(self.const(a) for a in ext.args)
         kwargs = ", ".join(f"{k}={self.const(v)}" for k, v in ext.kwargs.items())
         call = f"{target}({', '.join(x for x in (args, kwargs) if x)})"
