@@ -1,5 +1,8 @@
 """Lowering an aten graph: in-place updates of extern results, and the aten graph
 batch norm reaches on CUDA (cudnn_batch_norm) decomposed to pointwise math."""
+import os
+
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -35,3 +38,41 @@ def test_cudnn_batch_norm_is_pointwise():
     compiled = check(lambda x, w, b, mean, var: F.batch_norm(x, mean, var, w, b, False, 0.1, 1e-5).relu_(), args)
     assert compiled.externs == []
     torch.testing.assert_close(compiled.fn(*args)[0], expected)
+
+
+POOLS = [  # (kernel_size, stride, padding, dilation, ceil_mode)
+    (3, 2, 1, 1, False),  # resnet's stem
+    (2, 2, 0, 1, False),
+    (3, 1, 1, 1, False),
+    (3, 2, 0, 1, True),  # the last window hangs over the edge
+    ((2, 3), (1, 2), (1, 0), (2, 1), False),
+]
+
+
+@pytest.mark.parametrize("codegen", ["cpp", "triton"])
+@pytest.mark.parametrize("pool", POOLS, ids=str)
+def test_max_pool_is_a_pointwise_window_max(codegen, pool):
+    """Without indices, max_pool2d is a window maximum that batch norm and ReLU fuse into:
+    no extern, and no stored ReLU result."""
+    if codegen == "triton" and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("the Triton path runs on CPU through the interpreter")
+    kernel, stride, padding, dilation, ceil_mode = pool
+
+    def fn(x, scale):
+        return F.max_pool2d((x * scale).relu(), kernel, stride, padding, dilation, ceil_mode)
+
+    x = torch.randn(2, 3, 9, 10)
+    x[0, 0, 4, 4] = float("nan")  # propagates, as in eager
+    for inp in (x, x.to(memory_format=torch.channels_last)):
+        compiled = check(fn, [inp, torch.rand(3, 1, 1)], options={"cpu_codegen": codegen})
+        assert compiled.externs == []
+        assert len(compiled.schedule.kernels()) == 1
+
+
+def test_max_pool_of_half_and_with_indices():
+    x = torch.randn(2, 4, 8, 8).half()
+    compiled = check(lambda t: F.max_pool2d(t, 3, 2, 1), [x])
+    assert compiled.externs == []
+    # the indices are read: the aten kernel computes both
+    compiled = check(lambda t: F.max_pool2d(t, 2, return_indices=True), [torch.randn(2, 3, 8, 8)])
+    assert compiled.externs

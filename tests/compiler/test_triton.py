@@ -49,6 +49,15 @@ def test_reductions_one_block_and_looped():
           atol=1e-4, rtol=1e-4)
 
 
+def test_max_and_min_propagate_nan_like_torch():
+    """tl.maximum and tl.max return the other operand of a NaN by default; torch's
+    maximum, relu, clamp, amax and amin return NaN."""
+    small, big = torch.randn(4, 40), torch.randn(2, 5000)
+    small[1, 3] = big[0, 4321] = float("nan")
+    check(lambda s, b: [s.relu(), torch.maximum(s, -s), s.clamp(-0.5, 0.5), s.amax(1), s.amin(0),
+                        b.amax(1), b.amin(1)], [small, big], options=TRITON)
+
+
 def test_non_contiguous_zero_size_zero_dim():
     base = torch.randn(6, 8)
     check(lambda t, e, z, s: [t + 1, t.sum(1), e * 2, z.sum(0), s * 3],

@@ -679,14 +679,58 @@ def convolution(L, node, x, weight, bias, *args):
     return L.add_pointwise(cast(body, upcast(val.dtype)), val.dtype, shape, val.device, meta_layout(val))
 
 
+def window_max(L, node, x: TensorValue, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+    """Max pooling as a pointwise computation over the output: the maximum of the window's
+    loads, positions in the padding masked to -inf. What produces `x` (batch norm and ReLU
+    after a convolution) inlines into it, so that tensor is never stored. None where
+    this does not apply (integer dtypes, more than 16 positions per window)."""
+    val = out_val(node)[0]
+    if not val.is_floating_point() or len(x.shape) not in (3, 4):
+        return None
+    pair = lambda v: [v, v] if isinstance(v, int) else list(v) * (2 if len(v) == 1 else 1)  # noqa: E731
+    kernel, padding, dilation = pair(kernel_size), pair(padding), pair(dilation)
+    stride = pair(stride) if stride else kernel
+    if kernel[0] * kernel[1] > 16:
+        return None
+    shape = tuple(val.shape)
+    index = ir.dim_vars(len(shape))
+    compute = upcast(val.dtype)
+    h_dim, w_dim = len(shape) - 2, len(shape) - 1
+    body = None
+    for kh in range(kernel[0]):
+        for kw in range(kernel[1]):
+            idx, inside = list(index), None
+            for d, k in ((h_dim, kh), (w_dim, kw)):
+                j = d - h_dim
+                shift = k * dilation[j] - padding[j]
+                pos = ir.iadd(ir.imul(index[d], ir.const(stride[j])), ir.const(shift))
+                checks = []  # only the bounds some output position can cross
+                if shift < 0:
+                    checks.append(Expr(Op.GE, torch.bool, (pos, ir.const(0))))
+                if (shape[d] - 1) * stride[j] + shift >= x.shape[d]:
+                    checks.append(Expr(Op.LT, torch.bool, (pos, ir.const(x.shape[d]))))
+                for ok in checks:
+                    inside = ok if inside is None else Expr(Op.LOGICAL_AND, torch.bool, (inside, ok))
+                idx[d] = clamp_index(pos, 0, x.shape[d] - 1) if checks else pos
+            value = cast(x.read(idx), compute)
+            if inside is not None:
+                value = Expr(Op.WHERE, compute, (inside, value, ir.const(float("-inf"), compute)))
+            body = value if body is None else Expr(Op.MAXIMUM, compute, (body, value))
+    return L.add_pointwise(cast(body, val.dtype), val.dtype, shape, val.device, meta_layout(val))
+
+
 @lowers(aten.max_pool2d_with_indices.default)
 def max_pool2d(L, node, x, *args):
-    """Inference reads only the values: call the kernel that does not compute indices."""
+    """Inference reads only the values: a pointwise window maximum (`window_max`), or
+    the aten kernel that does not compute indices."""
     import operator
 
     from torchweld.compiler.lowering import _FunctionalNode
 
     if any(u.target is operator.getitem and u.args[1] == 1 for u in node.users):
         raise NotImplementedError("the indices are used")
+    pooled = window_max(L, node, x, *args)
+    if pooled is not None:
+        return [pooled, None]
     values = _FunctionalNode(aten.max_pool2d.default, node.args, node.kwargs, {"val": out_val(node)[0]}, node.name)
     return [L.extern(aten.max_pool2d.default, (x, *args), {}, values), None]

@@ -206,6 +206,28 @@ def _float(value: float) -> str:
     return repr(float(value))
 
 
+HELPERS = '''
+@triton.jit
+def _tw_max(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _tw_min(a, b):
+    return tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _tw_max_rows(x, axis):
+    return tl.reduce(x, axis, _tw_max)
+
+
+@triton.jit
+def _tw_min_rows(x, axis):
+    return tl.reduce(x, axis, _tw_min)
+'''
+
+
 class TritonRenderer(KernelRenderer):
     name = "TritonRenderer"
     dtype_names = {
@@ -232,8 +254,8 @@ class TritonRenderer(KernelRenderer):
         Op.TRUNC: lambda a: f"tl.where({a} < 0, tl.ceil({a}), tl.floor({a}))",
         Op.ISNAN: lambda a: f"{a} != {a}",
         Op.LOGICAL_NOT: lambda a: f"{a} == 0",
-        Op.MAXIMUM: lambda a, b: f"tl.maximum({a}, {b})",
-        Op.MINIMUM: lambda a, b: f"tl.minimum({a}, {b})",
+        Op.MAXIMUM: lambda a, b: f"tl.maximum({a}, {b}, propagate_nan=tl.PropagateNan.ALL)",
+        Op.MINIMUM: lambda a, b: f"tl.minimum({a}, {b}, propagate_nan=tl.PropagateNan.ALL)",
         Op.LOGICAL_AND: lambda a, b: f"{a} & {b}",
         Op.LOGICAL_OR: lambda a, b: f"{a} | {b}",
         Op.LOGICAL_XOR: lambda a, b: f"{a} ^ {b}",
@@ -243,7 +265,8 @@ class TritonRenderer(KernelRenderer):
     # interpreter cannot run, so they stay extern; so does float64 math
     unsupported_dtypes = frozenset({torch.float64})
     reduce_init = {Op.SUM: "0", Op.PROD: "1", Op.MAX: 'float("-inf")', Op.MIN: 'float("inf")'}
-    reduce_fn = {Op.SUM: "tl.sum", Op.MAX: "tl.max", Op.MIN: "tl.min"}
+    # max/min propagate NaN as torch's do (tl.max and tl.minimum by default return the other operand)
+    reduce_fn = {Op.SUM: "tl.sum", Op.MAX: "_tw_max_rows", Op.MIN: "_tw_min_rows"}
     reduce_ops = frozenset(reduce_fn)
 
     # -- values ------------------------------------------------------------------
@@ -387,8 +410,8 @@ class TritonRenderer(KernelRenderer):
         name = self.reduced_names[acc.name]
         combine = {
             Op.SUM: f"{name} + {value}",
-            Op.MAX: f"tl.maximum({name}, {value})",
-            Op.MIN: f"tl.minimum({name}, {value})",
+            Op.MAX: f"tl.maximum({name}, {value}, propagate_nan=tl.PropagateNan.ALL)",
+            Op.MIN: f"tl.minimum({name}, {value}, propagate_nan=tl.PropagateNan.ALL)",
         }[acc.reduce_op]
         if acc.dtype is torch.bool:
             combine = f"{name} | {value}" if acc.reduce_op in (Op.MAX, Op.SUM) else f"{name} & {value}"
@@ -411,6 +434,8 @@ class TritonRenderer(KernelRenderer):
             if name not in names.values():
                 parts.append(text.replace("def KERNEL(", f"def {name}(", 1))
             names[kernel.name] = name
+        if any("_tw_" in part for part in parts):
+            parts.insert(3, HELPERS)
         return "\n".join(parts), names
 
 
