@@ -6,7 +6,8 @@
 For each case it prints, for eager, for weld (torchweld.compile(backend="weld")) and,
 with --inductor, for torch.compile, float32 inference under no_grad:
   - latency: median of CUDA-event timings of one call each (what bench/gpu_inference.py
-    reports; includes any CPU launch overhead the GPU waits for);
+    reports; includes any CPU launch overhead the GPU waits for), the contenders' calls
+    taken in turn so that the host's slower spells fall on all of them;
   - throughput: CUDA-event time of `iters` back-to-back calls / iters (GPU-bound);
   - CPU time to enqueue one call (perf_counter over back-to-back calls);
   - CUDA kernels (and memcpy/memset) per call and the GPU time they take, from torch.profiler;
@@ -51,6 +52,21 @@ def latency_ms(fn, x, iters: int) -> float:
         end.synchronize()
         times.append(start.elapsed_time(end))
     return statistics.median(times)
+
+
+def interleaved_latency_ms(contenders: dict, x, iters: int) -> dict:
+    """latency_ms of each of `contenders`, their single calls taken in turn (a, b, c, a, b, c, ...)
+    so that a slower or busier spell of the host falls on all of them alike."""
+    times = {label: [] for label in contenders}
+    for _ in range(iters):
+        for label, fn in contenders.items():
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn(x)
+            end.record()
+            end.synchronize()
+            times[label].append(start.elapsed_time(end))
+    return {label: statistics.median(t) for label, t in times.items()}
 
 
 def throughput_ms(fn, x, iters: int) -> tuple[float, float]:
@@ -157,10 +173,12 @@ def report(name: str, contenders: dict, x, iters: int, spy: GraphSpy | None, byt
     """Times each of `contenders` ({label: fn}, eager first, weld among them) on `x`."""
     print(f"\n== {name}")
     results = {}
-    for label, fn in contenders.items():
+    for fn in contenders.values():
         for _ in range(3):
             fn(x)
-        lat = latency_ms(fn, x, iters)
+    latencies = interleaved_latency_ms(contenders, x, iters)
+    for label, fn in contenders.items():
+        lat = latencies[label]
         thr, cpu = throughput_ms(fn, x, iters)
         calls = 2
         events = device_events(fn, x, calls)
