@@ -142,13 +142,14 @@ def main():
     parser.add_argument("--cuda-modes", action="store_true",
                         help="CUDA only: mode='reduce-overhead' / 'max-autotune' rows (see cuda_mode_rows)")
     parser.add_argument("--only", default="", help="comma-separated parts of row names to run (--train, --cuda-modes)")
+    parser.add_argument("--modes", default="reduce-overhead,max-autotune", help="comma-separated modes for --cuda-modes")
     args = parser.parse_args()
     ONLY_ROWS.extend(p.strip() for p in args.only.split(",") if p.strip())
     q = args.quick
     if args.skip_inductor:
         SKIPPED_VARIANTS.add("inductor")
     if args.cuda_modes:
-        return cuda_mode_rows(q)
+        return cuda_mode_rows(q, tuple(m.strip() for m in args.modes.split(",") if m.strip()))
     if args.train:
         return training_rows(q)
     cases = [
