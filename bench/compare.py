@@ -12,14 +12,17 @@ import copy
 import os
 import statistics
 import tempfile
+import sys
 import time
 
 os.environ.setdefault("TORCHINDUCTOR_FORCE_DISABLE_CACHES", "1")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout: tests.models
 
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 
 import torchweld  # noqa: E402
+from tests.models import Block  # noqa: E402  (the transformer block the tests compile too)
 from torchweld import config  # noqa: E402
 
 
@@ -51,27 +54,6 @@ class CNN(nn.Module):
 
     def forward(self, x):
         return self.body(x)
-
-
-class Block(nn.Module):
-    def __init__(self, d=256, heads=8):
-        super().__init__()
-        self.heads = heads
-        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
-        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
-
-    def forward(self, x):
-        b, s, d = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
-        h = self.heads
-        q = q.reshape(b, s, h, d // h).transpose(1, 2)
-        k = k.reshape(b, s, h, d // h).transpose(1, 2)
-        v = v.reshape(b, s, h, d // h).transpose(1, 2)
-        att = torch.softmax(q @ k.transpose(-2, -1) / (d // self.heads) ** 0.5, dim=-1)
-        y = (att @ v).transpose(1, 2).reshape(b, s, d)
-        x = x + self.proj(y)
-        return x + self.mlp(self.ln2(x))
 
 
 class LastHidden(nn.Module):
@@ -156,7 +138,7 @@ def main():
         ("elementwise chain 4M f32", Chain(), torch.randn(1 << 20 if q else 1 << 22)),
         ("MLP 4x1024 LN+GELU b64", mlp(256 if q else 1024), torch.randn(64, 256 if q else 1024)),
         ("CNN conv/bn/relu/pool", CNN(), torch.randn(8, 3, 32 if q else 64, 32 if q else 64)),
-        ("transformer block", Block(), torch.randn(4 if q else 8, 64 if q else 128, 256)),
+        ("transformer block", Block(d=256, heads=8), torch.randn(4 if q else 8, 64 if q else 128, 256)),
     ]
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, CPU")
     header = f"{'case':28s} {'eager ms':>9s} {'inductor ms':>11s} {'weld ms':>8s} {'ind x':>6s} {'weld x':>7s} " \
@@ -311,8 +293,9 @@ def training_cases(q: bool, device: str):
     d = 256 if q else 1024
     rows = [
         (f"MLP 4x{d} LN+GELU b64", lambda: mlp(d), lambda: (torch.randn(64, d), torch.randn(64, d)), mse),
-        ("transformer block", Block, lambda: (torch.randn(4 if q else 8, 64 if q else 128, 256),
-                                              torch.randn(4 if q else 8, 64 if q else 128, 256)), mse),
+        ("transformer block", lambda: Block(d=256, heads=8),
+         lambda: (torch.randn(4 if q else 8, 64 if q else 128, 256), torch.randn(4 if q else 8, 64 if q else 128, 256)),
+         mse),
     ]
     if device != "cuda":
         return rows

@@ -43,15 +43,8 @@ def add_mul_chain(t):
 
 
 def latency_ms(fn, x, iters: int) -> float:
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn(x)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    """Median CUDA-event time of `iters` single calls of `fn(x)`, each waited for."""
+    return interleaved_latency_ms({"fn": fn}, x, iters)["fn"]
 
 
 def interleaved_latency_ms(contenders: dict, x, iters: int) -> dict:

@@ -412,8 +412,8 @@ class TritonRenderer(KernelRenderer):
         name = self.reduced_names[acc.name]
         combine = {
             Op.SUM: f"{name} + {value}",
-            Op.MAX: f"tl.maximum({name}, {value}, propagate_nan=tl.PropagateNan.ALL)",
-            Op.MIN: f"tl.minimum({name}, {value}, propagate_nan=tl.PropagateNan.ALL)",
+            Op.MAX: self.code_for_op[Op.MAXIMUM](name, value),
+            Op.MIN: self.code_for_op[Op.MINIMUM](name, value),
         }[acc.reduce_op]
         if acc.dtype is torch.bool:
             combine = f"{name} | {value}" if acc.reduce_op in (Op.MAX, Op.SUM) else f"{name} & {value}"
