@@ -3,6 +3,7 @@ capture time. One small function per builtin, registered in `BUILTINS`."""
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import inspect
 import operator
 from typing import Callable
@@ -297,9 +298,13 @@ def _getattr(tx, obj: Value, name: Value, *default: Value) -> Value:
 
 @rule(hasattr)
 def _hasattr(tx, obj: Value, name: Value) -> Value:
+    from torchweld.capture.new_objects import NewObjectValue
+
     attr = name.as_constant()
     if isinstance(obj, TensorValue):
         return ConstantValue(hasattr(obj.fake, attr))
+    if isinstance(obj, NewObjectValue):
+        return ConstantValue(obj.has_attribute(attr))
     real = obj.real_object()
     if real is not None:
         present = hasattr(real, attr)
@@ -307,6 +312,27 @@ def _hasattr(tx, obj: Value, name: Value) -> Value:
             tx.output.guards.has_attr(obj.source, attr, present)
         return ConstantValue(present)
     return ConstantValue(hasattr(obj.as_constant(), attr))
+
+
+def _class_of(obj: Value) -> type:
+    from torchweld.capture.objects import ClassValue
+
+    return obj.as_constant() if isinstance(obj, ClassValue) else _real_type(obj)
+
+
+@rule(dataclasses.fields)
+def _dataclass_fields(tx, obj: Value) -> Value:
+    """Read from the class, which capture knows (guarded by identity or by the object's
+    type): the Field objects are metadata nobody mutates, held as constants."""
+    try:
+        return TupleValue([ConstantValue(f) for f in dataclasses.fields(_class_of(obj))])
+    except TypeError as e:
+        raise Unsupported(f"dataclasses.fields raised TypeError: {e}") from None
+
+
+@rule(dataclasses.is_dataclass)
+def _is_dataclass(tx, obj: Value) -> Value:
+    return ConstantValue(dataclasses.is_dataclass(_class_of(obj)))
 
 
 @rule(id)

@@ -146,6 +146,18 @@ def _check_graphable(name: str) -> None:
         raise Unsupported(reason)
 
 
+def _compiling_answer(fn: object) -> bool | None:
+    """What `torch.compiler.is_compiling()` and its older spellings answer inside a
+    captured frame: True, as under torch.compile, so that libraries take their
+    compile-friendly paths. torchweld is not TorchDynamo: `is_dynamo_compiling()` is False."""
+    module, name = getattr(fn, "__module__", None), getattr(fn, "__name__", None)
+    if name == "is_compiling" and module in ("torch.compiler", "torch._utils", "torch._dynamo.external_utils"):
+        return True
+    if name in ("is_dynamo_compiling", "is_exporting") and module == "torch.compiler":
+        return False
+    return None
+
+
 def _is_runtime_query(name: str) -> bool:
     return name.startswith(("is_", "get_", "_is_")) or name in ("device_count", "current_device")
 
@@ -172,6 +184,9 @@ class TorchCallableValue(Value):
         special = grad_mode_call(tx, self.fn, args, kwargs)
         if special is not None:
             return special
+        compiling = _compiling_answer(self.fn)
+        if compiling is not None:
+            return ConstantValue(compiling)
         name = getattr(self.fn, "__name__", "")
         _check_graphable(name)
         if _is_runtime_query(name) and all(v.is_constant() for v in [*args, *kwargs.values()]):

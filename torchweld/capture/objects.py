@@ -264,7 +264,9 @@ class ClassValue(Value):
             raise Unsupported(f"creating a {self.cls.__qualname__} (a module with parameters) inside a compiled function")
         if self.cls in (torch.device, torch.dtype, torch.finfo, torch.iinfo):
             return const(self.cls(*[a.as_constant() for a in args], **{k: v.as_constant() for k, v in kwargs.items()}))
-        raise Unsupported(f"creating a {self.cls.__qualname__} inside a compiled function is not captured yet")
+        from torchweld.capture.new_objects import construct
+
+        return construct(tx, self, args, kwargs)
 
     def __repr__(self) -> str:
         return f"ClassValue({self.cls.__qualname__})"
@@ -280,8 +282,11 @@ class SuperValue(Value):
     def getattr(self, tx, name):
         from torchweld.capture.builder import wrap
         from torchweld.capture.callables import BoundMethodValue
+        from torchweld.capture.new_objects import NewObjectValue
         from torchweld.capture.sources import ItemSource
 
+        if isinstance(self.owner, NewObjectValue):
+            return self.owner.class_attribute(tx, name, after=self.cls)
         real = self.owner.real_object()
         if real is None:
             raise Unsupported(f"super() of {self.owner}")

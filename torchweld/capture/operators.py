@@ -89,19 +89,24 @@ def is_same(a: Value, b: Value) -> bool:
             return False
     if isinstance(a, NullValue) or isinstance(b, NullValue):
         return False
+    from torchweld.capture.new_objects import NewObjectValue
+
+    if isinstance(a, NewObjectValue) or isinstance(b, NewObjectValue):  # made in the frame: nothing else is it
+        return False
     raise Unsupported(f"cannot decide at capture time whether {a} is {b}")
 
 
 def python_dunder(tx: "Translator", obj: Value, name: str, args: list[Value]) -> Value | None:
     """`obj.<name>(*args)` when `obj` is a user object whose class defines it in Python."""
+    from torchweld.capture.new_objects import NewObjectValue
     from torchweld.capture.objects import UserObjectValue
 
-    if not isinstance(obj, UserObjectValue):
+    if not isinstance(obj, (UserObjectValue, NewObjectValue)):
         return None
     import inspect
     import types
 
-    if not isinstance(inspect.getattr_static(type(obj.obj), name, None), types.FunctionType):
+    if not isinstance(inspect.getattr_static(obj.python_type(), name, None), types.FunctionType):
         return None
     return obj.getattr(tx, name).call(tx, args, {})
 
@@ -112,6 +117,10 @@ def contains(tx: "Translator", item: Value, container: Value) -> bool:
         return via_dunder.truth(tx)
     if isinstance(container, DictValue):
         return item.as_constant() in container.entries
+    from torchweld.capture.new_objects import NewObjectValue
+
+    if isinstance(container, NewObjectValue) and container.entries is not None:  # a dict subclass made in the frame
+        return item.as_constant() in container.entries.entries
     if isinstance(container, TensorValue) or isinstance(item, TensorValue):
         raise Unsupported("data-dependent: `in` on a tensor needs its values")
     if isinstance(container, SequenceValue):
@@ -148,6 +157,11 @@ def setitem(tx: "Translator", obj: Value, key: Value, value: Value) -> None:
     if isinstance(obj, DictValue):
         obj.mutate(tx)
         obj.entries[key.as_constant()] = value
+        return
+    if python_dunder(tx, obj, "__setitem__", [key, value]) is not None:
+        return
+    if hasattr(obj, "setitem"):
+        obj.setitem(tx, key, value)
         return
     raise Unsupported(f"item assignment on {obj} is not supported in capture")
 

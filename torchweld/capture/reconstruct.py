@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from torchweld.capture.grad_mode import GradModeExitValue
+from torchweld.capture.new_objects import NewObjectValue
 from torchweld.capture.values import (
     ConstantValue, DictValue, IteratorValue, ListValue, SetValue, TensorValue, TupleValue, Value,
 )
@@ -29,6 +30,25 @@ class Reconstructor:
         if name is None:
             name = self._built[id(value)] = f"___t{len(self._built)}"
             self.lines.append(f"{name} = {make_expr()}")
+        return name
+
+    def _new_object(self, value: NewObjectValue) -> str:
+        """An object made in the frame: created bare, then given the attributes and
+        entries its inlined `__init__` and later stores computed. Named before its
+        contents are built, so that an object referring to itself is rebuilt too."""
+        name = self._built.get(id(value))
+        if name is not None:
+            return name
+        name = self._built[id(value)] = f"___t{len(self._built)}"
+        cls = self.const(value.cls)
+        self.lines.append(f"{name} = {cls}.__new__({cls})")
+        if value.entries is not None:
+            setitem = self.const(value.base.__setitem__)
+            for key, item in value.entries.entries.items():
+                self.lines.append(f"{setitem}({name}, {self.const(key)}, {self.expr(item)})")
+        attributes = ", ".join(f"{key!r}: {self.expr(item)}" for key, item in value.attributes.entries.items())
+        if attributes:
+            self.lines.append(f"{name}.__dict__.update({{{attributes}}})")
         return name
 
     def const(self, obj: object) -> str:
@@ -72,6 +92,8 @@ class Reconstructor:
             return self._build_once(value, lambda: f"set({self.const(value.as_constant())})")
         if isinstance(value, IteratorValue):
             return self._build_once(value, lambda: "iter([" + ", ".join(self.expr(v) for v in value.remaining) + "])")
+        if isinstance(value, NewObjectValue):
+            return self._new_object(value)
         if isinstance(value, GradModeExitValue):  # inside `with torch.no_grad():` - enter it again
             context = value.context
             ctx = self._build_once(value, lambda: f"{self.const(torch.set_grad_enabled)}({context.enabled})")

@@ -7,6 +7,7 @@ callables are in `callables.py` and objects (modules, instances) in `objects.py`
 """
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import operator
 import types
@@ -119,7 +120,8 @@ _CONSTANT_TYPES = (
 
 
 # immutable objects that capture-time evaluation may hand around (never graph arguments)
-_FROZEN_TYPES = (types.MappingProxyType, types.CodeType, inspect.Signature, inspect.Parameter)
+_FROZEN_TYPES = (types.MappingProxyType, types.CodeType, inspect.Signature, inspect.Parameter,
+                 dataclasses.Field, type(dataclasses.MISSING))
 
 
 def is_constant_literal(obj: object) -> bool:
