@@ -91,9 +91,9 @@ def _operator_call(tx, fn, args: list[Value]) -> Value:
         operators.setitem(tx, *args)
         return ConstantValue(None)
     if fn is operator.is_:
-        return ConstantValue(operators.is_same(*args))
+        return ConstantValue(operators.is_same(tx, *args))
     if fn is operator.is_not:
-        return ConstantValue(not operators.is_same(*args))
+        return ConstantValue(not operators.is_same(tx, *args))
     if fn is operator.contains:
         return ConstantValue(operators.contains(tx, args[1], args[0]))
     if fn in _UNARY:
@@ -333,6 +333,17 @@ def _dataclass_fields(tx, obj: Value) -> Value:
 @rule(dataclasses.is_dataclass)
 def _is_dataclass(tx, obj: Value) -> Value:
     return ConstantValue(dataclasses.is_dataclass(_class_of(obj)))
+
+
+@rule(object.__setattr__)
+def _object_setattr(tx, obj: Value, name: Value, value: Value) -> Value:
+    """`object.__setattr__(self, name, value)`, as frozen dataclasses' __init__ spells it."""
+    from torchweld.capture.new_objects import NewObjectValue
+
+    if not isinstance(obj, NewObjectValue):
+        raise Unsupported(f"object.__setattr__ on {obj}, an object from outside the frame")
+    obj.store(tx, name.as_constant(), value)
+    return ConstantValue(None)
 
 
 @rule(id)

@@ -74,7 +74,7 @@ def compare(tx: "Translator", fn: Callable, a: Value, b: Value) -> Value:
     return _fold(fn, a, b)
 
 
-def is_same(a: Value, b: Value) -> bool:
+def is_same(tx: "Translator", a: Value, b: Value) -> bool:
     """`a is b`, decided at capture time."""
     if a is b:
         return True
@@ -93,6 +93,11 @@ def is_same(a: Value, b: Value) -> bool:
 
     if isinstance(a, NewObjectValue) or isinstance(b, NewObjectValue):  # made in the frame: nothing else is it
         return False
+    real_a, real_b = a.real_object(), b.real_object()
+    if real_a is not None and real_b is not None and a.source is not None and b.source is not None:
+        tx.output.guards.identity(a.source, real_a)  # sentinels such as dataclasses' markers
+        tx.output.guards.identity(b.source, real_b)
+        return real_a is real_b
     raise Unsupported(f"cannot decide at capture time whether {a} is {b}")
 
 

@@ -38,7 +38,7 @@ def _register_jump_if(name: str, when: bool) -> None:
 
 def _register_jump_if_none(name: str, when_none: bool) -> None:
     def pop_jump_if_none(tx, inst):
-        is_none = operators.is_same(tx.pop(), ConstantValue(None))
+        is_none = operators.is_same(tx, tx.pop(), ConstantValue(None))
         if is_none is when_none:
             tx.jump_to(inst.argval)
     pop_jump_if_none.__name__ = name.lower()

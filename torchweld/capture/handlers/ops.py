@@ -72,7 +72,7 @@ def call_intrinsic_1(tx, inst):
 def is_op(tx, inst):
     b = tx.pop()
     a = tx.pop()
-    tx.push(ConstantValue(operators.is_same(a, b) != bool(inst.arg)))
+    tx.push(ConstantValue(operators.is_same(tx, a, b) != bool(inst.arg)))
 
 
 @handles("CONTAINS_OP")
