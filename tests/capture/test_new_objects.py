@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 import collections.abc
 import dataclasses
+import enum
 
 import pytest
 import torch
@@ -264,6 +265,30 @@ def test_unmodelled_classes_break_the_graph_with_the_reason(cls, reason):
     explanation = torchweld.explain(fn)(X)
     assert any(reason in r.reason for r in explanation.break_reasons), explanation.break_reasons
     torch.testing.assert_close(torchweld.compile(fn, backend="eager")(X), fn(X))
+
+
+class Action(str, enum.Enum):  # the str mixin, as transformers' deprecation Action
+    NONE = "none"
+    RAISE = "raise"
+
+
+ACTION = Action.NONE
+
+
+def test_enum_members_are_constants_guarded_by_value():
+    def fn(x, action):
+        if ACTION in (Action.NONE, Action.RAISE) and action is Action.RAISE:
+            return x + 1, action
+        return x - 1, action
+
+    backend = CountingBackend()
+    compiled = torchweld.compile(fn, backend=backend, fullgraph=True)
+    for action in (Action.RAISE, Action.NONE, Action.RAISE):
+        out, returned = compiled(X, action)
+        eager_out, _ = fn(X, action)
+        torch.testing.assert_close(out, eager_out)
+        assert returned is action
+    assert len(backend.graphs) == 2  # one per member seen; the third call reuses the first
 
 
 def test_is_compiling_is_true_inside_capture_like_torch_compile():

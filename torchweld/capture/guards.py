@@ -4,6 +4,7 @@ its graph to be reused. Each guard has a readable form (for `explain()` and the
 from __future__ import annotations
 
 import dataclasses
+import enum
 import weakref
 from typing import Callable
 
@@ -60,7 +61,10 @@ class GuardSet:
         if value is None or isinstance(value, bool):
             self._add((source.name(), "const"), f"{source.name()} is {value!r}", f"{e} is {value!r}", source)
             return
-        if isinstance(value, (int, float, str, bytes)) and not (isinstance(value, float) and value != value):
+        if isinstance(value, enum.Enum):  # a singleton, whatever its value type (class Action(str, Enum))
+            self._add((source.name(), "const"), f"{source.name()} is {value!r}", f"{e} is {self._const(value)}", source)
+            return
+        if type(value) in (int, float, str, bytes) and not (isinstance(value, float) and value != value):
             expr = f"type({e}) is {type(value).__name__} and {e} == {value!r}"
         else:
             expr = f"type({e}) is {self._const(type(value))} and {e} == {self._const(value)}"

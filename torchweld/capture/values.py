@@ -8,6 +8,7 @@ callables are in `callables.py` and objects (modules, instances) in `objects.py`
 from __future__ import annotations
 
 import dataclasses
+import enum
 import inspect
 import operator
 import types
@@ -127,7 +128,7 @@ _FROZEN_TYPES = (types.MappingProxyType, types.CodeType, inspect.Signature, insp
 def is_constant_literal(obj: object) -> bool:
     if type(obj) in (tuple, frozenset):
         return all(is_constant_literal(o) for o in obj)
-    return type(obj) in _CONSTANT_TYPES
+    return type(obj) in _CONSTANT_TYPES or isinstance(obj, enum.Enum)  # enum members are immutable singletons
 
 
 def const(value: object) -> Value:
