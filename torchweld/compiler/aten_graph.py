@@ -26,6 +26,7 @@ DECOMPOSED_OPS = [
     aten.native_group_norm,
     aten._softmax,
     aten._log_softmax,
+    aten._safe_softmax,  # what scaled_dot_product_attention's math path calls under a mask (CUDA)
     aten.gelu,
     aten.silu,
     aten.mish,
