@@ -88,6 +88,19 @@ def test_parameters_are_read_in_place_and_a_moved_one_records_again():
     assert all(inst.inputs[1] is None and inst.inputs[2] is None for inst in instances)
 
 
+def test_static_inputs_are_not_part_of_the_layout_key():
+    """The key is built at every call: static inputs (densenet121's train step has
+    ~1200) are left out; one that moves to a new layout is recorded again through `_moved`."""
+    g = graphed(lambda x, w: x * w, static_input_indices=[1])
+    x, w = torch.randn(3), torch.randn(3)
+    torch.testing.assert_close(g(x, w), x * w)
+    (key,) = g.layouts
+    assert len(key) == 1  # x alone
+    w64 = torch.randn(3, dtype=torch.float64)  # a parameter converted in place: new storage
+    torch.testing.assert_close(g(x, w64), x * w64)
+    assert len(g.layouts) == 1 and len(g.pool.recorder.records) == 2
+
+
 def test_static_inputs_that_move_at_every_call_run_without_graphs(caplog):
     g = graphed(lambda x, w: x * w, static_input_indices=[1], max_instances=2)
     x = torch.randn(3)

@@ -295,7 +295,7 @@ class CudaGraphed:
         if self.graph_reason is not None:
             self.pool.log_fallback(self.name, self.graph_reason)
             return self.fn(*args)
-        key = _layout_key(args)
+        key = _layout_key(args, self.static_input_indices)
         entry = self.layouts.get(key)
         if entry is None:
             return self._first_call(key, args)
@@ -333,7 +333,7 @@ class CudaGraphed:
         try:
             instance = self._pick_instance(entry, args)
         except CannotRecord as e:
-            self._run_eagerly(_layout_key(args), str(e))
+            self._run_eagerly(_layout_key(args, self.static_input_indices), str(e))
             return self.fn(*args)
         for static, arg in zip(instance.inputs, args):
             if static is not None and static is not arg:
@@ -430,9 +430,15 @@ class CudaGraphed:
         return _Instance(replay, inputs, outputs, static_ptrs, baseline, spec_box[-1], bound)
 
 
-def _layout_key(args: tuple) -> tuple:
+def _layout_key(args: tuple, static: frozenset = frozenset()) -> tuple:
+    """What selects a recording: the layout of every argument copied into a static
+    buffer. Static inputs (module state, saved activations) are left out: their
+    callers' guards or the forward's layout fix their layout, and a static input
+    that moves is caught by `_moved` (densenet121's train step has ~1200 of them)."""
     key = []
-    for a in args:
+    for i, a in enumerate(args):
+        if i in static:
+            continue
         if isinstance(a, torch.Tensor):
             key.append((a.shape, a.stride(), a.dtype, a.device, a.requires_grad))
         else:
