@@ -34,6 +34,14 @@ class TrainingGraph:
     write_back: Callable[[list, list], None]  # (mutated primals, new values): runtime/write_back.py
     backward: Callable | None = None
 
+    def __post_init__(self) -> None:
+        # worked out once, not per call: which saved values are primals that the write-back
+        # overwrites (the backward reads their value before it), which outputs are differentiable
+        mutated = set(self.mutated_primals)
+        self.saved_clones = [kind == "primal" and i in mutated for kind, i in self.saved]
+        diff = set(self.diff_outputs)
+        self.non_diff_outputs = [i for i in range(self.num_outputs) if i not in diff]
+
 
 class CompiledFunction(torch.autograd.Function):
     """The autograd node of a torchweld-compiled graph (`grad_fn=<CompiledFunctionBackward>`)."""
@@ -44,17 +52,15 @@ class CompiledFunction(torch.autograd.Function):
         k, m = graph.num_outputs, len(graph.mutated_primals)
         outputs, new_values, intermediates = results[:k], results[k:k + m], results[k + m:]
         saved = [primals[i] if kind == "primal" else intermediates[i] for kind, i in graph.saved]
-        mutated = set(graph.mutated_primals)
-        # A primal the backward reads at its value before this forward's write-back: keep that value.
-        saved = [s.clone() if kind == "primal" and i in mutated else s
-                 for s, (kind, i) in zip(saved, graph.saved)]
-        if new_values:  # a multi-tensor kernel per dtype, not a copy per buffer (batch norm's statistics)
+        if new_values:
+            # a primal the backward reads at its value before the write-back: keep that value
+            saved = [s.clone() if clone else s for s, clone in zip(saved, graph.saved_clones)]
+            # a multi-tensor kernel per dtype, not a copy per buffer (batch norm's statistics)
             graph.write_back([primals[i] for i in graph.mutated_primals], new_values)
         ctx.graph = graph
         ctx.save_for_backward(*saved)
-        diff = set(graph.diff_outputs)
-        ctx.mark_non_differentiable(*[o for i, o in enumerate(outputs) if isinstance(o, torch.Tensor)
-                                      and i not in diff])
+        ctx.mark_non_differentiable(*[outputs[i] for i in graph.non_diff_outputs
+                                      if isinstance(outputs[i], torch.Tensor)])
         return tuple(outputs)
 
     @staticmethod
