@@ -90,8 +90,9 @@ def worker(case: str, compiler: str, mode: str | None, options: dict, out_path: 
         elif compiler == "weld":
             fn = torchweld.compile(fn, backend="weld", mode=mode, options=options)
         cold_s, out = cold(fn, x)
+        out = out.float().cpu()  # before later calls: under CUDA graphs they may overwrite it
         ms = gpu_time(fn, x)
-    torch.save(out.float().cpu(), out_path)
+    torch.save(out, out_path)
     peak = torch.cuda.max_memory_allocated() / 2**20
     print(json.dumps({"ms": ms, "cold_s": cold_s, "peak_mib": peak}))
 
