@@ -236,6 +236,25 @@ def test_object_stored_on_an_outside_object_and_self_reference():
     assert len(backend.graphs) == 1
 
 
+class Noisy:
+    def __init__(self, x):
+        self.x = x * 2
+        print("made a Noisy")  # breaks the graph inside __init__
+        self.y = self.x + 1
+
+
+def test_graph_break_inside_init_runs_the_construction_natively(capsys):
+    def fn(x):
+        n = Noisy(x.sin())
+        return isinstance(n, Noisy), n.y * n.x
+
+    backend = CountingBackend()
+    (is_noisy, out), (_, eager_out) = torchweld.compile(fn, backend=backend)(X), fn(X)
+    torch.testing.assert_close(out, eager_out)
+    assert is_noisy and capsys.readouterr().out.count("made a Noisy") == 2  # once compiled, once eager
+    assert len(backend.graphs) >= 2
+
+
 def test_each_call_builds_a_fresh_object():
     compiled = torchweld.compile(lambda x: Point(x, x), backend="eager")
     first, second = compiled(X), compiled(X)
