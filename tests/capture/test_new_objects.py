@@ -4,10 +4,12 @@ Each program runs compiled and eager; the results must match, and the number of
 graphs must equal torch.compile's."""
 from __future__ import annotations
 
+import abc
 import collections
 import collections.abc
 import dataclasses
 import enum
+import typing
 
 import pytest
 import torch
@@ -266,6 +268,38 @@ class WithSlots:
 
     def __init__(self, a):
         self.a = a
+
+
+class Abstract(abc.ABC):
+    def __init__(self, a):
+        self.a = a
+
+    @abc.abstractmethod
+    def run(self): ...
+
+
+T = typing.TypeVar("T")
+
+
+@dataclasses.dataclass
+class Box(typing.Generic[T]):
+    item: T
+
+
+def test_abstract_class_raises_as_in_eager_not_silently_built():
+    def fn(x):
+        return Abstract(x).a
+
+    with pytest.raises(TypeError, match="abstract"):
+        fn(X)
+    with pytest.raises(TypeError, match="abstract"):
+        torchweld.compile(fn, backend="eager")(X)
+
+
+def test_generic_dataclass():
+    out, eager, backend = _run(lambda x: Box(x * 2).item + 1, X)
+    torch.testing.assert_close(out, eager)
+    assert len(backend.graphs) == 1
 
 
 class WithNew:

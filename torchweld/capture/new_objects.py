@@ -55,6 +55,8 @@ def why_not_constructible(cls: type) -> str | None:
         return f"its metaclass {type(cls).__qualname__} may customise instance creation"
     if issubclass(cls, (torch.nn.Module, torch.Tensor, BaseException)):
         return "modules, tensors and exceptions are not plain objects"
+    if inspect.isabstract(cls):
+        return "it has abstract methods (the eager call raises TypeError)"
     base = _builtin_base(cls)
     if base not in _MODELLED_BASES:
         return f"it derives from the builtin {base.__qualname__}, whose state capture does not model"
