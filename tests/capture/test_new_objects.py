@@ -357,6 +357,9 @@ def test_is_compiling_is_true_inside_capture_like_torch_compile():
     torch.testing.assert_close(ours, theirs)
     torch.testing.assert_close(ours, X + 1)
     torch.testing.assert_close(fn(X), X - 1)
+    # the deprecated alias answers the same (matched as a torch function named is_compiling)
+    alias = torchweld.compile(lambda x: x + 1 if torch._utils.is_compiling() else x - 1, backend="eager", fullgraph=True)
+    torch.testing.assert_close(alias(X), X + 1)
 
 
 @pytest.mark.parametrize("model_name", ["bert", "gpt2"])

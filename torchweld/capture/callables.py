@@ -150,8 +150,8 @@ def _compiling_answer(fn: object) -> bool | None:
     """What `torch.compiler.is_compiling()` and its older spellings answer inside a
     captured frame: True, as under torch.compile, so that libraries take their
     compile-friendly paths. torchweld is not TorchDynamo: `is_dynamo_compiling()` is False."""
-    module, name = getattr(fn, "__module__", None), getattr(fn, "__name__", None)
-    if name == "is_compiling" and module in ("torch.compiler", "torch._utils", "torch._dynamo.external_utils"):
+    module, name = getattr(fn, "__module__", None) or "", getattr(fn, "__name__", None)
+    if name == "is_compiling" and module.startswith("torch."):  # torch.compiler's and its deprecated aliases
         return True
     if name in ("is_dynamo_compiling", "is_exporting") and module == "torch.compiler":
         return False
