@@ -130,6 +130,15 @@ def calls_disabled(x):
     return disabled_helper(x + 1) - 1
 
 
+@torch.compiler.disable
+def torch_disabled_helper(t):
+    return t * 10
+
+
+def calls_torch_disabled(x):
+    return torch_disabled_helper(x + 1) - 1
+
+
 def helper_that_prints(t):
     t = t * 2
     print("inside")
@@ -240,6 +249,7 @@ CASES = [
     (printing, [(torch.randn(3),), (torch.randn(4),)]),
     (logging_call, [(torch.randn(3),)]),
     (calls_disabled, [(torch.randn(3),)]),
+    (calls_torch_disabled, [(torch.randn(3),)]),
     (calls_breaking_helper, [(torch.randn(3),), (torch.randn(5),)]),
     (break_in_for, [(POS,), (torch.zeros(6),)]),
     (break_in_no_grad, [(torch.randn(3), torch.randn(3, requires_grad=True))]),

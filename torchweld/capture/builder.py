@@ -2,6 +2,7 @@
 guarding what the capture will assume about it."""
 from __future__ import annotations
 
+import os
 import types
 from typing import TYPE_CHECKING
 
@@ -34,6 +35,16 @@ def is_torch_callable(obj: object) -> bool:
         return (module.startswith("torch.") and not module.startswith("torch.nn.modules")
                 and "." not in obj.__qualname__ and "_contextlib" not in obj.__code__.co_filename)
     return isinstance(obj, torch._ops.OpOverloadPacket) or isinstance(obj, torch._ops.OpOverload)
+
+
+# torch's own lazy variant of `torch.compiler.disable` wraps functions in a closure defined here.
+_TORCH_LAZY_DISABLE_FILE = os.path.join(os.path.dirname(torch.__file__), "_compile.py")
+
+
+def is_marked_by_torch_to_run_eagerly(fn: types.FunctionType) -> bool:
+    """`torch.compiler.disable` leaves a marker attribute on the wrapper it returns;
+    torch's internal lazy form (on optimizer bookkeeping methods) has none until its first call."""
+    return bool(getattr(fn, "_torchdynamo_disable", False)) or fn.__code__.co_filename == _TORCH_LAZY_DISABLE_FILE
 
 
 def wrap(tx: "Translator", obj: object, source: Source | None, guard: bool = True) -> Value:
@@ -88,7 +99,7 @@ def wrap(tx: "Translator", obj: object, source: Source | None, guard: bool = Tru
             else:
                 guards.identity(source, obj)
         return NNModuleValue(obj, source)
-    if isinstance(obj, types.FunctionType) and obj.__code__.co_filename.endswith(("torch/_compile.py", "_dynamo/decorators.py")):
+    if isinstance(obj, types.FunctionType) and is_marked_by_torch_to_run_eagerly(obj):
         return OpaqueCallableValue(obj, f"{obj.__qualname__} is marked by torch to run without compilers")
     if is_torch_callable(obj):
         if guards:
