@@ -79,3 +79,32 @@ def test_max_autotune_compiles_candidates_ahead():
     tuner = Autotuner(timer=lambda fn: (fn(), 1.0)[1])
     x = torch.randn(300, 77, device="cuda")
     check(lambda a: (a.exp() * 2).sum(1), [x], options={"max_autotune": True, "autotuner": tuner})
+
+
+class _FakeLauncher:
+    """What `CompiledKernel.run` is: a Python object around the compiled C `launch`."""
+
+    def __init__(self, global_scratch_size=0, profile_scratch_size=0):
+        self.launch = object()
+        self.launch_cooperative_grid, self.launch_pdl = False, True
+        self.global_scratch_size, self.profile_scratch_size = global_scratch_size, profile_scratch_size
+
+
+class _FakeKernel:
+    def __init__(self, launcher):
+        self.run, self.function, self.packed_metadata = launcher, 7, ("packed",)
+
+
+def test_launch_handles_call_the_c_launcher_only_where_its_convention_is_known(monkeypatch):
+    from torchweld.runtime import triton_launch
+
+    plain = _FakeKernel(_FakeLauncher())
+    monkeypatch.setattr(triton_launch, "_direct_launch_form", lambda: "3.6")
+    launch, function, leading = triton_launch.launch_handles(plain)
+    assert launch is plain.run.launch and function == 7
+    assert leading == (False, True, None, None, ("packed",), None, None, None)
+    scratch = _FakeKernel(_FakeLauncher(global_scratch_size=128))  # Triton must allocate it per launch
+    assert triton_launch.launch_handles(scratch)[0] is scratch.run
+    monkeypatch.setattr(triton_launch, "_direct_launch_form", lambda: None)  # another Triton
+    launch, _, leading = triton_launch.launch_handles(plain)
+    assert launch is plain.run and leading == (("packed",), None, None, None)

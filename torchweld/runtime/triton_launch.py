@@ -12,8 +12,8 @@ once per call (falling back to the JIT launch when an input is misaligned).
     jobs = [CompileJob(source, fn, arg_dtypes, aligned, config, device), ...]
     kernels = compile_kernels(jobs)          # in a thread pool; identical jobs compile once
     futures = submit_kernels(jobs)           # the same, without waiting
-    run, function, metadata = launch_handles(kernels[0])
-    run(grid, 1, 1, stream, function, metadata, None, None, None, *pointers, *constexprs)
+    launch, function, leading = launch_handles(kernels[0])
+    launch(grid, 1, 1, stream, function, *leading, *pointers, *constexprs)
 
 Triton's compiler spends most of its time in C++ passes and in ptxas, outside
 the GIL, so threads compile kernels in parallel. This relies on the launcher
@@ -125,10 +125,32 @@ def _compile(job: CompileJob, args: list[torch.Tensor]) -> object:
     return kernel
 
 
-def launch_handles(kernel) -> tuple[object, object, object]:
-    """(run, function, packed_metadata) of a CompiledKernel; loads it onto the current device."""
+def launch_handles(kernel) -> tuple[object, object, tuple]:
+    """(launch, function, leading) of a CompiledKernel, loaded onto the current device: a
+    launch is `launch(grid_x, grid_y, grid_z, stream, function, *leading, *pointers, *constexprs)`.
+
+    `kernel.run` is Triton's launcher object, whose Python `__call__` works out scratch
+    buffers on every launch before calling the compiled C launcher. For a kernel that
+    needs no scratch memory (weld's never do), under a Triton whose C launcher's
+    arguments are known here, the C launcher is called directly."""
     run = kernel.run  # loads the binary (CompiledKernel._init_handles)
-    return run, kernel.function, kernel.packed_metadata
+    standard = (kernel.packed_metadata, None, None, None)  # launch metadata, enter and exit hooks
+    if _direct_launch_form() == "3.6" and not _needs_scratch(run):
+        return run.launch, kernel.function, (run.launch_cooperative_grid, run.launch_pdl, None, None) + standard
+    return run, kernel.function, standard
+
+
+def _direct_launch_form() -> str | None:
+    """The argument convention of Triton's C launcher, for the versions whose convention is known:
+    3.6 takes (grid, stream, function, cooperative, pdl, global scratch, profile scratch, metadata,
+    launch metadata, enter hook, exit hook, *arguments)."""
+    import triton
+
+    return "3.6" if triton.__version__.split(".")[:2] == ["3", "6"] else None
+
+
+def _needs_scratch(launcher) -> bool:
+    return any(getattr(launcher, attr, 1) != 0 for attr in ("global_scratch_size", "profile_scratch_size"))
 
 
 def is_aligned(t: torch.Tensor) -> bool:

@@ -76,12 +76,19 @@ def build_launches(kernels: list[Kernel], module, fn_names: dict[str, str], sche
         log.warning("compiling Triton kernels ahead of time failed, launching through Triton's JIT: %s", e)
         return launches
     inputs = set(n for n in sched.graph.input_names if n is not None)
-    for k, (run, function, metadata) in zip(kernels, handles):
+    for k, (launch, function, leading) in zip(kernels, handles):
         name, config, grid = k.name, configs[k.name], grids[k.name]
-        launches.objects |= {f"_run_{name}": run, f"_fn_{name}": function, f"_meta_{name}": metadata}
+        launches.objects |= {f"_run_{name}": launch, f"_fn_{name}": function}
+        lead = []
+        for i, value in enumerate(leading):
+            if value is None or isinstance(value, (bool, int)):
+                lead.append(repr(value))
+            else:
+                launches.objects[f"_lead{i}_{name}"] = value
+                lead.append(f"_lead{i}_{name}")
         constexprs = ", ".join(str(config[c]) for c in triton_launch.CONSTEXPRS)
         pointers = ", ".join(f"{a}.data_ptr()" for a in args_of[name])
-        launches.fast[name] = (f"_run_{name}({grid}, 1, 1, _stream, _fn_{name}, _meta_{name}, None, None, None, "
+        launches.fast[name] = (f"_run_{name}({grid}, 1, 1, _stream, _fn_{name}, {', '.join(lead)}, "
                                f"{pointers}, {constexprs})")
         launches.checked_inputs += [a for a in args_of[name] if a in inputs and a not in launches.checked_inputs]
     device = kernels[0].device

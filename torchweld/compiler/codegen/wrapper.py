@@ -8,6 +8,7 @@ import math
 import torch
 
 from torchweld.compiler import ir
+from torchweld.compiler.codegen.bindings import fast_callable
 from torchweld.compiler.ir import Layout
 from torchweld.compiler.lowering import TensorValue
 from torchweld.compiler.schedule import ExternCall, Free, Kernel, Schedule
@@ -137,9 +138,7 @@ class WrapperRenderer:
                   f"device={self.const(torch.device(device))})")
 
     def extern(self, ext: ir.Extern) -> None:
-        # an OpOverload's own __call__ is a Python frame around its C++ operator `_op`
-        target = self.const(getattr(ext.target, "_op", ext.target) if isinstance(ext.target, torch._ops.OpOverload)
-                            else ext.target)
+        target = self.const(fast_callable(ext.target))
         args = ", ".join(self.const(a) for a in ext.args)
         kwargs = ", ".join(f"{k}={self.const(v)}" for k, v in ext.kwargs.items())
         call = f"{target}({', '.join(x for x in (args, kwargs) if x)})"
