@@ -43,17 +43,47 @@ def test_matmul_is_extern_and_bias_relu_fuse_after_it():
 
 
 def test_intermediate_read_by_two_kernels_is_stored_and_freed():
-    def fn(x):
-        y = x.exp()
+    def fn(x, z):
+        y = x.exp() * z  # two loads: cheaper to store than to recompute in both readers
         return y.sum(0), y.t().contiguous().sum(0)
 
-    c = check(fn, [torch.randn(6, 5)])
+    c = check(fn, [torch.randn(6, 5), torch.randn(6, 5)])
     frees = [s for s in c.schedule.steps if isinstance(s, Free)]
     stored = {w for k in c.schedule.kernels() for w in k.writes}
     outputs = {v.root for v in c.schedule.graph.outputs}
     intermediates = stored - outputs
     assert intermediates  # y feeds two reduction kernels over different dims
     assert intermediates <= {n for f in frees for n in f.names}
+
+
+def test_cheap_intermediate_read_by_two_kernels_is_recomputed_not_stored():
+    def fn(x, bias):
+        y = x + bias  # one large load: each reader loads x instead of y
+        return y.sum(0), y.t().contiguous().sum(0), torch.nn.functional.gelu(y.view(4, 16, 32))
+
+    c = check(fn, [torch.randn(64, 32), torch.randn(32)])
+    stored = {w for k in c.schedule.kernels() for w in k.writes}
+    assert stored == {v.root for v in c.schedule.graph.outputs}
+
+
+def test_fused_qkv_bias_is_never_stored_whole():
+    # GPT-2's attention: one projection with a bias, split into query, key and value; key and
+    # value are appended to a cache (torch.cat) which leaves the graph; attention reads all three
+    def attention(x, w, b, past_k, past_v):
+        q, k, v = torch.addmm(b, x.view(-1, 32), w).view(2, 8, 96).split(32, dim=2)
+        q, k, v = (t.view(2, 8, 4, 8).transpose(1, 2) for t in (q, k, v))
+        k, v = torch.cat([past_k, k], dim=-2), torch.cat([past_v, v], dim=-2)
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return out.transpose(1, 2).reshape(2, 8, 32), k, v
+
+    empty = torch.empty(2, 4, 0, 8)
+    c = check(attention, [torch.randn(2, 8, 32), torch.randn(32, 96), torch.randn(96), empty, empty])
+    graph = c.schedule.graph
+    (mm,) = [n for n, b in graph.buffers.items() if "mm" in str(getattr(b, "target", ""))]
+    stored = {w for k in c.schedule.kernels() for w in k.writes}
+    assert all(c.schedule.layouts[w][1].numel < 16 * 96 for w in stored), "the biased projection was stored"
+    readers_of_mm = [k for k in c.schedule.kernels() if mm in k.reads]
+    assert len(readers_of_mm) == 1  # query, key and value copies are one kernel
 
 
 def test_buffers_are_reused():

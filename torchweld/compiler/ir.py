@@ -437,3 +437,32 @@ class Extern:
 
 
 Buffer = InputBuffer | Pointwise | Reduction | Extern
+
+INLINE_MAX_NODES = 48  # a body larger than this is stored rather than recomputed by several readers
+SMALL_READ_FRACTION = 16  # a load from a buffer this many times smaller (a bias, a scale) is cheap
+
+
+def cheap_to_recompute(buf: Pointwise, buffers: dict) -> bool:
+    """Whether every reader of `buf` may recompute it instead of loading it: a small
+    body that loads at most one buffer of comparable size (a bias add, a cast, an
+    activation). Each reader then loads that one buffer where it would have loaded
+    `buf`, so memory traffic never grows, and `buf` itself is never written."""
+    nodes = list(walk(buf.body))
+    if len(nodes) > INLINE_MAX_NODES:
+        return False
+    size = math.prod(buf.shape)
+    large = {n.arg for n in nodes if n.op is Op.LOAD and stored_numel(n.arg, buffers) * SMALL_READ_FRACTION > size}
+    return len(large) <= 1
+
+
+def stored_numel(name: str, buffers: dict) -> int:
+    """The number of elements of buffer `name` (an extern's results are named `<extern>_<i>`)."""
+    buf = buffers.get(name)
+    if buf is None:
+        base, _, index = name.rpartition("_")
+        return buffers[base].outputs[int(index)][1].numel
+    if isinstance(buf, InputBuffer):
+        return buf.layout.numel
+    if isinstance(buf, Extern):
+        return buf.outputs[0][1].numel
+    return math.prod(buf.shape)

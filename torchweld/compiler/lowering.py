@@ -55,6 +55,17 @@ class TensorValue:
         )
 
 
+def dense_like(layout: Layout) -> Layout:
+    """A dense layout of `layout`'s shape with its dims in the same order of strides
+    (a channels-last view stays channels-last)."""
+    order = sorted(range(len(layout.shape)), key=lambda d: (-layout.stride[d], d))
+    strides, acc = [0] * len(layout.shape), 1
+    for d in reversed(order):
+        strides[d] = acc
+        acc *= max(layout.shape[d], 1)
+    return Layout(layout.shape, tuple(strides))
+
+
 def meta_layout(val: torch.Tensor) -> Layout:
     """Where we store a new buffer: like eager when that is dense, else row-major."""
     if is_non_overlapping_and_dense_or_false(val):
@@ -235,8 +246,7 @@ class GraphLowering:
     # -- externs ------------------------------------------------------------------
     def extern(self, target, args, kwargs, node: torch.fx.Node):
         """Call the aten kernel itself; tensor arguments become stored, strided buffers."""
-        to_arg = lambda v: ir.TensorArg(*self.stored_strided(v))
-        call_args, call_kwargs = pytree.tree_map_only(TensorValue, to_arg, (args, kwargs))
+        call_args, call_kwargs = pytree.tree_map_only(TensorValue, self.extern_arg, (args, kwargs))
         val = node.meta.get("val")
         multi = isinstance(val, (tuple, list))
         vals = list(val) if multi else [val]
@@ -257,6 +267,18 @@ class GraphLowering:
         results = [None if i in absent else self.value_of_buffer(ext.output_name(i), d, lay, device)
                    for i, (d, lay) in enumerate(outputs)]
         return results if multi else results[0]
+
+    def extern_arg(self, v: TensorValue) -> ir.TensorArg:
+        """An extern's tensor argument. An extern reading part of a pointwise result that is
+        cheap to recompute (a bias add split into attention's query, key and value) gets a
+        copy of just that part, so the result's other readers recompute it and it is never
+        stored whole (schedule.inline_pointwise)."""
+        root = self.buffers.get(v.root)
+        if (isinstance(root, ir.Pointwise) and math.prod(v.shape) < math.prod(root.shape)
+                and ir.cheap_to_recompute(root, self.buffers)):
+            layout = dense_like(v.layout) if v.layout is not None else None
+            v = self.add_pointwise(v.read(ir.dim_vars(len(v.shape))), v.dtype, v.shape, v.device, layout)
+        return ir.TensorArg(*self.stored_strided(v))
 
     def stored_strided(self, v: TensorValue) -> tuple[str, Layout]:
         """(root, layout) with `v`'s elements at `layout` in root; copies when no strides say it."""

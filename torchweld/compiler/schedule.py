@@ -383,8 +383,10 @@ def _extern_root(name: str, buffers: dict) -> str:
     return name.rsplit("_", 1)[0]
 
 
-def inline_single_readers(graph: LoweredGraph) -> None:
-    """Substitute each Pointwise read by exactly one other Pointwise/Reduction into it."""
+def inline_pointwise(graph: LoweredGraph) -> None:
+    """Substitute Pointwise buffers into the bodies of their readers, so they are never
+    stored: one read by exactly one Pointwise/Reduction, and one cheap to recompute
+    (ir.cheap_to_recompute) read by any number of them, in any kernels."""
     buffers = graph.buffers
     readers: dict[str, set[str]] = {}
     for name, buf in buffers.items():
@@ -402,17 +404,19 @@ def inline_single_readers(graph: LoweredGraph) -> None:
                         return ir.substitute(buffers[node.arg].body, list(node.args))
                     return None
                 buf.body = ir.rewrite(buf.body, leaf)
-        users = readers.get(name, set())
-        if (isinstance(buf, ir.Pointwise) and name not in keep and len(users) == 1
-                and isinstance(buffers[next(iter(users))], (ir.Pointwise, ir.Reduction))
-                and buffers[next(iter(users))].device == buf.device):
+        if not isinstance(buf, ir.Pointwise) or name in keep:
+            continue
+        users = [buffers[u] for u in readers.get(name, ())]
+        if not users or not all(isinstance(u, (ir.Pointwise, ir.Reduction)) and u.device == buf.device for u in users):
+            continue
+        if len(users) == 1 or ir.cheap_to_recompute(buf, buffers):
             inlined.add(name)
     for name in inlined:
         del buffers[name]
 
 
 def schedule(graph: LoweredGraph) -> Schedule:
-    inline_single_readers(graph)
+    inline_pointwise(graph)
     grouper = _Grouper(graph)
     steps = grouper.run()
     buffers = graph.buffers
