@@ -1,0 +1,70 @@
+"""Where the CPU time before and around a compiled call goes, for one model on CUDA.
+
+    python3 bench/entry_overhead.py [--model GPT-2|BERT]
+
+Prints per call: the guard check alone (the entry's `check`), the whole entry with the
+GPU idle (CPU time to enqueue everything), the CUDA-event latency, and the GPU busy time,
+so that latency - GPU busy splits into guards, the wrapper's prologue and the rest.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import time
+
+import torch
+import transformers
+
+import torchweld
+from torchweld.capture import cache
+
+
+def per_call_us(fn, iters=200) -> float:
+    times = []
+    for _ in range(iters):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", default="GPT-2")
+    args = parser.parse_args()
+    if args.model == "BERT":
+        model, seq = transformers.BertModel(transformers.BertConfig()), 128
+    else:
+        model, seq = transformers.GPT2Model(transformers.GPT2Config()), 256
+    model = model.cuda().eval()
+    ids = torch.randint(0, 1000, (8, seq), device="cuda")
+    compiled = torchweld.compile(lambda t: model(t).last_hidden_state)
+    with torch.no_grad():
+        for _ in range(5):
+            compiled(ids)
+        entry = max((o for o in gc.get_objects() if isinstance(o, cache.CacheEntry)), key=lambda o: len(o.guards.guards))
+        print(f"{args.model}: {len(entry.guards.guards)} guards")
+        print(f"  guard check alone      {per_call_us(lambda: entry.check(ids)):8.1f} us")
+        print(f"  compiled call, CPU     {per_call_us(lambda: compiled(ids)):8.1f} us (returns before the GPU is done)")
+        lat = []
+        for _ in range(100):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            compiled(ids)
+            end.record()
+            end.synchronize()
+            lat.append(start.elapsed_time(end))
+        print(f"  latency (CUDA events)  {statistics.median(lat) * 1e3:8.1f} us")
+        from torch.profiler import ProfilerActivity, profile
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(10):
+                compiled(ids)
+            torch.cuda.synchronize()
+        busy = sum(e.device_time_total for e in prof.key_averages() if e.device_time_total) / 10
+        print(f"  GPU busy               {busy:8.1f} us")
+
+
+if __name__ == "__main__":
+    main()
