@@ -53,6 +53,31 @@ def test_global_change_recompiles():
         SCALE = 2.0
 
 
+def helper_with_defaults(x, scale=2.0, shift=None, flip=False):
+    y = x * scale
+    return y if shift is None else y + shift
+
+
+def calls_helper_with_defaults(x):
+    return helper_with_defaults(x) - 1
+
+
+def test_changed_defaults_recompile_and_one_guard_covers_the_tuple():
+    backend = CountingBackend()
+    fn = torchweld.compile(calls_helper_with_defaults, backend=backend)
+    x = torch.randn(3)
+    original = helper_with_defaults.__defaults__
+    torch.testing.assert_close(fn(x), x * 2.0 - 1)
+    texts = [g for g in torchweld.explain(calls_helper_with_defaults)(x).guards if "__defaults__" in g]
+    assert len(texts) == 1 and "__defaults__[" not in texts[0]  # the tuple, not each entry
+    try:
+        helper_with_defaults.__defaults__ = (3.0, 1.0, False)
+        torch.testing.assert_close(fn(x), x * 3.0 + 1.0 - 1)
+        assert len(backend.graphs) == 2
+    finally:
+        helper_with_defaults.__defaults__ = original
+
+
 def test_grad_mode_is_guarded():
     w = torch.randn(3, requires_grad=True)
     fn = torchweld.compile(lambda x: x * w)

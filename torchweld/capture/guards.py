@@ -91,11 +91,11 @@ class GuardSet:
 
     def same_object(self, source: Source, first: Source) -> None:
         text = f"{source.name()} is {first.name()}"
-        self._add((source.name(), "same"), text, f"{source.expr()} is {first.expr()}")
+        self._add((source.name(), "same"), text, f"{source.expr()} is {first.expr()}", source)
 
     def has_attr(self, source: Source, attr: str, present: bool) -> None:
         text = f"hasattr({source.name()}, {attr!r}) is {present}"
-        self._add((source.name(), f"hasattr {attr}"), text, f"hasattr({source.expr()}, {attr!r}) is {present}")
+        self._add((source.name(), f"hasattr {attr}"), text, f"hasattr({source.expr()}, {attr!r}) is {present}", source)
 
     def grad_mode(self, enabled: bool) -> None:
         fn = self._const(torch.is_grad_enabled)

@@ -7,8 +7,10 @@ import types
 from typing import TYPE_CHECKING
 
 from torchweld import config
-from torchweld.capture.sources import ClosureSource, DefaultSource, Source
-from torchweld.capture.values import CellValue, DictValue, IteratorValue, TupleValue, Value, const
+from torchweld.capture.sources import AttrSource, ClosureSource, DefaultSource, Source
+from torchweld.capture.values import (
+    CellValue, DictValue, IteratorValue, TupleValue, Value, const, is_constant_literal,
+)
 from torchweld.errors import Unsupported
 
 if TYPE_CHECKING:
@@ -99,6 +101,10 @@ def inline_user_function(tx: "Translator", fn_value: "UserFunctionValue | Nested
         fn = fn_value.fn
         real = fn.__defaults__[marker.key] if isinstance(marker.key, int) else fn.__kwdefaults__[marker.key]
         if fn_value.source is None:
+            return const(real)
+        if isinstance(marker.key, int) and is_constant_literal(real):
+            # the tuple is immutable: one identity guard on it covers every literal in it
+            tx.output.guards.identity(AttrSource(fn_value.source, "__defaults__"), fn.__defaults__)
             return const(real)
         return wrap(tx, real, DefaultSource(fn_value.source, marker.key))
 
