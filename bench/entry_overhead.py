@@ -1,10 +1,12 @@
 """Where the CPU time before and around a compiled call goes, for one model on CUDA.
 
-    python3 bench/entry_overhead.py [--model GPT-2|BERT]
+    python3 bench/entry_overhead.py [--model GPT-2|BERT] [--device cuda|cpu]
 
 Prints per call: the guard check alone (the entry's `check`), the whole entry with the
 GPU idle (CPU time to enqueue everything), the CUDA-event latency, and the GPU busy time,
 so that latency - GPU busy splits into guards, the wrapper's prologue and the rest.
+`--device cpu` (batch 1, 16 tokens, the "eager" backend) times the guard check alone,
+which does not depend on the device: the guards of the same model on a machine without a GPU.
 """
 from __future__ import annotations
 
@@ -23,7 +25,8 @@ from torchweld.capture import cache
 def per_call_us(fn, iters=200) -> float:
     times = []
     for _ in range(iters):
-        torch.cuda.synchronize()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
@@ -33,20 +36,24 @@ def per_call_us(fn, iters=200) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default="GPT-2")
+    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     args = parser.parse_args()
+    cuda = args.device == "cuda"
     if args.model == "BERT":
         model, seq = transformers.BertModel(transformers.BertConfig()), 128
     else:
         model, seq = transformers.GPT2Model(transformers.GPT2Config()), 256
-    model = model.cuda().eval()
-    ids = torch.randint(0, 1000, (8, seq), device="cuda")
-    compiled = torchweld.compile(lambda t: model(t).last_hidden_state)
+    model = model.to(args.device).eval()
+    ids = torch.randint(0, 1000, (8, seq) if cuda else (1, 16), device=args.device)
+    compiled = torchweld.compile(lambda t: model(t).last_hidden_state, backend="weld" if cuda else "eager")
     with torch.no_grad():
         for _ in range(5):
             compiled(ids)
         entry = max((o for o in gc.get_objects() if isinstance(o, cache.CacheEntry)), key=lambda o: len(o.guards.guards))
         print(f"{args.model}: {len(entry.guards.guards)} guards")
-        print(f"  guard check alone      {per_call_us(lambda: entry.check(ids)):8.1f} us")
+        print(f"  guard check alone      {per_call_us(lambda: entry.check(ids), 2000 if not cuda else 200):8.1f} us")
+        if not cuda:
+            return
         print(f"  compiled call, CPU     {per_call_us(lambda: compiled(ids)):8.1f} us (returns before the GPU is done)")
         lat = []
         for _ in range(100):

@@ -328,7 +328,7 @@ class Action(str, enum.Enum):  # the str mixin, as transformers' deprecation Act
 ACTION = Action.NONE
 
 
-def test_enum_members_are_constants_guarded_by_value():
+def test_enum_members_are_constants_guarded_by_identity():
     def fn(x, action):
         if ACTION in (Action.NONE, Action.RAISE) and action is Action.RAISE:
             return x + 1, action

@@ -165,7 +165,9 @@ def setitem(tx: "Translator", obj: Value, key: Value, value: Value) -> None:
         return
     if python_dunder(tx, obj, "__setitem__", [key, value]) is not None:
         return
-    if hasattr(obj, "setitem"):
+    from torchweld.capture.new_objects import NewObjectValue
+
+    if isinstance(obj, NewObjectValue):  # a dict subclass made in the frame
         obj.setitem(tx, key, value)
         return
     raise Unsupported(f"item assignment on {obj} is not supported in capture")

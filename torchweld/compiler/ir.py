@@ -438,6 +438,16 @@ class Extern:
 
 Buffer = InputBuffer | Pointwise | Reduction | Extern
 
+
+def producer_of(name: str, buffers: dict) -> tuple[Buffer | None, int]:
+    """The buffer that computes `name`, and which of its results `name` is: one result
+    of a multi-result extern is named `<extern>_<i>` (Extern.output_name)."""
+    buf = buffers.get(name)
+    if buf is not None:
+        return buf, 0
+    base, _, index = name.rpartition("_")
+    return buffers.get(base), int(index) if index.isdigit() else 0
+
 INLINE_MAX_NODES = 48  # a body larger than this is stored rather than recomputed by several readers
 SMALL_READ_FRACTION = 16  # a load from a buffer this many times smaller (a bias, a scale) is cheap
 
@@ -456,13 +466,10 @@ def cheap_to_recompute(buf: Pointwise, buffers: dict) -> bool:
 
 
 def stored_numel(name: str, buffers: dict) -> int:
-    """The number of elements of buffer `name` (an extern's results are named `<extern>_<i>`)."""
-    buf = buffers.get(name)
-    if buf is None:
-        base, _, index = name.rpartition("_")
-        return buffers[base].outputs[int(index)][1].numel
+    """The number of elements of buffer `name`."""
+    buf, index = producer_of(name, buffers)
     if isinstance(buf, InputBuffer):
         return buf.layout.numel
     if isinstance(buf, Extern):
-        return buf.outputs[0][1].numel
+        return buf.outputs[index][1].numel
     return math.prod(buf.shape)

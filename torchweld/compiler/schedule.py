@@ -376,13 +376,6 @@ def _layouts(graph: LoweredGraph) -> dict:
     return out
 
 
-def _extern_root(name: str, buffers: dict) -> str:
-    """The step that produces `name` (an extern's outputs are named `<extern>_<i>`)."""
-    if name in buffers:
-        return name
-    return name.rsplit("_", 1)[0]
-
-
 def inline_pointwise(graph: LoweredGraph) -> None:
     """Substitute Pointwise buffers into the bodies of their readers, so they are never
     stored: one read by exactly one Pointwise/Reduction, and one cheap to recompute

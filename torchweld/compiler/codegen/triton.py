@@ -428,7 +428,8 @@ class TritonRenderer(KernelRenderer):
         from torchweld.runtime.cache import content_hash
 
         self.buffer_dtypes = buffer_dtypes
-        parts = ["import triton", "import triton.language as tl", ""]
+        header = ["import triton", "import triton.language as tl", ""]
+        parts = list(header)
         names: dict[str, str] = {}
         for kernel in kernels:
             text = self.render(dataclasses.replace(kernel, name="KERNEL"))
@@ -437,7 +438,7 @@ class TritonRenderer(KernelRenderer):
                 parts.append(text.replace("def KERNEL(", f"def {name}(", 1))
             names[kernel.name] = name
         if any("_tw_" in part for part in parts):
-            parts.insert(3, HELPERS)
+            parts.insert(len(header), HELPERS)
         return "\n".join(parts), names
 
 

@@ -110,12 +110,7 @@ def _aligned(name: str, sched: Schedule) -> bool:
         return True
     if name in graph.constants:
         return is_aligned(graph.constants[name])
-    buf = graph.buffers.get(name)
-    if buf is None:  # `<extern>_<i>`, one result of a multi-result extern
-        base, _, index = name.rpartition("_")
-        buf, index = graph.buffers.get(base), int(index) if index.isdigit() else 0
-    else:
-        index = 0
+    buf, index = ir.producer_of(name, graph.buffers)
     if not isinstance(buf, ir.Extern) or index >= len(buf.outputs):
         return False
     schema = getattr(buf.target, "_schema", None)
