@@ -7,6 +7,9 @@ than the GPU spends on them. A 1x1 convolution with stride 1 and no padding on a
 channels-last tensor is exactly the matrix product (N*H*W, Cin) @ (Cin, Cout); this
 prints, for densenet121's shapes, the CPU microseconds per call of each way of computing it
 (back-to-back calls, the GPU far from busy) and the GPU microseconds (CUDA events).
+Then the same for the backward (`aten.convolution_backward`, weld's extern in training)
+by each entry point, next to eager autograd's backward of the same convolution, and the
+CPU cost of one `torch.empty_strided` on the GPU.
 """
 from __future__ import annotations
 
@@ -65,6 +68,7 @@ def main() -> None:
             else:
                 cpu, gpu = per_call_us(fn)
             print(f"  {label:28s} CPU {cpu:7.1f} us   GPU {gpu:7.1f} us")
+    backward_rows()
     try:
         from torchweld.runtime.triton_matmul import CONFIGS, TritonMatmul
         x2 = torch.randn(16 * 32 * 32, 256, device="cuda")
@@ -74,6 +78,31 @@ def main() -> None:
             print(f"  TritonMatmul{config} CPU {cpu:7.1f} us   GPU {gpu:7.1f} us")
     except Exception as e:  # noqa: BLE001
         print("TritonMatmul:", e)
+
+
+def backward_rows() -> None:
+    """convolution_backward's CPU cost per entry point (grad_input and grad_weight, no bias)."""
+    op = torch.ops.aten.convolution_backward.default
+    for n, cin, h, w, cout, k in CASES[-2:]:
+        x = torch.randn(n, cin, h, w, device="cuda").to(memory_format=torch.channels_last)
+        weight = torch.randn(cout, cin, k, k, device="cuda").to(memory_format=torch.channels_last)
+        grad = F.conv2d(x, weight, padding=k // 2)
+        args = (grad, x, weight, [0], [1, 1], [k // 2] * 2, [1, 1], False, [0, 0], 1, [True, True, False])
+        x_leaf, w_leaf = x.clone().requires_grad_(), weight.clone().requires_grad_()
+        out = F.conv2d(x_leaf, w_leaf, padding=k // 2)
+        rows = {
+            "convolution_backward OpOverload": lambda: op(*args),
+            "convolution_backward ._op": lambda: op._op(*args),
+            "eager autograd.grad (retain)": lambda: torch.autograd.grad(out, (x_leaf, w_leaf), grad, retain_graph=True),
+        }
+        print(f"\nbackward N={n} Cin={cin} {h}x{w} Cout={cout} k={k}")
+        for label, fn in rows.items():
+            cpu, gpu = per_call_us(fn)
+            print(f"  {label:34s} CPU {cpu:7.1f} us   GPU {gpu:7.1f} us")
+    cpu, _ = per_call_us(lambda: torch.empty_strided((16, 128, 32, 32), (131072, 1, 4096, 128), device="cuda"))
+    print(f"\n  torch.empty_strided (cuda, cached)  CPU {cpu:7.1f} us")
+    cpu, _ = per_call_us(lambda: torch.empty(0, device="cuda"))
+    print(f"  torch.empty(0) (cuda)                CPU {cpu:7.1f} us")
 
 
 if __name__ == "__main__":

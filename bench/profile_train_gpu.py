@@ -21,10 +21,13 @@ from __future__ import annotations
 import argparse
 import cProfile
 import collections
+import gc
+import glob
 import io
 import json
 import os
 import pstats
+import shutil
 import statistics
 import tempfile
 import time
@@ -104,11 +107,32 @@ def profiled(step: Step, calls: int = 2):
     return [e for e in prof.events() if e.device_type == cuda and not e.name.startswith("Optimizer.")], table
 
 
+class GcTimer:
+    """Python's garbage collections while active: how many, by generation, and their total ms."""
+
+    def __enter__(self):
+        self.count, self.ms, self._start = collections.Counter(), 0.0, 0.0
+        gc.callbacks.append(self._on_gc)
+        return self
+
+    def __exit__(self, *exc):
+        gc.callbacks.remove(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        else:
+            self.count[info["generation"]] += 1
+            self.ms += (time.perf_counter() - self._start) * 1e3
+
+
 def report(label: str, step: Step, steps: int) -> float:
     for _ in range(3):
         step()
-    ms, phases = phase_times(step, steps)
+    with GcTimer() as gc_time:
+        ms, phases = phase_times(step, steps)
     print(f"  {label}: {ms:8.3f} ms/step")
+    print(f"    Python GC over {steps} steps: {dict(gc_time.count)} collections by generation, {gc_time.ms:.2f} ms")
     for name, (cpu, wall) in zip(PHASES, phases):
         print(f"    {name:13s} CPU {cpu:8.3f} ms   events {wall:8.3f} ms")
     calls = 2
@@ -184,6 +208,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--compile-profile", action="store_true")
     parser.add_argument("--skip-eager", action="store_true")
+    parser.add_argument("--save-wrappers", default=None, help="copy weld's generated wrappers into this folder")
     parser.add_argument("--dump-kernels", type=int, default=0, help="print the source of weld's N slowest kernels")
     args = parser.parse_args()
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; {args.model} b{args.batch} "
@@ -220,6 +245,10 @@ def main() -> None:
         weld_ms = report("weld", step, args.steps)
         if args.dump_kernels:
             dump_kernels(step, spy.graphs, args.dump_kernels)
+        if args.save_wrappers:
+            os.makedirs(args.save_wrappers, exist_ok=True)
+            for path in glob.glob(os.path.join(tmp, "wrappers", "*.py")):
+                shutil.copy(path, args.save_wrappers)
     if eager_ms:
         print(f"  weld speedup over eager: {eager_ms / weld_ms:.2f}x")
     print("  weld wrappers (forward, backward):")

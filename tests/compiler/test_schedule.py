@@ -94,3 +94,27 @@ def test_buffers_are_reused():
 
     c = check(fn, [torch.randn(64, 64)])
     assert c.kernel_sources and c.wrapper_source.count("empty_strided") >= 1
+
+
+def _held_until_return(wrapper_source: str) -> set[str]:
+    """Buffers the wrapper allocates that are neither returned nor deleted (nor handed on
+    to a later buffer): they would hold their memory until the call returns."""
+    import re
+
+    body = wrapper_source[wrapper_source.rindex("\ndef call("):]
+    allocated = set(re.findall(r"(buf\d+) = torch.empty_strided", body))
+    handed_on = set(re.findall(r"del (buf\d+)", body))
+    returned = set(re.findall(r"buf\d+", body[body.rindex("return"):]))
+    return allocated - handed_on - returned
+
+
+def test_dead_buffers_not_taken_over_are_deleted_where_they_die():
+    def fn(x, w):
+        h = torch.relu(x * 2) @ w  # relu's result is stored for the extern, then dies
+        return (h.exp().sum(1, keepdim=True) + h).sum(0)  # no later buffer has its size
+
+    c = check(fn, [torch.randn(64, 48), torch.randn(48, 32)])
+    assert c.externs and not _held_until_return(c.wrapper_source)
+    c = check(lambda x: (x.exp().sum(1, keepdim=True) + x).sum(0) + (x.sin().sum(1, keepdim=True) + x).sum(0),
+              [torch.randn(64, 64)])
+    assert not _held_until_return(c.wrapper_source)

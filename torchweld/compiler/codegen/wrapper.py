@@ -92,6 +92,7 @@ class WrapperRenderer:
             self.constants[name] = g.constants[name]
         pool: dict[tuple, list[str]] = {}
         allocated = set(self.sched.allocated)
+        reused = self.reused_frees()
         for step in self.sched.steps:
             if isinstance(step, Kernel):
                 for name in step.writes:
@@ -104,7 +105,7 @@ class WrapperRenderer:
                 self.extern(g.buffers[step.name])
             elif isinstance(step, Free):
                 for name in step.names:
-                    if name in allocated:
+                    if name in reused:
                         pool.setdefault(self.pool_key(name), []).append(name)
                     else:
                         self.emit(f"del {name}")
@@ -119,6 +120,24 @@ class WrapperRenderer:
         outs = ", ".join(self.output(v) for v in g.outputs)
         self.emit(f"return ({outs}{',' if len(g.outputs) == 1 else ''})")
         return "\n".join(self.lines) + "\n"
+
+    def reused_frees(self) -> set[str]:
+        """The dead buffers that a later allocation takes over (same dtype, device and storage
+        size, last freed first). The others are deleted where they die: kept in the pool they
+        would hold their memory until the call returns."""
+        pool: dict[tuple, list[str]] = {}
+        reused: set[str] = set()
+        allocated = set(self.sched.allocated)
+        for step in self.sched.steps:
+            if isinstance(step, Kernel):
+                for name in step.writes:
+                    if name in allocated and pool.get(self.pool_key(name)):
+                        reused.add(pool[self.pool_key(name)].pop())
+            elif isinstance(step, Free):
+                for name in step.names:
+                    if name in allocated:
+                        pool.setdefault(self.pool_key(name), []).append(name)
+        return reused
 
     def pool_key(self, name: str) -> tuple:
         dtype, layout, device = self.sched.layouts[name]
