@@ -81,3 +81,40 @@ def test_buffer_update_is_an_output():
     names = [s.name for s in module_state(torch.fx.symbolic_trace(model))]
     mutated = {names[i] for i in joint.mutated_primals}
     assert mutated == {"0.running_mean", "0.running_var", "0.num_batches_tracked"}
+
+
+class _DenseLayers(nn.Module):
+    """Three DenseNet layers: batch norm, ReLU and a 1x1 convolution over all earlier features."""
+
+    def __init__(self):
+        super().__init__()
+        self.norms = nn.ModuleList([nn.BatchNorm2d(4 + 4 * i) for i in range(3)])
+        self.convs = nn.ModuleList([nn.Conv2d(4 + 4 * i, 4, 1) for i in range(3)])
+
+    def forward(self, x):
+        features = [x]
+        for norm, conv in zip(self.norms, self.convs):
+            features.append(conv(torch.relu(norm(torch.cat(features, 1)))))
+        return torch.cat(features, 1)
+
+
+def test_recomputed_ops_run_just_before_the_backward_op_that_needs_them():
+    model = _DenseLayers()
+    x = torch.randn(2, 4, 6, 6, requires_grad=True)
+    joint = joint_of(model, x)
+    part = partition(joint, "min_cut")
+    nodes = list(part.backward.graph.nodes)
+    placeholders = [n for n in nodes if n.op == "placeholder"]
+    on_tangents, stack = set(), list(placeholders[len(part.saved):])
+    while stack:
+        n = stack.pop()
+        if n not in on_tangents:
+            on_tangents.add(n)
+            stack.extend(n.users)
+    position = {n: i for i, n in enumerate(nodes)}
+    recomputed = [n for n in nodes if n.op == "call_function" and n not in on_tangents]
+    assert recomputed  # relu(norm(cat)) is recomputed, not saved
+    for n in recomputed:
+        first_user = min(n.users, key=position.__getitem__)
+        between = nodes[position[n] + 1:position[first_user]]
+        assert not any(b in on_tangents for b in between), f"{n.name} runs long before {first_user.name}"

@@ -123,6 +123,7 @@ def partition(joint: JointGraph, strategy: str = "min_cut") -> Partition:
     saved_intermediates = [n for n in saved if n not in primal_index]
     forward = extract(joint.gm, primals, [*forward_outputs, *saved_intermediates])
     backward = extract(joint.gm, [*saved, *tangents], grads)
+    recompute_late(backward.graph, first_tangent=len(saved))
     spec, j = [], 0
     for n in saved:
         if n in primal_index:
@@ -153,6 +154,37 @@ def _min_cut_saved(joint: JointGraph, frontier: set, tangent_side: set, forward_
                 flow.add_edge((n, "out"), (user, "in"), INF)
     _, source_side = flow.min_cut("source", "sink")
     return {n for n in candidates if (n, "in") in source_side and (n, "out") not in source_side}
+
+
+def recompute_late(graph: torch.fx.Graph, first_tangent: int) -> None:
+    """Move each op of the backward that reads no tangent (forward ops recomputed from saved
+    values) to just before the first op that needs it. Copied in joint order they would all
+    run first, and every recomputed activation would be alive at once."""
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    on_tangents = _descendants(placeholders[first_tangent:])
+    order, placed = [], set(placeholders)
+    for node in list(graph.nodes):
+        if node not in on_tangents and node.op != "output":
+            continue
+        stack = [node]  # place `node` after its not yet placed inputs, depth first
+        while stack:
+            top = stack[-1]
+            waiting = [a for a in top.all_input_nodes if a not in placed]
+            if waiting:
+                stack.extend(waiting)
+                continue
+            stack.pop()
+            if top not in placed:
+                placed.add(top)
+                order.append(top)
+    anchor = placeholders[-1] if placeholders else None
+    for node in order:
+        if anchor is None:
+            next(iter(graph.nodes)).prepend(node)
+        else:
+            anchor.append(node)
+        anchor = node
+    graph.lint()
 
 
 def extract(gm: torch.fx.GraphModule, inputs: list[torch.fx.Node], outputs: list) -> torch.fx.GraphModule:
