@@ -271,3 +271,29 @@ def test_graph_that_cannot_be_functionalized_runs_eagerly():
     assert not isinstance(compiled, CompiledTrainingGraph)
     compiled(x).sum().backward()
     torch.testing.assert_close(x.grad, torch.tensor([[2.0, 2.0], [1.0, 1.0], [1.0, 1.0]]))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gradients_come_out_in_their_parameters_layout(device):
+    """autograd copies a gradient whose strides differ from its parameter's (outside size-1
+    dims) before it keeps it; the compiled backward writes it in the parameter's layout."""
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 8, 3)  # channels-last activations give channels-last weight gradients
+            self.weight = nn.Parameter(torch.randn(4, 8).t())  # strides (1, 8)
+
+        def forward(self, x):
+            return self.conv(x).mean((2, 3)) @ self.weight
+
+    model = Model().to(device)
+    reference = copy.deepcopy(model)
+    seen = {}
+    for name, p in model.named_parameters():
+        p.register_hook(lambda g, name=name: seen.update({name: g.stride()}))
+    x = torch.randn(2, 3, 10, 10, device=device).to(memory_format=torch.channels_last)
+    torchweld.compile(model, backend="weld")(x).sum().backward()
+    reference(x).sum().backward()
+    assert_same_training_state(model, reference)
+    for name, p in model.named_parameters():
+        assert all(n == 1 or a == b for n, a, b in zip(p.shape, seen[name], p.stride())), (name, seen[name], p.stride())

@@ -59,8 +59,11 @@ def compile_training(gm: torch.fx.GraphModule, example_inputs: list, options: di
         # forward replay hands out stay valid until its backward has run ("track").
         forward = cudagraphs(forward, "forward", static_input_indices=range(len(state)), outputs="track")
 
+    # gradients in their primal's layout: autograd would copy any other layout into it
+    grad_strides = [tuple(primals[i].stride()) for i in joint.grad_primals]
+
     def compile_backward(example):
-        backward = compile_aten(part.backward, example, options, "backward")
+        backward = compile_aten(part.backward, example, options, "backward", grad_strides)
         if cudagraphs is None:
             return backward
         # Saved activations lie in the forward recording's memory, and module state in the
@@ -75,7 +78,8 @@ def compile_training(gm: torch.fx.GraphModule, example_inputs: list, options: di
     return CompiledTrainingGraph(gm, state, tensor_positions, joint, part, graph)
 
 
-def compile_aten(gm: torch.fx.GraphModule, example_inputs: list, options: dict, what: str):
+def compile_aten(gm: torch.fx.GraphModule, example_inputs: list, options: dict, what: str,
+                 output_strides: list | None = None):
     """weld's inference pipeline on one aten graph; the graph itself (aten ops, eagerly) if it cannot."""
     from torchweld.compiler import compile_graph
     from torchweld.compiler.lowering import LoweringError
@@ -85,7 +89,7 @@ def compile_aten(gm: torch.fx.GraphModule, example_inputs: list, options: dict, 
         return gm
     try:
         with torch.no_grad():
-            return compile_graph(gm, list(example_inputs), options, traced=True)
+            return compile_graph(gm, list(example_inputs), options, traced=True, output_strides=output_strides)
     except (LoweringError, CppCompileError) as e:
         log.warning("weld cannot compile the %s graph of this training step, running its aten ops eagerly: %s",
                     what, e)

@@ -59,15 +59,17 @@ def renderer_for(device: torch.device, options: dict):
 
 
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: list, options: dict | None = None,
-                  traced: bool = False) -> CompiledGraph:
-    """`traced`: `gm` is an aten graph traced already (compiled training's forward and backward)."""
+                  traced: bool = False, output_strides: list | None = None) -> CompiledGraph:
+    """`traced`: `gm` is an aten graph traced already (compiled training's forward and backward).
+    `output_strides`: for each output, None or the strides it must have (gradients in their
+    parameter's layout, which autograd then keeps without a copy of its own)."""
     options = dict(options or {})
     aten = traced_aten_graph(gm) if traced else to_aten_graph(gm, example_inputs)
     aten_gm, hoisted = hoist_constants(aten.gm) if options.get("freeze") else (aten.gm, None)
     triton = lambda device: renderer_for(device, options) is not CppRenderer  # noqa: E731
     lowering = GraphLowering(aten_gm, check=lambda buf: _check(buf, options), bias_in_kernel=triton,
                              split_reductions=lambda device: triton(device) and options.get("split_reductions", True))
-    lowered = lowering.run(list(example_inputs))
+    lowered = lowering.run(list(example_inputs), output_strides)
     for line in lowered.externs:
         log.debug("extern call: %s", line)
     sched = schedule(lowered)

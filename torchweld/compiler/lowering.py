@@ -158,7 +158,8 @@ class GraphLowering:
         return self.value_of_buffer(name, dtype, red.layout, device)
 
     # -- the walk -----------------------------------------------------------------
-    def run(self, example_inputs: list[torch.Tensor]) -> LoweredGraph:
+    def run(self, example_inputs: list[torch.Tensor], output_strides: list | None = None) -> LoweredGraph:
+        """`output_strides`: for each output, None or the strides the caller wants it in."""
         from torchweld.compiler import rules
 
         placeholders = iter(example_inputs)
@@ -186,6 +187,8 @@ class GraphLowering:
             else:
                 raise LoweringError(f"unexpected {node.op} node {node.name} in an aten graph")
         outputs = [self.as_output(v) for v in outputs]
+        if output_strides is not None:
+            outputs = [self.in_strides(v, s) for v, s in zip(outputs, output_strides)]
         mutated = [(name, self.as_output(v)) for name, v in self.mutated.items()]
         return LoweredGraph(self.buffers, self.input_names, self.constants, outputs, mutated, self.externs)
 
@@ -288,6 +291,15 @@ class GraphLowering:
 
     def materialize(self, v: TensorValue) -> TensorValue:
         return self.add_pointwise(v.read(ir.dim_vars(len(v.shape))), v.dtype, v.shape, v.device)
+
+    def in_strides(self, v: object, strides: tuple[int, ...] | None) -> object:
+        """Output `v` laid out with `strides` (copied when its own differ outside size-1 dims)."""
+        if strides is None or not isinstance(v, TensorValue) or len(strides) != len(v.shape):
+            return v
+        if all(n == 1 or a == b for n, a, b in zip(v.shape, v.layout.stride, strides)):
+            return v
+        return self.add_pointwise(v.read(ir.dim_vars(len(v.shape))), v.dtype, v.shape, v.device,
+                                  Layout(v.shape, tuple(strides)))
 
     def as_output(self, v: object) -> object:
         if isinstance(v, TensorValue) and v.layout is None:
