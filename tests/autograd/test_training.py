@@ -297,3 +297,19 @@ def test_gradients_come_out_in_their_parameters_layout(device):
     assert_same_training_state(model, reference)
     for name, p in model.named_parameters():
         assert all(n == 1 or a == b for n, a, b in zip(p.shape, seen[name], p.stride())), (name, seen[name], p.stride())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="channels-last convolutions are for CUDA tensors")
+def test_channels_last_weights_are_converted_once_per_step_in_the_graph():
+    """cuDNN converts a 3x3 weight that is not channels-last itself, with an aten clone,
+    in the forward and again in the backward; compiled training converts it in the graph."""
+    from torch.profiler import ProfilerActivity, profile
+
+    model = CNN().cuda()
+    compiled = torchweld.compile(model, backend="weld")
+    x = torch.randn(2, 3, 12, 12, device="cuda")
+    for _ in range(2):
+        compiled(x).sum().backward()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        compiled(x).sum().backward()
+    assert not [e for e in prof.events() if e.name == "aten::clone"]

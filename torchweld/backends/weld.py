@@ -55,7 +55,9 @@ def prepare(gm: torch.fx.GraphModule, options: dict, inference: bool) -> torch.f
     """The torch-level passes before lowering: CUDA convolutions in channels-last unless
     options={"channels_last": False}. With options={"freeze": True}, for inference, each
     batch norm is folded into the convolution before it and the folded (channels-last)
-    weights are computed once, not per call (compiler/constant_folding.py)."""
+    weights are computed once, not per call (compiler/constant_folding.py). For training
+    the weights are converted in the graph too: once per step, where cuDNN would convert
+    each one again in the forward and in the backward."""
     from torchweld.passes.channels_last import to_channels_last
     from torchweld.passes.fuse_conv_bn import fuse_conv_bn
 
@@ -63,7 +65,7 @@ def prepare(gm: torch.fx.GraphModule, options: dict, inference: bool) -> torch.f
     if freeze:
         gm = fuse_conv_bn(gm, live=True)
     if options.get("channels_last", True):
-        gm = to_channels_last(gm, weights=freeze)
+        gm = to_channels_last(gm, weights=freeze or not inference)
     return gm
 
 
