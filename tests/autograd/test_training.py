@@ -314,3 +314,19 @@ def test_channels_last_weights_are_converted_once_per_step_in_the_graph():
         compiled(x).sum().backward()
     clones = [e.input_shapes for e in prof.events() if e.name == "aten::clone"]
     assert not [shapes for shapes in clones if shapes and len(shapes[0]) == 4], clones  # (the tangent of .sum() is one)
+
+
+def test_batch_norm_step_counters_are_one_kernel():
+    """Each batch norm in training adds 1 to its step counter: single elements, updated by one
+    kernel for all, though convolutions (extern calls) lie between them."""
+    model = nn.Sequential(*[m for _ in range(3) for m in (nn.Conv2d(4, 4, 1), nn.BatchNorm2d(4))])
+    reference = copy.deepcopy(model)
+    x = torch.randn(2, 4, 5, 5, requires_grad=True)
+    compiled = compile_training(torch.fx.symbolic_trace(model), [x])
+    for _ in range(2):
+        compiled(x).sum().backward()
+        reference(x).sum().backward()
+    assert_same_training_state(model, reference)
+    schedule = compiled.graph.forward.schedule
+    counters = [k for k in schedule.kernels() if any(schedule.layouts[w][1].shape == () for w in k.writes)]
+    assert len(counters) == 1 and len(counters[0].writes) == 3

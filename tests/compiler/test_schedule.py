@@ -118,3 +118,4 @@ def test_dead_buffers_not_taken_over_are_deleted_where_they_die():
     c = check(lambda x: (x.exp().sum(1, keepdim=True) + x).sum(0) + (x.sin().sum(1, keepdim=True) + x).sum(0),
               [torch.randn(64, 64)])
     assert not _held_until_return(c.wrapper_source)
+

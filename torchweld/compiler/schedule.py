@@ -16,6 +16,7 @@ frozen steps whose expressions are in the kernel's loop variables.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Iterable
 
 import torch
@@ -182,10 +183,16 @@ class _Grouper:
                 group.reduced = buf.reduced
             self.join(group, buf, kind)
             return
-        # a sibling: a later kernel over the same space that reads none of buf's producers' results late
+        # a sibling: a later kernel over the same space that reads none of buf's producers' results late.
+        # A single element (a batch norm's step counter) may move before extern calls it does not read
+        # from, so that all of them are one kernel.
         latest_input = max((self.position_of[r] for r in reads), default=-1)
-        for step in reversed(self.steps):
-            if not isinstance(step, _Group) or step.position <= latest_input:
+        single = math.prod(buf.full_shape if isinstance(buf, ir.Reduction) else buf.shape) == 1
+        for position in range(len(self.steps) - 1, latest_input, -1):
+            step = self.steps[position]
+            if not isinstance(step, _Group):
+                if single:
+                    continue
                 break
             kind = step.kind_of(buf)
             if kind is not None and step.device == buf.device and self.reads_line_up(step, buf, kind):
