@@ -349,16 +349,23 @@ def _cudnn_conv_backward_layouts(target, node: torch.fx.Node, outputs: tuple) ->
     return tuple(fixed)
 
 
+_EMPTY: dict[torch.device, torch.Tensor] = {}
+
+
 @dataclasses.dataclass(frozen=True)
 class _NoneAsEmpty:
-    """An aten op some of whose results are None, returning empty tensors there instead."""
+    """An aten op some of whose results are None, returning empty tensors there instead:
+    one per device, shared (nothing can be written into it, and the wrapper drops it at once)."""
 
     op: object
 
     def __call__(self, *args, **kwargs):
         out = self.op(*args, **kwargs)
         device = next(o.device for o in out if o is not None)
-        return tuple(torch.empty(0, device=device) if o is None else o for o in out)
+        empty = _EMPTY.get(device)
+        if empty is None:
+            empty = _EMPTY[device] = torch.empty(0, device=device)
+        return tuple(empty if o is None else o for o in out)
 
     def __str__(self) -> str:
         return str(self.op)
