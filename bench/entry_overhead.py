@@ -1,12 +1,14 @@
 """Where the CPU time before and around a compiled call goes, for one model on CUDA.
 
-    python3 bench/entry_overhead.py [--model GPT-2|BERT] [--device cuda|cpu]
+    python3 bench/entry_overhead.py [--model GPT-2|BERT] [--device cuda|cpu] [--guards c|python]
 
 Prints per call: the guard check alone (the entry's `check`), the whole entry with the
 GPU idle (CPU time to enqueue everything), the CUDA-event latency, and the GPU busy time,
 so that latency - GPU busy splits into guards, the wrapper's prologue and the rest.
 `--device cpu` (batch 1, 16 tokens, the "eager" backend) times the guard check alone,
 which does not depend on the device: the guards of the same model on a machine without a GPU.
+`--guards python` runs the guards as one Python expression instead of the C guard evaluator
+(torchweld.config.guard_evaluator), for an A/B comparison.
 """
 from __future__ import annotations
 
@@ -37,7 +39,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default="GPT-2")
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    parser.add_argument("--guards", default=torchweld.config.guard_evaluator, choices=["c", "python"])
     args = parser.parse_args()
+    torchweld.config.guard_evaluator = args.guards
     cuda = args.device == "cuda"
     if args.model == "BERT":
         model, seq = transformers.BertModel(transformers.BertConfig()), 128
@@ -50,7 +54,7 @@ def main() -> None:
         for _ in range(5):
             compiled(ids)
         entry = max((o for o in gc.get_objects() if isinstance(o, cache.CacheEntry)), key=lambda o: len(o.guards.guards))
-        print(f"{args.model}: {len(entry.guards.guards)} guards")
+        print(f"{args.model}: {len(entry.guards.guards)} guards, evaluated by {args.guards}")
         print(f"  guard check alone      {per_call_us(lambda: entry.check(ids), 2000 if not cuda else 200):8.1f} us")
         if not cuda:
             return

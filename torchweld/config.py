@@ -16,6 +16,10 @@ inline_depth_limit: int = 32  # nested inlined user calls before the frame gives
 # A bug inside capture (not a known limitation): False runs the frame eagerly with a
 # warning, so the user's program goes on; True raises it (the test suite sets this).
 raise_internal_errors: bool = False
+# How a cache entry tests its guards before each call: "c" runs them in a small C extension
+# built on first use (capture/guard_eval.c), "python" as one generated Python expression
+# (also what "c" falls back to, with a log line, where no C compiler or Python.h is found).
+guard_evaluator: str = os.environ.get("TORCHWELD_GUARDS", "c")
 
 # -- logs (also set by the TORCHWELD_LOGS environment variable) ---------------
 logs: str = os.environ.get("TORCHWELD_LOGS", "")  # e.g. "graph_breaks,guards,+recompiles"

@@ -1,9 +1,11 @@
 """The cache of one compiled code object: entries of (guard, transformed code),
 each one generated Python function with the frame's own signature.
 
-An entry is called with the frame's arguments. It evaluates its guards; on a
-miss it returns `MISS`, otherwise it runs the compiled graph and rebuilds the
-frame's return value. A cache keeps its entries in the order they were made.
+An entry is called with the frame's arguments. It evaluates its guards (through
+the C guard evaluator, guard_program.py, or where that is off or cannot be built,
+as one Python expression); on a miss it returns `MISS`, otherwise it runs the
+compiled graph and rebuilds the frame's return value. A cache keeps its entries in
+the order they were made.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from typing import Callable
 
 import weakref
 
+from torchweld.capture.guard_program import compile_guards
 from torchweld.capture.guards import GuardSet
 from torchweld.capture.report import TranslationReport
 
@@ -42,11 +45,7 @@ class CacheEntry:
         for guard in self.guards.guards:
             single = _compile_check(self.signature, guard.expr, self.namespace)
             single.__defaults__, single.__kwdefaults__ = self.run.__defaults__, self.run.__kwdefaults__
-            try:
-                ok = single(*args, **kwargs)
-            except Exception:
-                ok = False
-            if not ok:
+            if not single(*args, **kwargs):
                 return guard.text
         return None
 
@@ -78,8 +77,29 @@ def signature_of(code: types.CodeType) -> tuple[str, str]:
     return ", ".join(params), ", ".join(passes)
 
 
+def parameter_names(code: types.CodeType) -> list[str]:
+    """The frame's parameters as the function's body names them (`args` for `*args`)."""
+    count = code.co_argcount + code.co_kwonlyargcount
+    count += bool(code.co_flags & inspect.CO_VARARGS) + bool(code.co_flags & inspect.CO_VARKEYWORDS)
+    return list(code.co_varnames[:count])
+
+
+def _guard_test(code: types.CodeType, guards: GuardSet, namespace: dict) -> str:
+    """The entry's guard test as Python: a call of the C evaluator, put into `namespace`
+    as `___guards`, or where there is none, the guards' own expression."""
+    params = parameter_names(code)
+    evaluator = compile_guards(guards, params, namespace)
+    if evaluator is None:
+        return guards.expression()
+    namespace["___guards"] = evaluator
+    return f"___guards({', '.join(params)})"
+
+
 def _compile_check(signature: str, guard_expr: str, namespace: dict) -> Callable:
-    source = f"def ___check({signature}):\n    return {guard_expr}\n"
+    """`guard_expr` as a predicate with the frame's signature; an exception makes it false,
+    as it makes the entry a miss."""
+    source = (f"def ___check({signature}):\n    try:\n        return {guard_expr}\n"
+              "    except Exception:\n        return False\n")
     exec(compile(source, "<torchweld guard>", "exec"), namespace)
     return namespace.pop("___check")
 
@@ -92,10 +112,11 @@ def build_entry(fn: types.FunctionType, guards: GuardSet, body: list[str], const
         "___G": fn.__globals__, "___B": vars(builtins), "___closure": fn.__closure__,
         "___modules": sys.modules, "___MISS": MISS, **guards.constants, **constants,
     }
+    guard_test = _guard_test(fn.__code__, guards, namespace)
     lines = [
         f"def ___entry({signature}):",
         "    try:",
-        f"        if not ({guards.expression()}):",
+        f"        if not ({guard_test}):",
         "            return ___MISS",
         "    except Exception:",
         "        return ___MISS",
@@ -104,7 +125,7 @@ def build_entry(fn: types.FunctionType, guards: GuardSet, body: list[str], const
     source = "\n".join(lines) + "\n"
     exec(compile(source, f"<torchweld entry for {fn.__qualname__}>", "exec"), namespace)
     run = namespace.pop("___entry")
-    check = _compile_check(signature, guards.expression(), namespace)
+    check = _compile_check(signature, guard_test, namespace)
     for f in (run, check):
         f.__defaults__ = fn.__defaults__
         f.__kwdefaults__ = fn.__kwdefaults__

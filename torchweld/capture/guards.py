@@ -1,6 +1,7 @@
 """The guards one translation collected: what must hold of the frame's inputs for
 its graph to be reused. Each guard has a readable form (for `explain()` and the
-`guards` log) and a Python expression that the entry function evaluates."""
+`guards` log), a Python expression, and the same test as a kind plus operands,
+which the C guard evaluator (guard_program.py) runs without the expression."""
 from __future__ import annotations
 
 import dataclasses
@@ -15,9 +16,17 @@ from torchweld.capture.sources import AttrSource, ItemSource, LocalSource, Sourc
 
 @dataclasses.dataclass(frozen=True)
 class Guard:
+    """One condition on one source. `kind` and `operands` say what `expr` tests, for the C
+    guard evaluator: tensor (type, dtype, device, shape, stride or None, requires_grad),
+    id (id,), type (cls,), is (obj,), equals (cls, value), len (cls, n), dict_keys (keys,),
+    same (first_source,), hasattr (attr, present), call_is (fn, result) with no source;
+    python (): only `expr` says it."""
+
     text: str  # readable: "L['x']: Tensor(dtype=float32, shape=(4,), ...)"
     expr: str  # Python over the entry function's names and the GuardSet's constants
     source: Source | None = None  # what it checks; its spelling in `expr` is shared across guards
+    kind: str = "python"  # the test `expr` spells (see above)
+    operands: tuple = ()  # what that test compares the source's value with
 
 
 class GuardSet:
@@ -30,11 +39,12 @@ class GuardSet:
         self._weak_targets: list[object] = []  # objects guarded by identity
 
     # -- adding guards ---------------------------------------------------------
-    def _add(self, key: tuple[str, str], text: str, expr: str, source: Source | None = None) -> None:
+    def _add(self, key: tuple[str, str], text: str, expr: str, source: Source | None = None,
+             kind: str = "python", operands: tuple = ()) -> None:
         if key in self._seen:
             return
         self._seen.add(key)
-        self.guards.append(Guard(text, expr, source))
+        self.guards.append(Guard(text, expr, source, kind, operands))
 
     def _const(self, obj: object) -> str:
         name = f"___g{len(self.constants)}"
@@ -42,64 +52,73 @@ class GuardSet:
         return name
 
     def tensor(self, source: Source, t: torch.Tensor) -> None:
+        stride = tuple(t.stride()) if t.layout is torch.strided else None  # None: not checked
         parts = [f"type({{e}}) is {self._const(type(t))}", f"{{e}}.dtype is {self._const(t.dtype)}"]
         parts.append(f"{{e}}.device == {self._const(t.device)}")
         parts.append(f"{{e}}.shape == {tuple(t.shape)!r}")
-        if t.layout is torch.strided:
-            parts.append(f"{{e}}.stride() == {tuple(t.stride())!r}")
+        if stride is not None:
+            parts.append(f"{{e}}.stride() == {stride!r}")
         parts.append(f"{{e}}.requires_grad is {t.requires_grad}")
         e = source.expr()
         text = (
             f"{source.name()}: {type(t).__name__}(dtype={t.dtype}, device={t.device}, "
-            f"shape={tuple(t.shape)}, stride={tuple(t.stride()) if t.layout is torch.strided else None}, "
-            f"requires_grad={t.requires_grad})"
+            f"shape={tuple(t.shape)}, stride={stride}, requires_grad={t.requires_grad})"
         )
-        self._add((source.name(), "tensor"), text, " and ".join(p.format(e=e) for p in parts), source)
+        operands = (type(t), t.dtype, t.device, tuple(t.shape), stride, t.requires_grad)
+        expr = " and ".join(p.format(e=e) for p in parts)
+        self._add((source.name(), "tensor"), text, expr, source, "tensor", operands)
 
     def constant(self, source: Source, value: object) -> None:
         e = source.expr()
         if value is None or isinstance(value, bool):
-            self._add((source.name(), "const"), f"{source.name()} is {value!r}", f"{e} is {value!r}", source)
+            self._add((source.name(), "const"), f"{source.name()} is {value!r}", f"{e} is {value!r}", source,
+                      "is", (value,))
             return
         if isinstance(value, enum.Enum):  # a singleton, whatever its value type (class Action(str, Enum))
-            self._add((source.name(), "const"), f"{source.name()} is {value!r}", f"{e} is {self._const(value)}", source)
+            self._add((source.name(), "const"), f"{source.name()} is {value!r}", f"{e} is {self._const(value)}", source,
+                      "is", (value,))
             return
         if type(value) in (int, float, str, bytes) and not (isinstance(value, float) and value != value):
             expr = f"type({e}) is {type(value).__name__} and {e} == {value!r}"
         else:
             expr = f"type({e}) is {self._const(type(value))} and {e} == {self._const(value)}"
-        self._add((source.name(), "const"), f"{source.name()} == {value!r}", expr, source)
+        self._add((source.name(), "const"), f"{source.name()} == {value!r}", expr, source,
+                  "equals", (type(value), value))
 
     def identity(self, source: Source, obj: object) -> None:
         self._keep_weakly(obj)
         text = f"{source.name()} is {_describe(obj)}"
-        self._add((source.name(), "id"), text, f"id({source.expr()}) == {id(obj)}", source)
+        self._add((source.name(), "id"), text, f"id({source.expr()}) == {id(obj)}", source, "id", (id(obj),))
 
     def type_is(self, source: Source, cls: type) -> None:
         text = f"type({source.name()}) is {cls.__qualname__}"
-        self._add((source.name(), "type"), text, f"type({source.expr()}) is {self._const(cls)}", source)
+        self._add((source.name(), "type"), text, f"type({source.expr()}) is {self._const(cls)}", source, "type", (cls,))
 
     def length(self, source: Source, cls: type, n: int) -> None:
         e = source.expr()
         text = f"type({source.name()}) is {cls.__name__} and len({source.name()}) == {n}"
-        self._add((source.name(), "len"), text, f"type({e}) is {self._const(cls)} and len({e}) == {n}", source)
+        self._add((source.name(), "len"), text, f"type({e}) is {self._const(cls)} and len({e}) == {n}", source,
+                  "len", (cls, n))
 
     def dict_keys(self, source: Source, keys: list) -> None:
         e = source.expr()
         text = f"type({source.name()}) is dict and list({source.name()}) == {keys!r}"
-        self._add((source.name(), "keys"), text, f"type({e}) is dict and list({e}) == {self._const(keys)}", source)
+        self._add((source.name(), "keys"), text, f"type({e}) is dict and list({e}) == {self._const(keys)}", source,
+                  "dict_keys", (keys,))
 
     def same_object(self, source: Source, first: Source) -> None:
         text = f"{source.name()} is {first.name()}"
-        self._add((source.name(), "same"), text, f"{source.expr()} is {first.expr()}", source)
+        self._add((source.name(), "same"), text, f"{source.expr()} is {first.expr()}", source, "same", (first,))
 
     def has_attr(self, source: Source, attr: str, present: bool) -> None:
         text = f"hasattr({source.name()}, {attr!r}) is {present}"
-        self._add((source.name(), f"hasattr {attr}"), text, f"hasattr({source.expr()}, {attr!r}) is {present}", source)
+        self._add((source.name(), f"hasattr {attr}"), text, f"hasattr({source.expr()}, {attr!r}) is {present}", source,
+                  "hasattr", (attr, present))
 
     def grad_mode(self, enabled: bool) -> None:
         fn = self._const(torch.is_grad_enabled)
-        self._add(("", "grad_mode"), f"torch.is_grad_enabled() is {enabled}", f"{fn}() is {enabled}")
+        self._add(("", "grad_mode"), f"torch.is_grad_enabled() is {enabled}", f"{fn}() is {enabled}", None,
+                  "call_is", (torch.is_grad_enabled, enabled))
 
     # -- results ---------------------------------------------------------------
     def expression(self) -> str:
