@@ -3,26 +3,24 @@ source and interpreter ABI, into torchweld's disk cache, and import it.
 
 The shared library is named by a hash of the C source, the compiler command and the
 interpreter's extension suffix, so processes of other Pythons or older sources never
-load it; it is compiled to a temporary file and renamed into place, so processes
-building at once never see half a file. Where it cannot be built (no compiler, no
+load it; it is built with torchweld.disk_cache.compile_once, so processes building at once
+never see half a file. Where it cannot be built (no compiler, no
 Python.h), `load()` says why once in the `guards` log and returns None: the guards
 then run as their Python expression.
 """
 from __future__ import annotations
 
 import functools
-import hashlib
 import importlib.machinery
 import importlib.util
 import os
 import shutil
-import subprocess
 import sysconfig
-import tempfile
 import types
 from pathlib import Path
 
-from torchweld import config, logs
+from torchweld import logs
+from torchweld.disk_cache import cache_dir, compile_once, content_hash, write_once
 
 SOURCE = Path(__file__).with_name("guard_eval.c")
 CFLAGS = ["-O2", "-shared", "-fPIC"]
@@ -56,41 +54,26 @@ def _include_flags() -> list[str]:
     return [f"-I{folder}" for folder in dict.fromkeys((paths["include"], paths["platinclude"]))]
 
 
-def _build() -> Path:
+def _build() -> str:
     """The path of the built extension, compiling it if no process has yet."""
     source = SOURCE.read_text()
     suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
     include = sysconfig.get_paths()["include"]
     command = [_compiler(), *CFLAGS, *_include_flags()]
-    key = hashlib.sha256("\0".join([source, suffix, *command]).encode()).hexdigest()[:24]
-    directory = Path(config.cache_dir) / "guards"
-    target = directory / f"guard_eval_{key}{suffix}"
-    if target.exists():
+    key = content_hash(source, suffix, *command)
+    directory = cache_dir("guards")
+    target = os.path.join(directory, f"guard_eval_{key}{suffix}")
+    if os.path.exists(target):
         return target
     if shutil.which(command[0]) is None:
         raise GuardExtensionError(f"no C compiler {command[0]!r} on PATH (set CC)")
     if not (Path(include) / "Python.h").exists():
         raise GuardExtensionError(f"no Python.h in {include} (install the Python development headers)")
-    directory.mkdir(parents=True, exist_ok=True)
-    _compile(command, source, target)
-    return target
+    source_path = write_once(os.path.join(directory, f"guard_eval_{key}.c"), source)
+    return compile_once([*command, source_path], target, GuardExtensionError)
 
 
-def _compile(command: list[str], source: str, target: Path) -> None:
-    """Compile `source` (the text the name was hashed from) next to `target`, then rename it there."""
-    fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".so.tmp")
-    os.close(fd)
-    try:
-        proc = subprocess.run([*command, "-x", "c", "-", "-o", tmp], input=source, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise GuardExtensionError(f"{command[0]} failed on {SOURCE}:\n{proc.stderr[-2000:]}")
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
-def _import(path: Path) -> types.ModuleType:
+def _import(path: str) -> types.ModuleType:
     name = "torchweld.capture.guard_eval"  # its init function is named by the last part
     loader = importlib.machinery.ExtensionFileLoader(name, str(path))
     spec = importlib.util.spec_from_file_location(name, str(path), loader=loader)

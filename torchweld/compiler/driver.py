@@ -17,7 +17,7 @@ from torchweld.compiler.codegen.wrapper import PRELUDE, WrapperRenderer
 from torchweld.compiler.constant_folding import HoistedConstants, hoist_constants
 from torchweld.compiler.lowering import GraphLowering
 from torchweld.compiler.schedule import Kernel, Schedule, schedule
-from torchweld.runtime.cache import cache_dir, content_hash, write_once
+from torchweld.disk_cache import cache_dir, content_hash, write_once
 
 log = logging.getLogger("torchweld.weld")
 output_code_log = logging.getLogger("torchweld.output_code")

@@ -7,11 +7,9 @@ import ctypes.util
 import functools
 import os
 import shutil
-import subprocess
-import tempfile
 import threading
 
-from torchweld.runtime.cache import cache_dir, content_hash, write_once
+from torchweld.disk_cache import cache_dir, compile_once, content_hash, write_once
 
 CXX = os.environ.get("CXX", "g++")
 CXXFLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math",
@@ -37,16 +35,9 @@ def build(source: str) -> str:
     so_path = os.path.join(directory, f"k{key}.so")
     src_path = write_once(os.path.join(directory, f"k{key}.cpp"), source)
     with _lock:
-        if not os.path.exists(so_path):
-            if shutil.which(CXX) is None:
-                raise CppCompileError(f"no C++ compiler {CXX!r} on PATH; install g++ or set CXX")
-            fd, tmp = tempfile.mkstemp(dir=directory, suffix=".so.tmp")
-            os.close(fd)
-            proc = subprocess.run([CXX, *CXXFLAGS, src_path, "-o", tmp, *LDLIBS], capture_output=True, text=True)
-            if proc.returncode != 0:
-                os.unlink(tmp)
-                raise CppCompileError(f"{CXX} failed on {src_path}:\n{proc.stderr[-4000:]}")
-            os.replace(tmp, so_path)
+        if not os.path.exists(so_path) and shutil.which(CXX) is None:
+            raise CppCompileError(f"no C++ compiler {CXX!r} on PATH; install g++ or set CXX")
+        compile_once([CXX, *CXXFLAGS, src_path, *LDLIBS], so_path, CppCompileError)
     return so_path
 
 

@@ -9,7 +9,7 @@ import torch
 from torchweld.compiler import ir
 from torchweld.compiler.schedule import ExternCall, Schedule
 from torchweld.runtime.autotune import Autotuner, device_name, synthetic_tensor
-from torchweld.runtime.cache import cache_dir
+from torchweld.disk_cache import cache_dir
 
 aten = torch.ops.aten
 MATMULS = (aten.mm.default, aten.bmm.default)

@@ -5,7 +5,7 @@ import importlib.util
 import os
 import sys
 
-from torchweld.runtime.cache import cache_dir, content_hash, write_once
+from torchweld.disk_cache import cache_dir, content_hash, write_once
 
 
 def load_module(source: str) -> tuple[object, str]:

@@ -425,7 +425,7 @@ class TritonRenderer(KernelRenderer):
         Functions are named by a hash of their text, so identical kernels (the
         repeated blocks of a network) are one function, compiled once per process
         and found in Triton's disk cache by the next."""
-        from torchweld.runtime.cache import content_hash
+        from torchweld.disk_cache import content_hash
 
         self.buffer_dtypes = buffer_dtypes
         header = ["import triton", "import triton.language as tl", ""]
