@@ -129,6 +129,19 @@ static int optional_attr(PyObject *obj, PyObject *name, PyObject **result) {
 #endif
 }
 
+/* `mapping[key]` as a status: 1 found (*result a new reference), 0 missing, -1 error;
+ * an exact dict without making a KeyError. */
+static int lookup_key(PyObject *mapping, PyObject *key, PyObject **result) {
+    if (PyDict_CheckExact(mapping)) {
+        *result = Py_XNewRef(PyDict_GetItemWithError(mapping, key));
+        return *result ? 1 : (PyErr_Occurred() ? -1 : 0);
+    }
+    int has = PySequence_Contains(mapping, key);
+    if (has <= 0) return has;
+    *result = PyObject_GetItem(mapping, key);
+    return *result ? 1 : -1;
+}
+
 /* What torch.nn.Module.__getattr__(obj, name) does: self.__dict__'s `_parameters`,
  * `_buffers`, `_modules`, in that order; 0 (absent) where it raises AttributeError. */
 static int module_store_lookup(PyObject *obj, PyObject *name, PyObject **result) {
@@ -138,17 +151,10 @@ static int module_store_lookup(PyObject *obj, PyObject *name, PyObject **result)
     *result = NULL;
     int status = 0;
     for (int i = 0; i < 3 && status == 0; i++) {
-        int has_store = PySequence_Contains(dict, stores[i]);
-        if (has_store <= 0) { status = has_store; continue; }
-        PyObject *store = PyObject_GetItem(dict, stores[i]);
-        if (store == NULL) { status = -1; break; }
-        int has_name = PySequence_Contains(store, name);
-        if (has_name > 0) {
-            *result = PyObject_GetItem(store, name);
-            status = *result ? 1 : -1;
-        } else {
-            status = has_name;
-        }
+        PyObject *store;
+        status = lookup_key(dict, stores[i], &store);
+        if (status <= 0) continue;
+        status = lookup_key(store, name, result);
         Py_DECREF(store);
     }
     Py_DECREF(dict);
@@ -210,9 +216,9 @@ static PyObject *earlier_read(Evaluator *ev, PyObject **slots, Node *n, PyObject
 
 static PyObject *read_attr(Evaluator *ev, PyObject **slots, Node *n, PyObject *base) {
     PyObject *value;
-    int strategy = read_strategy(ev, n, Py_TYPE(base));
-    if (strategy == READS_IN_PYTHON && (value = earlier_read(ev, slots, n, base)) != NULL) return Py_NewRef(value);
-    int status = strategy == READS_LIKE_MODULE ? module_attr(base, n->a, &value) : optional_attr(base, n->a, &value);
+    if (read_strategy(ev, n, Py_TYPE(base)) == READS_IN_PYTHON && (value = earlier_read(ev, slots, n, base)) != NULL)
+        return Py_NewRef(value);
+    int status = lookup_attr(ev, n, base, n->a, &value);
     return value_or_absent(status, value);
 }
 

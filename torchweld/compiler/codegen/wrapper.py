@@ -90,14 +90,14 @@ class WrapperRenderer:
                 self.emit(f"if {name}.stride() != {layout.stride}: {name} = _restride({name}, {layout.shape}, {layout.stride})")
         for name in g.constants:
             self.constants[name] = g.constants[name]
-        pool: dict[tuple, list[str]] = {}
         allocated = set(self.sched.allocated)
-        reused = self.reused_frees()
+        takes_over = self.reuse_plan()
+        reused = set(takes_over.values())
         for step in self.sched.steps:
             if isinstance(step, Kernel):
                 for name in step.writes:
                     if name in allocated:
-                        self.allocate(name, pool)
+                        self.allocate(name, takes_over.get(name))
                 line = kernel_launch(step)
                 if line:
                     self.emit(line)
@@ -105,9 +105,7 @@ class WrapperRenderer:
                 self.extern(g.buffers[step.name])
             elif isinstance(step, Free):
                 for name in step.names:
-                    if name in reused:
-                        pool.setdefault(self.pool_key(name), []).append(name)
-                    else:
+                    if name not in reused:
                         self.emit(f"del {name}")
         dtypes = [self.sched.layouts[name][0] for name, _ in g.mutated_inputs]
         for group in groups_by_dtype(dtypes):  # one multi-tensor kernel per dtype for the write-backs
@@ -121,33 +119,32 @@ class WrapperRenderer:
         self.emit(f"return ({outs}{',' if len(g.outputs) == 1 else ''})")
         return "\n".join(self.lines) + "\n"
 
-    def reused_frees(self) -> set[str]:
-        """The dead buffers that a later allocation takes over (same dtype, device and storage
-        size, last freed first). The others are deleted where they die: kept in the pool they
-        would hold their memory until the call returns."""
+    def reuse_plan(self) -> dict[str, str]:
+        """{new buffer: the dead buffer whose memory it takes over}: same dtype, device and
+        storage size, the last freed first. A dead buffer no allocation takes is deleted
+        where it dies (kept for later, it would hold its memory until the call returns)."""
         pool: dict[tuple, list[str]] = {}
-        reused: set[str] = set()
+        plan: dict[str, str] = {}
         allocated = set(self.sched.allocated)
         for step in self.sched.steps:
             if isinstance(step, Kernel):
                 for name in step.writes:
                     if name in allocated and pool.get(self.pool_key(name)):
-                        reused.add(pool[self.pool_key(name)].pop())
+                        plan[name] = pool[self.pool_key(name)].pop()
             elif isinstance(step, Free):
                 for name in step.names:
                     if name in allocated:
                         pool.setdefault(self.pool_key(name), []).append(name)
-        return reused
+        return plan
 
     def pool_key(self, name: str) -> tuple:
         dtype, layout, device = self.sched.layouts[name]
         return (dtype, str(device), _storage_size(layout))
 
-    def allocate(self, name: str, pool: dict) -> None:
+    def allocate(self, name: str, old: str | None) -> None:
+        """`name` in the memory of dead buffer `old`, or newly allocated where None."""
         dtype, layout, device = self.sched.layouts[name]
-        free = pool.get(self.pool_key(name))
-        if free:
-            old = free.pop()
+        if old is not None:
             if self.sched.layouts[old][1] == layout:
                 self.emit(f"{name} = {old}; del {old}  # reuse")
             else:
