@@ -148,7 +148,7 @@ def _check_graphable(name: str) -> None:
 
 def _compiling_answer(fn: object) -> bool | None:
     """What `torch.compiler.is_compiling()` and its older spellings answer inside a
-    captured frame: True, as under torch.compile, so that libraries take their
+    captured frame: True, as under PyTorch's own compiler, so that libraries take their
     compile-friendly paths. torchweld is not TorchDynamo: `is_dynamo_compiling()` is False."""
     module, name = getattr(fn, "__module__", None) or "", getattr(fn, "__name__", None)
     if name == "is_compiling" and module.startswith("torch."):  # torch.compiler's and its deprecated aliases
