@@ -268,3 +268,26 @@ def test_no_warnings_on_the_happy_path():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         torchweld.compile(sin_cos)(torch.randn(2))
+
+
+def test_compile_times_report_each_phase_and_log_each_frame(caplog):
+    import logging
+
+    from torchweld import timing
+
+    timing.reset()
+    model = nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8), nn.GELU())
+    compiled = torchweld.compile(model, backend="weld")
+    x = torch.randn(4, 8)
+    with torchweld.config.patch(logs="compile_times"), caplog.at_level(logging.INFO, logger="torchweld"), \
+            torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x))
+    table = torchweld.compile_times()
+    rows = {line.split()[0]: line.split()[1:] for line in table.splitlines()[1:]}
+    for phase in ("capture", "backend", "weld.aten_graph", "weld.lower", "weld.schedule", "weld.render", "guards"):
+        assert rows[phase][0] == "1" and float(rows[phase][1]) >= 0, table
+    assert float(rows["capture"][1]) >= float(rows["backend"][1])  # phases nest: capture holds the backend
+    [message] = [r.getMessage() for r in caplog.records if r.name == "torchweld.compile_times"]
+    assert message.startswith("compiling Sequential.forward: capture ") and "weld.lower" in message
+    timing.reset()
+    assert torchweld.compile_times() == "no compile has run yet"

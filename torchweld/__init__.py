@@ -3,15 +3,17 @@
     fast = torchweld.compile(model)          # or @torchweld.compile on a function
     torchweld.explain(fn)(*args)             # what was captured, where it broke, why
 """
-from torchweld import config, logs
+from torchweld import config, logs, timing
 from torchweld.api import CompiledFunction, CompiledModule, compile, disable, reset
 from torchweld.backends import list_backends, register_backend
 from torchweld.errors import BackendCompilerFailed, InvalidArgument, Unsupported
 from torchweld.tools.explain import ExplainOutput, explain
 
+compile_times = timing.table  # where compile time went, per phase: torchweld.compile_times()
+
 logs.configure()
 
 __all__ = [
     "BackendCompilerFailed", "CompiledFunction", "CompiledModule", "ExplainOutput", "InvalidArgument",
-    "Unsupported", "compile", "config", "disable", "explain", "list_backends", "logs", "register_backend", "reset",
+    "Unsupported", "compile", "compile_times", "config", "disable", "explain", "list_backends", "logs", "register_backend", "reset",
 ]

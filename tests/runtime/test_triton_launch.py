@@ -90,21 +90,48 @@ class _FakeLauncher:
         self.global_scratch_size, self.profile_scratch_size = global_scratch_size, profile_scratch_size
 
 
+class _FakeMetadata:
+    num_ctas, num_warps, shared, launch_cooperative_grid, launch_pdl = 1, 4, 0, False, False
+    global_scratch_size = profile_scratch_size = 0
+    tensordesc_meta = None
+
+
 class _FakeKernel:
-    def __init__(self, launcher):
+    def __init__(self, launcher, **metadata):
         self.run, self.function, self.packed_metadata = launcher, 7, ("packed",)
+        self.metadata = _FakeMetadata()
+        self.metadata.__dict__.update(metadata)
 
 
-def test_launch_handles_call_the_c_launcher_only_where_its_convention_is_known(monkeypatch):
+def test_launch_handles_call_a_c_launcher_only_where_its_convention_is_known(monkeypatch):
     from torchweld.runtime import triton_launch
 
-    plain = _FakeKernel(_FakeLauncher())
+    constexprs, cpu = (64, 1), torch.device("cpu")
     monkeypatch.setattr(triton_launch, "_direct_launch_form", lambda: "3.6")
-    launch, function, leading = triton_launch.launch_handles(plain)
-    assert launch is plain.run.launch and function == 7
-    assert leading == (False, True, None, None, ("packed",), None, None, None)
-    scratch = _FakeKernel(_FakeLauncher(global_scratch_size=128))  # Triton must allocate it per launch
-    assert triton_launch.launch_handles(scratch)[0] is scratch.run
+    own = triton_launch.kernel_launcher()
+    if own is not None:  # weld's own launcher: the binary loaded here, the pointers then two null scratch pointers
+        monkeypatch.setattr(triton_launch, "_load_binary", lambda kernel, device: 1234)
+        handle = triton_launch.launch_handle(_FakeKernel(_FakeLauncher(), shared=512), constexprs, cpu)
+        assert handle == triton_launch.LaunchHandle(own.launch, 1234, (128, 512), (0, 0))
+    pdl = _FakeKernel(_FakeLauncher(), launch_pdl=True)  # not a plain launch: Triton's C launcher, called directly
+    handle = triton_launch.launch_handle(pdl, constexprs, cpu)
+    assert handle.launch is pdl.run.launch and handle.function == 7 and handle.trailing == constexprs
+    assert handle.leading == (False, True, None, None, ("packed",), None, None, None)
+    scratch = _FakeKernel(_FakeLauncher(global_scratch_size=128), global_scratch_size=128)  # Triton allocates it
+    assert triton_launch.launch_handle(scratch, constexprs, cpu).launch is scratch.run
     monkeypatch.setattr(triton_launch, "_direct_launch_form", lambda: None)  # another Triton
-    launch, _, leading = triton_launch.launch_handles(plain)
-    assert launch is plain.run and leading == (("packed",), None, None, None)
+    handle = triton_launch.launch_handle(pdl, constexprs, cpu)
+    assert handle.launch is pdl.run and handle.leading == (("packed",), None, None, None)
+
+
+def test_own_launcher_checks_its_arguments_without_a_gpu():
+    from torchweld.runtime import triton_launch
+
+    own = triton_launch.kernel_launcher()
+    if own is None:
+        pytest.skip("no C compiler here")
+    assert own.launch(0, 1, 1, 0, 0, 128, 0, 16, 32) is None  # an empty grid launches nothing
+    with pytest.raises(TypeError):
+        own.launch(1, 1, 1)
+    with pytest.raises(OverflowError):
+        own.launch(1, 1, 1, 0, 0, 128, 0, -1)  # a pointer is never negative

@@ -7,6 +7,7 @@ import logging
 
 import torch
 
+from torchweld import timing
 from torchweld.autograd.functionalize import FunctionalizationError
 from torchweld.autograd.joint import JointGraph, ModuleState, module_state, trace_joint
 from torchweld.autograd.partition import Partition, partition
@@ -47,10 +48,12 @@ def compile_training(gm: torch.fx.GraphModule, example_inputs: list, options: di
         # Non-tensor inputs are baked into the graph: capture guards their values.
         gm = _bind_constants(gm, example_inputs)
     try:
-        joint = trace_joint(gm, state, primals)
+        with timing.phase("weld.joint_graph"):
+            joint = trace_joint(gm, state, primals)
     except FunctionalizationError as e:
         raise TrainingUnsupported(str(e)) from e
-    part = partition(joint, strategy)
+    with timing.phase("weld.partition"):
+        part = partition(joint, strategy)
     log.debug("training partition (%s): saves %d tensors, %d bytes of intermediates",
               strategy, len(part.saved), part.saved_bytes)
     forward = compile_aten(part.forward, primals, options, "forward")
@@ -63,7 +66,8 @@ def compile_training(gm: torch.fx.GraphModule, example_inputs: list, options: di
     grad_strides = [tuple(primals[i].stride()) for i in joint.grad_primals]
 
     def compile_backward(example):
-        backward = compile_aten(part.backward, example, options, "backward", grad_strides)
+        with timing.phase("weld.backward_graph"):  # on the first backward, not at capture
+            backward = compile_aten(part.backward, example, options, "backward", grad_strides)
         if cudagraphs is None:
             return backward
         # Saved activations lie in the forward recording's memory, and module state in the

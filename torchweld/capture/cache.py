@@ -18,6 +18,7 @@ from typing import Callable
 
 import weakref
 
+from torchweld import timing
 from torchweld.capture.guard_program import compile_guards
 from torchweld.capture.guards import GuardSet
 from torchweld.capture.report import TranslationReport
@@ -88,7 +89,8 @@ def _guard_test(code: types.CodeType, guards: GuardSet, namespace: dict) -> str:
     """The entry's guard test as Python: a call of the C evaluator, put into `namespace`
     as `___guards`, or where there is none, the guards' own expression."""
     params = parameter_names(code)
-    evaluator = compile_guards(guards, params, namespace)
+    with timing.phase("guards"):
+        evaluator = compile_guards(guards, params, namespace)
     if evaluator is None:
         return guards.expression()
     namespace["___guards"] = evaluator

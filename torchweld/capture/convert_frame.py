@@ -14,7 +14,7 @@ from typing import Callable
 
 import torch
 
-from torchweld import config, logs
+from torchweld import config, logs, timing
 from torchweld.capture.cache import CacheEntry, build_entry, signature_of
 from torchweld.capture.inline import RealCellValue
 from torchweld.capture.output_graph import OutputGraph
@@ -46,6 +46,15 @@ FULLGRAPH_HINT = (
 
 def translate_frame(fn: types.FunctionType, args: tuple, kwargs: dict, settings: CompileSettings) -> CacheEntry:
     """The cache entry for this call: a full graph, a graph up to a break, or eager."""
+    before = timing.snapshot()
+    try:
+        with timing.phase("capture"):
+            return _translate_frame(fn, args, kwargs, settings)
+    finally:
+        timing.log_frame(fn.__code__.co_qualname, before)
+
+
+def _translate_frame(fn: types.FunctionType, args: tuple, kwargs: dict, settings: CompileSettings) -> CacheEntry:
     start = time.perf_counter()
     bound = inspect.signature(fn, follow_wrapped=False).bind(*args, **kwargs)
     bound.apply_defaults()
@@ -147,7 +156,7 @@ def _compile_graph(gm, example_inputs, settings: CompileSettings, tx: Translator
     logs.get("graph_code").info("graph code of %s:\n%s", tx.code.co_qualname, gm.code)
     try:
         # a backend that traces or runs the graph executes its grad-mode nodes: undo that after
-        with torch.set_grad_enabled(torch.is_grad_enabled()):
+        with torch.set_grad_enabled(torch.is_grad_enabled()), timing.phase("backend"):
             compiled = settings.backend(gm, example_inputs)
         if not callable(compiled):
             raise TypeError(f"the backend returned {compiled!r}, which is not callable")

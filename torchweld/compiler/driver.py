@@ -10,6 +10,7 @@ import os
 import torch
 import torch.utils._pytree as pytree
 
+from torchweld import timing
 from torchweld.compiler import ir
 from torchweld.compiler.aten_graph import to_aten_graph, traced_aten_graph
 from torchweld.compiler.codegen.cpp import CppRenderer
@@ -64,15 +65,18 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list, options: dict 
     `output_strides`: for each output, None or the strides it must have (gradients in their
     parameter's layout, which autograd then keeps without a copy of its own)."""
     options = dict(options or {})
-    aten = traced_aten_graph(gm) if traced else to_aten_graph(gm, example_inputs)
-    aten_gm, hoisted = hoist_constants(aten.gm) if options.get("freeze") else (aten.gm, None)
+    with timing.phase("weld.aten_graph"):
+        aten = traced_aten_graph(gm) if traced else to_aten_graph(gm, example_inputs)
+        aten_gm, hoisted = hoist_constants(aten.gm) if options.get("freeze") else (aten.gm, None)
     triton = lambda device: renderer_for(device, options) is not CppRenderer  # noqa: E731
     lowering = GraphLowering(aten_gm, check=lambda buf: _check(buf, options), bias_in_kernel=triton,
                              split_reductions=lambda device: triton(device) and options.get("split_reductions", True))
-    lowered = lowering.run(list(example_inputs), output_strides)
+    with timing.phase("weld.lower"):
+        lowered = lowering.run(list(example_inputs), output_strides)
     for line in lowered.externs:
         log.debug("extern call: %s", line)
-    sched = schedule(lowered)
+    with timing.phase("weld.schedule"):
+        sched = schedule(lowered)
     compiled = _codegen(sched, aten.out_spec, options)
     compiled.hoisted = hoisted
     return compiled
@@ -110,8 +114,10 @@ def _codegen(sched: Schedule, out_spec, options: dict) -> CompiledGraph:
         if renderer_cls is CppRenderer:
             from torchweld.runtime.cpp_loader import load_kernels
 
-            source = renderer.render_kernels(kernels, buffer_dtypes)
-            fns, path = load_kernels(source, [k.name for k in kernels], {k.name: len(k.args) for k in kernels})
+            with timing.phase("weld.render"):
+                source = renderer.render_kernels(kernels, buffer_dtypes)
+            with timing.phase("weld.cpp_compile"):
+                fns, path = load_kernels(source, [k.name for k in kernels], {k.name: len(k.args) for k in kernels})
             sources["cpp"], paths["cpp"] = source, path
             for k in kernels:
                 kernel_objects[f"_k_{k.name}"] = fns[k.name]
@@ -121,10 +127,12 @@ def _codegen(sched: Schedule, out_spec, options: dict) -> CompiledGraph:
             from torchweld.compiler.codegen.triton_launches import build_launches
             from torchweld.runtime.triton_loader import load_module
 
-            source, fn_names = renderer.render_kernels(kernels, buffer_dtypes)
-            module, path = load_module(source)
+            with timing.phase("weld.render"):
+                source, fn_names = renderer.render_kernels(kernels, buffer_dtypes)
+            with timing.phase("weld.triton_compile"):
+                module, path = load_module(source)
+                triton = build_launches(kernels, module, fn_names, sched, path, options)
             sources["triton"], paths["triton"] = source, path
-            triton = build_launches(kernels, module, fn_names, sched, path, options)
             launches |= triton.jit
             fast_launches |= triton.fast
             checked_inputs, stream_index = triton.checked_inputs, triton.stream_index

@@ -10,13 +10,16 @@ generated except the alignment of the graph's inputs, which the wrapper checks
 once per call (falling back to the JIT launch when an input is misaligned).
 
     jobs = [CompileJob(source, fn, arg_dtypes, aligned, config, device), ...]
-    kernels = compile_kernels(jobs)          # in a thread pool; identical jobs compile once
+    handles = compile_kernels(jobs)          # in worker processes and threads; identical jobs compile once
     futures = submit_kernels(jobs)           # the same, without waiting
-    launch, function, leading = launch_handles(kernels[0])
-    launch(grid, 1, 1, stream, function, *leading, *pointers, *constexprs)
+    h = handles[0]
+    h.launch(grid, 1, 1, stream, h.function, *h.leading, *pointers, *h.trailing)
 
-Triton's compiler spends most of its time in C++ passes and in ptxas, outside
-the GIL, so threads compile kernels in parallel. This relies on the launcher
+Where Triton allows it, worker processes (triton_workers.py) compile each kernel
+into Triton's disk cache first: Triton's front end is Python and holds the GIL,
+so threads alone compile little in parallel. The threads then load each kernel
+(from the cache, or compiling it themselves where a worker failed); their C++
+passes and ptxas run outside the GIL. This relies on the launcher
 convention of Triton 3.3 and later (`CompiledKernel.run` takes every argument,
 constexprs included, after the launch metadata and hooks); `fast_launch_available`
 says whether this Triton has it.
@@ -24,12 +27,17 @@ says whether this Triton has it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 
 import torch
+
+from torchweld import timing
 
 log = logging.getLogger("torchweld.weld")
 
@@ -89,14 +97,15 @@ def submit_kernels(jobs: list[CompileJob]) -> list[Future]:
         for job in jobs:
             future = _compiled.get(job.key)
             if future is None:
-                future = _executor().submit(_compile, job, _dummy_arguments(job))
+                args = _dummy_arguments(job)
+                future = _executor().submit(_compile, job, args, _compile_in_worker(job, args))
                 _compiled[job.key] = future
             futures.append(future)
     return futures
 
 
-def compile_kernels(jobs: list[CompileJob]) -> list[object]:
-    """The CompiledKernel of each job, compiled in parallel (see submit_kernels)."""
+def compile_kernels(jobs: list[CompileJob]) -> list["LaunchHandle"]:
+    """Each job's kernel compiled (in parallel, see submit_kernels) and loaded."""
     return [future.result() for future in submit_kernels(jobs)]
 
 
@@ -113,31 +122,126 @@ def _dummy_arguments(job: CompileJob) -> list[torch.Tensor]:
     return args
 
 
-def _compile(job: CompileJob, args: list[torch.Tensor]) -> object:
+def start_workers(device: torch.device) -> None:
+    """Start the compile worker processes now, if kernels for `device` will use them."""
+    from torchweld.runtime import triton_workers
+
+    if fast_launch_available(device):
+        triton_workers.start_soon()
+
+
+WORKER_TIMEOUT_S = 300  # past this a kernel's worker is given up on, and the kernel compiled here
+
+
+def _compile_in_worker(job: CompileJob, args: list[torch.Tensor]) -> Future | None:
+    """A worker's compile of `job` into Triton's cache (None where there is none to ask)."""
+    from triton.runtime import driver
+
+    from torchweld.runtime import triton_workers
+
+    pool = triton_workers.worker_pool()
+    if pool is None:
+        return None
+    try:
+        with torch.cuda.device(job.device):
+            data = triton_workers.specialization_data(job.fn, args, dict(job.config))
+            target = driver.active.get_current_target()
+    except Exception as e:  # noqa: BLE001 - the thread compiles it as before
+        log.debug("cannot hand a Triton kernel to a worker: %s", e)
+        return None
+    return None if data is None else pool.submit(triton_workers.compile_request(job.fn, data, target))
+
+
+def _compile(job: CompileJob, args: list[torch.Tensor], ahead: Future | None = None) -> "LaunchHandle":
+    """Compile (or, after a worker's compile `ahead`, load from Triton's cache) one kernel, and load it."""
+    if ahead is not None:
+        start = time.perf_counter()
+        try:
+            seconds = ahead.result(timeout=WORKER_TIMEOUT_S)
+            for part, s in seconds.items():
+                timing.record(f"weld.triton_compile.worker_{part} (in workers)", s)
+        except Exception as e:  # noqa: BLE001 - compiled here instead
+            log.debug("a Triton compile worker failed, compiling in this process: %s", e)
+        timing.record("weld.triton_compile.worker_wait (in threads)", time.perf_counter() - start)
     config = dict(job.config)
-    with torch.cuda.device(job.device):
+    with torch.cuda.device(job.device), timing.phase("weld.triton_compile.one_kernel (in threads)"):
         kernel = job.fn.warmup(*args, grid=(1,), **config)
         kernel = kernel.result() if hasattr(kernel, "result") else kernel
-        try:  # build its launcher (a C extension, compiled per signature) and load it here, in parallel
-            kernel._init_handles()
-        except Exception as e:  # noqa: BLE001 - launch_handles does it again in the caller's thread
-            log.debug("loading a Triton kernel in a compile thread failed: %s", e)
-    return kernel
+        return launch_handle(kernel, tuple(config[c] for c in CONSTEXPRS), job.device)
 
 
-def launch_handles(kernel) -> tuple[object, object, tuple]:
-    """(launch, function, leading) of a CompiledKernel, loaded onto the current device: a
-    launch is `launch(grid_x, grid_y, grid_z, stream, function, *leading, *pointers, *constexprs)`.
+@dataclasses.dataclass(frozen=True)
+class LaunchHandle:
+    """How the wrapper launches one loaded kernel:
+    `launch(grid_x, 1, 1, stream, function, *leading, *pointers, *trailing)`."""
 
-    `kernel.run` is Triton's launcher object, whose Python `__call__` works out scratch
-    buffers on every launch before calling the compiled C launcher. For a kernel that
-    needs no scratch memory (weld's never do), under a Triton whose C launcher's
-    arguments are known here, the C launcher is called directly."""
-    run = kernel.run  # loads the binary (CompiledKernel._init_handles)
+    launch: object
+    function: object
+    leading: tuple
+    trailing: tuple
+
+
+SCRATCH_POINTERS = 2  # Triton 3.6 kernels take a global and a profile scratch pointer after their own
+
+
+def launch_handle(kernel, constexprs: tuple, device: torch.device) -> LaunchHandle:
+    """Load a CompiledKernel onto `device` and say how to launch it.
+
+    Under Triton 3.6, a kernel that needs nothing but its pointers (no scratch memory,
+    one CTA, no cooperative or programmatic launch: weld's kernels) is loaded here and
+    launched through torchweld's one C launcher (kernel_launch.c), so Triton never builds
+    a launcher for it (a C compile per kernel signature). Otherwise `kernel.run` is
+    Triton's launcher object, whose Python `__call__` works out scratch buffers on every
+    launch before calling its compiled C launcher; for a kernel that needs no scratch
+    memory under a Triton whose C launcher's arguments are known here, that C launcher
+    is called directly."""
+    direct = _direct_launch_form() == "3.6"
+    if direct and _plain_launch(kernel.metadata):
+        extension = kernel_launcher()
+        if extension is not None:
+            function = _load_binary(kernel, device)
+            if function is not None:
+                threads = kernel.metadata.num_warps * 32
+                return LaunchHandle(extension.launch, function, (threads, kernel.metadata.shared),
+                                    (0,) * SCRATCH_POINTERS)
+    run = kernel.run  # Triton builds the launcher and loads the binary (CompiledKernel._init_handles)
     standard = (kernel.packed_metadata, None, None, None)  # launch metadata, enter and exit hooks
-    if _direct_launch_form() == "3.6" and not _needs_scratch(run):
-        return run.launch, kernel.function, (run.launch_cooperative_grid, run.launch_pdl, None, None) + standard
-    return run, kernel.function, standard
+    if direct and not _needs_scratch(run):
+        leading = (run.launch_cooperative_grid, run.launch_pdl, None, None) + standard
+        return LaunchHandle(run.launch, kernel.function, leading, constexprs)
+    return LaunchHandle(run, kernel.function, standard, constexprs)
+
+
+def _plain_launch(metadata) -> bool:
+    return (getattr(metadata, "num_ctas", 1) == 1 and not getattr(metadata, "launch_cooperative_grid", True)
+            and not getattr(metadata, "launch_pdl", True) and not getattr(metadata, "tensordesc_meta", None)
+            and getattr(metadata, "global_scratch_size", 1) == 0 and getattr(metadata, "profile_scratch_size", 1) == 0)
+
+
+def _load_binary(kernel, device: torch.device) -> int | None:
+    """The CUfunction of `kernel`'s binary loaded on `device`, or None where it does not fit there."""
+    from triton.runtime import driver
+
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    properties = driver.active.utils.get_device_properties(index)
+    if kernel.metadata.shared > properties["max_shared_mem"]:
+        return None
+    _, function, _, _, max_threads = driver.active.utils.load_binary(kernel.name, kernel.kernel,
+                                                                     kernel.metadata.shared, index)
+    return function if kernel.metadata.num_warps * 32 <= max_threads else None
+
+
+@functools.lru_cache(maxsize=None)
+def kernel_launcher():
+    """The kernel_launch extension, or None (logged once) where it cannot be built."""
+    from torchweld.c_extension import ExtensionBuildError, load_extension
+
+    try:
+        return load_extension(Path(__file__).with_name("kernel_launch.c"), "torchweld.runtime.kernel_launch",
+                              "launcher")
+    except (ExtensionBuildError, OSError, ImportError) as e:
+        log.warning("torchweld: kernels launch through Triton's launchers; torchweld's own cannot be built: %s", e)
+        return None
 
 
 def _direct_launch_form() -> str | None:

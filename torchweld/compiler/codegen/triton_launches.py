@@ -71,25 +71,23 @@ def build_launches(kernels: list[Kernel], module, fn_names: dict[str, str], sche
                                      aligned[k.name], tuple(sorted(configs[k.name].items())), k.device)
             for k in kernels]
     try:
-        handles = [triton_launch.launch_handles(kernel) for kernel in triton_launch.compile_kernels(jobs)]
+        handles = triton_launch.compile_kernels(jobs)
     except Exception as e:  # noqa: BLE001 - the JIT lines still run, and raise there if the kernel is wrong
         log.warning("compiling Triton kernels ahead of time failed, launching through Triton's JIT: %s", e)
         return launches
     inputs = set(n for n in sched.graph.input_names if n is not None)
-    for k, (launch, function, leading) in zip(kernels, handles):
-        name, config, grid = k.name, configs[k.name], grids[k.name]
-        launches.objects |= {f"_run_{name}": launch, f"_fn_{name}": function}
+    for k, handle in zip(kernels, handles):
+        name, grid = k.name, grids[k.name]
+        launches.objects |= {f"_run_{name}": handle.launch, f"_fn_{name}": handle.function}
         lead = []
-        for i, value in enumerate(leading):
+        for i, value in enumerate(handle.leading):
             if value is None or isinstance(value, (bool, int)):
                 lead.append(repr(value))
             else:
                 launches.objects[f"_lead{i}_{name}"] = value
                 lead.append(f"_lead{i}_{name}")
-        constexprs = ", ".join(str(config[c]) for c in triton_launch.CONSTEXPRS)
-        pointers = ", ".join(f"{a}.data_ptr()" for a in args_of[name])
-        launches.fast[name] = (f"_run_{name}({grid}, 1, 1, _stream, _fn_{name}, {', '.join(lead)}, "
-                               f"{pointers}, {constexprs})")
+        arguments = lead + [f"{a}.data_ptr()" for a in args_of[name]] + [str(v) for v in handle.trailing]
+        launches.fast[name] = f"_run_{name}({grid}, 1, 1, _stream, _fn_{name}, {', '.join(arguments)})"
         launches.checked_inputs += [a for a in args_of[name] if a in inputs and a not in launches.checked_inputs]
     device = kernels[0].device
     launches.stream_index = device.index if device.index is not None else torch.cuda.current_device()

@@ -1,0 +1,103 @@
+"""Triton compile worker processes (runtime/triton_workers.py, triton_worker_main.py).
+
+The pool's protocol and failure handling run anywhere; a worker compiles a kernel
+for an H100 target on the CPU too (Triton ships ptxas). That the parent then
+finds each kernel in the cache instead of compiling it is checked on CUDA."""
+import json
+import os
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+
+from torchweld.runtime.triton_workers import WorkerPool
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "compiler"))
+from weld_helpers import check  # noqa: E402
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="the parent's cache hits need CUDA")
+
+
+@pytest.fixture
+def pool():
+    pool = WorkerPool(2)
+    yield pool
+    pool.close()
+
+
+def test_workers_answer_every_request_and_report_errors(pool):
+    futures = [pool.submit(("ping",)) for _ in range(12)]
+    assert [f.result(timeout=60) for f in futures] == ["pong"] * 12
+    with pytest.raises(RuntimeError, match="unknown request 'bogus'"):
+        pool.submit(("bogus",)).result(timeout=60)
+
+
+def test_dead_workers_fail_requests_instead_of_leaving_them_waiting(pool):
+    assert pool.submit(("ping",)).result(timeout=60) == "pong"
+    for process in pool._processes:
+        process.kill()
+        process.wait()
+    futures = [pool.submit(("ping",)) for _ in range(4)]
+    for future in futures:
+        with pytest.raises(RuntimeError, match="worker exited"):
+            future.result(timeout=60)
+
+
+def test_closed_pool_refuses_new_work():
+    pool = WorkerPool(1)
+    pool.close()
+    assert all(p.poll() is not None for p in pool._processes)
+    with pytest.raises(RuntimeError, match="closed"):
+        pool.submit(("ping",)).result(timeout=5)
+
+
+KERNEL = '''
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def double(ptr0, ptr1, XBLOCK: tl.constexpr):
+    x = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)
+    tl.store(ptr1 + x, tl.load(ptr0 + x) * 2.0)
+'''
+
+
+def test_a_worker_compiles_a_kernel_into_the_cache_without_a_gpu(pool, tmp_path):
+    pytest.importorskip("triton")
+    path = tmp_path / "tw_worker_kernel.py"
+    path.write_text(textwrap.dedent(KERNEL))
+    pointer = [["tt.divisibility", 16]]
+    data = json.dumps({
+        "name": "tw_worker_kernel.double", "signature": {"ptr0": "*fp32", "ptr1": "*fp32", "XBLOCK": "constexpr"},
+        "constant_keys": [[2]], "constant_vals": [128], "attrs_keys": [[0], [1]], "attrs_vals": [pointer, pointer],
+        "options": {"num_warps": 4}, "key": "unused",
+    })
+    cache = tmp_path / "triton-cache"
+    env = {"TRITON_CACHE_DIR": str(cache), "TRITON_DEFAULT_FP_FUSION": "1"}
+    request = ("compile", "tw_worker_kernel", str(path), "double", data, ("cuda", 90, 32), env)
+    assert set(pool.submit(request).result(timeout=300)) == {"import", "kernel"}
+    cubins = [name for _, _, files in os.walk(cache) for name in files if name.endswith(".cubin")]
+    assert cubins == ["double.cubin"]
+
+
+@cuda
+def test_the_parent_loads_what_the_workers_compiled(tmp_path, monkeypatch):
+    from triton import knobs
+
+    from torchweld.runtime import triton_workers
+
+    if triton_workers.worker_pool() is None:
+        pytest.skip("no compile workers for this Triton")
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+    hits = []
+    monkeypatch.setattr(knobs.compilation, "listener", lambda **kw: hits.append(kw["cache_hit"]))
+    scale = 1.0 + time.time() % 1  # new kernel text: nothing of this process's compiled already
+
+    def fn(a):
+        return torch.softmax(a * scale, -1) + torch.tanh(a).sum()
+
+    check(fn, [torch.randn(300, 33, device="cuda")])
+    assert hits and all(hits), hits

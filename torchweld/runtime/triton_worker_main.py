@@ -1,0 +1,137 @@
+"""A Triton compile worker: a separate process that compiles kernels into Triton's disk cache.
+
+Started by `triton_workers.WorkerPool` as `python <this file>`, never imported by
+torchweld: it imports Triton and the standard library only (no torch, no CUDA
+context), so it starts in well under a second. Triton's front end is Python, so
+threads in one process compile one kernel at a time; processes compile many.
+
+Protocol, over stdin/stdout: each message is a 4-byte little-endian length and a
+pickle. The first request is `sys.path` (a list); then each request is
+`(job_id, request)` and each reply `(job_id, ok, value)`, where a failed
+request's value is its error as text. A request:
+
+    ("compile", module_name, module_path, fn_name, specialization_data, target, triton_env)
+
+`specialization_data` is what Triton's JIT serializes for a kernel it was about
+to compile (`knobs.runtime.jit_cache_hook`, the form `JITFunction.preload`
+reads); `target` is (backend, arch, warp_size); `triton_env` the parent's
+TRITON_* variables, which choose the cache directory. The worker compiles the
+same source with the same options, so the parent's own compile of that kernel
+finds it in the cache, and replies with the seconds each step took:
+{"import": s, "kernel": s}.
+("ping",) replies "pong".
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import pickle
+import struct
+import sys
+import time
+
+
+def read_message(stream):
+    header = stream.read(4)
+    if len(header) < 4:
+        return None
+    (size,) = struct.unpack("<I", header)
+    return pickle.loads(stream.read(size))
+
+
+def write_message(stream, value) -> None:
+    data = pickle.dumps(value)
+    stream.write(struct.pack("<I", len(data)) + data)
+    stream.flush()
+
+
+_modules: dict[str, object] = {}
+
+
+def _kernel_module(name: str, path: str):
+    """The generated kernel module, under the parent's module name (part of each kernel's identity)."""
+    module = _modules.get(name)
+    if module is None:
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+        _modules[name] = module
+    return module
+
+
+def _set_triton_env(env: dict[str, str]) -> None:
+    """The parent's TRITON_* variables, but for TRITON_INTERPRET: a worker compiles, it never interprets."""
+    env = {k: v for k, v in env.items() if k != "TRITON_INTERPRET"}
+    for key in [k for k in os.environ if k.startswith("TRITON_") and k not in env]:
+        del os.environ[key]
+    os.environ.update(env)
+
+
+def compile_kernel(module_name: str, module_path: str, fn_name: str, specialization_data: str,
+                   target: tuple, triton_env: dict[str, str]) -> dict[str, float]:
+    """What `JITFunction.preload(specialization_data)` compiles, for an explicit target."""
+    start = time.perf_counter()
+    import triton
+    import triton.language as tl
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, make_backend
+
+    _set_triton_env(triton_env)
+    fn = getattr(_kernel_module(module_name, module_path), fn_name)
+    seconds = {"import": time.perf_counter() - start}
+    data = json.loads(specialization_data)
+    constexprs = {
+        tuple(key): tl.dtype(value) if tl.dtype.is_dtype(value)
+        else tl.constexpr(value["constexpr"]) if isinstance(value, dict) and "constexpr" in value else value
+        for key, value in zip(data["constant_keys"], data["constant_vals"])
+    }
+    attrs = dict(zip(map(tuple, data["attrs_keys"]), data["attrs_vals"]))
+    signature = {key: tuple(value) if isinstance(value, list) else value for key, value in data["signature"].items()}
+    options = {key: tuple(value) if isinstance(value, list) else value for key, value in data["options"].items()}
+    target = GPUTarget(*target)
+    options = make_backend(target).parse_options(options)
+    source = ASTSource(fn, signature, constexprs, attrs)
+    start = time.perf_counter()
+    triton.compile(source, target=target, options=options.__dict__)
+    seconds["kernel"] = time.perf_counter() - start
+    return seconds
+
+
+def _import_compiler() -> None:
+    try:
+        import triton.compiler.code_generator  # noqa: F401
+        from triton.compiler import make_backend  # noqa: F401
+    except Exception:  # noqa: BLE001 - the first compile request reports it
+        pass
+
+
+def main() -> None:
+    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    sys.stdout = sys.stderr  # whatever a compile prints must not corrupt the replies
+    os.environ.pop("TRITON_INTERPRET", None)  # read when triton is imported
+    path = read_message(stdin)
+    if path is None:
+        return
+    sys.path[:] = path
+    _import_compiler()  # now, while the parent is still lowering its graph, not on the first request
+    while True:
+        message = read_message(stdin)
+        if message is None:
+            return
+        job_id, request = message
+        try:
+            if request[0] == "ping":
+                reply = (job_id, True, "pong")
+            elif request[0] == "compile":
+                reply = (job_id, True, compile_kernel(*request[1:]))
+            else:
+                reply = (job_id, False, f"unknown request {request[0]!r}")
+        except BaseException as e:  # noqa: BLE001 - reported to the parent, which compiles it itself
+            reply = (job_id, False, f"{type(e).__name__}: {e}")
+        write_message(stdout, reply)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,174 @@
+"""A pool of Triton compile worker processes (triton_worker_main.py) and the parent's half
+of their work: catching what Triton would compile, and handing it to a worker.
+
+Triton's front end (the kernel's AST to its first IR) is Python and holds the GIL:
+16 threads compiling resnet50's 19 kernels took 2.7 s where one thread took 4.3 s.
+Workers compile into Triton's disk cache; the parent's own compile of each kernel,
+which it still runs, then reads the cache. Nothing depends on a worker succeeding:
+if one fails or is missing, the parent compiles that kernel itself.
+
+    pool = worker_pool()                               # None: no workers here
+    data = specialization_data(fn, args, config)       # what fn.warmup would compile
+    future = pool.submit(("compile", ...))             # concurrent.futures.Future
+
+The pool starts its processes on first use (`start_soon` starts them early, while the
+graph is still being lowered), one per core up to 16, or `TORCHWELD_COMPILE_WORKERS`.
+Workers run as `python triton_worker_main.py`, not through multiprocessing, which
+would re-run the user's script in every worker.
+"""
+from __future__ import annotations
+
+import atexit
+import itertools
+import logging
+import os
+import queue
+import subprocess
+import sys
+import threading
+from concurrent.futures import Future
+
+from torchweld.runtime.triton_worker_main import read_message, write_message
+
+log = logging.getLogger("torchweld.weld")
+
+WORKER_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "triton_worker_main.py")
+MAX_WORKERS = 16
+
+
+def worker_count() -> int:
+    configured = os.environ.get("TORCHWELD_COMPILE_WORKERS")
+    if configured is not None:
+        return max(0, int(configured))
+    return min(MAX_WORKERS, os.cpu_count() or 1)
+
+
+class WorkerPool:
+    """`count` worker processes fed from one queue; each has a thread that sends it one request at a time."""
+
+    def __init__(self, count: int, script: str = WORKER_SCRIPT):
+        self._requests: queue.Queue = queue.Queue()
+        self._ids = itertools.count()
+        self._processes: list[subprocess.Popen] = []
+        self._closed = False
+        for _ in range(count):
+            process = subprocess.Popen([sys.executable, script], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+            write_message(process.stdin, list(sys.path))
+            self._processes.append(process)
+            threading.Thread(target=self._serve, args=(process,), daemon=True,
+                             name="torchweld-triton-worker").start()
+
+    def submit(self, request: tuple) -> Future:
+        future: Future = Future()
+        if self._closed:
+            future.set_exception(RuntimeError("the Triton worker pool is closed"))
+        else:
+            self._requests.put((next(self._ids), request, future))
+        return future
+
+    def _serve(self, process: subprocess.Popen) -> None:
+        while True:
+            item = self._requests.get()
+            if item is None:
+                return
+            job_id, request, future = item
+            try:
+                write_message(process.stdin, (job_id, request))
+                reply = read_message(process.stdout)
+            except (OSError, EOFError, ValueError) as e:
+                reply, error = None, e
+            if reply is None:  # the worker died: fail this request and every one this thread takes from now on
+                log.debug("a Triton compile worker exited with %s", process.poll())
+                future.set_exception(RuntimeError(f"a Triton compile worker exited ({process.poll()})"))
+                self._fail_from_now_on()
+                return
+            _, ok, value = reply
+            if ok:
+                future.set_result(value)
+            else:
+                future.set_exception(RuntimeError(value))
+
+    def _fail_from_now_on(self) -> None:
+        while (item := self._requests.get()) is not None:
+            item[2].set_exception(RuntimeError("a Triton compile worker exited"))
+
+    def close(self) -> None:
+        self._closed = True
+        for _ in self._processes:
+            self._requests.put(None)
+        for process in self._processes:
+            try:
+                process.stdin.close()  # the worker exits at the end of its input
+                process.wait(timeout=5)
+            except (OSError, subprocess.TimeoutExpired):
+                process.kill()
+
+
+_pool: WorkerPool | None = None
+_pool_lock = threading.Lock()
+
+
+def worker_pool() -> WorkerPool | None:
+    """The process's pool, started on first call; None where workers are off or cannot start."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            count = worker_count()
+            if count == 0 or not workers_supported():
+                return None
+            try:
+                _pool = WorkerPool(count)
+            except OSError as e:
+                log.debug("cannot start Triton compile workers: %s", e)
+                return None
+            atexit.register(_pool.close)
+        return _pool
+
+
+def start_soon() -> None:
+    """Start the workers in the background, so they are up by the time kernels are compiled."""
+    threading.Thread(target=worker_pool, daemon=True, name="torchweld-triton-worker-start").start()
+
+
+def workers_supported() -> bool:
+    """Whether this Triton has the two pieces the workers rely on: the JIT's cache hook, called
+    with the serialized specialization before each compile, and that serialization's format
+    (`JITFunction.preload`, which reads it)."""
+    try:
+        from triton import knobs
+        from triton.runtime.jit import JITFunction
+    except ImportError:
+        return False
+    return hasattr(knobs.runtime, "jit_cache_hook") and hasattr(JITFunction, "preload")
+
+
+_hook_lock = threading.Lock()
+
+
+def specialization_data(fn, args: list, config: dict) -> str | None:
+    """The serialized specialization `fn.warmup(*args, **config)` would compile, found
+    without compiling it; None if this process has that kernel compiled already."""
+    from triton import knobs
+
+    captured: list[str] = []
+
+    def hook(*, compile: dict, **_) -> bool:
+        captured.append(compile["specialization_data"])
+        return True  # skip the compile
+
+    with _hook_lock:
+        previous = knobs.runtime.jit_cache_hook
+        knobs.runtime.jit_cache_hook = hook
+        try:
+            fn.warmup(*args, grid=(1,), **config)
+        finally:
+            knobs.runtime.jit_cache_hook = previous
+    return captured[0] if captured else None
+
+
+def compile_request(fn, data: str, target) -> tuple:
+    """The worker request that compiles `fn` for specialization `data` on `target`."""
+    module = sys.modules[fn.fn.__module__]
+    env = {k: v for k, v in os.environ.items() if k.startswith("TRITON_")}
+    return ("compile", module.__name__, module.__file__, fn.fn.__name__, data,
+            (target.backend, target.arch, target.warp_size), env)

@@ -1,0 +1,81 @@
+"""Where compile time goes: wall seconds per phase, summed over the process.
+
+    with timing.phase("weld.lower"):
+        ...
+    print(torchweld.compile_times())    # one row per phase: calls, total seconds
+
+Phases nest (the backend's time includes lowering's); each row is inclusive
+of the phases inside it. `TORCHWELD_LOGS=compile_times` logs, after each
+frame is compiled, the phases that frame spent time in.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from typing import Iterator
+
+from torchweld import logs
+
+_lock = threading.Lock()
+_totals: dict[str, list] = {}  # phase -> [calls, seconds], in the order phases were first seen
+
+
+@contextlib.contextmanager
+def phase(name: str) -> Iterator[None]:
+    with _lock:
+        _totals.setdefault(name, [0, 0.0])  # rows in the order phases start: outer before inner
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        record(name, time.perf_counter() - start)
+
+
+def record(name: str, seconds: float) -> None:
+    """Add one call of `seconds` to phase `name` (for time measured elsewhere, in a worker process)."""
+    with _lock:
+        row = _totals.setdefault(name, [0, 0.0])
+        row[0] += 1
+        row[1] += seconds
+
+
+def snapshot() -> dict[str, tuple[int, float]]:
+    """{phase: (calls, seconds)} so far in this process."""
+    with _lock:
+        return {name: (calls, seconds) for name, (calls, seconds) in _totals.items()}
+
+
+def since(before: dict[str, tuple[int, float]]) -> dict[str, tuple[int, float]]:
+    """The phases that ran after `before` (a snapshot), with their calls and seconds since."""
+    out = {}
+    for name, (calls, seconds) in snapshot().items():
+        calls0, seconds0 = before.get(name, (0, 0.0))
+        if calls > calls0:
+            out[name] = (calls - calls0, seconds - seconds0)
+    return out
+
+
+def table(times: dict[str, tuple[int, float]] | None = None) -> str:
+    """`times` (default: the whole process so far) as aligned rows: phase, calls, seconds."""
+    times = snapshot() if times is None else times
+    if not times:
+        return "no compile has run yet"
+    width = max(len(name) for name in times)
+    lines = [f"{'phase':{width}}  calls  seconds"]
+    lines += [f"{name:{width}}  {calls:5d}  {seconds:7.3f}" for name, (calls, seconds) in times.items()]
+    return "\n".join(lines)
+
+
+def log_frame(function: str, before: dict[str, tuple[int, float]]) -> None:
+    """Log (artifact compile_times) what compiling `function` spent, phase by phase."""
+    log = logs.get("compile_times")
+    if log.isEnabledFor(logging.INFO):
+        parts = ", ".join(f"{name} {seconds:.3f} s" for name, (_, seconds) in since(before).items())
+        log.info("compiling %s: %s", function, parts)
+
+
+def reset() -> None:
+    with _lock:
+        _totals.clear()
