@@ -36,7 +36,6 @@ def needs_autograd(gm: torch.fx.GraphModule, example_inputs: list) -> bool:
 @register_backend("weld")
 def weld(gm: torch.fx.GraphModule, example_inputs: list, mode=None, options=None):
     options = {} if options is None else options  # kept, not copied: it carries the model's graph pool
-    _start_compile_workers(gm, example_inputs)
     if needs_autograd(gm, example_inputs):
         return _compile_training(prepare(gm, options, inference=False), example_inputs, mode, options)
     from torchweld.compiler import compile_graph
@@ -50,16 +49,6 @@ def weld(gm: torch.fx.GraphModule, example_inputs: list, mode=None, options=None
         log.warning("weld cannot compile this graph, running it eagerly: %s", e)
         compiled = gm.forward
     return with_cudagraphs(compiled, gm, mode, options)
-
-
-def _start_compile_workers(gm: torch.fx.GraphModule, example_inputs: list) -> None:
-    """Start Triton's compile workers while the graph is traced and lowered, if it has CUDA tensors."""
-    tensors = [x for x in example_inputs if isinstance(x, torch.Tensor)] + list(gm.parameters())
-    device = next((t.device for t in tensors if t.is_cuda), None)
-    if device is not None:
-        from torchweld.runtime.triton_launch import start_workers
-
-        start_workers(device)
 
 
 def prepare(gm: torch.fx.GraphModule, options: dict, inference: bool) -> torch.fx.GraphModule:

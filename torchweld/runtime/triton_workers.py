@@ -8,11 +8,11 @@ which it still runs, then reads the cache. Nothing depends on a worker succeedin
 if one fails or is missing, the parent compiles that kernel itself.
 
     pool = worker_pool()                               # None: no workers here
-    data = specialization_data(fn, args, config)       # what fn.warmup would compile
+    data = specialization_data(fn, args, config)       # what fn.warmup(*args, **config) would compile
     future = pool.submit(("compile", ...))             # concurrent.futures.Future
 
-The pool starts its processes on first use (`start_soon` starts them early, while the
-graph is still being lowered), one per core up to 16, or `TORCHWELD_COMPILE_WORKERS`.
+The pool starts its processes on first use, one per core up to 16, or
+`TORCHWELD_COMPILE_WORKERS` (0: none).
 Workers run as `python triton_worker_main.py`, not through multiprocessing, which
 would re-run the user's script in every worker.
 """
@@ -123,11 +123,6 @@ def worker_pool() -> WorkerPool | None:
                 return None
             atexit.register(_pool.close)
         return _pool
-
-
-def start_soon() -> None:
-    """Start the workers in the background, so they are up by the time kernels are compiled."""
-    threading.Thread(target=worker_pool, daemon=True, name="torchweld-triton-worker-start").start()
 
 
 def workers_supported() -> bool:
