@@ -17,10 +17,11 @@ once per call (falling back to the JIT launch when an input is misaligned).
 
 Where Triton allows it and a graph brings many new kernels (WORKERS_FROM), worker
 processes (triton_workers.py) compile each kernel into Triton's disk cache first:
-Triton's front end is Python and holds the GIL, so threads alone compile little in parallel. The threads then load each kernel
-(from the cache, or compiling it themselves where a worker failed); their C++
-passes and ptxas run outside the GIL. This relies on the launcher
-convention of Triton 3.3 and later (`CompiledKernel.run` takes every argument,
+Triton's front end is Python and holds the GIL, so threads alone compile little in
+parallel. The threads then load each kernel (from the cache, or compiling it
+themselves where a worker failed); their C++ passes and ptxas run outside the GIL.
+Loaded kernels launch through torchweld's own C launcher under Triton 3.6
+(`launch_handle`). This relies on the launcher convention of Triton 3.3 and later (`CompiledKernel.run` takes every argument,
 constexprs included, after the launch metadata and hooks); `fast_launch_available`
 says whether this Triton has it.
 """
