@@ -26,11 +26,11 @@ class ExtensionBuildError(RuntimeError):
     """Why the extension cannot be built here."""
 
 
-def load_extension(source: Path, module_name: str, folder: str, libraries: tuple[str, ...] = ()) -> types.ModuleType:
+def load_extension(source: Path, module_name: str, folder: str) -> types.ModuleType:
     """Import `source` (a C file) built as extension module `module_name` (its init function
-    is named by the last part) in cache folder `folder`; `libraries` are linked (`-l`).
-    Raises ExtensionBuildError, OSError or ImportError where it cannot be built or loaded."""
-    return _import(_build(source, module_name.rpartition(".")[2], folder, libraries), module_name)
+    is named by the last part) in cache folder `folder`. Raises ExtensionBuildError, OSError
+    or ImportError where it cannot be built or loaded."""
+    return _import(_build(source, module_name.rpartition(".")[2], folder), module_name)
 
 
 def _compiler() -> str:
@@ -46,13 +46,13 @@ def _include_flags() -> list[str]:
     return [f"-I{folder}" for folder in dict.fromkeys((paths["include"], paths["platinclude"]))]
 
 
-def _build(source_file: Path, stem: str, folder: str, libraries: tuple[str, ...]) -> str:
+def _build(source_file: Path, stem: str, folder: str) -> str:
     """The path of the built extension, compiling it if no process has yet."""
     source = source_file.read_text()
     suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
     include = sysconfig.get_paths()["include"]
     command = [_compiler(), *CFLAGS, *_include_flags()]
-    key = content_hash(source, suffix, *command, *libraries)
+    key = content_hash(source, suffix, *command)
     directory = cache_dir(folder)
     target = os.path.join(directory, f"{stem}_{key}{suffix}")
     if os.path.exists(target):
@@ -62,7 +62,7 @@ def _build(source_file: Path, stem: str, folder: str, libraries: tuple[str, ...]
     if not (Path(include) / "Python.h").exists():
         raise ExtensionBuildError(f"no Python.h in {include} (install the Python development headers)")
     source_path = write_once(os.path.join(directory, f"{stem}_{key}.c"), source)
-    return compile_once([*command, source_path, *(f"-l{lib}" for lib in libraries)], target, ExtensionBuildError)
+    return compile_once([*command, source_path], target, ExtensionBuildError)
 
 
 def _import(path: str, name: str) -> types.ModuleType:

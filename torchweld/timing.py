@@ -5,7 +5,8 @@
     print(torchweld.compile_times())    # one row per phase: calls, total seconds
 
 Phases nest (the backend's time includes lowering's); each row is inclusive
-of the phases inside it. `TORCHWELD_LOGS=compile_times` logs, after each
+of the phases inside it. Rows named `.threads.` or `.workers.` sum the time of work
+done in parallel (one call per kernel), so they add up to more than wall time. `TORCHWELD_LOGS=compile_times` logs, after each
 frame is compiled, the phases that frame spent time in.
 """
 from __future__ import annotations

@@ -45,6 +45,25 @@ def test_dead_workers_fail_requests_instead_of_leaving_them_waiting(pool):
             future.result(timeout=60)
 
 
+TRUNCATING_WORKER = """
+import struct, sys
+sys.stdin.buffer.read(4)  # the start of the sys.path message: enough to know the parent is there
+sys.stdout.buffer.write(struct.pack("<I", 1000) + b"not a pickle")
+sys.stdout.buffer.flush()
+"""
+
+
+def test_a_truncated_reply_fails_its_request_instead_of_leaving_it_waiting(tmp_path):
+    script = tmp_path / "truncating_worker.py"
+    script.write_text(TRUNCATING_WORKER)
+    pool = WorkerPool(1, script=str(script))
+    try:
+        with pytest.raises(RuntimeError, match="worker exited"):
+            pool.submit(("ping",)).result(timeout=60)
+    finally:
+        pool.close()
+
+
 def test_closed_pool_refuses_new_work():
     pool = WorkerPool(1)
     pool.close()

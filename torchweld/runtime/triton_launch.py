@@ -159,12 +159,12 @@ def _compile(job: CompileJob, args: list[torch.Tensor], ahead: Future | None = N
         try:
             seconds = ahead.result(timeout=WORKER_TIMEOUT_S)
             for part, s in seconds.items():
-                timing.record(f"weld.triton_compile.worker_{part} (in workers)", s)
+                timing.record(f"weld.triton_compile.workers.{part}", s)
         except Exception as e:  # noqa: BLE001 - compiled here instead
             log.debug("a Triton compile worker failed, compiling in this process: %s", e)
-        timing.record("weld.triton_compile.worker_wait (in threads)", time.perf_counter() - start)
+        timing.record("weld.triton_compile.threads.wait_for_worker", time.perf_counter() - start)
     config = dict(job.config)
-    with torch.cuda.device(job.device), timing.phase("weld.triton_compile.one_kernel (in threads)"):
+    with torch.cuda.device(job.device), timing.phase("weld.triton_compile.threads.kernel"):
         kernel = job.fn.warmup(*args, grid=(1,), **config)
         kernel = kernel.result() if hasattr(kernel, "result") else kernel
         return launch_handle(kernel, tuple(config[c] for c in CONSTEXPRS), job.device)

@@ -75,8 +75,8 @@ class WorkerPool:
             try:
                 write_message(process.stdin, (job_id, request))
                 reply = read_message(process.stdout)
-            except (OSError, EOFError, ValueError) as e:
-                reply, error = None, e
+            except Exception:  # noqa: BLE001 - a broken pipe or a truncated reply: the worker is gone
+                reply = None
             if reply is None:  # the worker died: fail this request and every one this thread takes from now on
                 log.debug("a Triton compile worker exited with %s", process.poll())
                 future.set_exception(RuntimeError(f"a Triton compile worker exited ({process.poll()})"))
