@@ -1,10 +1,12 @@
 """Where a training step's time goes: eager vs weld, the torch.compile tutorial's step.
 
-    python3 bench/profile_train_gpu.py [--model densenet121|resnet50] [--batch 16] [--size 128]
+    python3 bench/profile_train_gpu.py [--model densenet121|resnet50|BERT|GPT-2] [--batch 16] [--size 128]
                                        [--mode MODE] [--options JSON] [--steps 20] [--compile-profile]
 
-One step = opt.zero_grad(True); loss = CrossEntropyLoss()(model(x), y); loss.backward(); opt.step()
-with Adam, float32, on CUDA. For eager and for weld (the model compiled with
+One step = opt.zero_grad(True); loss = loss_fn(model(x), y); loss.backward(); opt.step() with
+Adam, float32, on CUDA. torchvision models take 3x<size>x<size> images and CrossEntropyLoss;
+BERT and GPT-2 (transformers' default configs, as in bench/compare.py) take <size> tokens and
+the mean squared error of their last hidden state against a random target. For eager and for weld (the model compiled with
 torchweld.compile(backend="weld", mode=MODE); the optimizer runs eagerly) it prints:
   - ms per step: median of CUDA-event timings of single steps (what bench/compare.py reports);
   - per phase (forward+loss, backward, optimizer): CPU ms to enqueue it, and the wall ms
@@ -42,19 +44,37 @@ from profile_weld_gpu import GraphSpy, kernel_table  # noqa: E402
 from torchweld import config  # noqa: E402
 
 
+TRANSFORMERS = {"BERT": ("BertModel", "BertConfig", 30000), "GPT-2": ("GPT2Model", "GPT2Config", 50000)}
+
+
 def make_model(name: str) -> nn.Module:
+    if name in TRANSFORMERS:
+        import transformers
+        from compare import LastHidden
+
+        model_class, config_class, _ = TRANSFORMERS[name]
+        return LastHidden(getattr(transformers, model_class)(getattr(transformers, config_class)())).cuda().train()
     import torchvision
 
     return getattr(torchvision.models, name)().cuda().train()
 
 
+def make_batch(name: str, batch: int, size: int):
+    """(x, y, loss_fn) for model `name`."""
+    if name in TRANSFORMERS:
+        x = torch.randint(0, TRANSFORMERS[name][2], (batch, size), device="cuda")
+        return x, torch.randn(batch, size, 768, device="cuda"), lambda out, target: (out - target).square().mean()
+    x = torch.randn(batch, 3, size, size, device="cuda")
+    return x, torch.randint(0, 1000, (batch,), device="cuda"), nn.CrossEntropyLoss()
+
+
 class Step:
     """The tutorial's train step, timed per phase with CUDA events and perf_counter."""
 
-    def __init__(self, model: nn.Module, compiled, x: torch.Tensor, y: torch.Tensor):
+    def __init__(self, model: nn.Module, compiled, x: torch.Tensor, y: torch.Tensor, loss_fn):
         self.opt = torch.optim.Adam(model.parameters())
         self.compiled, self.x, self.y = compiled, x, y
-        self.loss_fn = nn.CrossEntropyLoss()
+        self.loss_fn = loss_fn
 
     def __call__(self, timed: bool = False):
         marks = []
@@ -211,20 +231,20 @@ def main() -> None:
     parser.add_argument("--save-wrappers", default=None, help="copy weld's generated wrappers into this folder")
     parser.add_argument("--dump-kernels", type=int, default=0, help="print the source of weld's N slowest kernels")
     args = parser.parse_args()
+    shape = f"s{args.size}" if args.model in TRANSFORMERS else f"3x{args.size}x{args.size}"
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; {args.model} b{args.batch} "
-          f"3x{args.size}x{args.size}, mode={args.mode}, options={args.options}")
+          f"{shape}, mode={args.mode}, options={args.options}")
     torch.manual_seed(0)
-    x = torch.randn(args.batch, 3, args.size, args.size, device="cuda")
-    y = torch.randint(0, 1000, (args.batch,), device="cuda")
+    x, y, loss_fn = make_batch(args.model, args.batch, args.size)
     eager_ms = None
     if not args.skip_eager:
         model = make_model(args.model)
-        eager_ms = report("eager", Step(model, model, x, y), args.steps)
+        eager_ms = report("eager", Step(model, model, x, y, loss_fn), args.steps)
         del model
     model = make_model(args.model)
     with tempfile.TemporaryDirectory() as tmp, config.patch(cache_dir=tmp), GraphSpy() as spy:
         compiled = torchweld.compile(model, backend="weld", mode=args.mode, options=json.loads(args.options))
-        step = Step(model, compiled, x, y)
+        step = Step(model, compiled, x, y, loss_fn)
         torch.cuda.synchronize()
         profiler = cProfile.Profile() if args.compile_profile else None
         t0 = time.perf_counter()
@@ -235,6 +255,7 @@ def main() -> None:
         if profiler:
             profiler.disable()
         print(f"  weld cold first step: {time.perf_counter() - t0:.1f} s")
+        print("\n".join("    " + line for line in torchweld.compile_times().splitlines()))
         if profiler:
             for key in ("cumulative", "tottime"):
                 out = io.StringIO()

@@ -119,3 +119,24 @@ def test_dead_buffers_not_taken_over_are_deleted_where_they_die():
               [torch.randn(64, 64)])
     assert not _held_until_return(c.wrapper_source)
 
+
+
+def test_kernels_stop_growing_at_the_size_cap():
+    """A chain of 80 residual adds whose 80 layer-norm-like consumers could all join the first
+    kernel (a GPT-2 backward recomputing every block's residual stream) is cut into kernels
+    of at most MAX_KERNEL_MEMBERS buffers and MAX_KERNEL_READS loads; results equal eager's."""
+    from torchweld.compiler.schedule import MAX_KERNEL_MEMBERS, MAX_KERNEL_READS
+
+    n = 80
+
+    def fn(h, branches):
+        outs = []
+        for i in range(n):
+            h = h + branches[i]
+            outs.append(torch.tanh(h) * 2)
+        return outs
+
+    c = check(fn, [torch.randn(4, 8), torch.randn(n, 4, 8)])
+    kernels = c.schedule.kernels()
+    assert len(kernels) >= 2
+    assert all(len(k.members) <= MAX_KERNEL_MEMBERS and len(k.reads) <= MAX_KERNEL_READS for k in kernels)

@@ -130,17 +130,22 @@ def test_constant_fill_is_stored():
 
 
 def test_few_outputs_long_rows_reduce_in_two_steps():
-    """Batch norm's training statistics: per-channel sums over N, H, W (channels-last here).
-    Few outputs and long rows reduce in two steps (lowering.split_dim), so that many
+    """Batch norm's training statistics (per-channel sums over N, H, W of channels-last
+    activations), a layer norm's weight gradient (per-column sums) and a whole-tensor sum:
+    few outputs and long rows reduce in two steps (lowering.split_plan), so that many
     programs share the work; results equal eager's."""
-    from torchweld.compiler.lowering import split_dim
+    from torchweld.compiler.lowering import split_plan
     from torchweld.compiler.ir import Op
 
-    assert split_dim((16, 64, 32, 32), (0, 2, 3), Op.SUM) == 0
-    assert split_dim((4096, 64), (0,), Op.SUM) is None  # one reduced dim: nothing to split off
-    assert split_dim((8, 4096, 8, 8), (0, 2, 3), Op.SUM) is None  # many outputs already
-    x = torch.randn(16, 8, 32, 32).contiguous(memory_format=torch.channels_last)
-    g = torch.randn(16, 8, 32, 32)
+    # 64 channels, rows of 16*32*32: 128 partial results, from all of N and 8 slices of H
+    assert split_plan((16, 64, 32, 32), (0, 2, 3), Op.SUM, True) == (2, 8)
+    assert split_plan((2048, 768), (0,), Op.SUM, True) == (0, 16)  # rows of 128 at least
+    assert split_plan((8, 256, 768), (0, 1, 2), Op.SUM, False) == (1, 256)  # 2048 rows of 768
+    assert split_plan((8, 4096, 8, 8), (0, 2, 3), Op.SUM, False) is None  # many outputs already
+    assert split_plan((64, 64), (0,), Op.SUM, True) is None  # too small to be worth a launch
+    assert split_plan((16, 64, 32, 32), (0, 2, 3), Op.PROD, True) is None
+    x = torch.randn(16, 8, 48, 48).contiguous(memory_format=torch.channels_last)
+    g = torch.randn(16, 8, 48, 48)
 
     def bn_stats_and_backward(x, g):
         mean = x.mean((0, 2, 3), keepdim=True)
@@ -150,3 +155,23 @@ def test_few_outputs_long_rows_reduce_in_two_steps():
     c = check(bn_stats_and_backward, [x, g], options=TRITON, atol=1e-3, rtol=1e-4)
     assert len(c.schedule.kernels()) > len(check(bn_stats_and_backward, [x, g], atol=1e-3, rtol=1e-4,
                                                  options={**TRITON, "split_reductions": False}).schedule.kernels())
+    h, w = torch.randn(2048, 160), torch.randn(160)
+    columns_and_all = lambda h, w: [(h * w).sum(0), h.sum(), h.amin(0)]  # noqa: E731
+    c = check(columns_and_all, [h, w], options=TRITON, atol=1e-3, rtol=1e-4)
+    assert len(c.schedule.kernels()) > len(check(columns_and_all, [h, w], atol=1e-3, rtol=1e-4,
+                                                 options={**TRITON, "split_reductions": False}).schedule.kernels())
+
+
+def test_reductions_read_across_rows_take_wide_blocks():
+    """A reduction whose loads are contiguous along its outputs (channels-last batch norm
+    statistics, column sums) takes blocks of many outputs and short rows, in one step or two."""
+    from torchweld.compiler.codegen.triton import OUTER_RBLOCK, OUTER_XBLOCK, block_sizes, reads_across_rows
+
+    nchw = torch.randn(4, 96, 9, 9)  # 31104 elements: one step
+    nhwc = nchw.contiguous(memory_format=torch.channels_last)
+    for fn, x, across in [(lambda x: x.sum((0, 2, 3)), nhwc, True), (lambda x: x.sum((0, 2, 3)), nchw, False),
+                          (lambda x: x.sum(1), nhwc, False), (lambda x: x.sum(1), nchw, True)]:
+        c = check(fn, [x], options=TRITON, atol=1e-4, rtol=1e-4)
+        [kernel] = [k for k in c.schedule.kernels() if k.is_reduction]
+        assert reads_across_rows(kernel) is across
+        assert (block_sizes(kernel) == (OUTER_XBLOCK, OUTER_RBLOCK)) is across

@@ -252,6 +252,28 @@ def affine_terms(e: Expr) -> tuple[dict[str, int], int] | None:
     return None
 
 
+def linear_coefficient(e: Expr, name: str) -> int | None:
+    """The coefficient of index variable `name` in `e`, a sum whose terms are affine in
+    `name` or do not contain it (others may hold div/mod); None where `name` sits under a
+    div, a mod or a product with another variable."""
+    terms, coefficient = [e], 0
+    while terms:
+        t = terms.pop()
+        if t.op is Op.ADD and t.dtype is INDEX:
+            terms.extend(t.args)
+        elif t.op is Op.VAR and t.arg == name:
+            coefficient += 1
+        elif t.op is Op.MUL and t.dtype is INDEX and any(is_const(k) for k in t.args):
+            x, k = t.args if is_const(t.args[1]) else t.args[::-1]
+            inner = linear_coefficient(x, name)
+            if inner is None:
+                return None
+            coefficient += inner * k.arg
+        elif any(n.op is Op.VAR and n.arg == name for n in walk(t)):
+            return None
+    return coefficient
+
+
 def unravel(flat: Expr, shape: Iterable[int]) -> list[Expr]:
     """The n-d index of a row-major position `flat` in `shape`."""
     shape = list(shape)

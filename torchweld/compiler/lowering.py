@@ -99,7 +99,7 @@ class GraphLowering:
         self.gm = gm
         self.check = check
         # whether a reduction with few outputs and long rows on `device` runs in two steps
-        # (split_dim): right for Triton kernels, which get one program per block of outputs
+        # (split_plan): right for Triton kernels, which get one program per block of outputs
         self.split_reductions = split_reductions
         # whether a convolution on `device` is called without its bias, which the next
         # fused kernel adds (cuDNN convolutions add it in an extra pass of their own)
@@ -137,18 +137,59 @@ class GraphLowering:
 
     def add_reduction(self, x: TensorValue, reduced, reduce_op: ir.Op, body: Expr, dtype) -> TensorValue:
         reduced = tuple(sorted(reduced))
-        split = split_dim(x.shape, reduced, reduce_op) if self.split_reductions(x.device) else None
+        split = None
+        if self.split_reductions(x.device):
+            split = split_plan(x.shape, reduced, reduce_op, self.reads_along_kept(body, x.shape, reduced))
         if split is None:
             return self._reduction(x.shape, reduced, reduce_op, body, dtype, x.device)
-        # Few outputs, long rows: one program per output (or per few) leaves most of the GPU
-        # idle. Reduce in two steps: all reduced dims but `split` (many programs, one per
-        # (kept index, split index)), then the partial results along `split`.
-        partial = self._reduction(x.shape, tuple(d for d in reduced if d != split), reduce_op, body, body.dtype,
-                                  x.device)
-        position = sum(1 for d in range(split) if d not in reduced)
-        ndim = len(partial.shape)
-        return self._reduction(partial.shape, (position,), reduce_op, partial.read(ir.dim_vars(ndim)), dtype,
-                               x.device)
+        # Few outputs, long rows: one program per block of outputs leaves most of the GPU idle.
+        # Reduce in two steps: partial results over rows of `factor` times fewer elements
+        # (many programs), then those partial results.
+        dim, factor = split
+        shape = x.shape
+        before = [d for d in reduced if d < dim]  # whole dims whose index picks a partial result
+        kept = [d for d in range(len(shape)) if d not in reduced]
+        after = [d for d in reduced if d > dim]  # whole dims each partial result reduces
+        inner = shape[dim] // factor
+        # the first step's full shape: (before..., factor, kept..., inner, after...): partial
+        # results first, so that the kept dims vary fastest among its outputs
+        partial_shape = ([shape[d] for d in before] + [factor] + [shape[d] for d in kept] + [inner]
+                         + [shape[d] for d in after])
+        v = ir.dim_vars(len(partial_shape))
+        order = before + [None] + kept + [dim] + after
+        index: list = [None] * len(shape)
+        for position, d in enumerate(order):
+            if d is not None and d != dim:
+                index[d] = v[position]
+        index[dim] = ir.iadd(ir.imul(v[len(before)], ir.const(inner)), v[len(before) + 1 + len(kept)])
+        n_partial = len(before) + 1
+        partial = self._reduction(tuple(partial_shape), tuple(range(n_partial + len(kept), len(partial_shape))),
+                                  reduce_op, ir.substitute(body, index), body.dtype, x.device)
+        return self._reduction(partial.shape, tuple(range(n_partial)), reduce_op,
+                               partial.read(ir.dim_vars(len(partial.shape))), dtype, x.device)
+
+    def reads_along_kept(self, body: Expr, shape, reduced) -> bool:
+        """Whether most loads of a reduction's `body` that vary along its rows are contiguous
+        along a kept dim (per-channel sums of channels-last activations, a layer norm's
+        weight gradient) rather than along a reduced one."""
+        votes = 0
+        for load in ir.loads(body):
+            layout = self.layout_of(load.arg)
+            if layout is None:
+                continue
+            flat = ir.flat_index(list(load.args), layout.stride)
+            coefficients = [ir.linear_coefficient(flat, f"d{d}") if shape[d] != 1 else 0 for d in range(len(shape))]
+            if not any(coefficients[d] for d in reduced):
+                continue  # read once per row (a mean, a weight): no say in how rows are read
+            if 1 in coefficients:
+                votes += 1 if coefficients.index(1) not in reduced else -1
+        return votes > 0
+
+    def layout_of(self, name: str) -> Layout | None:
+        buf, index = ir.producer_of(name, self.buffers)
+        if isinstance(buf, ir.Extern):
+            return buf.outputs[index][1] if index < len(buf.outputs) else None
+        return getattr(buf, "layout", None)
 
     def _reduction(self, full_shape, reduced, reduce_op: ir.Op, body: Expr, dtype, device) -> TensorValue:
         name = self.new_name()
@@ -307,27 +348,40 @@ class GraphLowering:
         return v
 
 
-SPLIT_MAX_OUTPUTS = 2048  # reductions with fewer outputs than this ...
-SPLIT_MIN_ROW = 8192  # ... and rows at least this long are split
 SPLIT_OPS = frozenset({ir.Op.SUM, ir.Op.MAX, ir.Op.MIN})  # associative: partial results combine
+SPLIT_MIN_ELEMENTS = 1 << 18  # a reduction reading fewer elements runs in one step: launches would cost more
+PARTIAL_ROW_MIN = 128  # the first step's rows are at least this long
+# Outputs the first step should have: per-column sums take blocks of 64 columns per program,
+# per-row sums blocks of 4 rows; either way about 512 programs.
+PARTIAL_OUTPUTS = {True: 64 * 512, False: 4 * 512}
 
 
-def split_dim(shape, reduced: tuple[int, ...], reduce_op: ir.Op) -> int | None:
-    """The reduced dim to reduce last, in a second step, or None to reduce in one step.
+def split_plan(shape, reduced: tuple[int, ...], reduce_op: ir.Op, along_kept: bool) -> tuple[int, int] | None:
+    """(reduced dim, factor) to reduce in two steps, or None for one step.
 
-    Batch norm's statistics in training (sums over N, H, W per channel: 64 to 1024 outputs,
-    rows of N*H*W) are the case in point: split off the outermost reduced dim of 8 or more
-    whose removal leaves rows of 256 or more."""
-    if reduce_op not in SPLIT_OPS or len(reduced) < 2:
+    The first step reduces rows `factor` times (and all reduced dims before `dim` times) shorter
+    into partial results, the second those. Batch norm's statistics in training (sums over
+    N, H, W per channel: 64 to 1024 outputs, rows of N*H*W) and a layer norm's weight gradient
+    (768 outputs, rows of batch*sequence) are the cases in point. `along_kept`: the rows are
+    read across, contiguous along the outputs (lowering's reads_along_kept)."""
+    if reduce_op not in SPLIT_OPS or not reduced:
         return None
     outputs = math.prod(s for i, s in enumerate(shape) if i not in reduced)
     row = math.prod(shape[d] for d in reduced)
-    if outputs >= SPLIT_MAX_OUTPUTS or row < SPLIT_MIN_ROW:
+    wanted = min(PARTIAL_OUTPUTS[along_kept] // max(outputs, 1), row // PARTIAL_ROW_MIN)
+    if outputs * row < SPLIT_MIN_ELEMENTS or wanted < 4:
         return None
+    best, before = None, 1  # the most partial results, at most `wanted`
     for d in reduced:
-        if shape[d] >= 8 and row // shape[d] >= 256:
-            return d
-    return None
+        factor = next(f for f in range(min(shape[d], wanted // before), 0, -1) if shape[d] % f == 0)
+        if factor > 1 and (best is None or before * factor > best[0]):
+            best = (before * factor, d, factor)
+        before *= shape[d]
+        if before > wanted:
+            break
+    if best is None or best[0] < 4:
+        return None
+    return best[1], best[2]
 
 
 def _cudnn_conv_backward_layouts(target, node: torch.fx.Node, outputs: tuple) -> tuple:

@@ -105,6 +105,14 @@ class Schedule:
 # =============================================================================
 
 
+# A kernel computes at most this many buffers and loads at most this many: larger ones
+# (a training backward recomputing the residual stream of all 12 blocks of GPT-2 in one
+# kernel, 194 pointers) spill registers and take many seconds to compile. Kernels of single
+# elements (the step counters of all batch norms) are exempt.
+MAX_KERNEL_MEMBERS = 64
+MAX_KERNEL_READS = 64
+
+
 @dataclasses.dataclass
 class _Group:
     position: int
@@ -112,6 +120,14 @@ class _Group:
     reduced: tuple[int, ...]  # dims of `full` that are reduced (empty: pointwise)
     device: torch.device
     members: list = dataclasses.field(default_factory=list)
+    reads: set = dataclasses.field(default_factory=set)  # what its members read, members included
+
+    def has_room(self, buf) -> bool:
+        if math.prod(self.full) == 1:
+            return True
+        if len(self.members) >= MAX_KERNEL_MEMBERS:
+            return False
+        return len((self.reads | buf.reads()) - set(self.members) - {buf.name}) <= MAX_KERNEL_READS
 
     @property
     def outer_shape(self) -> tuple[int, ...]:
@@ -172,7 +188,7 @@ class _Grouper:
                         key=lambda g: -g.position)
         for group in groups:
             kind = group.kind_of(buf)
-            if kind is None or group.device != buf.device:
+            if kind is None or group.device != buf.device or not group.has_room(buf):
                 continue
             others = [self.position_of[r] for r in reads if self.group_of.get(r) is not group]
             if any(p >= group.position for p in others):
@@ -195,7 +211,8 @@ class _Grouper:
                     continue
                 break
             kind = step.kind_of(buf)
-            if kind is not None and step.device == buf.device and self.reads_line_up(step, buf, kind):
+            if (kind is not None and step.device == buf.device and step.has_room(buf)
+                    and self.reads_line_up(step, buf, kind)):
                 if kind == "reduction" and not step.reduced:
                     step.reduced = buf.reduced
                 self.join(step, buf, kind)
@@ -208,6 +225,7 @@ class _Grouper:
 
     def join(self, group: _Group, buf, kind: str) -> None:
         group.members.append(buf.name)
+        group.reads |= buf.reads()
         self.group_of[buf.name] = group
         self.position_of[buf.name] = group.position
         self.kind[buf.name] = kind

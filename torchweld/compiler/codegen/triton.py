@@ -16,6 +16,7 @@ from torchweld.compiler.schedule import Kernel, Stage, Store
 HALF_TYPES = (torch.float16, torch.bfloat16)
 MAX_PERSISTENT_RBLOCK = 2048  # rows up to this long reduce in one block, longer ones loop
 LOOPED_RBLOCK = 1024
+OUTER_XBLOCK, OUTER_RBLOCK = 64, 64  # reductions read across rows (reads_across_rows)
 BIG_POINTWISE = 1 << 21  # elements from which a pointwise kernel takes 2048-element blocks and 8 warps
 STREAMING = 1 << 22  # elements from which a pointwise kernel's data outgrows L2: its loads evict first
 INT32_LIMIT = 1 << 31
@@ -26,14 +27,39 @@ def next_power_of_2(n: int) -> int:
 
 
 def block_sizes(kernel: Kernel) -> tuple[int, int]:
-    """(XBLOCK, RBLOCK) from the kernel's sizes."""
+    """(XBLOCK, RBLOCK) from the kernel's sizes and how its loads run."""
     xnumel = max(math.prod(kernel.outer), 1)
     if not kernel.is_reduction:
         return (2048 if xnumel >= BIG_POINTWISE else min(1024, next_power_of_2(xnumel))), 1
     rnumel = math.prod(kernel.reduced)
+    if reads_across_rows(kernel):
+        # blocks of OUTER_XBLOCK outputs side by side: each row's load is one contiguous segment
+        return min(OUTER_XBLOCK, next_power_of_2(xnumel)), min(OUTER_RBLOCK, next_power_of_2(rnumel))
     rblock = next_power_of_2(rnumel) if rnumel <= MAX_PERSISTENT_RBLOCK else LOOPED_RBLOCK
     xblock = max(1, min(next_power_of_2(xnumel), 4096 // rblock, 64))
     return xblock, rblock
+
+
+def reads_across_rows(kernel: Kernel) -> bool:
+    """Whether most of a reduction's loads that vary along the rows are contiguous along the
+    outputs instead (per-channel sums of channels-last activations, a layer norm's weight
+    gradient): blocks then take many outputs and short stretches of rows."""
+    xs = [f"x{k}" for k, size in enumerate(kernel.outer) if size != 1]
+    rs = [f"r{k}" for k, size in enumerate(kernel.reduced) if size != 1]
+    if not xs or not rs:
+        return False
+    votes = 0
+    for value in _values(kernel):
+        for load in ir.loads(value):
+            index = load.args[0]
+            # xindex/rindex: the kernel after coalesce_indices, which the renderer sees
+            if not any(ir.linear_coefficient(index, r) != 0 for r in rs + ["rindex"]):
+                continue  # read once per row: no say in how rows are read
+            if 1 in (ir.linear_coefficient(index, rs[-1]), ir.linear_coefficient(index, "rindex")):
+                votes -= 1
+            elif 1 in (ir.linear_coefficient(index, xs[-1]), ir.linear_coefficient(index, "xindex")):
+                votes += 1
+    return votes > 0
 
 
 def launch_config(kernel: Kernel) -> dict:
@@ -458,6 +484,12 @@ def launch_candidates(kernel: Kernel) -> list[dict]:
     if not kernel.is_reduction:
         shapes = [(256, 2), (256, 4), (512, 4), (1024, 4), (1024, 8), (2048, 8)]
         found = [{"XBLOCK": x, "RBLOCK": 1, "num_warps": w} for x, w in shapes if x <= max(xcap, 256)]
+    elif reads_across_rows(kernel):
+        looped = math.prod(kernel.reduced) > rblock
+        shapes = [(32, 32), (64, 32), (128, 32), (32, 64), (128, 64), (64, 128)] if looped else \
+            [(x, rblock) for x in (16, 32, 64, 128) if x * rblock <= 8192]
+        found = [{"XBLOCK": x, "RBLOCK": r, "num_warps": 4 if x * r <= 4096 else 8}
+                 for x, r in shapes if x <= max(xcap, 16)]
     else:
         looped = math.prod(kernel.reduced) > MAX_PERSISTENT_RBLOCK
         rblocks = (512, 1024, 2048) if looped else (rblock,)
