@@ -118,3 +118,30 @@ def test_recomputed_ops_run_just_before_the_backward_op_that_needs_them():
         first_user = min(n.users, key=position.__getitem__)
         between = nodes[position[n] + 1:position[first_user]]
         assert not any(b in on_tangents for b in between), f"{n.name} runs long before {first_user.name}"
+
+
+def residual_stream(h, w1, w2, w3, w4):
+    for w in (w1, w2, w3, w4):
+        h = h + torch.nn.functional.layer_norm(h, (16,)) @ w
+    return h
+
+
+def test_residual_stream_is_saved_and_parameter_inputs_cost_nothing():
+    """GPT-2's blocks: h = h + f(layer_norm(h)), with f's weights reaching the graph as inputs
+    (transformers' Conv1D). Saving each h or each f output costs as many bytes; the later
+    values win the tie, else the backward would recompute the whole stream at its start.
+    Parameters cost nothing to save (they stay in memory), plain inputs their bytes."""
+    h = torch.randn(8, 16, requires_grad=True)
+    weights = [nn.Parameter(torch.randn(16, 16) / 4) for _ in range(4)]
+    joint = joint_of(residual_stream, h, *weights)
+    part = partition(joint, "min_cut")
+    saved = [n for n in joint.gm.graph.nodes if n.name in part.saved_nodes]
+    assert not any("mm" in str(n.target) for n in saved), [str(n.target) for n in saved]
+    plain = joint_of(residual_stream, h, *[w.detach().clone().requires_grad_() for w in weights])
+    assert part.saved_bytes <= partition(plain, "min_cut").saved_bytes
+    tangent = torch.randn(8, 16)
+    outs, grads = run_partition(part, joint, [h, *weights], [tangent])
+    expected = residual_stream(h, *weights)
+    torch.testing.assert_close(outs[0], expected)
+    for got, want in zip(grads, torch.autograd.grad(expected, [h, *weights], tangent)):
+        torch.testing.assert_close(got, want)

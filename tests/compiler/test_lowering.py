@@ -88,3 +88,19 @@ def test_safe_softmax_is_fused_and_zeroes_fully_masked_rows():
     compiled = check(lambda s: torch.ops.aten._safe_softmax(s, -1), [scores])
     assert compiled.externs == []
     assert compiled(scores)[:, :, 3].eq(0).all()
+
+
+def test_unravelled_index_folds_back():
+    """A reshape of a contiguous tensor read through its view: the div/mod terms of the
+    unravelled index fold back into one term (the row sums of a layer norm's weight gradient
+    then read (batch*sequence, features) as plain rows); other strides are left alone."""
+    from torchweld.compiler import ir
+
+    d0, d1 = ir.var("d0"), ir.var("d1")
+    folded = ir.flat_index(ir.unravel(d0, (8, 256)) + [d1], (196608, 768, 1))
+    assert folded.key() == ir.iadd(ir.imul(d0, ir.const(768)), d1).key()
+    assert ir.flat_index(ir.unravel(d0, (4, 6, 5)), (30, 5, 1), 7).key() == ir.iadd(ir.const(7), d0).key()
+    transposed = ir.flat_index(ir.unravel(d0, (4, 6, 5)), (1, 4, 24))
+    assert any(n.op is ir.Op.IMOD for n in ir.walk(transposed))
+    assert ir.linear_coefficient(transposed, "d0") is None
+    assert ir.linear_coefficient(ir.flat_index([d0, d1], (768, 1), 3), "d0") == 768

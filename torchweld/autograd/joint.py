@@ -106,6 +106,9 @@ class JointGraph:
     diff_outputs: list[int]
     mutated_primals: list[int]
     grad_primals: list[int]
+    # primals that stay in memory whatever the partition saves: the module's state (the first
+    # primals) and parameters the graph takes as inputs
+    resident_primals: frozenset = frozenset()
 
     @property
     def num_tangents(self) -> int:
@@ -157,4 +160,6 @@ def trace_joint(gm: torch.fx.GraphModule, state: list[ModuleState], primals: lis
     outs, grads, new_values = flat[:k], flat[k:k + g], flat[k + g:]
     output.args = ([*outs, *new_values, *grads],)
     fn.gm.recompile()
-    return JointGraph(fn.gm, len(primals), k, out_spec, diff_outputs, fn.mutated_placeholders, grad_primals)
+    resident = frozenset(i for i, p in enumerate(primals) if i < n_state or isinstance(p, torch.nn.Parameter))
+    return JointGraph(fn.gm, len(primals), k, out_spec, diff_outputs, fn.mutated_placeholders, grad_primals,
+                      resident)

@@ -136,9 +136,21 @@ def partition(joint: JointGraph, strategy: str = "min_cut") -> Partition:
 
 
 def _min_cut_saved(joint: JointGraph, frontier: set, tangent_side: set, forward_outputs: list) -> set:
-    """The tensors to save so that saved bytes are fewest, recomputing only cheap ops."""
+    """The tensors to save so that saved bytes are fewest, recomputing only cheap ops.
+
+    The module's parameters and buffers cost no bytes to save: they stay in memory anyway.
+    Among cuts of equal bytes the one saving later values wins: each capacity is its bytes
+    times (node count squared + 1), more than all distances together, plus the node's
+    distance from the graph's end. GPT-2's residual
+    stream, h = h + dropout(branch) in each block, saves as many bytes whether it keeps each
+    h or each branch output; keeping the branch outputs would recompute all of the stream,
+    block by block, at the start of the backward."""
     required_forward = _ancestors(forward_outputs)
     candidates = _ancestors(frontier) - tangent_side
+    nodes = list(joint.gm.graph.nodes)
+    distance_to_end = {n: len(nodes) - i for i, n in enumerate(nodes)}
+    primals = joint.node_groups()[0]
+    resident = {primals[i] for i in joint.resident_primals}
     flow = FlowGraph()
     for n in candidates:
         if n.op == "placeholder" or is_random(n) or (n in required_forward and not is_recomputable(n)):
@@ -146,7 +158,9 @@ def _min_cut_saved(joint: JointGraph, frontier: set, tangent_side: set, forward_
         elif not is_recomputable(n):
             # Not needed by the forward: the backward may compute it once itself; never twice.
             pass
-        flow.add_edge((n, "in"), (n, "out"), nbytes(n) if n.op != "get_attr" else 0)
+        cost = distance_to_end[n] if n.op == "get_attr" or n in resident else \
+            nbytes(n) * (len(nodes) ** 2 + 1) + distance_to_end[n]
+        flow.add_edge((n, "in"), (n, "out"), cost)
         for user in n.users:
             if user in tangent_side:
                 flow.add_edge((n, "out"), "sink", INF)

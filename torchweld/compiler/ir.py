@@ -225,6 +225,68 @@ def flat_index(index: list[Expr], strides: Iterable[int], offset: int = 0) -> Ex
     out = const(offset)
     for i, s in zip(index, strides):
         out = iadd(out, imul(i, const(s)))
+    return fold_unravelled(out)
+
+
+def _scaled_terms(e: Expr) -> list[tuple[Expr, int]]:
+    """`e`, a sum, as (term, constant factor) pairs."""
+    out, stack = [], [e]
+    while stack:
+        t = stack.pop()
+        if t.op is Op.ADD and t.dtype is INDEX:
+            stack.extend(reversed(t.args))
+        elif t.op is Op.MUL and t.dtype is INDEX and is_const(t.args[1]):
+            out.append((t.args[0], t.args[1].arg))
+        elif t.op is Op.MUL and t.dtype is INDEX and is_const(t.args[0]):
+            out.append((t.args[1], t.args[0].arg))
+        else:
+            out.append((t, 1))
+    return out
+
+
+def _merge_pair(a: tuple[Expr, int], b: tuple[Expr, int]) -> tuple[Expr, int] | None:
+    """(y // (p*q)) * (q*c) + ((y // p) % q) * c as (y // p) * c; p may be 1 (y % q)."""
+    (div, c1), (mod, c2) = a, b
+    if div.op is not Op.IDIV or mod.op is not Op.IMOD or not is_const(div.args[1]) or not is_const(mod.args[1]):
+        return None
+    y, whole, inner, q = div.args[0], div.args[1].arg, mod.args[0], mod.args[1].arg
+    if inner.key() == y.key():
+        p = 1
+    elif inner.op is Op.IDIV and is_const(inner.args[1]) and inner.args[0].key() == y.key():
+        p = inner.args[1].arg
+    else:
+        return None
+    if p * q != whole or c1 != q * c2:
+        return None
+    return idiv(y, p), c2
+
+
+def fold_unravelled(e: Expr) -> Expr:
+    """`e` with the div/mod terms of an index unravelled over several dims and raveled again
+    with matching strides folded back (a reshape of a contiguous tensor read through its
+    view): ((y // 256) * 196608 + (y % 256) * 768) + x is y * 768 + x."""
+    if e.op is not Op.ADD or not any(n.op is Op.IMOD for n in walk(e)):
+        return e
+    terms = _scaled_terms(e)
+    count = len(terms)
+    merged = True
+    while merged:
+        merged = False
+        for i in range(len(terms)):
+            for j in range(len(terms)):
+                pair = _merge_pair(terms[i], terms[j]) if i != j else None
+                if pair is not None:
+                    terms[i] = pair
+                    del terms[j]
+                    merged = True
+                    break
+            if merged:
+                break
+    if len(terms) == count:
+        return e
+    out = const(0)
+    for t, c in terms:
+        out = iadd(out, imul(t, const(c)))
     return out
 
 

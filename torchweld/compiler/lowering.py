@@ -179,7 +179,7 @@ class GraphLowering:
                 continue
             flat = ir.flat_index(list(load.args), layout.stride)
             coefficients = [ir.linear_coefficient(flat, f"d{d}") if shape[d] != 1 else 0 for d in range(len(shape))]
-            if not any(coefficients[d] for d in reduced):
+            if all(coefficients[d] == 0 for d in reduced):
                 continue  # read once per row (a mean, a weight): no say in how rows are read
             if 1 in coefficients:
                 votes += 1 if coefficients.index(1) not in reduced else -1
