@@ -121,3 +121,26 @@ def test_the_parent_loads_what_the_workers_compiled(tmp_path, monkeypatch):
 
     check(fn, [torch.randn(300, 33, device="cuda")])
     assert hits and all(hits), hits
+
+
+def test_the_specialization_hook_skips_only_its_own_threads_compile():
+    """The hook that captures a kernel's specialization is global to the process; a compile
+    the thread pool runs meanwhile (a kernel handed out before) must go ahead, not come back
+    empty (which made weld fall back to Triton's JIT launches for a whole graph)."""
+    import threading
+
+    knobs = pytest.importorskip("triton").knobs
+    from torchweld.runtime.triton_workers import specialization_data
+
+    seen = {}
+
+    class Kernel:
+        def warmup(self, *args, grid, **config):
+            hook = knobs.runtime.jit_cache_hook
+            other = threading.Thread(target=lambda: seen.update(other=hook(compile={"specialization_data": "x"})))
+            other.start()
+            other.join()
+            seen["own"] = hook(compile={"specialization_data": "ours"})
+
+    assert specialization_data(Kernel(), [], {}) == "ours"
+    assert seen == {"other": False, "own": True}

@@ -146,8 +146,13 @@ def specialization_data(fn, args: list, config: dict) -> str | None:
     from triton import knobs
 
     captured: list[str] = []
+    this_thread = threading.get_ident()
 
     def hook(*, compile: dict, **_) -> bool:
+        # The hook is global to the process: compiles running in other threads meanwhile
+        # (the pool's, of the kernels handed out before this one) go ahead as usual.
+        if threading.get_ident() != this_thread:
+            return False
         captured.append(compile["specialization_data"])
         return True  # skip the compile
 
