@@ -129,14 +129,16 @@ def test_constant_fill_is_stored():
     assert "tl.full([XBLOCK]" in compiled.kernel_sources["triton"]
 
 
-def test_few_outputs_long_rows_reduce_in_two_steps():
+def test_few_outputs_long_rows_reduce_in_two_steps(monkeypatch):
     """Batch norm's training statistics (per-channel sums over N, H, W of channels-last
     activations), a layer norm's weight gradient (per-column sums) and a whole-tensor sum:
     few outputs and long rows reduce in two steps (lowering.split_plan), so that many
     programs share the work; results equal eager's."""
+    from torchweld.compiler import lowering
     from torchweld.compiler.lowering import split_plan
     from torchweld.compiler.ir import Op
 
+    monkeypatch.setattr(lowering, "SPLIT_MIN_ELEMENTS", 1 << 18)  # the interpreter's shapes stay small
     # 64 channels, rows of 16*32*32: 128 partial results, from all of N and 8 slices of H
     assert split_plan((16, 64, 32, 32), (0, 2, 3), Op.SUM, True) == (2, 8)
     assert split_plan((2048, 768), (0,), Op.SUM, True) == (0, 16)  # rows of 128 at least
@@ -164,8 +166,9 @@ def test_few_outputs_long_rows_reduce_in_two_steps():
 
 def test_reductions_read_across_rows_take_wide_blocks():
     """A reduction whose loads are contiguous along its outputs (channels-last batch norm
-    statistics, column sums) takes blocks of many outputs and short rows, in one step or two."""
-    from torchweld.compiler.codegen.triton import OUTER_RBLOCK, OUTER_XBLOCK, block_sizes, reads_across_rows
+    statistics, column sums) is told apart from one whose rows are contiguous; it takes
+    blocks of 8 to 64 outputs side by side."""
+    from torchweld.compiler.codegen.triton import block_sizes, reads_across_rows
 
     nchw = torch.randn(4, 96, 9, 9)  # 31104 elements: one step
     nhwc = nchw.contiguous(memory_format=torch.channels_last)
@@ -174,4 +177,5 @@ def test_reductions_read_across_rows_take_wide_blocks():
         c = check(fn, [x], options=TRITON, atol=1e-4, rtol=1e-4)
         [kernel] = [k for k in c.schedule.kernels() if k.is_reduction]
         assert reads_across_rows(kernel) is across
-        assert (block_sizes(kernel) == (OUTER_XBLOCK, OUTER_RBLOCK)) is across
+        xblock, rblock = block_sizes(kernel)
+        assert xblock * rblock <= 4096 and (xblock >= 8 or not across)

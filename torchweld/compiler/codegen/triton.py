@@ -16,7 +16,7 @@ from torchweld.compiler.schedule import Kernel, Stage, Store
 HALF_TYPES = (torch.float16, torch.bfloat16)
 MAX_PERSISTENT_RBLOCK = 2048  # rows up to this long reduce in one block, longer ones loop
 LOOPED_RBLOCK = 1024
-OUTER_XBLOCK, OUTER_RBLOCK = 64, 64  # reductions read across rows (reads_across_rows)
+OUTER_XBLOCK, OUTER_PROGRAMS = 64, 128  # reductions read across rows (reads_across_rows)
 BIG_POINTWISE = 1 << 21  # elements from which a pointwise kernel takes 2048-element blocks and 8 warps
 STREAMING = 1 << 22  # elements from which a pointwise kernel's data outgrows L2: its loads evict first
 INT32_LIMIT = 1 << 31
@@ -33,8 +33,13 @@ def block_sizes(kernel: Kernel) -> tuple[int, int]:
         return (2048 if xnumel >= BIG_POINTWISE else min(1024, next_power_of_2(xnumel))), 1
     rnumel = math.prod(kernel.reduced)
     if reads_across_rows(kernel):
-        # blocks of OUTER_XBLOCK outputs side by side: each row's load is one contiguous segment
-        return min(OUTER_XBLOCK, next_power_of_2(xnumel)), min(OUTER_RBLOCK, next_power_of_2(rnumel))
+        # blocks of up to OUTER_XBLOCK outputs side by side, each row's load one contiguous
+        # segment; narrower (down to 8 outputs, a 32-byte sector) where that leaves too few programs
+        xblock = OUTER_XBLOCK
+        while xblock > 8 and xnumel // xblock < OUTER_PROGRAMS:
+            xblock //= 2
+        xblock = min(xblock, next_power_of_2(xnumel))
+        return xblock, min(4096 // xblock, next_power_of_2(rnumel))
     rblock = next_power_of_2(rnumel) if rnumel <= MAX_PERSISTENT_RBLOCK else LOOPED_RBLOCK
     xblock = max(1, min(next_power_of_2(xnumel), 4096 // rblock, 64))
     return xblock, rblock
