@@ -141,10 +141,9 @@ def _min_cut_saved(joint: JointGraph, frontier: set, tangent_side: set, forward_
     The module's parameters and buffers cost no bytes to save: they stay in memory anyway.
     Among cuts of equal bytes the one saving later values wins: each capacity is its bytes
     times (node count squared + 1), more than all distances together, plus the node's
-    distance from the graph's end. GPT-2's residual
-    stream, h = h + dropout(branch) in each block, saves as many bytes whether it keeps each
-    h or each branch output; keeping the branch outputs would recompute all of the stream,
-    block by block, at the start of the backward."""
+    distance from the graph's end. GPT-2's residual stream, h = h + dropout(branch) in each
+    block, saves as many bytes whether it keeps each h or each branch output; keeping the
+    branch outputs would recompute all of the stream at the start of the backward."""
     required_forward = _ancestors(forward_outputs)
     candidates = _ancestors(frontier) - tangent_side
     nodes = list(joint.gm.graph.nodes)
