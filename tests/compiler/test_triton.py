@@ -179,3 +179,12 @@ def test_reductions_read_across_rows_take_wide_blocks():
         assert reads_across_rows(kernel) is across
         xblock, rblock = block_sizes(kernel)
         assert xblock * rblock <= 4096 and (xblock >= 8 or not across)
+    # The same column sums of 1024 rows, read across (row-major) and along (column-major):
+    # across, a block takes more outputs side by side and a shorter stretch of each row.
+    rows = torch.randn(1024, 512)
+    blocks = {}
+    for name, x in [("across", rows), ("along", rows.t().contiguous().t())]:
+        c = check(lambda x: x.sum(0), [x], options=TRITON, atol=1e-3, rtol=1e-4)
+        [kernel] = c.schedule.kernels()
+        blocks[name] = block_sizes(kernel)
+    assert blocks["across"][0] > blocks["along"][0] and blocks["across"][1] < blocks["along"][1], blocks

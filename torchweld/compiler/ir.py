@@ -318,22 +318,34 @@ def linear_coefficient(e: Expr, name: str) -> int | None:
     """The coefficient of index variable `name` in `e`, a sum whose terms are affine in
     `name` or do not contain it (others may hold div/mod); None where `name` sits under a
     div, a mod or a product with another variable."""
-    terms, coefficient = [e], 0
-    while terms:
-        t = terms.pop()
-        if t.op is Op.ADD and t.dtype is INDEX:
-            terms.extend(t.args)
-        elif t.op is Op.VAR and t.arg == name:
-            coefficient += 1
-        elif t.op is Op.MUL and t.dtype is INDEX and any(is_const(k) for k in t.args):
-            x, k = t.args if is_const(t.args[1]) else t.args[::-1]
-            inner = linear_coefficient(x, name)
+    total = 0
+    for t, c in _scaled_terms(e):
+        if t.op is Op.VAR and t.arg == name:
+            total += c
+        elif t.op is Op.MUL and t.dtype is INDEX and any(is_const(k) for k in t.args):  # (x * 2) * 3
+            inner = linear_coefficient(t, name)
             if inner is None:
                 return None
-            coefficient += inner * k.arg
+            total += inner * c
         elif any(n.op is Op.VAR and n.arg == name for n in walk(t)):
             return None
-    return coefficient
+    return total
+
+
+def contiguous_across(indexes: Iterable[Expr], row_vars: list[str], output_vars: list[str]) -> bool:
+    """Whether most of a reduction's `indexes` that vary along its rows step by 1 along an
+    output variable rather than along a row variable: the rows are read across, contiguous
+    along the outputs (per-channel sums of channels-last activations, a layer norm's weight
+    gradient). An index that does not vary along the rows (a mean, a weight) has no say."""
+    votes = 0
+    for index in indexes:
+        if all(linear_coefficient(index, v) == 0 for v in row_vars):
+            continue
+        if any(linear_coefficient(index, v) == 1 for v in row_vars):
+            votes -= 1
+        elif any(linear_coefficient(index, v) == 1 for v in output_vars):
+            votes += 1
+    return votes > 0
 
 
 def unravel(flat: Expr, shape: Iterable[int]) -> list[Expr]:

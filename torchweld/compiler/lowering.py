@@ -169,22 +169,14 @@ class GraphLowering:
                                partial.read(ir.dim_vars(len(partial.shape))), dtype, x.device)
 
     def reads_along_kept(self, body: Expr, shape, reduced) -> bool:
-        """Whether most loads of a reduction's `body` that vary along its rows are contiguous
-        along a kept dim (per-channel sums of channels-last activations, a layer norm's
-        weight gradient) rather than along a reduced one. The Triton renderer asks the same
-        of the scheduled kernel (codegen.triton.reads_across_rows) to shape its blocks."""
-        votes = 0
-        for load in ir.loads(body):
-            layout = self.layout_of(load.arg)
-            if layout is None:
-                continue
-            flat = ir.flat_index(list(load.args), layout.stride)
-            coefficients = [ir.linear_coefficient(flat, f"d{d}") if shape[d] != 1 else 0 for d in range(len(shape))]
-            if all(coefficients[d] == 0 for d in reduced):
-                continue  # read once per row (a mean, a weight): no say in how rows are read
-            if 1 in coefficients:
-                votes += 1 if coefficients.index(1) not in reduced else -1
-        return votes > 0
+        """Whether a reduction's `body` reads its rows across, contiguous along the kept dims
+        (ir.contiguous_across, over its loads' offsets in their buffers). The Triton renderer
+        asks the same of the scheduled kernel (codegen.triton.reads_across_rows) to shape its blocks."""
+        offsets = [ir.flat_index(list(load.args), layout.stride) for load in ir.loads(body)
+                   if (layout := self.layout_of(load.arg)) is not None]
+        dims = [d for d in range(len(shape)) if shape[d] != 1]
+        return ir.contiguous_across(offsets, [f"d{d}" for d in dims if d in reduced],
+                                    [f"d{d}" for d in dims if d not in reduced])
 
     def layout_of(self, name: str) -> Layout | None:
         buf, index = ir.producer_of(name, self.buffers)

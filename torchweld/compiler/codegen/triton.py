@@ -46,25 +46,15 @@ def block_sizes(kernel: Kernel) -> tuple[int, int]:
 
 
 def reads_across_rows(kernel: Kernel) -> bool:
-    """Whether most of a reduction's loads that vary along the rows are contiguous along the
-    outputs instead (per-channel sums of channels-last activations, a layer norm's weight
-    gradient): blocks then take many outputs and short stretches of rows."""
+    """Whether a reduction kernel reads its rows across, contiguous along its outputs
+    (ir.contiguous_across): blocks then take many outputs and short stretches of rows."""
     xs = [f"x{k}" for k, size in enumerate(kernel.outer) if size != 1]
     rs = [f"r{k}" for k, size in enumerate(kernel.reduced) if size != 1]
     if not xs or not rs:
         return False
-    votes = 0
-    for value in _values(kernel):
-        for load in ir.loads(value):
-            index = load.args[0]
-            # xindex/rindex: the kernel after coalesce_indices, which the renderer sees
-            if not any(ir.linear_coefficient(index, r) != 0 for r in rs + ["rindex"]):
-                continue  # read once per row: no say in how rows are read
-            if 1 in (ir.linear_coefficient(index, rs[-1]), ir.linear_coefficient(index, "rindex")):
-                votes -= 1
-            elif 1 in (ir.linear_coefficient(index, xs[-1]), ir.linear_coefficient(index, "xindex")):
-                votes += 1
-    return votes > 0
+    offsets = [load.args[0] for value in _values(kernel) for load in ir.loads(value)]
+    # xindex/rindex: the kernel after coalesce_indices, which the renderer sees
+    return ir.contiguous_across(offsets, rs + ["rindex"], xs + ["xindex"])
 
 
 def launch_config(kernel: Kernel) -> dict:
