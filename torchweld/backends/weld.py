@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 
 import torch
+import torch.utils._pytree as pytree
 
 from torchweld.backends import register_backend
 
@@ -30,7 +31,25 @@ def needs_autograd(gm: torch.fx.GraphModule, example_inputs: list) -> bool:
     tensors = [x for x in example_inputs if isinstance(x, torch.Tensor)]
     tensors += list(gm.parameters()) + list(gm.buffers())
     tensors += [v for v in gm.__dict__.values() if isinstance(v, torch.Tensor)]
-    return any(t.requires_grad for t in tensors)
+    return any(t.requires_grad for t in tensors) and records_autograd(gm)
+
+
+def records_autograd(gm: torch.fx.GraphModule) -> bool:
+    """Whether an operation of `gm` runs in grad mode and gives a tensor that requires
+    grad, by the capture's example values (True where a node has none to tell). An
+    optimizer step reads parameters that require grad, but under no_grad."""
+    enabled = torch.is_grad_enabled()
+    for node in gm.graph.nodes:
+        if node.op in ("placeholder", "get_attr", "output"):
+            continue
+        if node.target is torch._C._set_grad_enabled:
+            enabled = node.args[0]
+        elif enabled:
+            if "example_value" not in node.meta:
+                return True
+            if any(isinstance(t, torch.Tensor) and t.requires_grad for t in pytree.tree_leaves(node.meta["example_value"])):
+                return True
+    return False
 
 
 @register_backend("weld")
@@ -48,7 +67,18 @@ def weld(gm: torch.fx.GraphModule, example_inputs: list, mode=None, options=None
     except (LoweringError, CppCompileError) as e:
         log.warning("weld cannot compile this graph, running it eagerly: %s", e)
         compiled = gm.forward
-    return with_cudagraphs(compiled, gm, mode, options)
+    compiled = with_cudagraphs(compiled, gm, mode, options)
+    return _without_grad(compiled) if torch.is_grad_enabled() else compiled
+
+
+def _without_grad(compiled):
+    """`compiled` run under no_grad: in grad mode a graph reaches here only when nothing in
+    it records autograd (an optimizer step), and its externs and write-backs must not either."""
+    def call(*args):
+        with torch.no_grad():
+            return compiled(*args)
+
+    return call
 
 
 def prepare(gm: torch.fx.GraphModule, options: dict, inference: bool) -> torch.fx.GraphModule:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from torchweld.capture.optimizers import OptimizerStepValue, captures_step
 from torchweld.capture.sources import AttrSource, ModuleEntrySource, Source
 from torchweld.capture.values import ConstantValue, Value, const
 from torchweld.errors import Unsupported
@@ -176,6 +177,8 @@ class UserObjectValue(Value):
     def getattr(self, tx, name):
         if self.source is None:
             raise Unsupported(f"reading {name!r} of a {type(self.obj).__name__} without a source")
+        if name == "step" and captures_step(self.obj):
+            return OptimizerStepValue(self)
         return _attribute(tx, self, self.obj, name, self.source)
 
     def setattr(self, tx, name, value):

@@ -174,3 +174,18 @@ class BuiltinMethodCallSource(Source):
     def expr(self) -> str:
         rest = "".join(f", {a!r}" for a in self.args)
         return f"___B[{self.builtin_type!r}].{self.method}({self.base.expr()}{rest})"
+
+
+@dataclasses.dataclass(frozen=True)
+class ObjectKeySource(Source):
+    """`base[key]` where the key is itself an object read from a source: an optimizer's
+    `state[param]`, keyed by the parameter tensor."""
+
+    base: Source
+    key: Source
+
+    def name(self) -> str:
+        return f"{self.base.name()}[{self.key.name()}]"
+
+    def expr(self) -> str:
+        return f"{self.base.expr()}[{self.key.expr()}]"

@@ -497,3 +497,53 @@ def _with_frees(steps: list, graph: LoweredGraph, buffers) -> list:
         if dead:
             out.append(Free(dead))
     return out
+
+
+def in_place_updates(sched: Schedule) -> dict[str, str]:
+    """{buffer: the input it is stored into}: a mutated input's new value written over
+    the input itself, not into a new buffer copied back at the end (an optimizer step
+    would allocate and copy every parameter and state tensor). Only where that cannot
+    change what anything reads: the new value is the whole of a buffer a pointwise
+    kernel stores, in the input's dtype and layout, not also a graph output; no step
+    after that kernel reads the input; and the kernel loads the input once, at the
+    index it stores, inside the value it stores (so the load comes first)."""
+    graph = sched.graph
+    outputs = {v.root for v in graph.outputs if isinstance(v, TensorValue)}
+    steps = [s for s in sched.steps if not isinstance(s, Free)]
+    plan: dict[str, str] = {}
+    for target, value in graph.mutated_inputs:
+        name = value.root
+        if (not isinstance(value, TensorValue) or not value.is_root or name not in sched.allocated
+                or name in outputs or name in plan or sched.layouts.get(target) != sched.layouts[name]):
+            continue
+        writer = next(i for i, s in enumerate(steps) if name in _step_writes(s, graph.buffers))
+        kernel = steps[writer]
+        if not isinstance(kernel, Kernel) or kernel.is_reduction:
+            continue
+        if any(target in _step_reads(s, graph.buffers) for s in steps[writer + 1:]):
+            continue
+        if _loads_in_place(kernel, target, name):
+            plan[name] = target
+    return plan
+
+
+def _loads_in_place(kernel: Kernel, target: str, name: str) -> bool:
+    """Whether `kernel` reads `target` by one load, at the offset where it stores `name`,
+    inside the value it stores there."""
+    stores = [s for stage in kernel.stages for s in stage.stores] + list(kernel.outer_stores)
+    store = next(s for s in stores if s.buffer == name)
+    values = [s.value for s in stores] + [a.value for stage in kernel.stages for a in stage.reductions]
+    reads = {n.key(): n for v in values for n in ir.walk(v) if n.arg == target and n.op in (Op.LOAD, Op.MASKED_LOAD)}
+    if len(reads) != 1:
+        return False
+    (load,) = reads.values()
+    if load.op is not Op.LOAD or load.key() not in {n.key() for n in ir.walk(store.value)}:
+        return False
+    (offset,) = load.args  # a kernel's loads are at flat offsets, as its stores are
+    offset, stored_at = ir.affine_terms(ir.fold_unravelled(offset)), ir.affine_terms(ir.fold_unravelled(store.index))
+    return offset is not None and stored_at is not None and _nonzero(offset) == _nonzero(stored_at)
+
+
+def _nonzero(terms: tuple[dict[str, int], int]) -> tuple[dict[str, int], int]:
+    coefficients, constant = terms
+    return {k: c for k, c in coefficients.items() if c}, constant

@@ -11,7 +11,7 @@ from torchweld.compiler import ir
 from torchweld.compiler.codegen.bindings import fast_callable
 from torchweld.compiler.ir import Layout
 from torchweld.compiler.lowering import TensorValue
-from torchweld.compiler.schedule import ExternCall, Free, Kernel, Schedule
+from torchweld.compiler.schedule import ExternCall, Free, Kernel, Schedule, in_place_updates
 from torchweld.runtime.write_back import groups_by_dtype
 
 PRELUDE = '''
@@ -93,10 +93,13 @@ class WrapperRenderer:
         allocated = set(self.sched.allocated)
         takes_over = self.reuse_plan()
         reused = set(takes_over.values())
+        in_place = in_place_updates(self.sched)
         for step in self.sched.steps:
             if isinstance(step, Kernel):
                 for name in step.writes:
-                    if name in allocated:
+                    if name in in_place:
+                        self.emit(f"{name} = {in_place[name]}  # updated in place")
+                    elif name in allocated:
                         self.allocate(name, takes_over.get(name))
                 line = kernel_launch(step)
                 if line:
@@ -107,10 +110,11 @@ class WrapperRenderer:
                 for name in step.names:
                     if name not in reused:
                         self.emit(f"del {name}")
-        dtypes = [self.sched.layouts[name][0] for name, _ in g.mutated_inputs]
+        written_back = [(name, v) for name, v in g.mutated_inputs if in_place.get(v.root) != name]
+        dtypes = [self.sched.layouts[name][0] for name, _ in written_back]
         for group in groups_by_dtype(dtypes):  # one multi-tensor kernel per dtype for the write-backs
-            targets = [g.mutated_inputs[i][0] for i in group]
-            values = [self.output(g.mutated_inputs[i][1]) for i in group]
+            targets = [written_back[i][0] for i in group]
+            values = [self.output(written_back[i][1]) for i in group]
             if len(group) == 1:
                 self.emit(f"{targets[0]}.copy_({values[0]})")
             else:
