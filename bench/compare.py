@@ -123,6 +123,9 @@ def main():
                         help="leave torch.compile out (its cold compiles take minutes on the big rows)")
     parser.add_argument("--cuda-modes", action="store_true",
                         help="CUDA only: mode='reduce-overhead' / 'max-autotune' rows (see cuda_mode_rows)")
+    parser.add_argument("--whole-step", action="store_true",
+                        help="--train: compile the whole step function (zero_grad, forward, loss, backward, "
+                             "Adam), as the tutorial does, rather than the model alone")
     parser.add_argument("--only", default="", help="comma-separated parts of row names to run (--train, --cuda-modes)")
     parser.add_argument("--modes", default="reduce-overhead,max-autotune", help="comma-separated modes for --cuda-modes")
     args = parser.parse_args()
@@ -133,7 +136,7 @@ def main():
     if args.cuda_modes:
         return cuda_mode_rows(q, tuple(m.strip() for m in args.modes.split(",") if m.strip()))
     if args.train:
-        return training_rows(q)
+        return training_rows(q, args.whole_step)
     cases = [
         ("elementwise chain 4M f32", Chain(), torch.randn(1 << 20 if q else 1 << 22)),
         ("MLP 4x1024 LN+GELU b64", mlp(256 if q else 1024), torch.randn(64, 256 if q else 1024)),
@@ -347,8 +350,9 @@ class SavedActivations:
         return sum(self.storages.values()) / 2 ** 20
 
 
-def _train_run(model, batch, loss_fn, compiled, device: str, min_time: float):
-    """(first step s, steady ms per step, saved MiB, peak MiB or nan, first loss)."""
+def _train_run(model, batch, loss_fn, compiled, device: str, min_time: float, compile_step=None):
+    """(first step s, steady ms per step, saved MiB, peak MiB or nan, first loss). With
+    `compile_step`, the step function is compiled by it (the model is then `compiled` uncompiled)."""
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
 
     def step(x, y):
@@ -357,6 +361,9 @@ def _train_run(model, batch, loss_fn, compiled, device: str, min_time: float):
         loss.backward()
         opt.step()
         return loss.detach()
+
+    if compile_step is not None:
+        step = compile_step(step)
 
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     if device == "cuda":
@@ -381,7 +388,7 @@ def _train_run(model, batch, loss_fn, compiled, device: str, min_time: float):
     return cold, statistics.median(times) * 1e3, saved.mib, peak, first_loss
 
 
-def training_rows(q: bool):
+def training_rows(q: bool, whole_step: bool = False):
     device = "cuda" if torch.cuda.is_available() else "cpu"
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {device}; a step = zero_grad, "
           "forward, loss, backward, Adam; cold = first step incl. compile; saved = activations kept for "
@@ -400,13 +407,18 @@ def training_rows(q: bool):
         variants = [("eager", lambda m: m),
                     ("inductor", lambda m: (torch._dynamo.reset(), torch.compile(m))[1]),
                     ("torchweld", lambda m: (torchweld.reset(), torchweld.compile(m, backend="weld"))[1])]
+        step_compilers = {"inductor": lambda f: (torch._dynamo.reset(), torch.compile(f))[1],
+                          "torchweld": lambda f: (torchweld.reset(), torchweld.compile(f, backend="weld"))[1]}
+        if whole_step:  # the step function is compiled; "weld model" compiles the model alone, Adam native
+            variants = [(v, lambda m: m) for v, _ in variants] + [("weld model", variants[2][1])]
         eager_ms, eager_loss = None, None
         for variant, make_compiled in selected(variants):
             model = copy.deepcopy(base)
             with tempfile.TemporaryDirectory() as tmp, config.patch(cache_dir=tmp):
                 try:
+                    compile_step = step_compilers.get(variant) if whole_step else None
                     cold, ms, saved, peak, loss = _train_run(model, batch, loss_fn, make_compiled(model), device,
-                                                             min_time)
+                                                             min_time, compile_step)
                 except Exception as e:  # noqa: BLE001 - one failing row should not end the bench
                     print(f"{name:28s} {variant:10s} failed: {type(e).__name__}: {e}"[:200])
                     continue

@@ -20,7 +20,7 @@ from torchweld.capture.inline import RealCellValue
 from torchweld.capture.output_graph import OutputGraph
 from torchweld.capture.reconstruct import Reconstructor
 from torchweld.capture.report import BreakReason, TranslationReport, publish
-from torchweld.capture.sources import ClosureSource
+from torchweld.capture.sources import ClosureSource, shared_reads
 from torchweld.capture.graph_break import BreakCodegen, can_break_at
 from torchweld.capture.translator import StopBeforeBreak, Translator
 from torchweld.errors import BackendCompilerFailed, TorchweldError, Unsupported
@@ -136,7 +136,8 @@ def _graph_entry(fn, tx: Translator, rebuild: Reconstructor, body: list[str], se
             failed = Unsupported(f"backend {settings.backend_name!r} failed")
             return _eager_entry(fn, output, failed, time.perf_counter() - start)
         rebuild.constants["___graph"] = compiled
-        prefix.append(f"___out = ___graph({', '.join(s.expr() for s in input_sources)})")
+        reads, arguments = shared_reads(input_sources)
+        prefix += [*reads, f"___out = ___graph({', '.join(arguments)})"]
         if output.grad_mode_changed:  # whatever the backend did with the graph's grad-mode nodes
             # a break re-enters its contexts from the frame's starting mode; a return keeps the last mode
             final = output.initial_grad_enabled if reason is not None else output.grad_enabled

@@ -22,7 +22,7 @@ from torchweld.capture import guard_extension
 from torchweld.capture.guards import Guard, GuardSet
 from torchweld.capture.sources import (
     AttrSource, BuiltinMethodCallSource, BuiltinSource, ClosureSource, DefaultSource, GlobalSource,
-    ItemSource, LocalSource, ModuleEntrySource, ModuleGlobalSource, Source,
+    ItemSource, LocalSource, ModuleEntrySource, ModuleGlobalSource, ObjectKeySource, Source,
 )
 
 EVALUATORS = ("c", "python")  # the values config.guard_evaluator may take
@@ -183,6 +183,12 @@ def module_entry(p: GuardProgram, s: ModuleEntrySource) -> int:
 @reads(ItemSource)
 def item(p: GuardProgram, s: ItemSource) -> int:
     return p.add_node("item", s.key, p.source(s.base))
+
+
+@reads(ObjectKeySource)
+def object_key(p: GuardProgram, s: ObjectKeySource) -> int:
+    getitem = p.add_node("attr", "__getitem__", p.source(s.base))
+    return p.add_node("call", (), getitem, p.source(s.key))
 
 
 @reads(DefaultSource)

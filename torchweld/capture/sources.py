@@ -189,3 +189,40 @@ class ObjectKeySource(Source):
 
     def expr(self) -> str:
         return f"{self.base.expr()}[{self.key.expr()}]"
+
+
+def shared_reads(sources: list[Source]) -> tuple[list[str], list[str]]:
+    """The expressions of `sources`, each read that two or more of them share
+    (`opt.param_groups[0]['params']`, `opt.state[p]`) made once into a variable
+    `___sN`: (the assignments, in order; one expression per source)."""
+    counts: dict[str, int] = {}
+    for source in sources:
+        for part in _parts(source):
+            counts[part.name()] = counts.get(part.name(), 0) + 1
+    lines: list[str] = []
+    variables: dict[str, str] = {}
+
+    def expr(source: Source) -> str:
+        key = source.name()
+        if key in variables:
+            return variables[key]
+        if isinstance(source, (AttrSource, ItemSource)):
+            text = source.on(expr(source.base))
+        elif isinstance(source, ObjectKeySource):
+            text = f"{expr(source.base)}[{expr(source.key)}]"
+        else:
+            text = source.expr()
+        if counts.get(key, 0) < 2 or isinstance(source, LocalSource):
+            return text
+        variables[key] = f"___s{len(variables)}"
+        lines.append(f"{variables[key]} = {text}")
+        return variables[key]
+
+    return lines, [expr(s) for s in sources]
+
+
+def _parts(source: Source) -> set[Source]:
+    """`source` and every source its expression reads first."""
+    inner = [source.base, source.key] if isinstance(source, ObjectKeySource) else \
+        [source.base] if isinstance(source, (AttrSource, ItemSource)) else []
+    return {source}.union(*(_parts(s) for s in inner))

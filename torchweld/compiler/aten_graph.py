@@ -71,54 +71,7 @@ DECOMPOSED_OPS = [
     aten.relu6,
 ]
 
-# Multi-tensor ops (an optimizer step) taken apart into one op per list element, so
-# that each tensor's chain of updates fuses into one kernel.
-FOREACH_OPS = ("add", "sub", "mul", "div", "neg", "sqrt", "reciprocal", "pow", "lerp", "addcmul", "addcdiv",
-               "maximum", "minimum", "abs", "exp", "sign")
-_SCALAR_VARIANTS = {"maximum": "clamp_min", "minimum": "clamp_max"}  # max(tensor, number) is aten's clamp_min
-
-
-def foreach_decompositions() -> dict:
-    """{aten._foreach_<op>[_].<overload>: one aten.<op> call per list element}; an in-place
-    overload computes each element functionally and copies it back, which is how the
-    lowering sees an input written."""
-    table = {}
-    for op in FOREACH_OPS:
-        for name in (f"_foreach_{op}", f"_foreach_{op}_"):
-            packet = getattr(aten, name, None)
-            for overload_name in packet.overloads() if packet is not None else ():
-                overload = getattr(packet, overload_name)
-                args = overload._schema.arguments
-                if overload_name.endswith("out") or any(a.name == "scalars" and str(a.type) == "Tensor" for a in args):
-                    continue
-                indexed = tuple(i for i, a in enumerate(args) if str(a.type).startswith("List[") and not a.kwarg_only)
-                scalar_second = len(args) > 1 and str(args[1].type) == "number"
-                single = getattr(aten, _SCALAR_VARIANTS[op] if scalar_second and op in _SCALAR_VARIANTS else op)
-                table[overload] = _per_element(single, indexed, in_place=name.endswith("_"))
-    return table
-
-
-def _per_element(single, indexed: tuple[int, ...], in_place: bool):
-    schema = getattr(single, single.overloads()[0])._schema
-    positional = sum(not a.kwarg_only for a in schema.arguments)
-    keywords = [a.name for a in schema.arguments if a.kwarg_only]  # addcmul's `value`: positional in the foreach op
-
-    def decomposition(*args, **kwargs):
-        results = []
-        for i in range(len(args[indexed[0]])):
-            element_args = [a[i] if j in indexed else a for j, a in enumerate(args)]
-            extra = dict(zip(keywords, element_args[positional:]))
-            results.append(single(*element_args[:positional], **extra, **kwargs))
-        if not in_place:
-            return results
-        for target, result in zip(args[0], results):
-            target.copy_(result)
-        return None
-
-    return decomposition
-
-
-DECOMPOSITIONS = {**get_decompositions(DECOMPOSED_OPS), **foreach_decompositions()}
+DECOMPOSITIONS = get_decompositions(DECOMPOSED_OPS)
 
 
 # In-place overloads whose functional variant is not simply "drop the trailing underscore".

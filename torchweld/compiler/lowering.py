@@ -235,7 +235,7 @@ class GraphLowering:
         mutated_arg = None
         if isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable:
             target, mutated_arg = self.functional_variant(target, node), node.args[0]
-            node = _FunctionalNode(target, node.args, node.kwargs, node.meta, node.name)
+            node = RuleNode(target, node.args, node.kwargs, node.meta, node.name)
         rule = rules.LOWERINGS.get(target) or rules.LOWERINGS.get(getattr(target, "overloadpacket", None))
         result = None
         if rule is not None:
@@ -253,7 +253,10 @@ class GraphLowering:
             self.log_extern(target, "no lowering")
         if result is None:
             result = self.extern(target, args, kwargs, node)
-        if mutated_arg is not None:
+        if isinstance(mutated_arg, (list, tuple)):  # a multi-tensor op writes each element
+            for arg, element in zip(mutated_arg, result):
+                self.rebind_mutated(arg, element)
+        elif mutated_arg is not None:
             self.rebind_mutated(mutated_arg, result)
         return result
 
@@ -422,8 +425,9 @@ class _NoneAsEmpty:
 
 
 @dataclasses.dataclass(frozen=True)
-class _FunctionalNode:
-    """An in-place node seen as its functional variant, for the rules."""
+class RuleNode:
+    """What a rule reads of a node, for a node the rule sees differently: an in-place
+    node as its functional variant, one element of a multi-tensor op."""
 
     target: object
     args: tuple

@@ -13,7 +13,7 @@ import torch
 
 from torchweld.compiler import ir
 from torchweld.compiler.ir import Expr, Layout, Op
-from torchweld.compiler.lowering import GraphLowering, TensorValue, meta_layout
+from torchweld.compiler.lowering import GraphLowering, RuleNode, TensorValue, meta_layout
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -315,6 +315,70 @@ def arange(L, node, *args, **kwargs):
     d0 = cast(ir.var("d0"), compute)
     body = Expr(Op.ADD, compute, (ir.const(start, compute), Expr(Op.MUL, compute, (d0, ir.const(step, compute)))))
     return L.add_pointwise(body, val.dtype, tuple(val.shape), val.device, meta_layout(val))
+
+
+@lowers(aten.addcmul, aten.addcdiv)
+def addcmul_addcdiv(L, node, x, a, b, value=1):
+    """x + value * a * b, x + value * (a / b), in the order aten's kernels compute them."""
+    divide = node.target.overloadpacket is aten.addcdiv
+
+    def fn(s, t1, t2):
+        if divide:
+            term = binop(Op.TRUEDIV)(t1, t2)
+            term = term if value == 1 else binop(Op.MUL)(ir.const(value, term.dtype), term)
+        else:
+            term = binop(Op.MUL)(binop(Op.MUL)(ir.const(value, t1.dtype), t1), t2) if value != 1 else binop(Op.MUL)(t1, t2)
+        return binop(Op.ADD)(s, term)
+
+    return make_pointwise(L, node, fn, [x, a, b], upcast(out_val(node).dtype))
+
+
+@lowers(aten.lerp)
+def lerp(L, node, start, end, weight):
+    """aten's formula, exact at both ends: start + w * (end - start) where |w| < 0.5, else
+    end - (end - start) * (1 - w)."""
+    if isinstance(weight, TensorValue):
+        raise NotImplementedError("lerp with a tensor weight")
+
+    def fn(s, e):
+        diff = binop(Op.SUB)(e, s)
+        if abs(weight) < 0.5:
+            return binop(Op.ADD)(s, binop(Op.MUL)(ir.const(weight, s.dtype), diff))
+        return binop(Op.SUB)(e, binop(Op.MUL)(diff, ir.const(1 - weight, s.dtype)))
+
+    return make_pointwise(L, node, fn, [start, end], upcast(out_val(node).dtype))
+
+
+# =============================================================================
+# Multi-tensor (foreach) ops: an optimizer step
+# =============================================================================
+
+# `aten._foreach_<name>` lowers as `aten.<name>` on each element. Every element's result
+# is a buffer of its own, so one tensor's chain of updates (Adam's ~15 foreach ops on
+# a parameter and its state) fuses into one kernel.
+FOREACH_ELEMENT_OPS = ("add", "sub", "mul", "div", "neg", "sqrt", "reciprocal", "pow", "lerp", "addcmul",
+                       "addcdiv", "maximum", "minimum", "abs", "exp", "sign")
+
+
+def foreach(L, node, *args, **kwargs):
+    packet = getattr(aten, node.target.overloadpacket.__name__.removeprefix("_foreach_"))
+    if packet in (aten.maximum, aten.minimum) and node.target._overloadname != "List":
+        raise NotImplementedError(f"{node.target}: aten.{packet.__name__} takes no scalar")
+    single = getattr(packet, packet.overloads()[0])
+    rule = LOWERINGS[packet]
+    lists = [i for i, a in enumerate(node.args) if isinstance(a, (list, tuple))]
+    vals = node.meta.get("val")
+    results = []
+    for i in range(len(node.args[lists[0]])):
+        element_nodes = tuple(a[i] if j in lists else a for j, a in enumerate(node.args))
+        element_args = [a[i] if j in lists else a for j, a in enumerate(args)]
+        val = vals[i] if vals else meta_of(node.args[0][i])  # an in-place op's result is like `self`
+        element = RuleNode(single, element_nodes, node.kwargs, {"val": val}, f"{node.name}_{i}")
+        results.append(rule(L, element, *element_args, **kwargs))
+    return results
+
+
+lowers(*(getattr(aten, f"_foreach_{name}") for name in FOREACH_ELEMENT_OPS))(foreach)
 
 
 # =============================================================================
@@ -725,12 +789,11 @@ def max_pool2d(L, node, x, *args):
     the aten kernel that does not compute indices."""
     import operator
 
-    from torchweld.compiler.lowering import _FunctionalNode
 
     if any(u.target is operator.getitem and u.args[1] == 1 for u in node.users):
         raise NotImplementedError("the indices are used")
     pooled = window_max(L, node, x, *args)
     if pooled is not None:
         return [pooled, None]
-    values = _FunctionalNode(aten.max_pool2d.default, node.args, node.kwargs, {"val": out_val(node)[0]}, node.name)
+    values = RuleNode(aten.max_pool2d.default, node.args, node.kwargs, {"val": out_val(node)[0]}, node.name)
     return [L.extern(aten.max_pool2d.default, (x, *args), {}, values), None]

@@ -1,0 +1,121 @@
+"""`opt.step()` of torch's Adam and AdamW captured into the graph: the update equals
+eager's step after step, for the eager and weld backends, and what capture cannot
+model (a closure, hooks) runs natively with the reason logged."""
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+
+import torchweld
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+SETTINGS = {
+    "adam": (torch.optim.Adam, {}),
+    "adam-decay-amsgrad": (torch.optim.Adam, {"weight_decay": 0.1, "amsgrad": True}),
+    "adamw-maximize": (torch.optim.AdamW, {"weight_decay": 0.05, "maximize": True}),
+}
+
+
+def model_and_groups(cls, settings, device):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.LayerNorm(16), nn.GELU(), nn.Linear(16, 4)).to(device)
+    model[1].weight.requires_grad_(False)  # a parameter without a gradient: Adam skips it
+    groups = [{"params": list(model[0].parameters()) + [model[1].weight]},
+              {"params": list(model[1:].parameters())[1:], "lr": 3e-3}]
+    return model, cls(groups, lr=1e-2, **settings)
+
+
+def train_step(model, opt, x):
+    opt.zero_grad(True)
+    loss = model(x).square().mean()
+    loss.backward()
+    opt.step()
+    return loss
+
+
+def assert_same(model, opt, reference, opt_ref):
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q, atol=1e-5, rtol=1e-5)
+    for p, q in zip(model.parameters(), reference.parameters()):
+        state, expected = opt.state[p], opt_ref.state[q]
+        assert state.keys() == expected.keys()
+        for key in expected:
+            torch.testing.assert_close(state[key].cpu(), expected[key].cpu(), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("backend", ["eager", "weld"])
+@pytest.mark.parametrize("setting", list(SETTINGS))
+def test_captured_step_matches_eager(setting, backend, device):
+    cls, settings = SETTINGS[setting]
+    model, opt = model_and_groups(cls, settings, device)
+    reference, opt_ref = model_and_groups(cls, settings, device)
+    step = torchweld.compile(train_step, backend=backend)
+    for _ in range(5):
+        x = torch.randn(4, 8, device=device)
+        torch.testing.assert_close(step(model, opt, x), train_step(reference, opt_ref, x))
+    assert_same(model, opt, reference, opt_ref)
+    # the step moved to the parameter's device (Adam's capturable path), as torch.compile moves it
+    assert all(s["step"].device == p.device for p, s in opt.state.items() if s)
+
+
+def test_step_is_in_the_graph_and_a_new_learning_rate_recompiles():
+    model, opt = model_and_groups(torch.optim.Adam, {}, "cpu")
+    reference, opt_ref = model_and_groups(torch.optim.Adam, {}, "cpu")
+    x = torch.randn(4, 8)
+    explained = torchweld.explain(train_step)(model, opt, x)
+    train_step(reference, opt_ref, x)
+    assert not any("step()" in r.source_line for r in explained.break_reasons)
+    ops = [str(n.target) for g in explained.graphs for n in g.graph.nodes]
+    assert any("_foreach_addcdiv_" in op for op in ops)
+    step = torchweld.compile(train_step, backend="weld")
+    for i in range(4):
+        if i == 2:
+            for o in (opt, opt_ref):
+                o.param_groups[1]["lr"] = 1e-3
+        x = torch.randn(4, 8)
+        step(model, opt, x)
+        train_step(reference, opt_ref, x)
+    assert_same(model, opt, reference, opt_ref)
+
+
+def closure_step(model, opt, x):
+    def closure():
+        opt.zero_grad(True)
+        loss = model(x).square().mean()
+        loss.backward()
+        return loss
+
+    return opt.step(closure)
+
+
+def test_closure_and_hooks_run_natively_and_say_why():
+    model, opt = model_and_groups(torch.optim.Adam, {}, "cpu")
+    reference, opt_ref = model_and_groups(torch.optim.Adam, {}, "cpu")
+    x = torch.randn(4, 8)
+    explained = torchweld.explain(closure_step)(model, opt, x)
+    closure_step(reference, opt_ref, x)
+    assert any("closure" in r.reason for r in explained.break_reasons)
+    calls = []
+    for o in (opt, opt_ref):
+        o.register_step_pre_hook(lambda *_: calls.append(1))
+    explained = torchweld.explain(train_step)(model, opt, x)
+    train_step(reference, opt_ref, x)
+    assert any("hooks" in r.reason for r in explained.break_reasons)
+    assert len(calls) == 2  # the hook ran for the compiled step as for the eager one
+    assert_same(model, opt, reference, opt_ref)
+
+
+def test_weld_matches_torch_compile():
+    """torch.compile captures Adam's step too; both equal eager, and each other."""
+    model, opt = model_and_groups(torch.optim.AdamW, {"weight_decay": 0.05}, "cpu")
+    anchor, opt_anchor = model_and_groups(torch.optim.AdamW, {"weight_decay": 0.05}, "cpu")
+    step = torchweld.compile(train_step, backend="weld")
+    anchor_step = torch.compile(train_step)
+    for _ in range(3):
+        x = torch.randn(4, 8)
+        step(model, opt, x)
+        anchor_step(anchor, opt_anchor, x)
+    assert_same(model, opt, anchor, opt_anchor)
+    assert all(s["step"].device == p.device for p, s in opt_anchor.state.items() if s)
