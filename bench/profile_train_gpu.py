@@ -2,12 +2,14 @@
 
     python3 bench/profile_train_gpu.py [--model densenet121|resnet50|BERT|GPT-2] [--batch 16] [--size 128]
                                        [--mode MODE] [--options JSON] [--steps 20] [--compile-profile]
+                                       [--compile-optimizer]
 
 One step = opt.zero_grad(True); loss = loss_fn(model(x), y); loss.backward(); opt.step() with
 Adam, float32, on CUDA. torchvision models take 3x<size>x<size> images and CrossEntropyLoss;
 BERT and GPT-2 (transformers' default configs, as in bench/compare.py) take <size> tokens and
 the mean squared error of their last hidden state against a random target. For eager and for weld (the model compiled with
-torchweld.compile(backend="weld", mode=MODE); the optimizer runs eagerly) it prints:
+torchweld.compile(backend="weld", mode=MODE); the optimizer runs natively, or with
+--compile-optimizer as weld compiles it) it prints:
   - ms per step: median of CUDA-event timings of single steps (what bench/compare.py reports);
   - per phase (forward+loss, backward, optimizer): CPU ms to enqueue it, and the wall ms
     between CUDA events around it (the larger of CPU and GPU time when the GPU waits);
@@ -68,13 +70,20 @@ def make_batch(name: str, batch: int, size: int):
     return x, torch.randint(0, 1000, (batch,), device="cuda"), nn.CrossEntropyLoss()
 
 
-class Step:
-    """The tutorial's train step, timed per phase with CUDA events and perf_counter."""
+def optimizer_step(opt):
+    opt.step()
 
-    def __init__(self, model: nn.Module, compiled, x: torch.Tensor, y: torch.Tensor, loss_fn):
+
+class Step:
+    """The tutorial's train step, timed per phase with CUDA events and perf_counter.
+    `compile_optimizer`: Adam's step runs as weld compiled it (captured into a graph)."""
+
+    def __init__(self, model: nn.Module, compiled, x: torch.Tensor, y: torch.Tensor, loss_fn,
+                 compile_optimizer: bool = False):
         self.opt = torch.optim.Adam(model.parameters())
         self.compiled, self.x, self.y = compiled, x, y
         self.loss_fn = loss_fn
+        self.optimizer_step = torchweld.compile(optimizer_step, backend="weld") if compile_optimizer else optimizer_step
 
     def __call__(self, timed: bool = False):
         marks = []
@@ -91,7 +100,7 @@ class Step:
         mark()
         loss.backward()
         mark()
-        self.opt.step()
+        self.optimizer_step(self.opt)
         mark()
         return loss.detach(), marks
 
@@ -228,6 +237,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--compile-profile", action="store_true")
     parser.add_argument("--skip-eager", action="store_true")
+    parser.add_argument("--compile-optimizer", action="store_true",
+                        help="weld's step runs Adam as weld captured and compiled it, not natively")
     parser.add_argument("--save-wrappers", default=None, help="copy weld's generated wrappers into this folder")
     parser.add_argument("--dump-kernels", type=int, default=0, help="print the source of weld's N slowest kernels")
     args = parser.parse_args()
@@ -244,7 +255,7 @@ def main() -> None:
     model = make_model(args.model)
     with tempfile.TemporaryDirectory() as tmp, config.patch(cache_dir=tmp), GraphSpy() as spy:
         compiled = torchweld.compile(model, backend="weld", mode=args.mode, options=json.loads(args.options))
-        step = Step(model, compiled, x, y, loss_fn)
+        step = Step(model, compiled, x, y, loss_fn, compile_optimizer=args.compile_optimizer)
         torch.cuda.synchronize()
         profiler = cProfile.Profile() if args.compile_profile else None
         t0 = time.perf_counter()

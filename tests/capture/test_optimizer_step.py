@@ -119,3 +119,19 @@ def test_weld_matches_torch_compile():
         anchor_step(anchor, opt_anchor, x)
     assert_same(model, opt, anchor, opt_anchor)
     assert all(s["step"].device == p.device for p, s in opt_anchor.state.items() if s)
+
+
+def test_loaded_state_is_read_afresh():
+    """load_state_dict replaces the state tensors: the identity guards see it."""
+    model, opt = model_and_groups(torch.optim.Adam, {}, "cpu")
+    reference, opt_ref = model_and_groups(torch.optim.Adam, {}, "cpu")
+    step = torchweld.compile(train_step, backend="weld")
+    for i in range(4):
+        x = torch.randn(4, 8)
+        step(model, opt, x)
+        train_step(reference, opt_ref, x)
+        if i == 1:
+            saved = opt_ref.state_dict()  # loading may keep its tensors: one copy each
+            opt.load_state_dict(copy.deepcopy(saved))
+            opt_ref.load_state_dict(copy.deepcopy(saved))
+    assert_same(model, opt, reference, opt_ref)

@@ -43,12 +43,17 @@ class OutputGraph:
         self._keep_alive: list[torch.Tensor] = []
 
     # -- inputs ----------------------------------------------------------------
-    def input_tensor(self, source: Source, real: torch.Tensor) -> TensorValue:
-        """The placeholder for a tensor read from `source` (one per distinct tensor)."""
+    def input_tensor(self, source: Source, real: torch.Tensor, by_identity: bool = False) -> TensorValue:
+        """The placeholder for a tensor read from `source` (one per distinct tensor), guarded
+        on its metadata, or with `by_identity` on being the same tensor object (for tensors
+        only their owner remakes, whose metadata another guard fixes: an optimizer's state)."""
         known = self._input_by_source.get(source.name())
         if known is not None:
             return known
-        self.guards.tensor(source, real)
+        if by_identity:
+            self.guards.identity(source, real)
+        else:
+            self.guards.tensor(source, real)
         same_tensor = self._input_by_id.get(id(real))
         if same_tensor is not None:  # one tensor reached two ways: one placeholder keeps them aliased
             self._input_by_source[source.name()] = same_tensor

@@ -283,14 +283,22 @@ class TritonRenderer(KernelRenderer):
         Op.LOGICAL_OR: lambda a, b: f"{a} | {b}",
         Op.LOGICAL_XOR: lambda a, b: f"{a} ^ {b}",
         Op.WHERE: lambda c, a, b: f"tl.where({c}, {a}, {b})",
+        # only of a constant positive base (check_node): Adam's bias corrections, beta ** step
+        Op.POW: lambda a, b: f"tl.exp2({b} * {_float(math.log2(float(a)))})",
     }
-    # expm1, log1p, tan, atan, atan2, round, pow need libdevice, which Triton's CPU
-    # interpreter cannot run, so they stay extern; so does float64 math
+    # expm1, log1p, tan, atan, atan2, round, pow of a tensor base need libdevice, which
+    # Triton's CPU interpreter cannot run, so they stay extern; so does float64 math
     unsupported_dtypes = frozenset({torch.float64})
     reduce_init = {Op.SUM: "0", Op.PROD: "1", Op.MAX: 'float("-inf")', Op.MIN: 'float("inf")'}
     # max/min propagate NaN as torch's do (tl.max and tl.minimum by default return the other operand)
     reduce_fn = {Op.SUM: "tl.sum", Op.MAX: "_tw_max_rows", Op.MIN: "_tw_min_rows"}
     reduce_ops = frozenset(reduce_fn)
+
+    @classmethod
+    def check_node(cls, node: Expr) -> None:
+        base = node.args[0] if node.op is Op.POW else None
+        if base is not None and not (base.op is Op.CONST and isinstance(base.arg, (int, float)) and 0 < base.arg < math.inf):
+            raise NotImplementedError("Triton pow only of a constant positive base (libdevice is not in the interpreter)")
 
     # -- values ------------------------------------------------------------------
     def register_type(self, dtype) -> str:
