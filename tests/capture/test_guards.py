@@ -225,3 +225,14 @@ def test_readable_guards_cover_what_the_graph_assumed():
     for expected in ("torch.is_grad_enabled() is True", "L['x']: Tensor", "L['flag'] is True",
                      "L['self'].k == 3", "L['self'].fc.training is True", "L['self'].fc is <"):
         assert expected in guards, expected
+
+
+def test_reads_shared_by_graph_inputs_are_made_once():
+    from torchweld.capture.sources import AttrSource, GlobalSource, ItemSource, shared_reads
+
+    params = ItemSource(ItemSource(AttrSource(GlobalSource("opt"), "param_groups"), 0), "params")
+    sources = [ItemSource(params, i) for i in range(3)] + [AttrSource(GlobalSource("x"), "w")]
+    lines, exprs = shared_reads(sources)
+    assert lines == ["___s0 = ___G['opt']", "___s1 = ___s0.param_groups", "___s2 = ___s1[0]",
+                     "___s3 = ___s2['params']"]
+    assert exprs == ["___s3[0]", "___s3[1]", "___s3[2]", "___G['x'].w"]

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import torchweld
+from torchweld.compiler import compile_graph
 from torchweld.compiler.aten_graph import to_aten_graph
 
 from weld_helpers import check
@@ -104,3 +105,34 @@ def test_unravelled_index_folds_back():
     assert any(n.op is ir.Op.IMOD for n in ir.walk(transposed))
     assert ir.linear_coefficient(transposed, "d0") is None
     assert ir.linear_coefficient(ir.flat_index([d0, d1], (768, 1), 3), "d0") == 768
+
+
+@pytest.mark.parametrize("codegen", ["cpp", "triton"])
+def test_foreach_ops_lower_per_tensor_and_each_tensor_fuses_into_one_kernel(codegen):
+    """An optimizer's multi-tensor ops: no extern (pow of a constant base included, which
+    Triton renders as exp2), one kernel per tensor, results equal to the foreach kernels'."""
+    if codegen == "triton" and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("the Triton path runs on CPU through the interpreter")
+
+    def update(a, b, g1, g2, s1, s2):
+        params, grads, steps = [a, b], [g1, g2], [s1, s2]
+        torch._foreach_add_(steps, 1)
+        torch._foreach_lerp_(grads, params, 0.25)
+        torch._foreach_addcmul_(params, grads, grads, 0.5)
+        corrections = torch._foreach_pow(0.9, steps)
+        torch._foreach_maximum_(params, grads)
+        torch._foreach_addcdiv_(params, grads, torch._foreach_add(corrections, 1.0))
+        return (torch._foreach_sqrt(torch._foreach_abs(params))[1],)
+
+    inputs = [torch.randn(5, 3), torch.randn(7), torch.randn(5, 3), torch.randn(7), torch.tensor(2.0), torch.tensor(4.0)]
+    expected_inputs = [t.clone() for t in inputs]
+    gm = torch.fx.symbolic_trace(update)
+    with torch.no_grad():
+        compiled = compile_graph(gm, [t.clone() for t in inputs], {"cpu_codegen": codegen})
+        expected = update(*expected_inputs)
+        got = compiled(*inputs)
+    torch.testing.assert_close(got[0], expected[0])
+    for a, b in zip(inputs, expected_inputs):
+        torch.testing.assert_close(a, b)
+    assert compiled.externs == []
+    assert len(compiled.schedule.kernels()) <= 3  # the two steps, then one kernel per tensor

@@ -140,3 +140,23 @@ def test_kernels_stop_growing_at_the_size_cap():
     kernels = c.schedule.kernels()
     assert len(kernels) >= 2
     assert all(len(k.members) <= MAX_KERNEL_MEMBERS and len(k.reads) <= MAX_KERNEL_READS for k in kernels)
+
+
+def test_mutated_inputs_are_written_in_place_where_nothing_reads_them_later():
+    from torchweld.compiler.schedule import in_place_updates
+    from weld_helpers import weld_compile
+
+    def update(x, y):
+        x.mul_(0.5).add_(y)  # loaded and stored at the same index: stored over x itself
+        y.add_(y.t().contiguous())  # y read transposed too: a new buffer, copied back at the end
+        return x * 2
+
+    inputs = [torch.randn(8, 8) for _ in range(2)]
+    expected_inputs = [t.clone() for t in inputs]
+    compiled = weld_compile(update, [t.clone() for t in inputs])
+    names = compiled.schedule.graph.input_names
+    assert list(in_place_updates(compiled.schedule).values()) == [names[0]]
+    expected = update(*expected_inputs)
+    torch.testing.assert_close(compiled(*inputs), expected)
+    for a, b in zip(inputs, expected_inputs):
+        torch.testing.assert_close(a, b)
