@@ -26,12 +26,17 @@ def _compile_training(gm: torch.fx.GraphModule, example_inputs: list, mode: str 
 
 
 def needs_autograd(gm: torch.fx.GraphModule, example_inputs: list) -> bool:
+    return reads_grad_tensors(gm, example_inputs) and records_autograd(gm)
+
+
+def reads_grad_tensors(gm: torch.fx.GraphModule, example_inputs: list) -> bool:
+    """Grad mode is on and an input, parameter or buffer of `gm` requires grad."""
     if not torch.is_grad_enabled():
         return False
     tensors = [x for x in example_inputs if isinstance(x, torch.Tensor)]
     tensors += list(gm.parameters()) + list(gm.buffers())
     tensors += [v for v in gm.__dict__.values() if isinstance(v, torch.Tensor)]
-    return any(t.requires_grad for t in tensors) and records_autograd(gm)
+    return any(t.requires_grad for t in tensors)
 
 
 def records_autograd(gm: torch.fx.GraphModule) -> bool:
@@ -55,7 +60,8 @@ def records_autograd(gm: torch.fx.GraphModule) -> bool:
 @register_backend("weld")
 def weld(gm: torch.fx.GraphModule, example_inputs: list, mode=None, options=None):
     options = {} if options is None else options  # kept, not copied: it carries the model's graph pool
-    if needs_autograd(gm, example_inputs):
+    grad_tensors = reads_grad_tensors(gm, example_inputs)
+    if grad_tensors and records_autograd(gm):
         return _compile_training(prepare(gm, options, inference=False), example_inputs, mode, options)
     from torchweld.compiler import compile_graph
     from torchweld.compiler.lowering import LoweringError
@@ -68,12 +74,13 @@ def weld(gm: torch.fx.GraphModule, example_inputs: list, mode=None, options=None
         log.warning("weld cannot compile this graph, running it eagerly: %s", e)
         compiled = gm.forward
     compiled = with_cudagraphs(compiled, gm, mode, options)
-    return _without_grad(compiled) if torch.is_grad_enabled() else compiled
+    return _without_grad(compiled) if grad_tensors else compiled
 
 
 def _without_grad(compiled):
-    """`compiled` run under no_grad: in grad mode a graph reaches here only when nothing in
-    it records autograd (an optimizer step), and its externs and write-backs must not either."""
+    """`compiled` run under no_grad: a graph that reads tensors requiring grad reaches here
+    only when nothing in it records autograd (an optimizer step, under no_grad in the
+    graph), and its externs and in-place writes must not either."""
     def call(*args):
         with torch.no_grad():
             return compiled(*args)

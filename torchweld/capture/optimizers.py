@@ -12,8 +12,9 @@ Guarded (a change recompiles): the optimizer's class (exactly Adam or AdamW) and
 every group, as a constant (a new learning rate is a new graph); which parameters
 have a gradient (those without are skipped, as Adam skips them); the metadata of
 every parameter and gradient; the identity of every state tensor (Adam makes them
-like their parameter and replaces them to change them, as load_state_dict does). Anything else (a closure, hooks, tensor hyperparameters, fused,
-differentiable, sparse or complex groups) is Unsupported: the step runs natively.
+like their parameter, and load_state_dict replaces them). Anything else (a closure,
+hooks, tensor hyperparameters, fused, differentiable, sparse or complex groups) is
+Unsupported: the step runs natively.
 
 What it changes on the optimizer, as torch.compile does: state is made at capture
 time for a parameter that has a gradient and none yet (zeros, as Adam's first step
@@ -159,8 +160,8 @@ def _emit_adam(tx: "Translator", s: dict, params, grads, exp_avgs, exp_avg_sqs, 
     if weight_decay != 0:
         if s["decoupled_weight_decay"]:
             op(torch._foreach_mul_, params, 1 - lr * weight_decay)
-        else:
-            grads = _foreach_add_scaled(tx, grads, params, weight_decay)
+        else:  # grads + weight_decay * params, a new list: the gradients stay as they are
+            grads = tx.output.call_function(torch._foreach_add, [grads, params], {"alpha": const(weight_decay)})
     op(torch._foreach_lerp_, exp_avgs, grads, 1 - beta1)
     op(torch._foreach_mul_, exp_avg_sqs, beta2)
     op(torch._foreach_addcmul_, exp_avg_sqs, grads, grads, 1 - beta2)
@@ -183,9 +184,4 @@ def _emit_adam(tx: "Translator", s: dict, params, grads, exp_avgs, exp_avg_sqs, 
     op(torch._foreach_add_, denom, eps)
     op(torch._foreach_div_, denom, step_size)
     op(torch._foreach_addcdiv_, params, exp_avgs, denom)
-
-
-def _foreach_add_scaled(tx: "Translator", xs: Value, ys: Value, alpha: float) -> Value:
-    """`torch._foreach_add(xs, ys, alpha=alpha)`."""
-    return tx.output.call_function(torch._foreach_add, [xs, ys], {"alpha": const(alpha)})
 
