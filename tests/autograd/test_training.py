@@ -330,3 +330,38 @@ def test_batch_norm_step_counters_are_one_kernel():
     schedule = compiled.graph.forward.schedule
     counters = [k for k in schedule.kernels() if any(schedule.layouts[w][1].shape == () for w in k.writes)]
     assert len(counters) == 1 and len(counters[0].writes) == 3
+
+
+FIRST_CUDA_WORK = """
+import torch, torchweld
+from tests.models import CNN
+model = CNN().cuda()
+opt = torch.optim.Adam(model.parameters())
+def train(x):
+    opt.zero_grad(True)
+    loss = model(x).square().mean()
+    loss.backward()
+    opt.step()
+    return loss
+step = torchweld.compile(train)
+for _ in range(3):
+    step(torch.randn(4, 3, 8, 8, device="cuda"))
+torch.cuda.synchronize()
+print("ok")
+"""
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_backward_launches_on_a_fresh_autograd_thread():
+    """The backward runs on autograd's device thread. In a fresh process its first launch
+    is weld's own (the C launcher), on a thread where no CUDA context was made current yet:
+    the launcher makes it current, as Triton's launchers do (it failed with CUDA error 201)."""
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    run = subprocess.run([sys.executable, "-c", FIRST_CUDA_WORK], capture_output=True, text=True, env=env,
+                         cwd=root, timeout=600)
+    assert run.returncode == 0 and "ok" in run.stdout, run.stderr[-2000:]

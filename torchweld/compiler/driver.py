@@ -19,6 +19,7 @@ from torchweld.compiler.constant_folding import HoistedConstants, hoist_constant
 from torchweld.compiler.lowering import GraphLowering
 from torchweld.compiler.schedule import Kernel, Schedule, schedule
 from torchweld.disk_cache import cache_dir, content_hash, write_once
+from torchweld.runtime.triton_launch import ensure_context_function
 
 log = logging.getLogger("torchweld.weld")
 output_code_log = logging.getLogger("torchweld.output_code")
@@ -159,6 +160,7 @@ def _codegen(sched: Schedule, out_spec, options: dict) -> CompiledGraph:
     namespace = {"torch": torch, **wrapper.constants, **kernel_objects}
     if stream_index is not None:
         namespace["_raw_stream"] = torch._C._cuda_getCurrentRawStream
+        namespace["_ensure_context"] = ensure_context_function()
     exec(compile(wrapper_source, wrapper_path, "exec"), namespace)
     if output_code_log.isEnabledFor(logging.INFO):
         text = [f"wrapper: {wrapper_path}", wrapper_source]

@@ -17,9 +17,17 @@ typedef int (*cu_launch_kernel_t)(void *function, unsigned grid_x, unsigned grid
                                   unsigned block_x, unsigned block_y, unsigned block_z, unsigned shared_bytes,
                                   void *stream, void **parameters, void **extra);
 typedef int (*cu_get_error_string_t)(int code, const char **text);
+typedef int (*cu_ctx_get_current_t)(void **context);
+typedef int (*cu_ctx_set_current_t)(void *context);
+typedef int (*cu_device_get_t)(int *device, int ordinal);
+typedef int (*cu_device_primary_ctx_retain_t)(void **context, int device);
 
 static cu_launch_kernel_t cu_launch_kernel = NULL;
 static cu_get_error_string_t cu_get_error_string = NULL;
+static cu_ctx_get_current_t cu_ctx_get_current = NULL;
+static cu_ctx_set_current_t cu_ctx_set_current = NULL;
+static cu_device_get_t cu_device_get = NULL;
+static cu_device_primary_ctx_retain_t cu_device_primary_ctx_retain = NULL;
 
 #define MAX_PARAMETERS 1024
 
@@ -30,12 +38,52 @@ static int load_driver(void) {
         return 0;
     }
     cu_get_error_string = (cu_get_error_string_t)dlsym(library, "cuGetErrorString");
+    cu_ctx_get_current = (cu_ctx_get_current_t)dlsym(library, "cuCtxGetCurrent");
+    cu_ctx_set_current = (cu_ctx_set_current_t)dlsym(library, "cuCtxSetCurrent");
+    cu_device_get = (cu_device_get_t)dlsym(library, "cuDeviceGet");
+    cu_device_primary_ctx_retain = (cu_device_primary_ctx_retain_t)dlsym(library, "cuDevicePrimaryCtxRetain_v2");
+    if (cu_device_primary_ctx_retain == NULL) {
+        cu_device_primary_ctx_retain = (cu_device_primary_ctx_retain_t)dlsym(library, "cuDevicePrimaryCtxRetain");
+    }
     cu_launch_kernel = (cu_launch_kernel_t)dlsym(library, "cuLaunchKernel");
-    if (cu_launch_kernel == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "torchweld: libcuda.so.1 has no cuLaunchKernel");
+    if (cu_launch_kernel == NULL || cu_ctx_get_current == NULL || cu_ctx_set_current == NULL
+        || cu_device_get == NULL || cu_device_primary_ctx_retain == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "torchweld: libcuda.so.1 lacks cuLaunchKernel or the context calls");
         return 0;
     }
     return 1;
+}
+
+static PyObject *cuda_error(const char *what, int code) {
+    const char *text = "unknown error";
+    if (cu_get_error_string != NULL) {
+        cu_get_error_string(code, &text);
+    }
+    PyErr_Format(PyExc_RuntimeError, "torchweld: %s failed: CUDA error %d (%s)", what, code, text);
+    return NULL;
+}
+
+/* ensure_context(device): make the device's primary context current on this thread where
+   none is. torch makes it current lazily, at a thread's first runtime call: autograd's
+   device thread may reach a weld backward's first launch without one (CUDA error 201). */
+static PyObject *ensure_context(PyObject *self, PyObject *arg) {
+    int ordinal = (int)PyLong_AsLong(arg);
+    if (ordinal == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (cu_launch_kernel == NULL && !load_driver()) {
+        return NULL;
+    }
+    void *context = NULL;
+    int code = cu_ctx_get_current(&context);
+    if (code == 0 && context != NULL) {
+        Py_RETURN_NONE;
+    }
+    int device;
+    if ((code = cu_device_get(&device, ordinal)) != 0) return cuda_error("cuDeviceGet", code);
+    if ((code = cu_device_primary_ctx_retain(&context, device)) != 0) return cuda_error("cuDevicePrimaryCtxRetain", code);
+    if ((code = cu_ctx_set_current(context)) != 0) return cuda_error("cuCtxSetCurrent", code);
+    Py_RETURN_NONE;
 }
 
 static PyObject *launch(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -74,12 +122,7 @@ static PyObject *launch(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     int code = cu_launch_kernel(function, (unsigned)grid_x, (unsigned)grid_y, (unsigned)grid_z, (unsigned)threads, 1,
                                 1, (unsigned)shared_bytes, stream, parameters, NULL);
     if (code != 0) {
-        const char *text = "unknown error";
-        if (cu_get_error_string != NULL) {
-            cu_get_error_string(code, &text);
-        }
-        PyErr_Format(PyExc_RuntimeError, "torchweld: launching a kernel failed: CUDA error %d (%s)", code, text);
-        return NULL;
+        return cuda_error("launching a kernel", code);
     }
     Py_RETURN_NONE;
 }
@@ -87,6 +130,8 @@ static PyObject *launch(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 static PyMethodDef methods[] = {
     {"launch", (PyCFunction)(void (*)(void))launch, METH_FASTCALL,
      "launch(grid_x, grid_y, grid_z, stream, function, threads, shared_bytes, *parameters)"},
+    {"ensure_context", ensure_context, METH_O,
+     "ensure_context(device): the device's primary context current on this thread, where none is"},
     {NULL, NULL, 0, NULL},
 };
 

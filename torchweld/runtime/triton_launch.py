@@ -231,6 +231,14 @@ def _load_binary(kernel, device: torch.device) -> int | None:
     return function if kernel.metadata.num_warps * 32 <= max_threads else None
 
 
+def ensure_context_function():
+    """`ensure_context(device)` for a wrapper that launches kernels itself: the primary
+    context made current on a thread that has none (autograd's device thread), as
+    Triton's own launchers do before they launch."""
+    extension = kernel_launcher()
+    return extension.ensure_context if extension is not None else (lambda device: None)
+
+
 @functools.lru_cache(maxsize=None)
 def kernel_launcher():
     """The kernel_launch extension, or None (logged once) where it cannot be built."""

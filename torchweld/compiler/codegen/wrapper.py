@@ -83,6 +83,7 @@ class WrapperRenderer:
             pointers = " | ".join(f"{n}.data_ptr()" for n in check_alignment)
             self.emit(f"if ({pointers}) & 15: return call_jit({', '.join(params)})")
         if stream_index is not None:
+            self.emit(f"_ensure_context({stream_index})")
             self.emit(f"_stream = _raw_stream({stream_index})")
         for name in params:
             if name in self.sched.layouts:
