@@ -126,6 +126,8 @@ def main():
     parser.add_argument("--whole-step", action="store_true",
                         help="--train: compile the whole step function (zero_grad, forward, loss, backward, "
                              "Adam), as the tutorial does, rather than the model alone")
+    parser.add_argument("--train-mode", default=None,
+                        help="--train: the mode both compilers compile with (e.g. reduce-overhead)")
     parser.add_argument("--only", default="", help="comma-separated parts of row names to run (--train, --cuda-modes)")
     parser.add_argument("--modes", default="reduce-overhead,max-autotune", help="comma-separated modes for --cuda-modes")
     args = parser.parse_args()
@@ -136,7 +138,7 @@ def main():
     if args.cuda_modes:
         return cuda_mode_rows(q, tuple(m.strip() for m in args.modes.split(",") if m.strip()))
     if args.train:
-        return training_rows(q, args.whole_step)
+        return training_rows(q, args.whole_step, args.train_mode)
     cases = [
         ("elementwise chain 4M f32", Chain(), torch.randn(1 << 20 if q else 1 << 22)),
         ("MLP 4x1024 LN+GELU b64", mlp(256 if q else 1024), torch.randn(64, 256 if q else 1024)),
@@ -388,7 +390,7 @@ def _train_run(model, batch, loss_fn, compiled, device: str, min_time: float, co
     return cold, statistics.median(times) * 1e3, saved.mib, peak, first_loss
 
 
-def training_rows(q: bool, whole_step: bool = False):
+def training_rows(q: bool, whole_step: bool = False, mode: str | None = None):
     device = "cuda" if torch.cuda.is_available() else "cpu"
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {device}; a step = zero_grad, "
           "forward, loss, backward, Adam; cold = first step incl. compile; saved = activations kept for "
@@ -405,10 +407,11 @@ def training_rows(q: bool, whole_step: bool = False):
         base = make_model().to(device).train()
         batch = tuple(t.to(device) for t in make_batch())
         variants = [("eager", lambda m: m),
-                    ("inductor", lambda m: (torch._dynamo.reset(), torch.compile(m))[1]),
-                    ("torchweld", lambda m: (torchweld.reset(), torchweld.compile(m, backend="weld"))[1])]
-        step_compilers = {"inductor": lambda f: (torch._dynamo.reset(), torch.compile(f))[1],
-                          "torchweld": lambda f: (torchweld.reset(), torchweld.compile(f, backend="weld"))[1]}
+                    ("inductor", lambda m: (torch._dynamo.reset(), torch.compile(m, mode=mode))[1]),
+                    ("torchweld", lambda m: (torchweld.reset(), torchweld.compile(m, backend="weld", mode=mode))[1])]
+        step_compilers = {"inductor": lambda f: (torch._dynamo.reset(), torch.compile(f, mode=mode))[1],
+                          "torchweld": lambda f: (torchweld.reset(),
+                                                  torchweld.compile(f, backend="weld", mode=mode))[1]}
         if whole_step:  # the step function is compiled; "weld model" compiles the model alone, Adam native
             variants = [(v, lambda m: m) for v, _ in variants] + [("weld model", variants[2][1])]
         eager_ms, eager_loss = None, None

@@ -126,6 +126,22 @@ def test_mutated_inputs_are_copied_back():
         torch.testing.assert_close(x, ref)
 
 
+def test_inputs_written_by_a_foreach_op_are_copied_back():
+    """An optimizer step writes lists of inputs (torch._foreach_add_): each is mutated."""
+    def bump(a, b, c):
+        torch._foreach_add_([a, b], 1)
+        return c * 2
+
+    gm = torch.fx.symbolic_trace(bump)
+    assert mutated_placeholders(gm) == [0, 1]
+    g = graphed(gm.forward, mutated_input_indices=mutated_placeholders(gm))
+    inputs, refs = [torch.zeros(3) for _ in range(3)], [torch.zeros(3) for _ in range(3)]
+    for _ in range(3):
+        torch.testing.assert_close(g(*inputs), bump(*refs))
+        for x, ref in zip(inputs, refs):
+            torch.testing.assert_close(x, ref)
+
+
 def test_mutation_through_a_view_and_inplace_module():
     class M(nn.Module):
         def __init__(self):

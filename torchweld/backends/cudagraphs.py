@@ -11,7 +11,9 @@ from torchweld.backends import register_backend
 @register_backend("cudagraphs")
 def cudagraphs(gm: torch.fx.GraphModule, example_inputs: list, mode=None, options=None):
     from torchweld.backends.weld import needs_autograd
-    from torchweld.runtime.cudagraphs import CudaGraphed, graph_reason, mutated_placeholders, pool_for
+    from torchweld.runtime.cudagraphs import (
+        CudaGraphed, graph_reason, mutated_placeholders, pool_for, resident_placeholders,
+    )
 
     options = {} if options is None else options
     pool = pool_for(options)
@@ -19,7 +21,7 @@ def cudagraphs(gm: torch.fx.GraphModule, example_inputs: list, mode=None, option
     if needs_autograd(gm, example_inputs):
         pool.log_fallback(name, "the graph needs autograd; the cudagraphs backend records inference only")
         return gm.forward
-    return CudaGraphed(gm.forward, pool=pool, name=name,
+    return CudaGraphed(gm.forward, pool=pool, name=name, static_input_indices=resident_placeholders(gm),
                        mutated_input_indices=mutated_placeholders(gm),
                        outputs=options.get("cudagraph_outputs", "copy"),
                        graph_reason=graph_reason(gm, pool.recorder.device_type))

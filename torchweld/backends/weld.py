@@ -166,14 +166,17 @@ def with_cudagraphs(compiled, gm: torch.fx.GraphModule, mode: str | None, option
     if not cudagraphs_enabled(mode, options) or options is None:
         return compiled
     from torchweld.compiler.driver import CompiledGraph
-    from torchweld.runtime.cudagraphs import CudaGraphed, graph_reason, mutated_placeholders, pool_for
+    from torchweld.runtime.cudagraphs import (
+        CudaGraphed, graph_reason, mutated_placeholders, pool_for, resident_placeholders,
+    )
 
     pool = pool_for(options)
     mutated = set(mutated_placeholders(gm))
     if isinstance(compiled, CompiledGraph):
         names = compiled.schedule.graph.input_names
         mutated |= {names.index(name) for name, _ in compiled.schedule.graph.mutated_inputs if name in names}
-    return CudaGraphed(compiled, pool=pool, name=pool.next_name("weld graph"), mutated_input_indices=sorted(mutated),
+    return CudaGraphed(compiled, pool=pool, name=pool.next_name("weld graph"),
+                       static_input_indices=resident_placeholders(gm), mutated_input_indices=sorted(mutated),
                        outputs=options.get("cudagraph_outputs", "copy"),
                        graph_reason=graph_reason(gm, pool.recorder.device_type),
                        before_replay=getattr(compiled, "refresh_constants", None))

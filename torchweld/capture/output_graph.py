@@ -65,6 +65,8 @@ class OutputGraph:
         fake = self.fake_mode.from_tensor(real, static_shapes=True)
         node.meta["example_value"] = fake
         node.meta["source"] = source.name()
+        if by_identity:  # the same tensor at every call: CUDA graphs read it in place
+            node.meta["static_address"] = True
         value = TensorValue(node, fake, source, cls=type(real))
         self.inputs.append((source, real, node))
         self._input_by_source[source.name()] = value

@@ -206,6 +206,14 @@ def _user_location(node: torch.fx.Node) -> str:
     return f" ({lines[-1]})" if lines else ""
 
 
+def resident_placeholders(gm: torch.fx.GraphModule) -> list[int]:
+    """Positions of placeholders the capture marked resident (`meta["static_address"]`):
+    the same tensor object at every call, by its guards (an optimizer's state). A replay
+    reads them in place, as it reads parameters, instead of copying them in (and back)."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    return [i for i, n in enumerate(placeholders) if n.meta.get("static_address")]
+
+
 def mutated_placeholders(gm: torch.fx.GraphModule) -> list[int]:
     """Positions of placeholders that an in-place op may write (through views too); conservative."""
     view_like = {"view", "reshape", "getitem", "transpose", "t", "permute", "select", "narrow", "unsqueeze",
@@ -220,7 +228,8 @@ def mutated_placeholders(gm: torch.fx.GraphModule) -> list[int]:
         if node.op not in ("call_function", "call_method", "call_module"):
             continue
         first = node.args[0] if node.args else None
-        src = roots.get(first, set()) if isinstance(first, torch.fx.Node) else set()
+        firsts = first if isinstance(first, (list, tuple)) else [first]  # a foreach op writes a list
+        src = set().union(*(roots.get(f, set()) for f in firsts if isinstance(f, torch.fx.Node)))
         if node.op == "call_module":
             name, inplace = "", getattr(gm.get_submodule(node.target), "inplace", False)
         else:
