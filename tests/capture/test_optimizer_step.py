@@ -26,6 +26,18 @@ def model_and_groups(cls, settings, device):
     return model, cls(groups, lr=1e-2, **settings)
 
 
+def two_copies(cls=torch.optim.Adam, settings=None, device="cpu"):
+    """(model, opt) to compile and (reference, opt_ref) to run eagerly, equal at the start."""
+    return (*model_and_groups(cls, settings or {}, device), *model_and_groups(cls, settings or {}, device))
+
+
+def explained_beside_eager(fn, model, opt, reference, opt_ref, x):
+    """torchweld.explain(fn) on (model, opt, x), with the same step run eagerly beside it."""
+    explained = torchweld.explain(fn)(model, opt, x)
+    fn(reference, opt_ref, x)
+    return explained
+
+
 def train_step(model, opt, x):
     opt.zero_grad(True)
     loss = model(x).square().mean()
@@ -48,9 +60,7 @@ def assert_same(model, opt, reference, opt_ref):
 @pytest.mark.parametrize("backend", ["eager", "weld"])
 @pytest.mark.parametrize("setting", list(SETTINGS))
 def test_captured_step_matches_eager(setting, backend, device):
-    cls, settings = SETTINGS[setting]
-    model, opt = model_and_groups(cls, settings, device)
-    reference, opt_ref = model_and_groups(cls, settings, device)
+    model, opt, reference, opt_ref = two_copies(*SETTINGS[setting], device)
     step = torchweld.compile(train_step, backend=backend)
     for _ in range(5):
         x = torch.randn(4, 8, device=device)
@@ -61,11 +71,8 @@ def test_captured_step_matches_eager(setting, backend, device):
 
 
 def test_step_is_in_the_graph_and_a_new_learning_rate_recompiles():
-    model, opt = model_and_groups(torch.optim.Adam, {}, "cpu")
-    reference, opt_ref = model_and_groups(torch.optim.Adam, {}, "cpu")
-    x = torch.randn(4, 8)
-    explained = torchweld.explain(train_step)(model, opt, x)
-    train_step(reference, opt_ref, x)
+    model, opt, reference, opt_ref = two_copies()
+    explained = explained_beside_eager(train_step, model, opt, reference, opt_ref, torch.randn(4, 8))
     assert not any("step()" in r.source_line for r in explained.break_reasons)
     ops = [str(n.target) for g in explained.graphs for n in g.graph.nodes]
     assert any("_foreach_addcdiv_" in op for op in ops)
@@ -91,17 +98,13 @@ def closure_step(model, opt, x):
 
 
 def test_closure_and_hooks_run_natively_and_say_why():
-    model, opt = model_and_groups(torch.optim.Adam, {}, "cpu")
-    reference, opt_ref = model_and_groups(torch.optim.Adam, {}, "cpu")
-    x = torch.randn(4, 8)
-    explained = torchweld.explain(closure_step)(model, opt, x)
-    closure_step(reference, opt_ref, x)
+    model, opt, reference, opt_ref = two_copies()
+    explained = explained_beside_eager(closure_step, model, opt, reference, opt_ref, torch.randn(4, 8))
     assert any("closure" in r.reason for r in explained.break_reasons)
     calls = []
     for o in (opt, opt_ref):
         o.register_step_pre_hook(lambda *_: calls.append(1))
-    explained = torchweld.explain(train_step)(model, opt, x)
-    train_step(reference, opt_ref, x)
+    explained = explained_beside_eager(train_step, model, opt, reference, opt_ref, torch.randn(4, 8))
     assert any("hooks" in r.reason for r in explained.break_reasons)
     assert len(calls) == 2  # the hook ran for the compiled step as for the eager one
     assert_same(model, opt, reference, opt_ref)
@@ -109,8 +112,7 @@ def test_closure_and_hooks_run_natively_and_say_why():
 
 def test_weld_matches_torch_compile():
     """torch.compile captures Adam's step too; both equal eager, and each other."""
-    model, opt = model_and_groups(torch.optim.AdamW, {"weight_decay": 0.05}, "cpu")
-    anchor, opt_anchor = model_and_groups(torch.optim.AdamW, {"weight_decay": 0.05}, "cpu")
+    model, opt, anchor, opt_anchor = two_copies(torch.optim.AdamW, {"weight_decay": 0.05})
     step = torchweld.compile(train_step, backend="weld")
     anchor_step = torch.compile(train_step)
     for _ in range(3):
@@ -123,8 +125,7 @@ def test_weld_matches_torch_compile():
 
 def test_loaded_state_is_read_afresh():
     """load_state_dict replaces the state tensors: the identity guards see it."""
-    model, opt = model_and_groups(torch.optim.Adam, {}, "cpu")
-    reference, opt_ref = model_and_groups(torch.optim.Adam, {}, "cpu")
+    model, opt, reference, opt_ref = two_copies()
     step = torchweld.compile(train_step, backend="weld")
     for i in range(4):
         x = torch.randn(4, 8)
@@ -143,8 +144,7 @@ def test_captured_step_under_cuda_graphs(backend):
     """The optimizer's graph replays as a CUDA graph: parameters and state are read and
     written in place (the state is resident, by its identity guards), step after step."""
     mode = "reduce-overhead" if backend == "weld" else None
-    model, opt = model_and_groups(torch.optim.Adam, {"weight_decay": 0.1}, "cuda")
-    reference, opt_ref = model_and_groups(torch.optim.Adam, {"weight_decay": 0.1}, "cuda")
+    model, opt, reference, opt_ref = two_copies(torch.optim.Adam, {"weight_decay": 0.1}, "cuda")
     step = torchweld.compile(train_step, backend=backend, mode=mode)
     for _ in range(6):
         x = torch.randn(4, 8, device="cuda")

@@ -143,7 +143,6 @@ def test_kernels_stop_growing_at_the_size_cap():
 
 
 def test_mutated_inputs_are_written_in_place_where_nothing_reads_them_later():
-    from torchweld.compiler.schedule import in_place_updates
     from weld_helpers import weld_compile
 
     def update(x, y):
@@ -155,7 +154,8 @@ def test_mutated_inputs_are_written_in_place_where_nothing_reads_them_later():
     expected_inputs = [t.clone() for t in inputs]
     compiled = weld_compile(update, [t.clone() for t in inputs])
     names = compiled.schedule.graph.input_names
-    assert list(in_place_updates(compiled.schedule).values()) == [names[0]]
+    assert list(compiled.schedule.in_place.values()) == [names[0]]
+    assert not set(compiled.schedule.in_place) & set(compiled.schedule.allocated)  # not allocated either
     expected = update(*expected_inputs)
     torch.testing.assert_close(compiled(*inputs), expected)
     for a, b in zip(inputs, expected_inputs):

@@ -41,7 +41,6 @@ if TYPE_CHECKING:
 CAPTURED_OPTIMIZERS = (torch.optim.Adam, torch.optim.AdamW)
 _ADAM_STEP = ("torch.optim.adam", "Adam.step")
 _OPTIMIZER_MODULE = "torch.optim.optimizer"  # where the global step hooks are kept
-_STATE_KEYS = ("step", "exp_avg", "exp_avg_sq")
 
 
 def captures_step(obj: object) -> bool:
@@ -77,7 +76,7 @@ class OptimizerStepValue(Value):
         tx.output.set_grad_enabled(False)
         for settings, by_device in updates:
             for tensors in by_device.values():
-                _emit_adam(tx, settings, *tensors)
+                _emit_adam(tx, settings, tensors)
         tx.output.set_grad_enabled(was_enabled)
         return ConstantValue(None)
 
@@ -93,8 +92,8 @@ def _no_hooks(guards, source, hooks: dict) -> None:
 
 def _group_update(tx: "Translator", opt: torch.optim.Optimizer, opt_source, group: Value, real: dict):
     """The settings of one param group (`group`, read from the real dict `real`) and its
-    tensors with gradients by (device, dtype):
-    {key: (params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps)}."""
+    tensors with gradients by (device, dtype): {key: {"param": [...], "grad": [...],
+    and a list per state entry ("step", "exp_avg", ...)}}."""
     from torchweld.capture.builder import wrap
 
     entries = getattr(group, "entries", None)
@@ -104,7 +103,11 @@ def _group_update(tx: "Translator", opt: torch.optim.Optimizer, opt_source, grou
     if settings.get("fused") or settings.get("differentiable"):
         raise Unsupported("a fused or differentiable Adam runs natively")
     settings.setdefault("decoupled_weight_decay", isinstance(opt, torch.optim.AdamW))
-    by_device: dict[tuple, tuple[list, ...]] = {}
+    hyper = (settings["lr"], *settings["betas"], settings["eps"], settings["weight_decay"])
+    if not all(type(x) in (int, float) for x in hyper):
+        raise Unsupported("Adam with tensor hyperparameters runs natively")
+    keys = _state_keys(settings["amsgrad"])
+    by_device: dict[tuple, dict[str, list]] = {}
     for param, p in zip(entries["params"].items(tx), real["params"]):
         if not isinstance(param, TensorValue):
             raise Unsupported("an optimizer parameter that is not a tensor")
@@ -114,46 +117,45 @@ def _group_update(tx: "Translator", opt: torch.optim.Optimizer, opt_source, grou
         if p.is_complex() or p.grad.is_sparse:
             raise Unsupported("Adam on complex parameters or sparse gradients runs natively")
         grad = wrap(tx, p.grad, AttrSource(param.source, "grad"))
-        state = _state_of(opt, p, settings["amsgrad"])
+        state = _state_of(opt, p, keys)
         state_source = ObjectKeySource(AttrSource(opt_source, "state"), param.source)
-        keys = _STATE_KEYS + (("max_exp_avg_sq",) if settings["amsgrad"] else ())
-        # the state is guarded by identity: Adam makes it like its parameter (whose metadata is
-        # guarded in full) and remakes it to change it (load_state_dict); ~1 us less per tensor
-        tensors = {k: tx.output.input_tensor(ItemSource(state_source, k), state[k], by_identity=True) for k in keys}
-        lists = by_device.setdefault((p.device, p.dtype), tuple([] for _ in range(6)))
-        for lst, value in zip(lists, (param, grad, tensors["exp_avg"], tensors["exp_avg_sq"],
-                                      tensors.get("max_exp_avg_sq"), tensors["step"])):
-            lst.append(value)
+        lists = by_device.setdefault((p.device, p.dtype), {k: [] for k in ("param", "grad", *keys)})
+        lists["param"].append(param)
+        lists["grad"].append(grad)
+        for k in keys:  # guarded by identity: Adam makes them like their parameter (whose metadata
+            # is guarded in full), and load_state_dict replaces them; ~1 us less per tensor
+            lists[k].append(tx.output.input_tensor(ItemSource(state_source, k), state[k], by_identity=True))
     return settings, by_device
 
 
-def _state_of(opt: torch.optim.Optimizer, p: torch.Tensor, amsgrad: bool) -> dict:
+def _state_keys(amsgrad: bool) -> tuple[str, ...]:
+    return ("step", "exp_avg", "exp_avg_sq") + (("max_exp_avg_sq",) if amsgrad else ())
+
+
+def _state_of(opt: torch.optim.Optimizer, p: torch.Tensor, keys: tuple[str, ...]) -> dict:
     """`opt.state[p]`, made as Adam's first step makes it if empty, its step on p's device."""
     state = opt.state[p]
     if not state:
         scalar_dtype = torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
         state["step"] = torch.zeros((), dtype=scalar_dtype, device=p.device)
-        state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-        state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-        if amsgrad:
-            state["max_exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-    missing = [k for k in _STATE_KEYS + (("max_exp_avg_sq",) if amsgrad else ()) if k not in state]
-    if missing or not all(isinstance(state[k], torch.Tensor) for k in _STATE_KEYS):
-        raise Unsupported(f"optimizer state without {', '.join(missing) or 'tensors'}")
+        for k in keys[1:]:
+            state[k] = torch.zeros_like(p, memory_format=torch.preserve_format)
+    missing = [k for k in keys if not isinstance(state.get(k), torch.Tensor)]
+    if missing:
+        raise Unsupported(f"optimizer state without tensors {', '.join(missing)}")
     if state["step"].device != p.device:
         state["step"] = state["step"].to(p.device)
     return state
 
 
-def _emit_adam(tx: "Translator", s: dict, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps) -> None:
+def _emit_adam(tx: "Translator", s: dict, tensors: dict[str, list]) -> None:
     """Adam's update of one (device, dtype) group, as its capturable foreach path runs it."""
     def op(fn, *args):
         return tx.output.call_function(fn, [a if isinstance(a, Value) else const(a) for a in args], {})
 
     lr, (beta1, beta2), eps, weight_decay = s["lr"], s["betas"], s["eps"], s["weight_decay"]
-    if not all(type(x) in (int, float) for x in (lr, beta1, beta2, eps, weight_decay)):
-        raise Unsupported("Adam with tensor hyperparameters runs natively")
-    params, grads, exp_avgs, exp_avg_sqs, steps = map(ListValue, (params, grads, exp_avgs, exp_avg_sqs, steps))
+    params, grads, exp_avgs, exp_avg_sqs, steps = (
+        ListValue(tensors[k]) for k in ("param", "grad", "exp_avg", "exp_avg_sq", "step"))
     if s["maximize"]:
         grads = op(torch._foreach_neg, grads)
     op(torch._foreach_add_, steps, 1)
@@ -175,7 +177,7 @@ def _emit_adam(tx: "Translator", s: dict, params, grads, exp_avgs, exp_avg_sqs, 
     op(torch._foreach_sqrt_, bias_correction2)
     step_size, bias_correction2_sqrt = bias_correction1, bias_correction2
     if s["amsgrad"]:
-        max_exp_avg_sqs = ListValue(max_exp_avg_sqs)
+        max_exp_avg_sqs = ListValue(tensors["max_exp_avg_sq"])
         op(torch._foreach_maximum_, max_exp_avg_sqs, exp_avg_sqs)
         denom = op(torch._foreach_sqrt, max_exp_avg_sqs)
     else:

@@ -19,6 +19,14 @@ class Source:
     def expr(self) -> str:
         raise NotImplementedError
 
+    def reads(self) -> tuple["Source", ...]:
+        """The sources whose values this one's expression reads first (a base, a key)."""
+        return ()
+
+    def expr_from(self, inner: list[str]) -> str:
+        """This source's expression over expressions of `reads()` (variables holding them)."""
+        return self.expr()
+
     def placeholder_name(self) -> str:
         """`L['self'].fc.weight` -> `l_self_fc_weight_`, the torch.compile spelling."""
         text = re.sub(r"[^0-9a-zA-Z_]+", "_", self.name()).strip("_").lower()
@@ -104,6 +112,12 @@ class AttrSource(Source):
     def expr(self) -> str:
         return self.on(self.base.expr())
 
+    def reads(self) -> tuple[Source, ...]:
+        return (self.base,)
+
+    def expr_from(self, inner: list[str]) -> str:
+        return self.on(inner[0])
+
     def on(self, base: str) -> str:
         """This attribute of `base`, an expression for the base's value."""
         if self.attr.isidentifier() and not self.attr.startswith("__"):
@@ -136,6 +150,12 @@ class ItemSource(Source):
 
     def expr(self) -> str:
         return self.on(self.base.expr())
+
+    def reads(self) -> tuple[Source, ...]:
+        return (self.base,)
+
+    def expr_from(self, inner: list[str]) -> str:
+        return self.on(inner[0])
 
     def on(self, base: str) -> str:
         return f"{base}[{self.key!r}]"
@@ -188,7 +208,13 @@ class ObjectKeySource(Source):
         return f"{self.base.name()}[{self.key.name()}]"
 
     def expr(self) -> str:
-        return f"{self.base.expr()}[{self.key.expr()}]"
+        return self.expr_from([self.base.expr(), self.key.expr()])
+
+    def reads(self) -> tuple[Source, ...]:
+        return (self.base, self.key)
+
+    def expr_from(self, inner: list[str]) -> str:
+        return f"{inner[0]}[{inner[1]}]"
 
 
 def shared_reads(sources: list[Source]) -> tuple[list[str], list[str]]:
@@ -206,12 +232,7 @@ def shared_reads(sources: list[Source]) -> tuple[list[str], list[str]]:
         key = source.name()
         if key in variables:
             return variables[key]
-        if isinstance(source, (AttrSource, ItemSource)):
-            text = source.on(expr(source.base))
-        elif isinstance(source, ObjectKeySource):
-            text = f"{expr(source.base)}[{expr(source.key)}]"
-        else:
-            text = source.expr()
+        text = source.expr_from([expr(s) for s in source.reads()])
         if counts.get(key, 0) < 2 or isinstance(source, LocalSource):
             return text
         variables[key] = f"___s{len(variables)}"
@@ -223,6 +244,4 @@ def shared_reads(sources: list[Source]) -> tuple[list[str], list[str]]:
 
 def _parts(source: Source) -> set[Source]:
     """`source` and every source its expression reads first."""
-    inner = [source.base, source.key] if isinstance(source, ObjectKeySource) else \
-        [source.base] if isinstance(source, (AttrSource, ItemSource)) else []
-    return {source}.union(*(_parts(s) for s in inner))
+    return {source}.union(*(_parts(s) for s in source.reads()))

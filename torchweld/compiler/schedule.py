@@ -95,6 +95,7 @@ class Schedule:
     layouts: dict  # name -> (dtype, Layout, device) of every stored buffer
     allocated: tuple[str, ...]  # buffers the wrapper allocates (kernel outputs)
     graph: LoweredGraph
+    in_place: dict = dataclasses.field(default_factory=dict)  # buffer -> the input it is stored into
 
     def kernels(self) -> list[Kernel]:
         return [s for s in self.steps if isinstance(s, Kernel)]
@@ -465,7 +466,9 @@ def schedule(graph: LoweredGraph) -> Schedule:
         out_steps.append(kernel)
 
     allocated = tuple(n for n in buffers if n in stored and not isinstance(buffers[n], (ir.InputBuffer, ir.Extern)))
-    return Schedule(tuple(_with_frees(out_steps, graph, buffers)), layouts, allocated, graph)
+    steps = tuple(_with_frees(out_steps, graph, buffers))
+    in_place = in_place_updates(Schedule(steps, layouts, allocated, graph))
+    return Schedule(steps, layouts, tuple(n for n in allocated if n not in in_place), graph, in_place)
 
 
 def _step_reads(step, buffers) -> Iterable[str]:
@@ -500,7 +503,8 @@ def _with_frees(steps: list, graph: LoweredGraph, buffers) -> list:
 
 
 def in_place_updates(sched: Schedule) -> dict[str, str]:
-    """{buffer: the input it is stored into}: a mutated input's new value written over
+    """{buffer: the input it is stored into} (`Schedule.in_place`, which the wrapper
+    neither allocates nor copies back): a mutated input's new value written over
     the input itself, not into a new buffer copied back at the end (an optimizer step
     would allocate and copy every parameter and state tensor). Only where that cannot
     change what anything reads: the new value is the whole of a buffer a pointwise

@@ -100,11 +100,11 @@ def source_of(fn) -> str:
 
 def _aligned(name: str, sched: Schedule) -> bool:
     """Whether buffer `name`'s data pointer is 16-byte aligned on every call, or is
-    a graph input (whose alignment the wrapper checks)."""
+    a graph input or stored over one (whose alignment the wrapper checks)."""
     from torchweld.runtime.triton_launch import ALIGNMENT, is_aligned
 
     graph = sched.graph
-    if name in sched.allocated or name in graph.input_names:
+    if name in sched.allocated or name in graph.input_names or name in sched.in_place:
         return True
     if name in graph.constants:
         return is_aligned(graph.constants[name])

@@ -11,7 +11,7 @@ from torchweld.compiler import ir
 from torchweld.compiler.codegen.bindings import fast_callable
 from torchweld.compiler.ir import Layout
 from torchweld.compiler.lowering import TensorValue
-from torchweld.compiler.schedule import ExternCall, Free, Kernel, Schedule, in_place_updates
+from torchweld.compiler.schedule import ExternCall, Free, Kernel, Schedule
 from torchweld.runtime.write_back import groups_by_dtype
 
 PRELUDE = '''
@@ -94,7 +94,7 @@ class WrapperRenderer:
         allocated = set(self.sched.allocated)
         takes_over = self.reuse_plan()
         reused = set(takes_over.values())
-        in_place = in_place_updates(self.sched)
+        in_place = self.sched.in_place
         for step in self.sched.steps:
             if isinstance(step, Kernel):
                 for name in step.writes:
