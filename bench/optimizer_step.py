@@ -1,8 +1,9 @@
 """Adam's `opt.step()` alone: native against captured and compiled by torchweld.
 
     python3 bench/optimizer_step.py [--params 364] [--size 16] [--device cpu|cuda] [--backend weld]
+    python3 bench/optimizer_step.py --shapes-of densenet121 --device cuda   # torchvision's shapes
 
-Makes `--params` parameters of `--size` floats with gradients, then times `opt.step()` run
+Makes `--params` parameters of `--size` floats (or a torchvision model's parameter shapes) with gradients, then times `opt.step()` run
 natively and through `torchweld.compile` (median ms of 200 calls after warm-up; on CUDA each
 call is synchronized, so the figures are CPU-bound latency), and prints the compiled step's
 cold compile (first call, empty torchweld cache) and its guard check alone (ms per call).
@@ -47,13 +48,22 @@ def main():
     parser.add_argument("--size", type=int, default=16)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--backend", default="weld")
+    parser.add_argument("--shapes-of", help="a torchvision model whose parameter shapes to use instead")
     args = parser.parse_args()
     torch.manual_seed(0)
-    params = [torch.nn.Parameter(torch.randn(args.size, device=args.device)) for _ in range(args.params)]
+    if args.shapes_of:
+        import torchvision
+
+        shapes = [p.shape for p in getattr(torchvision.models, args.shapes_of)().parameters()]
+        what = f"{len(shapes)} parameters of {args.shapes_of} ({len(set(shapes))} distinct shapes)"
+    else:
+        shapes = [(args.size,)] * args.params
+        what = f"{args.params} parameters of {args.size} floats"
+    params = [torch.nn.Parameter(torch.randn(shape, device=args.device)) for shape in shapes]
     for p in params:
         p.grad = torch.randn_like(p)
     native = torch.optim.Adam(params, lr=1e-3)
-    print(f"torch {torch.__version__}, {args.device}, {args.params} parameters of {args.size} floats, Adam")
+    print(f"torch {torch.__version__}, {args.device}, {what}, Adam")
     print(f"  native step      {timed_ms(native.step, args.device):8.3f} ms")
     captured = torch.optim.Adam(params, lr=1e-3)
     compiled = torchweld.compile(optimizer_step, backend=args.backend)

@@ -26,6 +26,10 @@ logs: str = os.environ.get("TORCHWELD_LOGS", "")  # e.g. "graph_breaks,guards,+r
 
 # -- weld backend ---------------------------------------------------------------
 cache_dir: str = os.environ.get("TORCHWELD_CACHE_DIR", os.path.expanduser("~/.cache/torchweld"))
+# Triton kernels whose accesses all read the flat index take their element count as an
+# argument, so kernels that differ only in size compile once (compiler/codegen/triton.py,
+# size_generic); 0 bakes every size into the source, as before.
+size_generic_kernels: bool = os.environ.get("TORCHWELD_SIZE_GENERIC_KERNELS", "1") != "0"
 
 
 @contextlib.contextmanager

@@ -1,5 +1,6 @@
 """The Triton renderer, run on CPU tensors through Triton's interpreter (TRITON_INTERPRET=1)."""
 import os
+import re
 
 # tests/conftest.py sets TRITON_INTERPRET=1 on machines without CUDA, before triton is imported.
 
@@ -93,8 +94,24 @@ def test_big_pointwise_launch_and_int64_choice():
         return Kernel("k", torch.device("cpu"), (n,), (), (), (), (), (), ())
 
     assert launch_config(kernel(1 << 26)) == {"XBLOCK": 2048, "RBLOCK": 1, "num_warps": 8}
-    assert launch_config(kernel(100)) == {"XBLOCK": 128, "RBLOCK": 1}
+    assert launch_config(kernel(100)) == {"XBLOCK": 1024, "RBLOCK": 1}  # size-generic: a size class's blocks
     assert needs_int64(kernel(1 << 31)) and not needs_int64(kernel(1 << 26))
+
+
+def test_contiguous_pointwise_kernels_of_any_size_are_one_kernel():
+    """A kernel whose accesses all read xindex takes its element count as an argument,
+    so the same update of tensors of different sizes is one function, compiled once."""
+    def fn(a, b, c, bias):
+        return [torch.sigmoid(a) * 2, torch.sigmoid(b) * 2, torch.sigmoid(c) * 2, c + bias]
+
+    inputs = [torch.randn(100), torch.randn(3, 37), torch.randn(5, 16), torch.randn(16)]
+    compiled = check(fn, inputs, options=TRITON)
+    src = compiled.kernel_sources["triton"]
+    assert "xmask = xindex < xnumel" in src
+    kernels = re.findall(r"def (k_\w+)\((.*)\):", src)
+    generic = [name for name, params in kernels if "xnumel" in params]
+    assert len(generic) == 1, src  # the three sigmoids share one function
+    assert len(kernels) == 2  # c + bias reads bias broadcast (x1): its own kernel, sizes in its source
 
 
 def test_cat_reads_each_element_from_one_input():

@@ -4,16 +4,17 @@ without Triton's per-call argument binding.
 `kernel[grid](*args)` binds the arguments, derives a specialization key from
 them (dtypes, 16-byte alignment of every pointer) and looks the compiled kernel
 up, on every call: 10-20 us of Python per launch, more than many kernels run.
-Weld's kernels take only pointers and constexpr block sizes (sizes are baked
-into the source), so everything in that key is known when the wrapper is
-generated except the alignment of the graph's inputs, which the wrapper checks
-once per call (falling back to the JIT launch when an input is misaligned).
+Weld's kernels take pointers, constexpr block sizes and at most a size-generic
+kernel's element count (other sizes are baked into the source), so everything in
+that key is known when the wrapper is generated except the alignment of the graph's
+inputs, which the wrapper checks once per call (falling back to the JIT launch when
+an input is misaligned).
 
-    jobs = [CompileJob(source, fn, arg_dtypes, aligned, config, device), ...]
+    jobs = [CompileJob(source, fn, arg_dtypes, aligned, config, device, ints), ...]
     handles = compile_kernels(jobs)          # in worker processes and threads; identical jobs compile once
     futures = submit_kernels(jobs)           # the same, without waiting
     h = handles[0]
-    h.launch(grid, 1, 1, stream, h.function, *h.leading, *pointers, *h.trailing)
+    h.launch(grid, 1, 1, stream, h.function, *h.leading, *pointers, *ints, *h.trailing)
 
 Where Triton allows it and a graph brings many new kernels (WORKERS_FROM), worker
 processes (triton_workers.py) compile each kernel into Triton's disk cache first:
@@ -50,7 +51,8 @@ CONSTEXPRS = ("XBLOCK", "RBLOCK")  # weld kernels' constexpr parameters, after t
 class CompileJob:
     """One kernel to compile: its source text (the dedupe key), its JIT function,
     the dtype and alignment of each pointer argument, the launch config
-    (XBLOCK, RBLOCK, num_warps, ...) and the device."""
+    (XBLOCK, RBLOCK, num_warps, ...), the device, and a value of each integer
+    argument's specialization class (specialization_class)."""
 
     source: str
     fn: object = dataclasses.field(compare=False, hash=False)
@@ -58,10 +60,18 @@ class CompileJob:
     aligned: tuple
     config: tuple  # sorted (name, value) pairs
     device: torch.device
+    ints: tuple = ()
 
     @property
     def key(self) -> tuple:
-        return (self.source, self.arg_dtypes, self.aligned, self.config, str(self.device))
+        return (self.source, self.arg_dtypes, self.aligned, self.config, str(self.device), self.ints)
+
+
+def specialization_class(values: tuple[int, ...]) -> tuple[int, ...]:
+    """One representative of each integer argument's class under Triton's specialization,
+    which compiles a kernel apart for an int divisible by 16 (and for 1, a constant, which
+    size-generic kernels never take): 16 or 17. Kernels of sizes in one class are one compile."""
+    return tuple(16 if v % 16 == 0 else 17 for v in values)
 
 
 _compiled: dict[tuple, Future] = {}
@@ -113,17 +123,18 @@ def compile_kernels(jobs: list[CompileJob]) -> list["LaunchHandle"]:
     return [future.result() for future in submit_kernels(jobs)]
 
 
-def _dummy_arguments(job: CompileJob) -> list[torch.Tensor]:
-    """One small tensor per pointer argument, aligned or deliberately not, so that
-    Triton's own specialization sees what the real arguments will be."""
-    args = []
+def _dummy_arguments(job: CompileJob) -> list:
+    """One small tensor per pointer argument, aligned or deliberately not, then the
+    integer arguments' representatives, so that Triton's own specialization sees what
+    the real arguments will be."""
+    args: list = []
     for dtype, aligned in zip(job.arg_dtypes, job.aligned):
         if aligned:
             args.append(torch.empty(ALIGNMENT, dtype=dtype, device=job.device))
         else:
             t = torch.empty(2 * ALIGNMENT, dtype=dtype, device=job.device)
             args.append(t[1:])  # an itemsize past an aligned start: not 16-byte aligned (itemsize < 16)
-    return args
+    return args + list(job.ints)
 
 
 # Worker processes compile a graph's kernels when it has at least this many new ones. Below

@@ -8,6 +8,7 @@ import re
 
 import torch
 
+from torchweld import config
 from torchweld.compiler import ir
 from torchweld.compiler.codegen.common import C_LIKE_OPS, KernelRenderer, Scope
 from torchweld.compiler.ir import Expr, Op
@@ -26,9 +27,32 @@ def next_power_of_2(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
 
+def size_generic(kernel: Kernel) -> bool:
+    """Whether a pointwise kernel's code depends on its size only through its mask: every
+    offset and value reads xindex alone (contiguous or broadcast-free accesses, after
+    coalesce_indices). Such a kernel takes its element count as an argument (`xnumel`)
+    and blocks that do not depend on it, so one compiled kernel serves every size:
+    an optimizer's update of each parameter, a residual add at each resolution."""
+    numel = math.prod(kernel.outer)
+    if kernel.is_reduction or not 1 < numel < INT32_LIMIT or not config.size_generic_kernels:
+        return False
+    coalesced = coalesce_indices(kernel)
+    exprs = [st.index for st in coalesced.outer_stores] + _values(coalesced)
+    exprs += [st.index for stage in coalesced.stages for st in stage.stores]
+    return not any(n.op is Op.VAR and n.arg != "xindex" for e in exprs for n in ir.walk(e))
+
+
+def runtime_ints(kernel: Kernel) -> tuple[int, ...]:
+    """The integer arguments `kernel` takes after its pointers: its element count where
+    it is size_generic, nothing otherwise (its sizes are in its source)."""
+    return (math.prod(kernel.outer),) if size_generic(kernel) else ()
+
+
 def block_sizes(kernel: Kernel) -> tuple[int, int]:
     """(XBLOCK, RBLOCK) from the kernel's sizes and how its loads run."""
     xnumel = max(math.prod(kernel.outer), 1)
+    if size_generic(kernel):  # blocks of a size class, so that kernels of any size share them
+        return (2048 if xnumel >= BIG_POINTWISE else 1024), 1
     if not kernel.is_reduction:
         return (2048 if xnumel >= BIG_POINTWISE else min(1024, next_power_of_2(xnumel))), 1
     rnumel = math.prod(kernel.reduced)
@@ -369,12 +393,14 @@ class TritonRenderer(KernelRenderer):
     # -- blocks ------------------------------------------------------------------
     def open_kernel(self, kernel: Kernel) -> Scope:
         self.scope_masks: dict[int, str] = {}
-        params = ", ".join([self.pointer(n) for n in self.args] + ["XBLOCK: tl.constexpr", "RBLOCK: tl.constexpr"])
+        generic = size_generic(kernel)
+        params = [self.pointer(n) for n in self.args] + (["xnumel"] if generic else [])
+        params = ", ".join(params + ["XBLOCK: tl.constexpr", "RBLOCK: tl.constexpr"])
         top = Scope(None, 0)
         self.emit(top, "@triton.jit")
         self.emit(top, f"def {kernel.name}({params}):")
         body = Scope(None, 1)
-        xnumel = math.prod(kernel.outer)
+        xnumel = "xnumel" if generic else math.prod(kernel.outer)
         arange = "tl.arange(0, XBLOCK)[:, None]" if kernel.is_reduction else "tl.arange(0, XBLOCK)"
         pid = "tl.program_id(0).to(tl.int64)" if needs_int64(kernel) else "tl.program_id(0)"
         self.emit(body, f"xindex = {pid} * XBLOCK + {arange}")
@@ -515,7 +541,7 @@ def tune_launch(kernel: Kernel, fn, fn_name: str, arg_names: list[str], layouts:
     xnumel = max(math.prod(kernel.outer), 1)
 
     def run(config: dict) -> None:
-        fn[(-(-xnumel // config["XBLOCK"]),)](*args, **config)
+        fn[(-(-xnumel // config["XBLOCK"]),)](*args, *runtime_ints(kernel), **config)
 
     tuner = options.get("autotuner") or Autotuner(options.get("autotune_timer"))
     return tuner.choose(source_path + ".tune.json", f"{device_name(kernel.device)}/{fn_name}",

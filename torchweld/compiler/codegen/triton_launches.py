@@ -8,7 +8,8 @@ fast lines. Each pointer's 16-byte alignment is part of a compiled kernel; it is
 known here for buffers the wrapper allocates, constants and fresh extern
 results, and checked once per call for the graph's inputs: the wrapper runs
 the JIT lines when one is misaligned. The fast lines pass each pointer as an
-int (`buf.data_ptr()`): handed a tensor, Triton's launcher calls its
+int (`buf.data_ptr()`), then the kernel's integer arguments (a size-generic kernel's
+element count): handed a tensor, Triton's launcher calls its
 `data_ptr()` and then asks the CUDA driver whether the address is a device
 pointer (`cuPointerGetAttribute`), microseconds per argument, which made
 densenet121's many-input concatenation kernels cost more CPU time to launch
@@ -40,7 +41,7 @@ class TritonLaunches:
 
 def build_launches(kernels: list[Kernel], module, fn_names: dict[str, str], sched: Schedule,
                    source_path: str, options: dict) -> TritonLaunches:
-    from torchweld.compiler.codegen.triton import launch_candidates, launch_config, tune_launch
+    from torchweld.compiler.codegen.triton import launch_candidates, launch_config, runtime_ints, tune_launch
     from torchweld.runtime import triton_launch
 
     args_of = {k.name: k.args for k in kernels}  # computed once: Kernel.args builds a new list
@@ -57,10 +58,12 @@ def build_launches(kernels: list[Kernel], module, fn_names: dict[str, str], sche
                                           source_path, options)
 
     grids = {k.name: -(-max(math.prod(k.outer), 1) // configs[k.name]["XBLOCK"]) for k in kernels}
+    ints = {k.name: runtime_ints(k) for k in kernels}
     for k in kernels:
         name, config, grid = k.name, configs[k.name], grids[k.name]
         launches.objects[f"_k_{name}"] = fns[name]
-        launches.jit[name] = (f"_k_{name}[({grid},)]({', '.join(args_of[name])}, "
+        arguments = [*args_of[name], *map(str, ints[name])]
+        launches.jit[name] = (f"_k_{name}[({grid},)]({', '.join(arguments)}, "
                               + ", ".join(f"{key}={value}" for key, value in config.items()) + ")")
     if not fast:
         return launches
@@ -68,7 +71,8 @@ def build_launches(kernels: list[Kernel], module, fn_names: dict[str, str], sche
     aligned = {k.name: tuple(_aligned(a, sched) for a in args_of[k.name]) for k in kernels}
     jobs = [triton_launch.CompileJob(source_of(fns[k.name]), fns[k.name],
                                      tuple(sched.layouts[a][0] for a in args_of[k.name]),
-                                     aligned[k.name], tuple(sorted(configs[k.name].items())), k.device)
+                                     aligned[k.name], tuple(sorted(configs[k.name].items())), k.device,
+                                     triton_launch.specialization_class(ints[k.name]))
             for k in kernels]
     try:
         handles = triton_launch.compile_kernels(jobs)
@@ -86,7 +90,8 @@ def build_launches(kernels: list[Kernel], module, fn_names: dict[str, str], sche
             else:
                 launches.objects[f"_lead{i}_{name}"] = value
                 lead.append(f"_lead{i}_{name}")
-        arguments = lead + [f"{a}.data_ptr()" for a in args_of[name]] + [str(v) for v in handle.trailing]
+        arguments = lead + [f"{a}.data_ptr()" for a in args_of[name]] + [str(v) for v in ints[name]]
+        arguments += [str(v) for v in handle.trailing]
         launches.fast[name] = f"_run_{name}({grid}, 1, 1, _stream, _fn_{name}, {', '.join(arguments)})"
         launches.checked_inputs += [a for a in args_of[name] if a in inputs and a not in launches.checked_inputs]
     device = kernels[0].device
@@ -120,6 +125,7 @@ def _aligned(name: str, sched: Schedule) -> bool:
 
 def _precompile_candidates(kernels, fns, fn_names, args_of, sched, launch_candidates) -> None:
     """Compile every autotuning candidate at once, for the synthetic arguments tune_launch times them on."""
+    from torchweld.compiler.codegen.triton import runtime_ints
     from torchweld.runtime import triton_launch
     from torchweld.runtime.autotune import synthetic_tensor
 
@@ -128,9 +134,10 @@ def _precompile_candidates(kernels, fns, fn_names, args_of, sched, launch_candid
         args = [synthetic_tensor(*sched.layouts[a]) for a in args_of[k.name]]
         aligned = tuple(triton_launch.is_aligned(t) for t in args)
         dtypes = tuple(t.dtype for t in args)
+        ints = triton_launch.specialization_class(runtime_ints(k))
         for config in launch_candidates(k):
             jobs.append(triton_launch.CompileJob(source_of(fns[k.name]), fns[k.name], dtypes, aligned,
-                                                 tuple(sorted(config.items())), k.device))
+                                                 tuple(sorted(config.items())), k.device, ints))
     for job, future in zip(jobs, triton_launch.submit_kernels(jobs)):
         try:
             future.result()
