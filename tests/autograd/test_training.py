@@ -365,3 +365,47 @@ def test_backward_launches_on_a_fresh_autograd_thread():
     run = subprocess.run([sys.executable, "-c", FIRST_CUDA_WORK], capture_output=True, text=True, env=env,
                          cwd=root, timeout=600)
     assert run.returncode == 0 and "ok" in run.stdout, run.stderr[-2000:]
+
+
+@pytest.mark.parametrize("make,shape", MODELS, ids=[m.__name__ for m, _ in MODELS])
+def test_backward_is_compiled_ahead_for_the_layouts_it_gets(make, shape, monkeypatch):
+    """The backward compiles in a thread while the forward compiles, for the input layouts the
+    joint trace gives it; the first backward uses it: those are the layouts it gets."""
+    import threading
+
+    from torchweld.autograd import training
+
+    compiles = []
+    original = training.compile_aten
+
+    def spy(gm, example_inputs, options, what, *rest):
+        compiles.append((what, threading.current_thread().name))
+        return original(gm, example_inputs, options, what, *rest)
+
+    monkeypatch.setattr(training, "compile_aten", spy)
+    torch.manual_seed(0)
+    model = make()
+    reference = copy.deepcopy(model)
+    x = torch.randn(shape)
+    torchweld.compile(model, backend="weld")(x).sum().backward()
+    reference(x).sum().backward()
+    assert_same_training_state(model, reference)
+    backward = [thread for what, thread in compiles if what == "backward"]
+    assert len(backward) == 1 and backward[0].startswith("torchweld-backward"), compiles
+
+
+def test_backward_compiled_for_other_layouts_is_compiled_again():
+    from concurrent.futures import Future
+
+    from torchweld.autograd.training import _result_if_layouts_match
+
+    ahead = Future()
+    ahead.set_result("compiled ahead")
+    assumed = [torch.empty(4, 6), torch.empty(2, 3)]
+    assert _result_if_layouts_match(ahead, assumed, [torch.empty(4, 6), torch.empty(2, 3)]) == "compiled ahead"
+    assert _result_if_layouts_match(ahead, assumed, [torch.empty(6, 4).t(), torch.empty(2, 3)]) is None
+    assert _result_if_layouts_match(ahead, assumed, [torch.empty(4, 6), torch.empty(2, 3).double()]) is None
+    failed = Future()
+    failed.set_exception(RuntimeError("no"))
+    assert _result_if_layouts_match(failed, assumed, assumed) is None
+    assert _result_if_layouts_match(None, assumed, assumed) is None

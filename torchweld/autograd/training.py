@@ -4,6 +4,7 @@ callable that runs them through one autograd.Function."""
 from __future__ import annotations
 
 import logging
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
@@ -56,18 +57,24 @@ def compile_training(gm: torch.fx.GraphModule, example_inputs: list, options: di
         part = partition(joint, strategy)
     log.debug("training partition (%s): saves %d tensors, %d bytes of intermediates",
               strategy, len(part.saved), part.saved_bytes)
+    # gradients in their primal's layout: autograd would copy any other layout into it
+    grad_strides = [tuple(primals[i].stride()) for i in joint.grad_primals]
+    # The backward compiles in a thread meanwhile, for the layouts the joint trace gives its
+    # inputs: its Python work overlaps the forward's Triton compiles and the workers stay busy.
+    assumed = [n.meta.get("val") for n in part.backward.graph.nodes if n.op == "placeholder"]
+    ahead = _compile_ahead(lambda: compile_aten(part.backward, assumed, options, "backward", grad_strides),
+                           assumed, options)
     forward = compile_aten(part.forward, primals, options, "forward")
     if cudagraphs is not None:
         # Module state stays put between steps: read in place. The saved activations a
         # forward replay hands out stay valid until its backward has run ("track").
         forward = cudagraphs(forward, "forward", static_input_indices=range(len(state)), outputs="track")
 
-    # gradients in their primal's layout: autograd would copy any other layout into it
-    grad_strides = [tuple(primals[i].stride()) for i in joint.grad_primals]
-
     def compile_backward(example):
-        with timing.phase("weld.backward_graph"):  # on the first backward, not at capture
-            backward = compile_aten(part.backward, example, options, "backward", grad_strides)
+        with timing.phase("weld.backward_graph"):  # waited for on the first backward, not at capture
+            backward = _result_if_layouts_match(ahead, assumed, example)
+            if backward is None:
+                backward = compile_aten(part.backward, example, options, "backward", grad_strides)
         if cudagraphs is None:
             return backward
         # Saved activations lie in the forward recording's memory, and module state in the
@@ -98,6 +105,38 @@ def compile_aten(gm: torch.fx.GraphModule, example_inputs: list, options: dict, 
         log.warning("weld cannot compile the %s graph of this training step, running its aten ops eagerly: %s",
                     what, e)
         return gm
+
+
+_ahead_pool: ThreadPoolExecutor | None = None
+
+
+def _compile_ahead(compile_fn, assumed: list, options: dict) -> Future | None:
+    """`compile_fn()` started in a background thread, where every assumed input layout is
+    known (and options allow it: `backward_ahead`); None otherwise."""
+    global _ahead_pool
+    if not options.get("backward_ahead", True) or not all(isinstance(t, torch.Tensor) for t in assumed):
+        return None
+    if _ahead_pool is None:
+        _ahead_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="torchweld-backward")
+    return _ahead_pool.submit(compile_fn)
+
+
+def _result_if_layouts_match(ahead: Future | None, assumed: list, example: list):
+    """The backward compiled ahead, if its inputs have the layouts it was compiled for (the
+    saved tensors as the forward made them, the tangents made dense); None to compile again."""
+    if ahead is None:
+        return None
+    for i, (a, t) in enumerate(zip(assumed, example)):
+        if (a.shape, a.stride(), a.dtype, a.device) != (t.shape, t.stride(), t.dtype, t.device):
+            log.debug("backward compiled ahead for input %d of layout %s%s, got %s%s: compiling it again",
+                      i, tuple(a.shape), a.stride(), tuple(t.shape), t.stride())
+            timing.record("weld.backward_graph.layout_mismatch", 0.0)
+            return None
+    try:
+        return ahead.result()
+    except Exception as e:  # noqa: BLE001 - compiled again here, where the error is raised to the user
+        log.debug("compiling the backward ahead failed (%s: %s); compiling it again", type(e).__name__, e)
+        return None
 
 
 def _bind_constants(gm: torch.fx.GraphModule, example_inputs: list) -> torch.fx.GraphModule:

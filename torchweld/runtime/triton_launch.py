@@ -106,7 +106,7 @@ def submit_kernels(jobs: list[CompileJob]) -> list[Future]:
     futures = []
     with _lock:
         new = {job.key for job in jobs if job.key not in _compiled}
-        use_workers = len(new) >= WORKERS_FROM
+        use_workers = len(new) >= WORKERS_FROM or (len(new) > 1 and _workers_running())
         for job in jobs:
             future = _compiled.get(job.key)
             if future is None:
@@ -137,11 +137,20 @@ def _dummy_arguments(job: CompileJob) -> list:
     return args + list(job.ints)
 
 
-# Worker processes compile a graph's kernels when it has at least this many new ones. Below
-# it, threads do as well: on the H100 host, resnet50's 19 took 2.1-2.5 s either way (a worker
-# starts in ~0.3 s), densenet121's 68 took 4.4-4.6 s in workers and 8.4 s in threads.
-WORKERS_FROM = 32
+# Worker processes compile a graph's kernels when it has at least this many new ones, or
+# more than one once the workers run (an earlier graph started them). Below it threads do
+# as well on small kernels: on the H100 host, resnet50's 19 took 2.1-2.5 s either way (a
+# worker starts in ~0.3 s), BERT's 8 1.6 s in threads and 2.3 s in workers started for
+# them; densenet121's 68 took 4.4-4.6 s in workers and 8.4 s in threads, and the 15 kernels
+# of densenet121's Adam step (long ones) 7.9 s in threads.
+WORKERS_FROM = 12
 WORKER_TIMEOUT_S = 300  # past this a kernel's worker is given up on, and the kernel compiled here
+
+
+def _workers_running() -> bool:
+    from torchweld.runtime import triton_workers
+
+    return triton_workers.running_pool() is not None
 
 
 def _compile_in_worker(job: CompileJob, args: list[torch.Tensor]) -> Future | None:

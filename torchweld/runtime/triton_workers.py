@@ -125,6 +125,11 @@ def worker_pool() -> WorkerPool | None:
         return _pool
 
 
+def running_pool() -> WorkerPool | None:
+    """The process's pool if it has been started (worker_pool starts it)."""
+    return _pool
+
+
 def workers_supported() -> bool:
     """Whether this Triton has the two pieces the workers rely on: the JIT's cache hook, called
     with the serialized specialization before each compile, and that serialization's format
