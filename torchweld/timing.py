@@ -5,7 +5,9 @@
     print(torchweld.compile_times())    # one row per phase: calls, total seconds
 
 Phases nest (the backend's time includes lowering's); each row is inclusive
-of the phases inside it. Rows named `.threads.` or `.workers.` sum the time of work
+of the phases inside it. A training graph's backward compiles in a background thread
+while its forward compiles (autograd/training.py): its phases overlap the forward's,
+outside `backend`. Rows named `.threads.` or `.workers.` sum the time of work
 done in parallel (one call per kernel), so they add up to more than wall time. `TORCHWELD_LOGS=compile_times` logs, after each
 frame is compiled, the phases that frame spent time in.
 """

@@ -44,6 +44,24 @@ def test_fast_launch_matches_eager_and_compiles_identical_kernels_once():
 
 
 @cuda
+def test_size_generic_kernels_launch_with_their_element_count():
+    """One compiled function for three sizes, launched through the compiled launcher with
+    each call site's count: one size divisible by 16 (Triton's divisibility class), two not."""
+    from torchweld.runtime import triton_launch
+
+    def fn(a, b, c):
+        return [torch.sigmoid(a) * 2, torch.sigmoid(b) * 2, torch.sigmoid(c) * 2]
+
+    before = len(triton_launch._compiled)
+    c = check(fn, [torch.randn(100, device="cuda"), torch.randn(3, 37, device="cuda"),
+                   torch.randn(4096, device="cuda")])
+    assert "xnumel" in c.kernel_sources["triton"] and "_run_" in c.wrapper_source
+    for count in (100, 111, 4096):  # after the pointers, each call site's own count
+        assert f".data_ptr(), {count}, " in c.wrapper_source
+    assert len(triton_launch._compiled) - before <= 2  # one function: a compile per divisibility class
+
+
+@cuda
 def test_misaligned_input_runs_the_jit_launches():
     def fn(a, b):
         return torch.sigmoid(a) * b + 1

@@ -789,7 +789,6 @@ def max_pool2d(L, node, x, *args):
     the aten kernel that does not compute indices."""
     import operator
 
-
     if any(u.target is operator.getitem and u.args[1] == 1 for u in node.users):
         raise NotImplementedError("the indices are used")
     pooled = window_max(L, node, x, *args)

@@ -193,7 +193,7 @@ def _compile(job: CompileJob, args: list[torch.Tensor], ahead: Future | None = N
 @dataclasses.dataclass(frozen=True)
 class LaunchHandle:
     """How the wrapper launches one loaded kernel:
-    `launch(grid_x, 1, 1, stream, function, *leading, *pointers, *trailing)`."""
+    `launch(grid_x, 1, 1, stream, function, *leading, *pointers, *ints, *trailing)`."""
 
     launch: object
     function: object
