@@ -4,6 +4,9 @@
 
 Reports steady-state time per call, speedup over eager, and the cold compile
 time (first call, with an empty torchweld kernel cache and inductor's caches off).
+On the CPU, eager, torch.compile and weld are timed in turns (see `steady`), so that
+the load of a shared machine weighs on all three alike; torch.compile runs first,
+so its compile() call imports torch._dynamo, which weld then finds imported.
 """
 from __future__ import annotations
 
@@ -84,16 +87,21 @@ def weld_compile(model):
     return run
 
 
-def steady(fn, x, min_time=1.0, min_runs=5):
-    for _ in range(3):
-        fn(x)
-    times = []
-    start = time.perf_counter()
-    while len(times) < min_runs or time.perf_counter() - start < min_time:
-        t0 = time.perf_counter()
-        fn(x)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+def steady(fns: dict, x, min_time=1.0, rounds=5) -> dict:
+    """Median seconds per call of each of `fns`, timed in turns: `rounds` rounds, each giving every
+    function min_time/rounds of calls, so that a shared machine's load swings hit all of them alike."""
+    for fn in fns.values():
+        for _ in range(3):
+            fn(x)
+    times = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            while len(times[name]) < 2 or time.perf_counter() - start < min_time / rounds:
+                t0 = time.perf_counter()
+                fn(x)
+                times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(ts) for name, ts in times.items()}
 
 
 SKIPPED_VARIANTS: set[str] = set()  # filled from the command line
@@ -153,16 +161,16 @@ def main():
     for name, model, x in cases:
         model.eval()
         with torch.no_grad():
-            eager = steady(model, x, min_time=0.5 if q else 1.0)
             torch._dynamo.reset()
             inductor = torch.compile(model)
             ind_cold, ind_out = first_call(inductor, x)
-            ind = steady(inductor, x, min_time=0.5 if q else 1.0)
             with tempfile.TemporaryDirectory() as tmp, config.patch(cache_dir=tmp):
                 welded = weld_compile(model)
                 weld_cold, weld_out = first_call(welded, x)
                 weld_warm, _ = first_call(weld_compile(model), x)  # same kernels, found on disk
-            weld = steady(welded, x, min_time=0.5 if q else 1.0)
+            timed = steady({"eager": model, "inductor": inductor, "weld": welded}, x,
+                           min_time=1.5 if q else 3.0)
+            eager, ind, weld = timed["eager"], timed["inductor"], timed["weld"]
             expected = model(x)
             torch.testing.assert_close(weld_out, expected, atol=1e-3, rtol=1e-3)
             torch.testing.assert_close(ind_out, expected, atol=1e-3, rtol=1e-3)

@@ -25,3 +25,20 @@ def test_row_sum_stays_an_inner_reduction():
 def test_outer_reduction_over_two_reduced_dims():
     fn = lambda x: x.sum((0, 1)) + x.amin((0, 1))  # noqa: E731
     check(fn, (torch.randn(8, 5, 40),), atol=1e-4, rtol=1e-5)
+
+
+def test_row_max_and_min_vectorize_and_keep_nan():
+    """Row max/min run under `omp simd reduction(max/min)`, which drops NaN; a per-row flag
+    puts it back, as torch does (a NaN anywhere in a row makes its max and min NaN)."""
+    def fn(x, i):
+        return x.amax(1), x.amin(1), torch.softmax(x, dim=1), i.amax(1), i.amin(1)
+
+    x = torch.randn(16, 200)
+    x[3, 17] = float("nan")
+    x[5, :] = float("-inf")
+    x[7, 199] = float("inf")
+    x[9, 0] = float("nan")
+    inputs = (x, torch.randint(-1000, 1000, (16, 200)))
+    compiled = check(fn, inputs, atol=1e-6, rtol=1e-5)
+    source = compiled.kernel_sources["cpp"]
+    assert "reduction(max:" in source and "reduction(min:" in source and "reduction(|:" in source

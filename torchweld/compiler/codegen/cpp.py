@@ -121,7 +121,6 @@ class CppRenderer(KernelRenderer):
         Op.WHERE: lambda c, a, b: f"{c} ? {a} : {b}",
     }
     reduce_init = {Op.SUM: "0", Op.PROD: "1", Op.MAX: "-INFINITY", Op.MIN: "INFINITY"}
-    simd_clause = {Op.SUM: "+", Op.PROD: "*"}
     reduce_ops = frozenset(reduce_init)
 
     # -- values ------------------------------------------------------------------
@@ -239,24 +238,34 @@ class CppRenderer(KernelRenderer):
     def open_stage(self, i: int, stage: Stage, outer: Scope) -> Scope:
         if self.block_var is not None:
             return self.open_blocked_stage(stage, outer)
+        self.nan_flags: dict[str, str] = {}
         for acc in stage.reductions:
             name = self.new_tmp("acc")
             self.reduced_names[acc.name] = name
             self.emit(outer, f"{self.register_type(acc.dtype)} {name} = {self.accumulator_init(acc)};")
+            if _nan_propagating(acc):
+                self.nan_flags[acc.name] = flag = self.new_tmp("nan")
+                self.emit(outer, f"int {flag} = 0;")
         loops = [(f"r{k}", s) for k, s in enumerate(self.kernel.reduced) if s != 1]
         indent = outer.indent
-        clause = [self.reduced_names[a.name] for a in stage.reductions if a.reduce_op in self.simd_clause]
-        only_simd_ops = all(a.reduce_op in self.simd_clause for a in stage.reductions)
         for k, (var, size) in enumerate(loops):
-            if k == len(loops) - 1 and only_simd_ops:
-                ops = {self.simd_clause[a.reduce_op] for a in stage.reductions}
-                red = "".join(f" reduction({op}:{', '.join(self.reduced_names[a.name] for a in stage.reductions if self.simd_clause[a.reduce_op] == op)})"
-                              for op in sorted(ops)) if clause else ""
-                self.emit(Scope(None, indent), f"#pragma omp simd{red}")
+            if k == len(loops) - 1:
+                self.emit(Scope(None, indent), f"#pragma omp simd{self.simd_reductions(stage)}")
             self.emit(Scope(None, indent), f"for (int64_t {var} = 0; {var} < {size}; {var}++) {{")
             indent += 1
         self.stage_loops = len(loops)
         return Scope(outer, indent)
+
+    def simd_reductions(self, stage: Stage) -> str:
+        """The `reduction(...)` clauses of a row stage's simd loop: one per operator, and `|`
+        over the NaN flags of floating max/min (OpenMP's max drops NaN; the flag restores it)."""
+        by_op: dict[str, list[str]] = {}
+        for acc in stage.reductions:
+            op = _simd_operator(acc)
+            by_op.setdefault(op, []).append(self.reduced_names[acc.name])
+        if self.nan_flags:
+            by_op.setdefault("|", []).extend(self.nan_flags.values())
+        return "".join(f" reduction({op}:{', '.join(names)})" for op, names in sorted(by_op.items()))
 
     def open_blocked_stage(self, stage: Stage, outer: Scope) -> Scope:
         """Accumulator arrays over the block, the reduced loops, then the simd loop over lanes."""
@@ -279,6 +288,9 @@ class CppRenderer(KernelRenderer):
     def close_stage(self, i: int, stage: Stage, outer: Scope) -> None:
         for k in range(self.stage_loops - 1, -1, -1):
             self.emit(Scope(None, outer.indent + k), "}")
+        if self.block_var is None:
+            for acc_name, flag in self.nan_flags.items():
+                self.emit(outer, f"if ({flag}) {self.reduced_names[acc_name]} = NAN;")
 
     def accumulator_init(self, acc) -> str:
         if acc.dtype is torch.bool:
@@ -290,6 +302,15 @@ class CppRenderer(KernelRenderer):
 
     def accumulate(self, acc, value, scope) -> None:
         name = self.reduced_names[acc.name]
+        if self.block_var is None and acc.reduce_op in (Op.MAX, Op.MIN) and acc.dtype is not torch.bool:
+            # the select g++ vectorizes under reduction(max/min), plus the NaN flag
+            tmp = self.new_tmp()
+            self.emit(scope, self.assign(tmp, value, acc.dtype))
+            cmp = ">" if acc.reduce_op is Op.MAX else "<"
+            self.emit(scope, f"{name} = {tmp} {cmp} {name} ? {tmp} : {name};")
+            if acc.name in self.nan_flags:
+                self.emit(scope, f"{self.nan_flags[acc.name]} |= {tmp} != {tmp};")
+            return
         combine = {
             Op.SUM: f"{name} + {value}" if acc.dtype is not torch.bool else f"{name} || {value}",
             Op.PROD: f"{name} * {value}" if acc.dtype is not torch.bool else f"{name} && {value}",
@@ -305,6 +326,18 @@ class CppRenderer(KernelRenderer):
         for kernel in kernels:
             parts.append(self.render(kernel))
         return "\n".join(parts)
+
+
+def _simd_operator(acc) -> str:
+    """The OpenMP reduction operator that combines `acc`'s partial results."""
+    if acc.dtype is torch.bool:
+        return "||" if acc.reduce_op in (Op.SUM, Op.MAX) else "&&"
+    return {Op.SUM: "+", Op.PROD: "*", Op.MAX: "max", Op.MIN: "min"}[acc.reduce_op]
+
+
+def _nan_propagating(acc) -> bool:
+    """A floating max/min: torch returns NaN for a row holding one."""
+    return acc.reduce_op in (Op.MAX, Op.MIN) and acc.dtype.is_floating_point
 
 
 def _outer_reduction_var(kernel: Kernel, outer: list) -> str | None:
