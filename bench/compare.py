@@ -136,7 +136,7 @@ def main():
                              "Adam), as the tutorial does, rather than the model alone")
     parser.add_argument("--train-mode", default=None,
                         help="--train: the mode both compilers compile with (e.g. reduce-overhead)")
-    parser.add_argument("--only", default="", help="comma-separated parts of row names to run (--train, --cuda-modes)")
+    parser.add_argument("--only", default="", help="comma-separated parts of row names to run")
     parser.add_argument("--modes", default="reduce-overhead,max-autotune", help="comma-separated modes for --cuda-modes")
     args = parser.parse_args()
     ONLY_ROWS.extend(p.strip() for p in args.only.split(",") if p.strip())
@@ -158,7 +158,7 @@ def main():
              f"{'ind cold s':>10s} {'weld cold s':>11s} {'weld warm s':>11s}"
     print(header)
     print("-" * len(header))
-    for name, model, x in cases:
+    for name, model, x in [c for c in cases if wanted(c[0])]:
         model.eval()
         with torch.no_grad():
             torch._dynamo.reset()

@@ -9,17 +9,50 @@ once never see half a file.
 """
 from __future__ import annotations
 
+import functools
 import importlib.machinery
 import importlib.util
 import os
 import shutil
 import sysconfig
+import threading
 import types
 from pathlib import Path
+from typing import Callable, TypeVar
 
 from torchweld.disk_cache import cache_dir, compile_once, content_hash, write_once
 
 CFLAGS = ["-O2", "-shared", "-fPIC"]
+
+T = TypeVar("T")
+
+
+def loaded_once(loader: Callable[[], T]) -> Callable[[], T]:
+    """`loader` (an extension's build-and-import) run once per process: callers in other
+    threads meanwhile wait for that one run. `.start_in_background()` begins it in a daemon
+    thread, so that the C compiler runs while the caller goes on tracing; a cold compile
+    then does not wait for the build (the guard evaluator's takes ~0.4 s)."""
+    lock = threading.Lock()
+    results: list[T] = []
+
+    @functools.wraps(loader)
+    def load() -> T:
+        with lock:
+            if not results:
+                results.append(loader())
+            return results[0]
+
+    def start_in_background() -> None:
+        if not results and not lock.locked():
+            threading.Thread(target=load, daemon=True, name=f"torchweld-build-{loader.__name__}").start()
+
+    def cache_clear() -> None:  # the next call builds and imports again (tests)
+        with lock:
+            results.clear()
+
+    load.start_in_background = start_in_background
+    load.cache_clear = cache_clear
+    return load
 
 
 class ExtensionBuildError(RuntimeError):

@@ -9,6 +9,8 @@ import os
 import subprocess
 import sys
 import sysconfig
+import threading
+import time
 import types
 
 import pytest
@@ -563,3 +565,48 @@ def test_processes_building_at_once_all_load_it(tmp_path):
     suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
     assert len(list((tmp_path / "guards").glob(f"guard_eval_*{suffix}"))) == 1  # one library, beside its source
     assert not list((tmp_path / "guards").glob("*.tmp"))
+
+
+def test_the_build_starts_in_the_background_when_capture_begins(monkeypatch, tmp_path):
+    """The evaluator's C build runs in a thread started as the first frame is translated, so
+    tracing overlaps it; the entry's guards then wait for that one build, never start another."""
+    monkeypatch.setattr(config, "cache_dir", str(tmp_path))
+    builders = []
+    real = guard_extension.load_extension
+
+    def spy(*args, **kwargs):
+        builders.append(threading.current_thread().name)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(guard_extension, "load_extension", spy)
+    guard_extension.load.cache_clear()
+    try:
+        with config.patch(guard_evaluator="c"):
+            fn = torchweld.compile(lambda x: x.cos() * 2, backend=CountingBackend())
+            x = torch.randn(4)
+            torch.testing.assert_close(fn(x), x.cos() * 2)
+        assert builders == ["torchweld-build-load"]
+        if guard_extension.load() is not None:
+            assert all("___guards(" in e.source for e in fn.cache_entries)
+    finally:
+        guard_extension.load.cache_clear()
+
+
+def test_loaded_once_runs_the_loader_once_across_threads():
+    from torchweld.c_extension import loaded_once
+
+    calls = []
+    started = threading.Event()
+
+    @loaded_once
+    def load():
+        started.set()
+        time.sleep(0.2)
+        calls.append(threading.current_thread().name)
+        return "module"
+
+    load.start_in_background()
+    started.wait(5)
+    load.start_in_background()  # already running: no second thread
+    assert [load() for _ in range(3)] == ["module"] * 3
+    assert calls == ["torchweld-build-load"]

@@ -60,6 +60,10 @@ def records_autograd(gm: torch.fx.GraphModule) -> bool:
 @register_backend("weld")
 def weld(gm: torch.fx.GraphModule, example_inputs: list, mode=None, options=None):
     options = {} if options is None else options  # kept, not copied: it carries the model's graph pool
+    if _on_cuda(gm, example_inputs):
+        from torchweld.runtime.triton_launch import kernel_launcher
+
+        kernel_launcher.start_in_background()  # its C build overlaps the tracing and lowering
     grad_tensors = reads_grad_tensors(gm, example_inputs)
     if grad_tensors and records_autograd(gm):
         return _compile_training(prepare(gm, options, inference=False), example_inputs, mode, options)
@@ -75,6 +79,11 @@ def weld(gm: torch.fx.GraphModule, example_inputs: list, mode=None, options=None
         compiled = gm.forward
     compiled = with_cudagraphs(compiled, gm, mode, options)
     return _without_grad(compiled) if grad_tensors else compiled
+
+
+def _on_cuda(gm: torch.fx.GraphModule, example_inputs: list) -> bool:
+    tensors = [t for t in example_inputs if isinstance(t, torch.Tensor)]
+    return any(t.is_cuda for t in [*tensors, *gm.parameters(), *gm.buffers()])
 
 
 def _without_grad(compiled):
@@ -94,10 +103,15 @@ def prepare(gm: torch.fx.GraphModule, options: dict, inference: bool) -> torch.f
     batch norm is folded into the convolution before it and the folded (channels-last)
     weights are computed once, not per call (compiler/constant_folding.py). For training
     the weights are converted in the graph too: once per step, where cuDNN would convert
-    each one again in the forward and in the backward."""
+    each one again in the forward and in the backward. For inference, attention written
+    out as softmax(q @ k^T * scale) @ v becomes one scaled_dot_product_attention call
+    unless options={"fuse_attention": False} (passes/fuse_attention.py)."""
     from torchweld.passes.channels_last import to_channels_last
+    from torchweld.passes.fuse_attention import fuse_attention
     from torchweld.passes.fuse_conv_bn import fuse_conv_bn
 
+    if inference and options.get("fuse_attention", True):
+        gm = fuse_attention(gm)
     freeze = inference and options.get("freeze", False)
     if freeze:
         gm = fuse_conv_bn(gm, live=True)

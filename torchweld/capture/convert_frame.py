@@ -15,6 +15,7 @@ from typing import Callable
 import torch
 
 from torchweld import config, logs, timing
+from torchweld.capture import guard_extension
 from torchweld.capture.cache import CacheEntry, build_entry, signature_of
 from torchweld.capture.inline import RealCellValue
 from torchweld.capture.output_graph import OutputGraph
@@ -46,6 +47,8 @@ FULLGRAPH_HINT = (
 
 def translate_frame(fn: types.FunctionType, args: tuple, kwargs: dict, settings: CompileSettings) -> CacheEntry:
     """The cache entry for this call: a full graph, a graph up to a break, or eager."""
+    if config.guard_evaluator == "c":
+        guard_extension.load.start_in_background()  # built while the frame is traced
     before = timing.snapshot()
     try:
         with timing.phase("capture"):

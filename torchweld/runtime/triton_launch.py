@@ -29,7 +29,6 @@ says whether this Triton has it.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import os
 import threading
@@ -40,6 +39,7 @@ from pathlib import Path
 import torch
 
 from torchweld import timing
+from torchweld.c_extension import ExtensionBuildError, load_extension, loaded_once
 
 log = logging.getLogger("torchweld.weld")
 
@@ -259,11 +259,9 @@ def ensure_context_function():
     return extension.ensure_context if extension is not None else (lambda device: None)
 
 
-@functools.lru_cache(maxsize=None)
+@loaded_once
 def kernel_launcher():
     """The kernel_launch extension, or None (logged once) where it cannot be built."""
-    from torchweld.c_extension import ExtensionBuildError, load_extension
-
     try:
         return load_extension(Path(__file__).with_name("kernel_launch.c"), "torchweld.runtime.kernel_launch",
                               "launcher")
