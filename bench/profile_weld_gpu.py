@@ -1,7 +1,7 @@
 """Where weld's GPU time goes: eager vs weld (vs torch.compile) per model, one run.
 
     python3 bench/profile_weld_gpu.py [--only chain resnet50 densenet121 BERT GPT-2] [--inductor]
-                                      [--iters 50] [--options JSON]
+                                      [--iters 50] [--options JSON] [--mode MODE]
 
 For each case it prints, for eager, for weld (torchweld.compile(backend="weld")) and,
 with --inductor, for torch.compile, float32 inference under no_grad:
@@ -231,7 +231,7 @@ def sweep_chain_kernel(graph, x, nbytes: int, iters: int) -> None:
         print(f"      XBLOCK={xblock:5} num_warps={warps:2}: {ms:7.3f} ms  {nbytes / (ms * 1e-3) / 1e12:5.2f} TB/s")
 
 
-def model_case(case: str, iters: int, options: dict, inductor: bool, dump: str | None) -> None:
+def model_case(case: str, iters: int, options: dict, inductor: bool, dump: str | None, mode: str | None) -> None:
     """A model row of bench/gpu_inference.py: eager, weld and (with `inductor`) torch.compile."""
     from gpu_inference import cases
 
@@ -244,14 +244,14 @@ def model_case(case: str, iters: int, options: dict, inductor: bool, dump: str |
     model, x = make()
     contenders = {"eager": model}
     with GraphSpy() as spy:
-        weld = torchweld.compile(model, backend="weld", options=options)
+        weld = torchweld.compile(model, backend="weld", options=options, mode=mode)
         t0 = time.perf_counter()
         weld(x)
         torch.cuda.synchronize()
         print(f"\nweld {row} cold compile: {time.perf_counter() - t0:.1f} s")
     contenders["weld"] = weld
     if inductor:
-        compiled = torch.compile(model)
+        compiled = torch.compile(model, mode=mode)
         t0 = time.perf_counter()
         compiled(x)
         torch.cuda.synchronize()
@@ -273,6 +273,7 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=50)
     parser.add_argument("--options", default="{}", help="torchweld options as JSON, for the model cases")
     parser.add_argument("--dump", metavar="DIR", help="write each weld wrapper's source there")
+    parser.add_argument("--mode", default=None, help="the mode weld and torch.compile compile the model cases with")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("needs a CUDA GPU")
@@ -284,7 +285,7 @@ def main() -> None:
             if case == "chain":
                 chain_case(args.iters)
             else:
-                model_case(case, args.iters, json.loads(args.options), args.inductor, args.dump)
+                model_case(case, args.iters, json.loads(args.options), args.inductor, args.dump, args.mode)
     print(f"\ntotal {time.perf_counter() - start:.0f} s")
 
 
