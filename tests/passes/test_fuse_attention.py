@@ -13,6 +13,10 @@ from tests.models import Block
 from torchweld.passes.fuse_attention import fuse_attention
 
 
+ON_DEVICES = pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA"))])
+
+
 def captured(fn, *inputs):
     """(graph, its example inputs) for each graph capture hands a backend for fn(*inputs),
     the graph after fuse_attention."""
@@ -68,6 +72,51 @@ def test_an_additive_mask_becomes_attn_mask():
         assert node.kwargs["attn_mask"] is not None
 
 
+class CausalSelfAttention(torch.nn.Module):
+    """minGPT's attention: a causal mask filled with -inf, dropout on the probabilities."""
+
+    def __init__(self, d=32, heads=4, length=16):
+        super().__init__()
+        self.heads = heads
+        self.qkv = torch.nn.Linear(d, 3 * d)
+        self.attn_dropout = torch.nn.Dropout(0.1)
+        self.register_buffer("bias", torch.tril(torch.ones(length, length)).view(1, 1, length, length))
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).split(d, dim=2)
+        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        att = att.masked_fill(self.bias[:, :, :t, :t] == 0, float("-inf"))
+        att = F.softmax(att, dim=-1)
+        att = self.attn_dropout(att)
+        return (att @ v).transpose(1, 2).reshape(b, t, d)
+
+
+@ON_DEVICES
+def test_a_causal_mask_filled_with_minus_inf_and_eval_dropout(device):
+    torch.manual_seed(0)
+    model = CausalSelfAttention().eval().to(device)
+    x = torch.randn(2, 12, 32, device=device)
+    [(gm, example_inputs)] = captured(model, x)
+    assert fused_count(gm) == 1, gm.code
+    assert not any(n.op == "call_module" and "dropout" in str(n.target) for n in gm.graph.nodes)
+    with torch.no_grad():
+        torch.testing.assert_close(gm(*example_inputs)[0], model(x), atol=1e-5, rtol=1e-5)
+        compiled = torchweld.compile(model, backend="weld")
+        torch.testing.assert_close(compiled(x), model(x), atol=1e-5, rtol=1e-5)
+    # F.dropout(training=False) is an identity too
+    q, k, v = (t.to(device) for t in qkv())
+    check_rewritten(lambda q, k, v: F.dropout(torch.softmax(q @ k.transpose(-2, -1), -1), 0.5, training=False) @ v,
+                    q, k, v)
+
+
+def test_dropout_that_drops_keeps_the_attention():
+    model = CausalSelfAttention().train()  # its dropout is live: the masks must stay eager's
+    [(gm, _)] = captured(model, torch.randn(2, 12, 32))
+    assert fused_count(gm) == 0
+
+
 def test_what_is_not_attention_stays():
     q, k, v = qkv()
     kept = [
@@ -92,8 +141,7 @@ def test_what_is_not_attention_stays():
     assert fused_count(gm) == 0
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="needs CUDA"))])
+@ON_DEVICES
 def test_weld_runs_a_transformer_block_through_one_attention_call(caplog, device):
     torch.manual_seed(0)
     model = Block(d=64, heads=4).eval().to(device)
