@@ -86,11 +86,12 @@ LOADING_THREADS = 4
 
 
 def _executor(loading: bool) -> ThreadPoolExecutor:
-    """The threads that load worker-compiled kernels (`loading`), or those that compile
-    kernels themselves: one per core up to 32, or TORCHWELD_COMPILE_THREADS."""
+    """The threads that load worker-compiled kernels (`loading`: LOADING_THREADS, or
+    TORCHWELD_LOADING_THREADS), or those that compile kernels themselves: one per core
+    up to 32, or TORCHWELD_COMPILE_THREADS."""
     pool = _pools.get(loading)
     if pool is None:
-        count = LOADING_THREADS if loading else \
+        count = int(os.environ.get("TORCHWELD_LOADING_THREADS", 0)) or LOADING_THREADS if loading else \
             int(os.environ.get("TORCHWELD_COMPILE_THREADS", 0)) or min(32, os.cpu_count() or 1)
         pool = _pools[loading] = ThreadPoolExecutor(max_workers=count, thread_name_prefix="torchweld-triton")
     return pool
