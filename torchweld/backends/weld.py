@@ -61,9 +61,10 @@ def records_autograd(gm: torch.fx.GraphModule) -> bool:
 def weld(gm: torch.fx.GraphModule, example_inputs: list, mode=None, options=None):
     options = {} if options is None else options  # kept, not copied: it carries the model's graph pool
     if _on_cuda(gm, example_inputs):
-        from torchweld.runtime.triton_launch import kernel_launcher
+        from torchweld.runtime.triton_launch import fast_launch_available, kernel_launcher
 
-        kernel_launcher.start_in_background()  # its C build overlaps the tracing and lowering
+        if fast_launch_available(torch.device("cuda")):  # else the launcher is never used
+            kernel_launcher.start_in_background()  # its C build overlaps the tracing and lowering
     grad_tensors = reads_grad_tensors(gm, example_inputs)
     if grad_tensors and records_autograd(gm):
         return _compile_training(prepare(gm, options, inference=False), example_inputs, mode, options)

@@ -91,8 +91,10 @@ def _executor(loading: bool) -> ThreadPoolExecutor:
     up to 32, or TORCHWELD_COMPILE_THREADS."""
     pool = _pools.get(loading)
     if pool is None:
-        count = int(os.environ.get("TORCHWELD_LOADING_THREADS", 0)) or LOADING_THREADS if loading else \
-            int(os.environ.get("TORCHWELD_COMPILE_THREADS", 0)) or min(32, os.cpu_count() or 1)
+        if loading:
+            count = int(os.environ.get("TORCHWELD_LOADING_THREADS", 0)) or LOADING_THREADS
+        else:
+            count = int(os.environ.get("TORCHWELD_COMPILE_THREADS", 0)) or min(32, os.cpu_count() or 1)
         pool = _pools[loading] = ThreadPoolExecutor(max_workers=count, thread_name_prefix="torchweld-triton")
     return pool
 
