@@ -2,12 +2,14 @@
 eager's step after step, for the eager and weld backends, and what capture cannot
 model (a closure, hooks) runs natively with the reason logged."""
 import copy
+import warnings
 
 import pytest
 import torch
 import torch.nn as nn
 
 import torchweld
+from tests.capture.helpers import CountingBackend
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 SETTINGS = {
@@ -70,21 +72,83 @@ def test_captured_step_matches_eager(setting, backend, device):
     assert all(s["step"].device == p.device for p, s in opt.state.items() if s)
 
 
-def test_step_is_in_the_graph_and_a_new_learning_rate_recompiles():
+def test_step_is_in_the_graph_and_a_new_learning_rate_is_an_input_not_a_recompile():
     model, opt, reference, opt_ref = two_copies()
     explained = explained_beside_eager(train_step, model, opt, reference, opt_ref, torch.randn(4, 8))
     assert not any("step()" in r.source_line for r in explained.break_reasons)
     ops = [str(n.target) for g in explained.graphs for n in g.graph.nodes]
     assert any("_foreach_addcdiv_" in op for op in ops)
-    step = torchweld.compile(train_step, backend="weld")
-    for i in range(4):
-        if i == 2:
-            for o in (opt, opt_ref):
-                o.param_groups[1]["lr"] = 1e-3
+    assert any("type(L['opt'].param_groups[1]['lr']) is float" in g for g in explained.guards)
+    assert not any("['lr'] ==" in g for g in explained.guards)
+    for backend in (CountingBackend(), "weld"):
+        step = torchweld.compile(train_step, backend=backend)
+        for i in range(5):
+            if i >= 2:
+                for o in (opt, opt_ref):
+                    o.param_groups[1]["lr"] = 1e-3 * i
+            x = torch.randn(4, 8)
+            step(model, opt, x)
+            train_step(reference, opt_ref, x)
+        assert_same(model, opt, reference, opt_ref)
+    assert len(step_graphs(CountingBackend, train_step, two_copies()[:2])) == 2  # the forward and the step
+
+
+def step_graphs(counting_backend, fn, model_and_opt, lrs=(1e-2, 2e-3, 3e-4)):
+    """The graphs `fn` compiles over steps with these learning rates on every group."""
+    backend = counting_backend()
+    step = torchweld.compile(fn, backend=backend)
+    model, opt = model_and_opt
+    for lr in lrs:
+        for group in opt.param_groups:
+            group["lr"] = lr
+        step(model, opt, torch.randn(4, 8))
+    return backend.graphs
+
+
+def step_and_scaled_lr(model, opt, x):
+    opt.zero_grad(True)
+    loss = model(x).square().mean()
+    loss.backward()
+    opt.step()
+    return loss, opt.param_groups[0]["lr"] * 10  # the step's frame computes with it: specialized
+
+
+def test_a_learning_rate_the_frame_computes_with_is_guarded_on_its_value():
+    model, opt, reference, opt_ref = two_copies()
+    step = torchweld.compile(step_and_scaled_lr, backend="weld")
+    for lr in (1e-2, 2e-3, 2e-3):
+        for o in (opt, opt_ref):
+            o.param_groups[0]["lr"] = lr
         x = torch.randn(4, 8)
-        step(model, opt, x)
-        train_step(reference, opt_ref, x)
+        (loss, scaled), (loss_ref, scaled_ref) = step(model, opt, x), step_and_scaled_lr(reference, opt_ref, x)
+        torch.testing.assert_close(loss, loss_ref)
+        assert scaled == scaled_ref
     assert_same(model, opt, reference, opt_ref)
+    assert len(step_graphs(CountingBackend, step_and_scaled_lr, two_copies()[:2])) == 1 + 3  # a step per rate
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("cls, settings", [(torch.optim.Adam, {}), (torch.optim.AdamW, {"weight_decay": 0.1})])
+def test_lr_scheduler_step_is_captured_and_its_rates_need_no_recompile(cls, settings, device):
+    """An LR scheduler wraps `opt.step` on the instance; the step is still captured, the
+    wrapper's `_opt_called` is set (no warning from the scheduler), and each step's new rate
+    reaches the graph as an input."""
+    model, opt, reference, opt_ref = two_copies(cls, settings, device)
+    schedulers = [torch.optim.lr_scheduler.LambdaLR(o, lambda n: 1 / (1 + n)) for o in (opt, opt_ref)]
+    backend = CountingBackend()
+    for compiled in (torchweld.compile(train_step, backend=backend), torchweld.compile(train_step, backend="weld")):
+        for _ in range(4):
+            x = torch.randn(4, 8, device=device)
+            with warnings.catch_warnings():
+                warnings.filterwarnings("error", message=".*lr_scheduler")
+                torch.testing.assert_close(compiled(model, opt, x), train_step(reference, opt_ref, x))
+                for scheduler in schedulers:
+                    scheduler.step()
+        assert_same(model, opt, reference, opt_ref)
+    assert opt.param_groups[0]["lr"] == opt_ref.param_groups[0]["lr"] < 2e-3  # eight scheduler steps
+    assert len(backend.graphs) == 2  # the forward and the step, compiled once
+    ops = [str(n.target) for n in backend.graphs[1].graph.nodes]
+    assert any("_foreach_addcdiv_" in op for op in ops)
 
 
 def closure_step(model, opt, x):
@@ -150,3 +214,21 @@ def test_captured_step_under_cuda_graphs(backend):
         x = torch.randn(4, 8, device="cuda")
         torch.testing.assert_close(step(model, opt, x), train_step(reference, opt_ref, x))
     assert_same(model, opt, reference, opt_ref)
+
+
+def test_scheduled_rates_compile_no_more_graphs_than_torch_compile():
+    """torch.compile recompiles the step once the rate changes (then reads it as a
+    symbolic float); weld reads it as an input from the first compile."""
+    counts = {}
+    for name, compiler in (("weld", torchweld.compile), ("torch.compile", torch.compile)):
+        torch._dynamo.reset()
+        model, opt, _, _ = two_copies()
+        scheduler = torch.optim.lr_scheduler.LambdaLR(opt, lambda n: 1 / (1 + n))
+        backend = CountingBackend()
+        step = compiler(train_step, backend=backend)
+        for _ in range(5):
+            step(model, opt, torch.randn(4, 8))
+            scheduler.step()
+        counts[name] = len(backend.graphs)
+    torch._dynamo.reset()
+    assert counts["weld"] == 2 and counts["weld"] <= counts["torch.compile"], counts

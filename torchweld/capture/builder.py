@@ -14,7 +14,7 @@ from torchweld.capture.objects import (
 )
 from torchweld.capture.sources import AttrSource, ItemSource, Source
 from torchweld.capture.values import (
-    ConstantValue, DictValue, ListValue, TupleValue, Value, is_constant_literal,
+    ConstantValue, DictValue, GuardedOnUseNumber, ListValue, TupleValue, Value, is_constant_literal,
 )
 from torchweld.errors import Unsupported
 
@@ -60,6 +60,8 @@ def wrap(tx: "Translator", obj: object, source: Source | None, guard: bool = Tru
             raise Unsupported("a tensor reached the frame without a source to read it from")
         return tx.output.input_tensor(source, obj)
     if is_constant_literal(obj):
+        if guards and type(obj) is float and source.name() in tx.output.number_input_sources:
+            return GuardedOnUseNumber(obj, source, guards)
         if guards:
             guards.constant(source, obj)
         return ConstantValue(obj, source)

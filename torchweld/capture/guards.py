@@ -46,15 +46,17 @@ class GuardSet:
         self._seen.add(key)
         self.guards.append(Guard(text, expr, source, kind, operands))
 
-    def _const(self, obj: object) -> str:
+    def name_constant(self, obj: object) -> str:
+        """A name for `obj` in the entry function's namespace, which guards' and sources'
+        expressions may use."""
         name = f"___g{len(self.constants)}"
         self.constants[name] = obj
         return name
 
     def tensor(self, source: Source, t: torch.Tensor) -> None:
         stride = tuple(t.stride()) if t.layout is torch.strided else None  # None: not checked
-        parts = [f"type({{e}}) is {self._const(type(t))}", f"{{e}}.dtype is {self._const(t.dtype)}"]
-        parts.append(f"{{e}}.device == {self._const(t.device)}")
+        parts = [f"type({{e}}) is {self.name_constant(type(t))}", f"{{e}}.dtype is {self.name_constant(t.dtype)}"]
+        parts.append(f"{{e}}.device == {self.name_constant(t.device)}")
         parts.append(f"{{e}}.shape == {tuple(t.shape)!r}")
         if stride is not None:
             parts.append(f"{{e}}.stride() == {stride!r}")
@@ -75,13 +77,13 @@ class GuardSet:
                       "is", (value,))
             return
         if isinstance(value, enum.Enum):  # a singleton, whatever its value type (class Action(str, Enum))
-            self._add((source.name(), "const"), f"{source.name()} is {value!r}", f"{e} is {self._const(value)}", source,
+            self._add((source.name(), "const"), f"{source.name()} is {value!r}", f"{e} is {self.name_constant(value)}", source,
                       "is", (value,))
             return
         if type(value) in (int, float, str, bytes) and not (isinstance(value, float) and value != value):
             expr = f"type({e}) is {type(value).__name__} and {e} == {value!r}"
         else:
-            expr = f"type({e}) is {self._const(type(value))} and {e} == {self._const(value)}"
+            expr = f"type({e}) is {self.name_constant(type(value))} and {e} == {self.name_constant(value)}"
         self._add((source.name(), "const"), f"{source.name()} == {value!r}", expr, source,
                   "equals", (type(value), value))
 
@@ -92,18 +94,18 @@ class GuardSet:
 
     def type_is(self, source: Source, cls: type) -> None:
         text = f"type({source.name()}) is {cls.__qualname__}"
-        self._add((source.name(), "type"), text, f"type({source.expr()}) is {self._const(cls)}", source, "type", (cls,))
+        self._add((source.name(), "type"), text, f"type({source.expr()}) is {self.name_constant(cls)}", source, "type", (cls,))
 
     def length(self, source: Source, cls: type, n: int) -> None:
         e = source.expr()
         text = f"type({source.name()}) is {cls.__name__} and len({source.name()}) == {n}"
-        self._add((source.name(), "len"), text, f"type({e}) is {self._const(cls)} and len({e}) == {n}", source,
+        self._add((source.name(), "len"), text, f"type({e}) is {self.name_constant(cls)} and len({e}) == {n}", source,
                   "len", (cls, n))
 
     def dict_keys(self, source: Source, keys: list) -> None:
         e = source.expr()
         text = f"type({source.name()}) is dict and list({source.name()}) == {keys!r}"
-        self._add((source.name(), "keys"), text, f"type({e}) is dict and list({e}) == {self._const(keys)}", source,
+        self._add((source.name(), "keys"), text, f"type({e}) is dict and list({e}) == {self.name_constant(keys)}", source,
                   "dict_keys", (keys,))
 
     def same_object(self, source: Source, first: Source) -> None:
@@ -116,7 +118,7 @@ class GuardSet:
                   "hasattr", (attr, present))
 
     def grad_mode(self, enabled: bool) -> None:
-        fn = self._const(torch.is_grad_enabled)
+        fn = self.name_constant(torch.is_grad_enabled)
         self._add(("", "grad_mode"), f"torch.is_grad_enabled() is {enabled}", f"{fn}() is {enabled}", None,
                   "call_is", (torch.is_grad_enabled, enabled))
 

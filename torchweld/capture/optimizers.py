@@ -8,8 +8,11 @@ sees the whole step: weld fuses each parameter's update into one kernel, and the
 eager backend runs the same foreach kernels Adam runs.
 
 Guarded (a change recompiles): the optimizer's class (exactly Adam or AdamW) and its
-`step` function; no step hooks, on the optimizer or global; every hyperparameter of
-every group, as a constant (a new learning rate is a new graph); which parameters
+`step` function, or the wrapper an LR scheduler put on the instance (whose one other
+effect, `opt._opt_called = True`, is replayed); no step hooks, on the optimizer or
+global; every hyperparameter of every group as a constant, except a float learning
+rate, which the graph reads as a 0-d tensor input (number_inputs.py: a scheduler's new
+rate is not a new graph) unless the frame computes with it itself; which parameters
 have a gradient (those without are skipped, as Adam skips them); the metadata of
 every parameter and gradient; the identity of every state tensor (Adam makes them
 like their parameter, and load_state_dict replaces them). Anything else (a closure,
@@ -26,12 +29,14 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import types
+import weakref
 from typing import TYPE_CHECKING
 
 import torch
 
 from torchweld.capture.sources import AttrSource, ItemSource, ModuleGlobalSource, ObjectKeySource
-from torchweld.capture.values import ConstantValue, ListValue, TensorValue, Value, const
+from torchweld.capture.values import ConstantValue, GuardedOnUseNumber, ListValue, TensorValue, Value, const
 from torchweld.errors import Unsupported
 
 if TYPE_CHECKING:
@@ -39,16 +44,35 @@ if TYPE_CHECKING:
     from torchweld.capture.translator import Translator
 
 CAPTURED_OPTIMIZERS = (torch.optim.Adam, torch.optim.AdamW)
+_SCHEDULER_FILE = inspect.getsourcefile(torch.optim.lr_scheduler)
+_SCHEDULER_WRAPPER_NAMES = ("_opt_called", "__get__", "__class__")  # what its wrapper reads and sets
 _ADAM_STEP = ("torch.optim.adam", "Adam.step")
 _OPTIMIZER_MODULE = "torch.optim.optimizer"  # where the global step hooks are kept
 
 
 def captures_step(obj: object) -> bool:
-    """Whether `obj.step()` is emitted by this module: a stock Adam/AdamW with torch's step."""
-    if type(obj) not in CAPTURED_OPTIMIZERS or "step" in vars(obj):
+    """Whether `obj.step()` is emitted by this module: a stock Adam/AdamW with torch's step,
+    called directly or through the wrapper an LR scheduler puts on the instance."""
+    if type(obj) not in CAPTURED_OPTIMIZERS:
         return False
     fn = inspect.unwrap(type(obj).step)
-    return (getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)) == _ADAM_STEP
+    if (getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)) != _ADAM_STEP:
+        return False
+    return "step" not in vars(obj) or is_scheduler_wrapper(vars(obj)["step"], obj)
+
+
+def is_scheduler_wrapper(wrapper: object, opt: object) -> bool:
+    """Whether `wrapper` is what torch.optim.lr_scheduler sets as `opt.step` (so that the
+    scheduler can warn when it steps first): a closure over a weak reference to `opt` and
+    the class's step, which sets `opt._opt_called = True` and calls that step, nothing else."""
+    if not isinstance(wrapper, types.FunctionType) or not getattr(wrapper, "_wrapped_by_lr_sched", False):
+        return False
+    code = wrapper.__code__
+    if code.co_filename != _SCHEDULER_FILE or code.co_names != _SCHEDULER_WRAPPER_NAMES:
+        return False
+    cells = dict(zip(code.co_freevars, (cell.cell_contents for cell in wrapper.__closure__ or ())))
+    opt_ref = cells.get("opt_ref")
+    return isinstance(opt_ref, weakref.ref) and opt_ref() is opt and cells.get("func") is type(opt).step
 
 
 class OptimizerStepValue(Value):
@@ -64,19 +88,29 @@ class OptimizerStepValue(Value):
             raise Unsupported(f"{type(opt).__name__}.step() with a closure runs natively")
         guards = tx.output.guards
         guards.identity(AttrSource(AttrSource(source, "__class__"), "step"), type(opt).step)
+        wrapper = vars(opt).get("step")
+        if wrapper is None:  # and no scheduler wraps it later
+            guards.identity(AttrSource(AttrSource(source, "step"), "__func__"), type(opt).step)
+        else:  # an LR scheduler's: what it does besides stepping, done after the graph
+            guards.identity(AttrSource(source, "step"), wrapper)
+            self.optimizer.setattr(tx, "_opt_called", const(True))
         for name in ("_optimizer_step_pre_hooks", "_optimizer_step_post_hooks"):
             _no_hooks(guards, AttrSource(source, name), getattr(opt, name))
         for name in ("_global_optimizer_pre_hooks", "_global_optimizer_post_hooks"):
             _no_hooks(guards, ModuleGlobalSource(_OPTIMIZER_MODULE, name),
                       getattr(importlib.import_module(_OPTIMIZER_MODULE), name))
+        groups_source = AttrSource(source, "param_groups")
+        for i in range(len(opt.param_groups)):  # a learning rate is a graph input (number_inputs.py)
+            tx.output.number_input_sources.add(ItemSource(ItemSource(groups_source, i), "lr").name())
         groups = self.optimizer.getattr(tx, "param_groups")
         updates = [_group_update(tx, opt, source, group, real)
                    for group, real in zip(groups.items(tx), opt.param_groups)]
         was_enabled = tx.output.grad_enabled
         tx.output.set_grad_enabled(False)
-        for settings, by_device in updates:
-            for tensors in by_device.values():
-                _emit_adam(tx, settings, tensors)
+        for settings, lr_source, by_device in updates:
+            for (device, _), tensors in by_device.items():
+                lr = settings["lr"] if lr_source is None else tx.output.input_number(lr_source, settings["lr"], device)
+                _emit_adam(tx, {**settings, "lr": lr}, tensors)
         tx.output.set_grad_enabled(was_enabled)
         return ConstantValue(None)
 
@@ -91,7 +125,8 @@ def _no_hooks(guards, source, hooks: dict) -> None:
 
 
 def _group_update(tx: "Translator", opt: torch.optim.Optimizer, opt_source, group: Value, real: dict):
-    """The settings of one param group (`group`, read from the real dict `real`) and its
+    """The settings of one param group (`group`, read from the real dict `real`), the source
+    of its learning rate where the graph reads it as an input (None: a constant), and its
     tensors with gradients by (device, dtype): {key: {"param": [...], "grad": [...],
     and a list per state entry ("step", "exp_avg", ...)}}."""
     from torchweld.capture.builder import wrap
@@ -99,7 +134,12 @@ def _group_update(tx: "Translator", opt: torch.optim.Optimizer, opt_source, grou
     entries = getattr(group, "entries", None)
     if entries is None:
         raise Unsupported("an optimizer param group that is not a dict")
-    settings = {k: v.as_constant() for k, v in entries.items() if k != "params"}
+    settings = {k: v.as_constant() for k, v in entries.items() if k not in ("params", "lr")}
+    lr = entries.get("lr")
+    if lr is None:
+        raise Unsupported("an optimizer param group without a learning rate")
+    lr_source = lr.source if isinstance(lr, GuardedOnUseNumber) else None
+    settings["lr"] = lr.value if lr_source else lr.as_constant()
     if settings.get("fused") or settings.get("differentiable"):
         raise Unsupported("a fused or differentiable Adam runs natively")
     settings.setdefault("decoupled_weight_decay", isinstance(opt, torch.optim.AdamW))
@@ -125,7 +165,7 @@ def _group_update(tx: "Translator", opt: torch.optim.Optimizer, opt_source, grou
         for k in keys:  # guarded by identity: Adam makes them like their parameter (whose metadata
             # is guarded in full), and load_state_dict replaces them; ~1 us less per tensor
             lists[k].append(tx.output.input_tensor(ItemSource(state_source, k), state[k], by_identity=True))
-    return settings, by_device
+    return settings, lr_source, by_device
 
 
 def _state_keys(amsgrad: bool) -> tuple[str, ...]:
@@ -161,7 +201,10 @@ def _emit_adam(tx: "Translator", s: dict, tensors: dict[str, list]) -> None:
     op(torch._foreach_add_, steps, 1)
     if weight_decay != 0:
         if s["decoupled_weight_decay"]:
-            op(torch._foreach_mul_, params, 1 - lr * weight_decay)
+            if isinstance(lr, TensorValue):  # 1 - lr * weight_decay, in float64 as Python computes it
+                op(torch._foreach_mul_, params, op(torch.rsub, op(torch.mul, lr, weight_decay), 1))
+            else:
+                op(torch._foreach_mul_, params, 1 - lr * weight_decay)
         else:  # grads + weight_decay * params, a new list: the gradients stay as they are
             grads = tx.output.call_function(torch._foreach_add, [grads, params], {"alpha": const(weight_decay)})
     op(torch._foreach_lerp_, exp_avgs, grads, 1 - beta1)

@@ -18,7 +18,8 @@ from torch.utils import _pytree as pytree
 
 from torchweld.capture.guards import GuardSet
 from torchweld.capture.side_effects import SideEffects
-from torchweld.capture.sources import Source
+from torchweld.capture.number_inputs import NumberTensor
+from torchweld.capture.sources import NumberTensorSource, Source
 from torchweld.capture.values import ConstantValue, TensorValue, TupleValue, Value, const, is_constant_literal
 from torchweld.errors import Unsupported
 
@@ -37,6 +38,8 @@ class OutputGraph:
         self.guards.grad_mode(self.grad_enabled)
         self.inputs: list[tuple[Source, torch.Tensor, torch.fx.Node]] = []
         self._input_by_source: dict[str, TensorValue] = {}
+        self.number_input_sources: set[str] = set()  # names of floats to read as GuardedOnUseNumber
+        self._number_inputs: dict[tuple[str, str], TensorValue] = {}  # (source name, device) -> placeholder
         self._input_by_id: dict[int, TensorValue] = {}
         self._module_names: dict[int, str] = {}
         self._fakes: dict[int, torch.Tensor] = {}  # id(real parameter or buffer) -> its fake copy
@@ -71,6 +74,26 @@ class OutputGraph:
         self.inputs.append((source, real, node))
         self._input_by_source[source.name()] = value
         self._input_by_id[id(real)] = value
+        return value
+
+    def input_number(self, source: Source, value: float, device: torch.device) -> TensorValue:
+        """The placeholder for the float read from `source`, as a 0-d float64 tensor on
+        `device` that the entry refills when the number changes (number_inputs.py). Its
+        type is guarded where it was read (GuardedOnUseNumber), its value not."""
+        known = self._number_inputs.get((source.name(), str(device)))
+        if known is not None:
+            return known
+        holder = NumberTensor(value, device)
+        tensor_source = NumberTensorSource(source, self.guards.name_constant(holder), str(device))
+        with self._insert_placeholder():
+            node = self.graph.placeholder(tensor_source.placeholder_name())
+        fake = self.fake_mode.from_tensor(holder.tensor, static_shapes=True)
+        node.meta["example_value"] = fake
+        node.meta["source"] = tensor_source.name()
+        node.meta["static_address"] = True  # the holder's one tensor: CUDA graphs read it in place
+        value = TensorValue(node, fake, tensor_source)
+        self.inputs.append((tensor_source, holder.tensor, node))
+        self._number_inputs[(source.name(), str(device))] = value
         return value
 
     @contextlib.contextmanager

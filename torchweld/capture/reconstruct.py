@@ -65,7 +65,7 @@ class Reconstructor:
                 self.graph_outputs.append(value)
             return f"___out[{self._output_index[value.node]}]"
         if isinstance(value, ConstantValue):
-            v = value.value
+            v = value.as_constant()  # written into the code: a number read from outside is guarded now
             if type(v) in _LITERAL_TYPES or (type(v) is float and v == v and v not in (float("inf"), -float("inf"))):
                 return repr(v)
             return self.const(v)

@@ -217,6 +217,29 @@ class ObjectKeySource(Source):
         return f"{inner[0]}[{inner[1]}]"
 
 
+@dataclasses.dataclass(frozen=True)
+class NumberTensorSource(Source):
+    """A Python number read from `base` and handed to the graph as a 0-d tensor: the
+    entry calls `holder` (a `number_inputs.NumberTensor` the entry's namespace names),
+    which refills its one tensor when the number changed."""
+
+    base: Source
+    holder: str  # the holder's name in the entry's namespace
+    device: str
+
+    def name(self) -> str:
+        return f"tensor({self.base.name()}, device={self.device!r})"
+
+    def expr(self) -> str:
+        return self.expr_from([self.base.expr()])
+
+    def reads(self) -> tuple[Source, ...]:
+        return (self.base,)
+
+    def expr_from(self, inner: list[str]) -> str:
+        return f"{self.holder}({inner[0]})"
+
+
 def shared_reads(sources: list[Source]) -> tuple[list[str], list[str]]:
     """The expressions of `sources`, each read that two or more of them share
     (`opt.param_groups[0]['params']`, `opt.state[p]`) made once into a variable

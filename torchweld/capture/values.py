@@ -20,6 +20,7 @@ from torchweld.capture.sources import Source
 from torchweld.errors import Unsupported
 
 if TYPE_CHECKING:
+    from torchweld.capture.guards import GuardSet
     from torchweld.capture.translator import Translator
 
 
@@ -112,6 +113,28 @@ class ConstantValue(Value):
 
     def __repr__(self) -> str:
         return f"ConstantValue({self.value!r})"
+
+
+class GuardedOnUseNumber(ConstantValue):
+    """A float read from outside the frame, guarded on its type only until capture uses
+    its value: then on its value, as any constant. The optimizer capture reads it as a
+    graph input instead (an optimizer's learning rate: see number_inputs.py)."""
+
+    def __init__(self, value: float, source: Source, guards: "GuardSet"):
+        super().__init__(value, source)
+        self._guards = guards
+        guards.type_is(source, type(value))
+
+    def as_constant(self) -> object:
+        self._guards.constant(self.source, self.value)
+        return self.value
+
+    def getattr(self, tx: "Translator", name: str) -> Value:
+        self.as_constant()
+        return super().getattr(tx, name)
+
+    def __repr__(self) -> str:
+        return f"GuardedOnUseNumber({self.value!r}, {self.source})"
 
 
 _CONSTANT_TYPES = (
