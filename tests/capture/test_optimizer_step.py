@@ -129,14 +129,17 @@ def test_a_learning_rate_the_frame_computes_with_is_guarded_on_its_value():
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("cls, settings", [(torch.optim.Adam, {}), (torch.optim.AdamW, {"weight_decay": 0.1})])
-def test_lr_scheduler_step_is_captured_and_its_rates_need_no_recompile(cls, settings, device):
+def test_lr_scheduler_step_is_captured_and_its_rates_need_no_recompile(cls, settings, device, caplog):
     """An LR scheduler wraps `opt.step` on the instance; the step is still captured, the
     wrapper's `_opt_called` is set (no warning from the scheduler), and each step's new rate
-    reaches the graph as an input."""
+    reaches the graph as an input, which weld compiles (C++ and Triton alike)."""
     model, opt, reference, opt_ref = two_copies(cls, settings, device)
     schedulers = [torch.optim.lr_scheduler.LambdaLR(o, lambda n: 1 / (1 + n)) for o in (opt, opt_ref)]
     backend = CountingBackend()
-    for compiled in (torchweld.compile(train_step, backend=backend), torchweld.compile(train_step, backend="weld")):
+    compiled_steps = [torchweld.compile(train_step, backend=backend), torchweld.compile(train_step, backend="weld")]
+    if device == "cpu":
+        compiled_steps.append(torchweld.compile(train_step, backend="weld", options={"cpu_codegen": "triton"}))
+    for compiled in compiled_steps:
         for _ in range(4):
             x = torch.randn(4, 8, device=device)
             with warnings.catch_warnings():
@@ -147,6 +150,7 @@ def test_lr_scheduler_step_is_captured_and_its_rates_need_no_recompile(cls, sett
         assert_same(model, opt, reference, opt_ref)
     assert opt.param_groups[0]["lr"] == opt_ref.param_groups[0]["lr"] < 2e-3  # eight scheduler steps
     assert len(backend.graphs) == 2  # the forward and the step, compiled once
+    assert "cannot compile" not in caplog.text
     ops = [str(n.target) for n in backend.graphs[1].graph.nodes]
     assert any("_foreach_addcdiv_" in op for op in ops)
 
@@ -232,3 +236,27 @@ def test_scheduled_rates_compile_no_more_graphs_than_torch_compile():
         counts[name] = len(backend.graphs)
     torch._dynamo.reset()
     assert counts["weld"] == 2 and counts["weld"] <= counts["torch.compile"], counts
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_a_step_weld_cannot_compile_runs_eagerly_and_right_under_cuda_graphs(monkeypatch, caplog):
+    """weld's fallback for a graph it cannot lower (its eager ops) is recorded as a CUDA
+    graph too, and must write the parameters and state in place as eager does."""
+    import torchweld.compiler as compiler
+    from torchweld.compiler.lowering import LoweringError
+
+    real_compile = compiler.compile_graph
+
+    def refusing_the_step(gm, example_inputs, options):
+        if any("_foreach_addcdiv_" in str(n.target) for n in gm.graph.nodes):
+            raise LoweringError("refused by the test")
+        return real_compile(gm, example_inputs, options)
+
+    monkeypatch.setattr(compiler, "compile_graph", refusing_the_step)
+    model, opt, reference, opt_ref = two_copies(torch.optim.Adam, {"weight_decay": 0.1}, "cuda")
+    step = torchweld.compile(train_step, backend="weld", mode="reduce-overhead")
+    for _ in range(6):
+        x = torch.randn(4, 8, device="cuda")
+        torch.testing.assert_close(step(model, opt, x), train_step(reference, opt_ref, x))
+    assert_same(model, opt, reference, opt_ref)
+    assert "refused by the test" in caplog.text

@@ -108,9 +108,8 @@ class OptimizerStepValue(Value):
         was_enabled = tx.output.grad_enabled
         tx.output.set_grad_enabled(False)
         for settings, lr_source, by_device in updates:
-            for (device, _), tensors in by_device.items():
-                lr = settings["lr"] if lr_source is None else tx.output.input_number(lr_source, settings["lr"], device)
-                _emit_adam(tx, {**settings, "lr": lr}, tensors)
+            for (device, dtype), tensors in by_device.items():
+                _emit_adam(tx, settings, tensors, _RateTerms(tx, settings, lr_source, device, dtype, tensors))
         tx.output.set_grad_enabled(was_enabled)
         return ConstantValue(None)
 
@@ -188,12 +187,38 @@ def _state_of(opt: torch.optim.Optimizer, p: torch.Tensor, keys: tuple[str, ...]
     return state
 
 
-def _emit_adam(tx: "Translator", s: dict, tensors: dict[str, list]) -> None:
+class _RateTerms:
+    """The learning rate's two uses in Adam's update, as Python numbers where it is a
+    constant, else as graph inputs refilled from the param group (number_inputs.py)."""
+
+    def __init__(self, tx: "Translator", settings: dict, source, device: torch.device, param_dtype: torch.dtype,
+                 tensors: dict[str, list]):
+        self.tx, self.settings, self.source, self.device = tx, settings, source, device
+        self.param_dtype = param_dtype
+        self.step_dtype = tensors["step"][0].fake.dtype if tensors["step"] else param_dtype
+
+    def lr(self):
+        """What the bias corrections (in the step's dtype) are divided by."""
+        lr = self.settings["lr"]
+        if self.source is None:
+            return lr
+        return self.tx.output.input_number(self.source, lr, self.device, self.step_dtype)
+
+    def decay_factor(self):
+        """`1 - lr * weight_decay`, by which AdamW scales the parameters."""
+        lr, weight_decay = self.settings["lr"], self.settings["weight_decay"]
+        if self.source is None:
+            return 1 - lr * weight_decay
+        return self.tx.output.input_number(self.source, lr, self.device, self.param_dtype,
+                                           f"1 - {{}} * {weight_decay!r}", lambda x: 1 - x * weight_decay)
+
+
+def _emit_adam(tx: "Translator", s: dict, tensors: dict[str, list], rate: _RateTerms) -> None:
     """Adam's update of one (device, dtype) group, as its capturable foreach path runs it."""
     def op(fn, *args):
         return tx.output.call_function(fn, [a if isinstance(a, Value) else const(a) for a in args], {})
 
-    lr, (beta1, beta2), eps, weight_decay = s["lr"], s["betas"], s["eps"], s["weight_decay"]
+    (beta1, beta2), eps, weight_decay = s["betas"], s["eps"], s["weight_decay"]
     params, grads, exp_avgs, exp_avg_sqs, steps = (
         ListValue(tensors[k]) for k in ("param", "grad", "exp_avg", "exp_avg_sq", "step"))
     if s["maximize"]:
@@ -201,10 +226,7 @@ def _emit_adam(tx: "Translator", s: dict, tensors: dict[str, list]) -> None:
     op(torch._foreach_add_, steps, 1)
     if weight_decay != 0:
         if s["decoupled_weight_decay"]:
-            if isinstance(lr, TensorValue):  # 1 - lr * weight_decay, in float64 as Python computes it
-                op(torch._foreach_mul_, params, op(torch.rsub, op(torch.mul, lr, weight_decay), 1))
-            else:
-                op(torch._foreach_mul_, params, 1 - lr * weight_decay)
+            op(torch._foreach_mul_, params, rate.decay_factor())
         else:  # grads + weight_decay * params, a new list: the gradients stay as they are
             grads = tx.output.call_function(torch._foreach_add, [grads, params], {"alpha": const(weight_decay)})
     op(torch._foreach_lerp_, exp_avgs, grads, 1 - beta1)
@@ -215,7 +237,7 @@ def _emit_adam(tx: "Translator", s: dict, tensors: dict[str, list]) -> None:
     op(torch._foreach_sub_, bias_correction1, 1)
     op(torch._foreach_sub_, bias_correction2, 1)
     op(torch._foreach_neg_, bias_correction2)
-    op(torch._foreach_div_, bias_correction1, lr)
+    op(torch._foreach_div_, bias_correction1, rate.lr())
     op(torch._foreach_reciprocal_, bias_correction1)
     op(torch._foreach_sqrt_, bias_correction2)
     step_size, bias_correction2_sqrt = bias_correction1, bias_correction2

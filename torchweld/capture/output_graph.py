@@ -39,7 +39,7 @@ class OutputGraph:
         self.inputs: list[tuple[Source, torch.Tensor, torch.fx.Node]] = []
         self._input_by_source: dict[str, TensorValue] = {}
         self.number_input_sources: set[str] = set()  # names of floats to read as GuardedOnUseNumber
-        self._number_inputs: dict[tuple[str, str], TensorValue] = {}  # (source name, device) -> placeholder
+        self._number_inputs: dict[tuple, TensorValue] = {}  # (formula, device, dtype) -> placeholder
         self._input_by_id: dict[int, TensorValue] = {}
         self._module_names: dict[int, str] = {}
         self._fakes: dict[int, torch.Tensor] = {}  # id(real parameter or buffer) -> its fake copy
@@ -76,15 +76,18 @@ class OutputGraph:
         self._input_by_id[id(real)] = value
         return value
 
-    def input_number(self, source: Source, value: float, device: torch.device) -> TensorValue:
-        """The placeholder for the float read from `source`, as a 0-d float64 tensor on
-        `device` that the entry refills when the number changes (number_inputs.py). Its
-        type is guarded where it was read (GuardedOnUseNumber), its value not."""
-        known = self._number_inputs.get((source.name(), str(device)))
+    def input_number(self, source: Source, value: float, device: torch.device, dtype: torch.dtype,
+                     formula: str = "{}", compute: Callable[[float], float] | None = None) -> TensorValue:
+        """The placeholder for `compute` of the float read from `source` (`formula` spells
+        it over the source's name), as a 0-d `dtype` tensor on `device` that the entry
+        refills when the number changes (number_inputs.py). The number's type is guarded
+        where it was read (GuardedOnUseNumber), its value not."""
+        key = (formula.format(source.name()), str(device), dtype)
+        known = self._number_inputs.get(key)
         if known is not None:
             return known
-        holder = NumberTensor(value, device)
-        tensor_source = NumberTensorSource(source, self.guards.name_constant(holder), str(device))
+        holder = NumberTensor(value, device, dtype, compute)
+        tensor_source = NumberTensorSource(source, self.guards.name_constant(holder), *key)
         with self._insert_placeholder():
             node = self.graph.placeholder(tensor_source.placeholder_name())
         fake = self.fake_mode.from_tensor(holder.tensor, static_shapes=True)
@@ -93,7 +96,7 @@ class OutputGraph:
         node.meta["static_address"] = True  # the holder's one tensor: CUDA graphs read it in place
         value = TensorValue(node, fake, tensor_source)
         self.inputs.append((tensor_source, holder.tensor, node))
-        self._number_inputs[(source.name(), str(device))] = value
+        self._number_inputs[key] = value
         return value
 
     @contextlib.contextmanager

@@ -219,16 +219,18 @@ class ObjectKeySource(Source):
 
 @dataclasses.dataclass(frozen=True)
 class NumberTensorSource(Source):
-    """A Python number read from `base` and handed to the graph as a 0-d tensor: the
-    entry calls `holder` (a `number_inputs.NumberTensor` the entry's namespace names),
-    which refills its one tensor when the number changed."""
+    """A Python number read from `base`, handed to the graph as a 0-d tensor of (a
+    function of) it: the entry calls `holder` (a `number_inputs.NumberTensor` that the
+    entry's namespace names), which refills its one tensor when the number changed."""
 
     base: Source
     holder: str  # the holder's name in the entry's namespace
+    formula: str  # what it holds, readable: `1 - L['opt'].param_groups[0]['lr'] * 0.01`
     device: str
+    dtype: object  # torch.dtype
 
     def name(self) -> str:
-        return f"tensor({self.base.name()}, device={self.device!r})"
+        return f"tensor({self.formula}, dtype={self.dtype}, device={self.device!r})"
 
     def expr(self) -> str:
         return self.expr_from([self.base.expr()])
