@@ -2,6 +2,7 @@
 eager's step after step, for the eager and weld backends, and what capture cannot
 model (a closure, hooks) runs natively with the reason logged."""
 import copy
+import os
 import warnings
 
 import pytest
@@ -137,7 +138,7 @@ def test_lr_scheduler_step_is_captured_and_its_rates_need_no_recompile(cls, sett
     schedulers = [torch.optim.lr_scheduler.LambdaLR(o, lambda n: 1 / (1 + n)) for o in (opt, opt_ref)]
     backend = CountingBackend()
     compiled_steps = [torchweld.compile(train_step, backend=backend), torchweld.compile(train_step, backend="weld")]
-    if device == "cpu":
+    if device == "cpu" and os.environ.get("TRITON_INTERPRET") == "1":  # Triton's interpreter runs on the CPU
         compiled_steps.append(torchweld.compile(train_step, backend="weld", options={"cpu_codegen": "triton"}))
     for compiled in compiled_steps:
         for _ in range(4):
@@ -247,10 +248,10 @@ def test_a_step_weld_cannot_compile_runs_eagerly_and_right_under_cuda_graphs(mon
 
     real_compile = compiler.compile_graph
 
-    def refusing_the_step(gm, example_inputs, options):
+    def refusing_the_step(gm, *args, **kwargs):
         if any("_foreach_addcdiv_" in str(n.target) for n in gm.graph.nodes):
             raise LoweringError("refused by the test")
-        return real_compile(gm, example_inputs, options)
+        return real_compile(gm, *args, **kwargs)
 
     monkeypatch.setattr(compiler, "compile_graph", refusing_the_step)
     model, opt, reference, opt_ref = two_copies(torch.optim.Adam, {"weight_decay": 0.1}, "cuda")

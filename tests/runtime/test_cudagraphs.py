@@ -168,6 +168,22 @@ def test_graphs_of_one_model_share_one_pool():
     assert pool_for({}) is not options["cudagraph_pool"]
 
 
+def test_tracked_recordings_get_pools_of_their_own():
+    """Memory another graph's recording used as scratch may be where a later recording
+    puts its outputs; a handed-out (tracked) output must not lie there, or that graph's
+    replay overwrites what the user holds."""
+    recorder = FakeRecorder()
+    options = {"cudagraph_pool": CudaGraphPool(recorder)}
+    step = CudaGraphed(lambda x: x * 2, pool=pool_for(options))
+    forward = CudaGraphed(lambda x: x + 1, pool=pool_for(options), outputs="track")
+    x = torch.randn(3)
+    held = [forward(x), step(x), forward(x)]  # the first output is held: a second recording
+    shared = options["cudagraph_pool"].handle
+    assert recorder.records.count(shared) == 1  # the copying graph only
+    assert len(set(map(id, recorder.records))) == 3
+    torch.testing.assert_close(held[2], x + 1)
+
+
 def test_cpu_tensors_run_without_graphs_and_say_why_once(caplog):
     g = graphed(lambda x: x + 1, FakeRecorder(device_type="cuda"))
     with caplog.at_level(logging.INFO, logger="torchweld.weld"):
@@ -329,7 +345,7 @@ def test_cuda_mutated_input_and_static_parameter():
         torch.testing.assert_close(x, ref)
 
 
-def test_training_plug_in_wrapper_shares_the_pool():
+def test_training_plug_in_wrapper_records_into_the_models_pools():
     from torchweld.backends.weld import cudagraph_wrapper
 
     rec = FakeRecorder()
@@ -344,7 +360,8 @@ def test_training_plug_in_wrapper_shares_the_pool():
         out, saved = fwd(w, x)
         torch.testing.assert_close(out, x * w)
         torch.testing.assert_close(bwd(torch.ones(3), saved), x.sin())
-    assert len(rec.pools) == 1 and set(map(id, rec.records)) == {id(rec.pools[0])}
+    shared = options["cudagraph_pool"].handle  # the backward's; each tracked forward recording has its own
+    assert rec.records.count(shared) == 1 and len(set(map(id, rec.records))) == len(rec.records)
 
 
 def test_misaligned_input_warms_up_the_static_variant_too():

@@ -34,10 +34,14 @@ Outputs. A replay overwrites the tensors the previous replay produced, so:
     recorded (into the same pool) and replayed instead; past
     `max_instances` copies per layout it falls back to copying.
 
-Memory. All graphs of one compiled model record into one pool (`CudaGraphPool`).
-That is safe in any replay order because every static input and output stays
-referenced by its graph for the graph's lifetime: what one graph may reuse of
-another's memory is only scratch that each replay rewrites before reading.
+Memory. The graphs of one compiled model that copy their outputs out record into
+one pool (`CudaGraphPool`). That is safe in any replay order: every static output
+stays referenced by its graph, and a later recording may place its own outputs
+and scratch only in memory that an earlier one used as scratch, which that earlier
+graph's replays rewrite; whatever a replay writes there is copied out before
+another graph runs. Outputs handed out as they are ("track") must outlive other
+graphs' replays (the loss the user holds, the activations the backward reads), so
+each tracked recording gets a pool of its own, where no other graph's scratch lies.
 
 What cannot be recorded (CPU tensors, ops that synchronize with the host,
 dynamic sizes, a failure while recording) runs without CUDA graphs; the reason
@@ -423,8 +427,9 @@ class CudaGraphed:
             spec_box.append(spec)
             return flat
 
+        pool = self.pool.recorder.new_pool() if track else self.pool.pool()  # see "Memory" above
         try:
-            replay, outputs = self.pool.recorder.record(run, self.pool.pool(), _device_of(args))
+            replay, outputs = self.pool.recorder.record(run, pool, _device_of(args))
         except CannotRecord:
             raise
         except RuntimeError as e:  # e.g. "operation not permitted when stream is capturing"
