@@ -313,7 +313,8 @@ def test_cuda_reduce_overhead_matches_eager(backend, outputs):
         for x, out in zip(xs, outs):
             torch.testing.assert_close(out, model(x))
     pool = options["cudagraph_pool"]
-    assert pool.graphs_recorded >= 2 and pool.handle is not None
+    assert pool.graphs_recorded >= 2
+    assert (pool.handle is None) == (outputs == "track")  # tracked recordings have pools of their own
 
 
 @cuda
