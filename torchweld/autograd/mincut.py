@@ -1,6 +1,9 @@
-"""Minimum s-t cut of a small directed graph with capacities (Edmonds-Karp:
-augment along shortest residual paths until none is left; the source side is
-what the last search still reaches)."""
+"""Minimum s-t cut of a small directed graph with capacities (Dinic: one breadth-first
+search per phase layers the residual graph by distance from the source, then paths
+along the layers are augmented until none is left; the source side is what the
+source still reaches in the final residual graph, the same set for every maximum
+flow). A partition's graph has thousands of nodes and hundreds of augmenting
+paths; Edmonds-Karp's search per path cost GPT-2's partition 0.9 s."""
 from __future__ import annotations
 
 import collections
@@ -24,47 +27,57 @@ class FlowGraph:
         residual = {u: dict(vs) for u, vs in self.capacity.items()}
         total = 0.0
         while True:
-            parent = self._shortest_path(residual, source, sink)
-            if parent is None:
+            level = _levels(residual, source)
+            if sink not in level:
                 break
-            bottleneck, v = INF, sink
-            while v != source:
-                u = parent[v]
-                bottleneck = min(bottleneck, residual[u][v])
-                v = u
+            arcs = {u: list(vs) for u, vs in residual.items()}
+            next_arc = dict.fromkeys(residual, 0)
+            while True:
+                pushed = _augment(residual, level, arcs, next_arc, source, sink)
+                if not pushed:
+                    break
+                total += pushed
+        return total, set(_levels(residual, source))
+
+
+def _levels(residual: dict, source: Hashable) -> dict:
+    """Distance from `source` of every node it reaches through edges with capacity left."""
+    level = {source: 0}
+    queue = collections.deque([source])
+    while queue:
+        u = queue.popleft()
+        for v, cap in residual.get(u, {}).items():
+            if cap > 0 and v not in level:
+                level[v] = level[u] + 1
+                queue.append(v)
+    return level
+
+
+def _augment(residual: dict, level: dict, arcs: dict, next_arc: dict, source: Hashable, sink: Hashable) -> float:
+    """Push flow along one source-sink path whose every edge goes one level deeper;
+    0 when none is left this phase. `next_arc` skips the edges already found useless
+    (a node with none left is dropped from `level`)."""
+    path = [source]
+    while path:
+        u = path[-1]
+        if u == sink:
+            edges = list(zip(path, path[1:]))
+            bottleneck = min(residual[a][b] for a, b in edges)
             if bottleneck == INF:
                 raise ValueError("no finite cut separates the source from the sink")
-            v = sink
-            while v != source:
-                u = parent[v]
-                residual[u][v] -= bottleneck
-                residual[v][u] += bottleneck
-                v = u
-            total += bottleneck
-        return total, self._reachable(residual, source)
-
-    @staticmethod
-    def _shortest_path(residual, source, sink) -> dict | None:
-        parent = {source: None}
-        queue = collections.deque([source])
-        while queue:
-            u = queue.popleft()
-            for v, cap in residual.get(u, {}).items():
-                if cap > 0 and v not in parent:
-                    parent[v] = u
-                    if v == sink:
-                        return parent
-                    queue.append(v)
-        return None
-
-    @staticmethod
-    def _reachable(residual, source) -> set:
-        seen = {source}
-        queue = collections.deque([source])
-        while queue:
-            u = queue.popleft()
-            for v, cap in residual.get(u, {}).items():
-                if cap > 0 and v not in seen:
-                    seen.add(v)
-                    queue.append(v)
-        return seen
+            for a, b in edges:
+                residual[a][b] -= bottleneck
+                residual[b][a] += bottleneck
+            return bottleneck
+        neighbors, i, deeper = arcs[u], next_arc[u], level[u] + 1
+        while i < len(neighbors) and not (residual[u][neighbors[i]] > 0 and level.get(neighbors[i]) == deeper):
+            i += 1
+        next_arc[u] = i
+        if i < len(neighbors):
+            path.append(neighbors[i])
+        else:  # a dead end: no path goes through u this phase
+            del level[u]
+            path.pop()
+            if path:
+                next_arc[path[-1]] += 1
+    return 0.0
