@@ -2,7 +2,7 @@
 
     python3 bench/profile_train_gpu.py [--model densenet121|resnet50|BERT|GPT-2] [--batch 16] [--size 128]
                                        [--mode MODE] [--options JSON] [--steps 20] [--compile-profile]
-                                       [--compile-optimizer]
+                                       [--compile-optimizer] [--inductor]
 
 One step = opt.zero_grad(True); loss = loss_fn(model(x), y); loss.backward(); opt.step() with
 Adam, float32, on CUDA. torchvision models take 3x<size>x<size> images and CrossEntropyLoss;
@@ -17,6 +17,7 @@ torchweld.compile(backend="weld", mode=MODE); the optimizer runs natively, or wi
     with counts, and the top kernels, so "CPU-bound" and "GPU-bound" read off at once;
   - weld: what its forward and backward wrappers contain, and the top Python functions
     of 5 steps by own time (cProfile).
+--inductor profiles torch.compile's step (the model compiled, Adam native) the same way.
 --compile-profile runs weld's first step (capture, joint trace, partition, code
 generation, Triton compiles) under cProfile and prints where the cold compile goes.
 """
@@ -237,6 +238,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--compile-profile", action="store_true")
     parser.add_argument("--skip-eager", action="store_true")
+    parser.add_argument("--inductor", action="store_true", help="profile torch.compile's step too (the model compiled)")
     parser.add_argument("--compile-optimizer", action="store_true",
                         help="weld's step runs Adam as weld captured and compiled it, not natively")
     parser.add_argument("--save-wrappers", default=None, help="copy weld's generated wrappers into this folder")
@@ -252,6 +254,17 @@ def main() -> None:
         model = make_model(args.model)
         eager_ms = report("eager", Step(model, model, x, y, loss_fn), args.steps)
         del model
+    if args.inductor:
+        model = make_model(args.model)
+        step = Step(model, torch.compile(model), x, y, loss_fn)
+        t0 = time.perf_counter()
+        step()
+        torch.cuda.synchronize()
+        print(f"  torch.compile cold first step: {time.perf_counter() - t0:.1f} s")
+        inductor_ms = report("torch.compile", step, args.steps)
+        if eager_ms:
+            print(f"  torch.compile speedup over eager: {eager_ms / inductor_ms:.2f}x")
+        del model, step
     model = make_model(args.model)
     with tempfile.TemporaryDirectory() as tmp, config.patch(cache_dir=tmp), GraphSpy() as spy:
         compiled = torchweld.compile(model, backend="weld", mode=args.mode, options=json.loads(args.options))
