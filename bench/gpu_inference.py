@@ -9,7 +9,9 @@ weights). Each compiler runs each case in a fresh process (eager too): steady st
 is the median of CUDA-event timings after warm-up; cold compile is the wall time of
 the compile() call and the first call there (the first three under reduce-overhead:
 warm-up, recording, first replay), with empty torchweld, inductor and Triton caches;
-peak is torch.cuda.max_memory_allocated. The compile() call counts because
+peak is torch.cuda.max_memory_allocated. The add/mul chain's bandwidth is given per waited
+call and back to back (100 calls between two events, the launch gaps hidden), next to
+torch's own `copy_` of the same tensor back to back on the same host. The compile() call counts because
 torch.compile imports torch._dynamo there (1.5-3.5 s), where torchweld pays for the
 same import (through torch's fake tensors) inside its first call.
 """

@@ -128,14 +128,22 @@ def test_a_learning_rate_the_frame_computes_with_is_guarded_on_its_value():
     assert len(step_graphs(CountingBackend, step_and_scaled_lr, two_copies()[:2])) == 1 + 3  # a step per rate
 
 
+SCHEDULERS = {
+    "lambda": lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lambda n: 1 / (1 + n)),
+    # changes the rate and beta1 at every step (cycle_momentum)
+    "one-cycle": lambda opt: torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=2e-2, total_steps=20),
+}
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("cls, settings", [(torch.optim.Adam, {}), (torch.optim.AdamW, {"weight_decay": 0.1})])
-def test_lr_scheduler_step_is_captured_and_its_rates_need_no_recompile(cls, settings, device, caplog):
+@pytest.mark.parametrize("schedule", list(SCHEDULERS))
+def test_lr_scheduler_step_is_captured_and_its_rates_need_no_recompile(schedule, cls, settings, device, caplog):
     """An LR scheduler wraps `opt.step` on the instance; the step is still captured, the
     wrapper's `_opt_called` is set (no warning from the scheduler), and each step's new rate
-    reaches the graph as an input, which weld compiles (C++ and Triton alike)."""
+    and betas reach the graph as inputs, which weld compiles (C++ and Triton alike)."""
     model, opt, reference, opt_ref = two_copies(cls, settings, device)
-    schedulers = [torch.optim.lr_scheduler.LambdaLR(o, lambda n: 1 / (1 + n)) for o in (opt, opt_ref)]
+    schedulers = [SCHEDULERS[schedule](o) for o in (opt, opt_ref)]
     backend = CountingBackend()
     compiled_steps = [torchweld.compile(train_step, backend=backend), torchweld.compile(train_step, backend="weld")]
     if device == "cpu" and os.environ.get("TRITON_INTERPRET") == "1":  # Triton's interpreter runs on the CPU
@@ -149,7 +157,8 @@ def test_lr_scheduler_step_is_captured_and_its_rates_need_no_recompile(cls, sett
                 for scheduler in schedulers:
                     scheduler.step()
         assert_same(model, opt, reference, opt_ref)
-    assert opt.param_groups[0]["lr"] == opt_ref.param_groups[0]["lr"] < 2e-3  # eight scheduler steps
+    assert opt.param_groups[0]["lr"] == opt_ref.param_groups[0]["lr"] != 1e-2  # eight scheduler steps
+    assert opt.param_groups[0]["betas"] == opt_ref.param_groups[0]["betas"]
     assert len(backend.graphs) == 2  # the forward and the step, compiled once
     assert "cannot compile" not in caplog.text
     ops = [str(n.target) for n in backend.graphs[1].graph.nodes]

@@ -136,3 +136,23 @@ def test_foreach_ops_lower_per_tensor_and_each_tensor_fuses_into_one_kernel(code
         torch.testing.assert_close(a, b)
     assert compiled.externs == []
     assert len(compiled.schedule.kernels()) <= 3  # the two steps, then one kernel per tensor
+
+
+@pytest.mark.parametrize("codegen", ["cpp", "triton"])
+def test_lerp_with_tensor_weights_is_pointwise(codegen):
+    """A tensor weight (Adam's betas read as graph inputs): aten's two formulas, chosen
+    per element by |w| < 0.5 (bit for bit in C++; Triton may fuse a multiply-add), for a
+    0-d weight and a broadcast one."""
+    if codegen == "triton" and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("the Triton path runs on CPU through the interpreter")
+
+    def fn(start, end, scalar_weight, weights):
+        return torch.lerp(start, end, scalar_weight), torch.lerp(start, end, weights)
+
+    inputs = [torch.randn(4, 6), torch.randn(4, 6), torch.tensor(0.1), torch.tensor([-0.7, 0.2, 0.49, 0.5, 0.9, 1.3])]
+    with torch.no_grad():
+        compiled = compile_graph(torch.fx.symbolic_trace(fn), inputs, {"cpu_codegen": codegen})
+        for got, expected in zip(compiled(*inputs), fn(*inputs)):
+            exact = {"atol": 0, "rtol": 0} if codegen == "cpp" else {}
+            torch.testing.assert_close(got, expected, **exact)
+    assert compiled.externs == []

@@ -47,6 +47,13 @@ def is_marked_by_torch_to_run_eagerly(fn: types.FunctionType) -> bool:
     return bool(getattr(fn, "_torchdynamo_disable", False)) or fn.__code__.co_filename == _TORCH_LAZY_DISABLE_FILE
 
 
+def _holds_number_inputs(tx: "Translator", obj: object, source: Source | None) -> bool:
+    """Whether `obj` is a tuple with an item read as a GuardedOnUseNumber (Adam's betas):
+    then it is wrapped item by item, not as one constant."""
+    return (type(obj) is tuple and source is not None and bool(tx.output.number_input_sources)
+            and any(ItemSource(source, i).name() in tx.output.number_input_sources for i in range(len(obj))))
+
+
 def wrap(tx: "Translator", obj: object, source: Source | None, guard: bool = True) -> Value:
     """The Value for `obj`, read from `source`; `guard=False` trusts it never changes."""
     from torchweld.capture.builtins import BuiltinValue, is_modelled_builtin
@@ -59,9 +66,9 @@ def wrap(tx: "Translator", obj: object, source: Source | None, guard: bool = Tru
         if source is None:
             raise Unsupported("a tensor reached the frame without a source to read it from")
         return tx.output.input_tensor(source, obj)
-    if is_constant_literal(obj):
-        if guards and type(obj) is float and source.name() in tx.output.number_input_sources:
-            return GuardedOnUseNumber(obj, source, guards)
+    if guards and type(obj) is float and source.name() in tx.output.number_input_sources:
+        return GuardedOnUseNumber(obj, source, guards)
+    if is_constant_literal(obj) and not _holds_number_inputs(tx, obj, source):
         if guards:
             guards.constant(source, obj)
         return ConstantValue(obj, source)

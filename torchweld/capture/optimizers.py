@@ -100,16 +100,18 @@ class OptimizerStepValue(Value):
             _no_hooks(guards, ModuleGlobalSource(_OPTIMIZER_MODULE, name),
                       getattr(importlib.import_module(_OPTIMIZER_MODULE), name))
         groups_source = AttrSource(source, "param_groups")
-        for i in range(len(opt.param_groups)):  # a learning rate is a graph input (number_inputs.py)
-            tx.output.number_input_sources.add(ItemSource(ItemSource(groups_source, i), "lr").name())
+        for i in range(len(opt.param_groups)):  # read as graph inputs (number_inputs.py)
+            group_source = ItemSource(groups_source, i)
+            for number in _LIVE_NUMBERS.values():
+                tx.output.number_input_sources.add(number(group_source).name())
         groups = self.optimizer.getattr(tx, "param_groups")
         updates = [_group_update(tx, opt, source, group, real)
                    for group, real in zip(groups.items(tx), opt.param_groups)]
         was_enabled = tx.output.grad_enabled
         tx.output.set_grad_enabled(False)
-        for settings, lr_source, by_device in updates:
+        for settings, live_sources, by_device in updates:
             for (device, dtype), tensors in by_device.items():
-                _emit_adam(tx, settings, tensors, _RateTerms(tx, settings, lr_source, device, dtype, tensors))
+                _emit_adam(tx, settings, tensors, _LiveNumbers(tx, settings, live_sources, device, dtype, tensors))
         tx.output.set_grad_enabled(was_enabled)
         return ConstantValue(None)
 
@@ -124,21 +126,27 @@ def _no_hooks(guards, source, hooks: dict) -> None:
 
 
 def _group_update(tx: "Translator", opt: torch.optim.Optimizer, opt_source, group: Value, real: dict):
-    """The settings of one param group (`group`, read from the real dict `real`), the source
-    of its learning rate where the graph reads it as an input (None: a constant), and its
-    tensors with gradients by (device, dtype): {key: {"param": [...], "grad": [...],
-    and a list per state entry ("step", "exp_avg", ...)}}."""
+    """The settings of one param group (`group`, read from the real dict `real`), the
+    sources of those of its numbers the graph reads as inputs ({"lr": source, "beta1": ...};
+    the others are constants), and its tensors with gradients by (device, dtype):
+    {key: {"param": [...], "grad": [...], and a list per state entry ("step", "exp_avg", ...)}}."""
     from torchweld.capture.builder import wrap
 
     entries = getattr(group, "entries", None)
-    if entries is None:
-        raise Unsupported("an optimizer param group that is not a dict")
-    settings = {k: v.as_constant() for k, v in entries.items() if k not in ("params", "lr")}
-    lr = entries.get("lr")
-    if lr is None:
-        raise Unsupported("an optimizer param group without a learning rate")
-    lr_source = lr.source if isinstance(lr, GuardedOnUseNumber) else None
-    settings["lr"] = lr.value if lr_source else lr.as_constant()
+    if entries is None or "lr" not in entries or "betas" not in entries:
+        raise Unsupported("an optimizer param group that is not a dict with a learning rate and betas")
+    settings = {k: v.as_constant() for k, v in entries.items() if k not in ("params", "lr", "betas")}
+    betas = entries["betas"].items(tx)
+    if len(betas) != 2:
+        raise Unsupported("Adam's betas are not a pair")
+    live_sources = {}
+    for name, value in (("lr", entries["lr"]), ("beta1", betas[0]), ("beta2", betas[1])):
+        if isinstance(value, GuardedOnUseNumber):  # not computed with by the frame: unguarded
+            live_sources[name] = value.source
+            settings[name] = value.value
+        else:
+            settings[name] = value.as_constant()
+    settings["betas"] = (settings.pop("beta1"), settings.pop("beta2"))
     if settings.get("fused") or settings.get("differentiable"):
         raise Unsupported("a fused or differentiable Adam runs natively")
     settings.setdefault("decoupled_weight_decay", isinstance(opt, torch.optim.AdamW))
@@ -164,7 +172,7 @@ def _group_update(tx: "Translator", opt: torch.optim.Optimizer, opt_source, grou
         for k in keys:  # guarded by identity: Adam makes them like their parameter (whose metadata
             # is guarded in full), and load_state_dict replaces them; ~1 us less per tensor
             lists[k].append(tx.output.input_tensor(ItemSource(state_source, k), state[k], by_identity=True))
-    return settings, lr_source, by_device
+    return settings, live_sources, by_device
 
 
 def _state_keys(amsgrad: bool) -> tuple[str, ...]:
@@ -187,57 +195,71 @@ def _state_of(opt: torch.optim.Optimizer, p: torch.Tensor, keys: tuple[str, ...]
     return state
 
 
-class _RateTerms:
-    """The learning rate's two uses in Adam's update, as Python numbers where it is a
-    constant, else as graph inputs refilled from the param group (number_inputs.py)."""
+# The numbers of a param group that schedulers change, read as graph inputs: where
+# each is in the group. (A change of any other setting recompiles.)
+_LIVE_NUMBERS = {
+    "lr": lambda group: ItemSource(group, "lr"),  # every LR scheduler
+    "beta1": lambda group: ItemSource(ItemSource(group, "betas"), 0),  # OneCycleLR/CyclicLR's momentum cycle
+    "beta2": lambda group: ItemSource(ItemSource(group, "betas"), 1),
+}
 
-    def __init__(self, tx: "Translator", settings: dict, source, device: torch.device, param_dtype: torch.dtype,
-                 tensors: dict[str, list]):
-        self.tx, self.settings, self.source, self.device = tx, settings, source, device
+
+class _LiveNumbers:
+    """The terms Adam's update computes from the learning rate and the betas: Python
+    numbers where those are constants, else 0-d graph inputs (number_inputs.py) that
+    hold the term computed on the host, in the dtype of the tensors it meets."""
+
+    def __init__(self, tx: "Translator", settings: dict, sources: dict, device: torch.device,
+                 param_dtype: torch.dtype, tensors: dict[str, list]):
+        self.tx, self.sources, self.device = tx, sources, device
+        self.values = {"lr": settings["lr"], "beta1": settings["betas"][0], "beta2": settings["betas"][1]}
         self.param_dtype = param_dtype
         self.step_dtype = tensors["step"][0].fake.dtype if tensors["step"] else param_dtype
 
-    def lr(self):
-        """What the bias corrections (in the step's dtype) are divided by."""
-        lr = self.settings["lr"]
-        if self.source is None:
-            return lr
-        return self.tx.output.input_number(self.source, lr, self.device, self.step_dtype)
-
-    def decay_factor(self):
-        """`1 - lr * weight_decay`, by which AdamW scales the parameters."""
-        lr, weight_decay = self.settings["lr"], self.settings["weight_decay"]
-        if self.source is None:
-            return 1 - lr * weight_decay
-        return self.tx.output.input_number(self.source, lr, self.device, self.param_dtype,
-                                           f"1 - {{}} * {weight_decay!r}", lambda x: 1 - x * weight_decay)
+    def term(self, name: str, dtype: torch.dtype, formula: str = "{}", compute=None):
+        """`compute(number)` (`formula` spells it), of the number `name`."""
+        value = self.values[name]
+        source = self.sources.get(name)
+        if source is None:
+            return value if compute is None else compute(value)
+        return self.tx.output.input_number(source, value, self.device, dtype, formula, compute)
 
 
-def _emit_adam(tx: "Translator", s: dict, tensors: dict[str, list], rate: _RateTerms) -> None:
-    """Adam's update of one (device, dtype) group, as its capturable foreach path runs it."""
+def _emit_adam(tx: "Translator", s: dict, tensors: dict[str, list], live: _LiveNumbers) -> None:
+    """Adam's update of one (device, dtype) group, as its capturable foreach path runs it
+    (with tensor betas and learning rate where `live` makes them graph inputs)."""
     def op(fn, *args):
         return tx.output.call_function(fn, [a if isinstance(a, Value) else const(a) for a in args], {})
 
-    (beta1, beta2), eps, weight_decay = s["betas"], s["eps"], s["weight_decay"]
+    def each(term):  # a foreach op's per-tensor list of one 0-d tensor
+        return ListValue([term] * len(tensors["step"])) if isinstance(term, TensorValue) else term
+
+    eps, weight_decay = s["eps"], s["weight_decay"]
     params, grads, exp_avgs, exp_avg_sqs, steps = (
         ListValue(tensors[k]) for k in ("param", "grad", "exp_avg", "exp_avg_sq", "step"))
+    param_dtype, step_dtype = live.param_dtype, live.step_dtype
     if s["maximize"]:
         grads = op(torch._foreach_neg, grads)
     op(torch._foreach_add_, steps, 1)
     if weight_decay != 0:
         if s["decoupled_weight_decay"]:
-            op(torch._foreach_mul_, params, rate.decay_factor())
+            op(torch._foreach_mul_, params, live.term("lr", param_dtype, f"1 - {{}} * {weight_decay!r}",
+                                                      lambda lr: 1 - lr * weight_decay))
         else:  # grads + weight_decay * params, a new list: the gradients stay as they are
             grads = tx.output.call_function(torch._foreach_add, [grads, params], {"alpha": const(weight_decay)})
-    op(torch._foreach_lerp_, exp_avgs, grads, 1 - beta1)
-    op(torch._foreach_mul_, exp_avg_sqs, beta2)
-    op(torch._foreach_addcmul_, exp_avg_sqs, grads, grads, 1 - beta2)
-    bias_correction1 = op(torch._foreach_pow, beta1, steps)
-    bias_correction2 = op(torch._foreach_pow, beta2, steps)
+    op(torch._foreach_lerp_, exp_avgs, grads, each(live.term("beta1", param_dtype, "1 - {}", lambda b: 1 - b)))
+    op(torch._foreach_mul_, exp_avg_sqs, live.term("beta2", param_dtype))
+    one_minus_beta2 = live.term("beta2", param_dtype, "1 - {}", lambda b: 1 - b)
+    if isinstance(one_minus_beta2, TensorValue):  # addcmul takes no tensor scale: Adam's own order
+        op(torch._foreach_addcmul_, exp_avg_sqs, op(torch._foreach_mul, grads, one_minus_beta2), grads, 1)
+    else:
+        op(torch._foreach_addcmul_, exp_avg_sqs, grads, grads, one_minus_beta2)
+    bias_correction1 = op(torch._foreach_pow, each(live.term("beta1", step_dtype)), steps)
+    bias_correction2 = op(torch._foreach_pow, each(live.term("beta2", step_dtype)), steps)
     op(torch._foreach_sub_, bias_correction1, 1)
     op(torch._foreach_sub_, bias_correction2, 1)
     op(torch._foreach_neg_, bias_correction2)
-    op(torch._foreach_div_, bias_correction1, rate.lr())
+    op(torch._foreach_div_, bias_correction1, live.term("lr", step_dtype))
     op(torch._foreach_reciprocal_, bias_correction1)
     op(torch._foreach_sqrt_, bias_correction2)
     step_size, bias_correction2_sqrt = bias_correction1, bias_correction2

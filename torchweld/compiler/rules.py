@@ -336,14 +336,26 @@ def addcmul_addcdiv(L, node, x, a, b, value=1):
 @lowers(aten.lerp)
 def lerp(L, node, start, end, weight):
     """aten's formula, exact at both ends: start + w * (end - start) where |w| < 0.5, else
-    end - (end - start) * (1 - w)."""
+    end - (end - start) * (1 - w); for a tensor weight (Adam's live betas) a select per
+    element between the two."""
+    def near_start(s, diff, w):
+        return binop(Op.ADD)(s, binop(Op.MUL)(w, diff))
+
+    def near_end(e, diff, w):
+        return binop(Op.SUB)(e, binop(Op.MUL)(diff, binop(Op.SUB)(ir.const(1, w.dtype), w)))
+
     if isinstance(weight, TensorValue):
-        raise NotImplementedError("lerp with a tensor weight")
+        def fn(s, e, w):
+            diff = binop(Op.SUB)(e, s)
+            small = binop(Op.LT)(unop(Op.ABS)(w), ir.const(0.5, w.dtype))
+            return Expr(Op.WHERE, s.dtype, (small, near_start(s, diff, w), near_end(e, diff, w)))
+
+        return make_pointwise(L, node, fn, [start, end, weight], upcast(out_val(node).dtype))
 
     def fn(s, e):
         diff = binop(Op.SUB)(e, s)
         if abs(weight) < 0.5:
-            return binop(Op.ADD)(s, binop(Op.MUL)(ir.const(weight, s.dtype), diff))
+            return near_start(s, diff, ir.const(weight, s.dtype))
         return binop(Op.SUB)(e, binop(Op.MUL)(diff, ir.const(1 - weight, s.dtype)))
 
     return make_pointwise(L, node, fn, [start, end], upcast(out_val(node).dtype))
