@@ -249,6 +249,23 @@ def test_scheduled_rates_compile_no_more_graphs_than_torch_compile():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("backend", ["weld", "cudagraphs"])
+def test_scheduled_step_under_cuda_graphs_reads_each_new_rate(backend):
+    """The rate and betas a replay reads are the holders' tensors, in place: a scheduler's
+    new values, refilled before the replay, reach every step."""
+    mode = "reduce-overhead" if backend == "weld" else None
+    model, opt, reference, opt_ref = two_copies(torch.optim.AdamW, {"weight_decay": 0.1}, "cuda")
+    schedulers = [SCHEDULERS["one-cycle"](o) for o in (opt, opt_ref)]
+    step = torchweld.compile(train_step, backend=backend, mode=mode)
+    for _ in range(8):
+        x = torch.randn(4, 8, device="cuda")
+        torch.testing.assert_close(step(model, opt, x), train_step(reference, opt_ref, x))
+        for scheduler in schedulers:
+            scheduler.step()
+    assert_same(model, opt, reference, opt_ref)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 def test_a_step_weld_cannot_compile_runs_eagerly_and_right_under_cuda_graphs(monkeypatch, caplog):
     """weld's fallback for a graph it cannot lower (its eager ops) is recorded as a CUDA
     graph too, and must write the parameters and state in place as eager does."""

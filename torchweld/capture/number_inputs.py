@@ -1,7 +1,7 @@
 """Python numbers that a graph takes as tensors, so that a new value is not a new graph.
 
 An optimizer's learning rate is a float in its param group that schedulers change
-every step or epoch. Captured as a constant, each new value would fail the guards
+every step or epoch (and OneCycleLR changes Adam's beta1 with it). Captured as a constant, each new value would fail the guards
 and recompile the step. Instead the captured step reads it as a 0-d tensor
 (`NumberTensor`) on the parameters' device, which the entry function refills in place
 when the number changed: `fill_` with a Python scalar queues a kernel, no copy from

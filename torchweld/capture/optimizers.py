@@ -10,9 +10,10 @@ eager backend runs the same foreach kernels Adam runs.
 Guarded (a change recompiles): the optimizer's class (exactly Adam or AdamW) and its
 `step` function, or the wrapper an LR scheduler put on the instance (whose one other
 effect, `opt._opt_called = True`, is replayed); no step hooks, on the optimizer or
-global; every hyperparameter of every group as a constant, except a float learning
-rate, which the graph reads as a 0-d tensor input (number_inputs.py: a scheduler's new
-rate is not a new graph) unless the frame computes with it itself; which parameters
+global; every hyperparameter of every group as a constant, except the float learning
+rate and betas, which the graph reads as 0-d tensor inputs (number_inputs.py: a
+scheduler's new rate or momentum is not a new graph) unless the frame computes with
+them itself; which parameters
 have a gradient (those without are skipped, as Adam skips them); the metadata of
 every parameter and gradient; the identity of every state tensor (Adam makes them
 like their parameter, and load_state_dict replaces them). Anything else (a closure,

@@ -118,7 +118,7 @@ class ConstantValue(Value):
 class GuardedOnUseNumber(ConstantValue):
     """A float read from outside the frame, guarded on its type only until capture uses
     its value: then on its value, as any constant. The optimizer capture reads it as a
-    graph input instead (an optimizer's learning rate: see number_inputs.py)."""
+    graph input instead (an optimizer's learning rate and betas: see number_inputs.py)."""
 
     def __init__(self, value: float, source: Source, guards: "GuardSet"):
         super().__init__(value, source)

@@ -31,7 +31,7 @@ Outputs. A replay overwrites the tensors the previous replay produced, so:
   - outputs="track" hands out the static outputs themselves and counts the
     references to their storage; if any output of the last replay is still
     alive when the graph must run again, a further copy of the graph is
-    recorded (into the same pool) and replayed instead; past
+    recorded (into a pool of its own, see Memory) and replayed instead; past
     `max_instances` copies per layout it falls back to copying.
 
 Memory. The graphs of one compiled model that copy their outputs out record into
