@@ -17,6 +17,10 @@ SETTINGS = {
     "adam": (torch.optim.Adam, {}),
     "adam-decay-amsgrad": (torch.optim.Adam, {"weight_decay": 0.1, "amsgrad": True}),
     "adamw-maximize": (torch.optim.AdamW, {"weight_decay": 0.05, "maximize": True}),
+    "sgd": (torch.optim.SGD, {}),
+    "sgd-nesterov-decay": (torch.optim.SGD, {"momentum": 0.9, "nesterov": True, "weight_decay": 0.01}),
+    # dampening: the first step runs natively (its buffer is the gradient), the later ones compiled
+    "sgd-dampening-maximize": (torch.optim.SGD, {"momentum": 0.8, "dampening": 0.1, "maximize": True}),
 }
 
 
@@ -56,7 +60,12 @@ def assert_same(model, opt, reference, opt_ref):
         state, expected = opt.state[p], opt_ref.state[q]
         assert state.keys() == expected.keys()
         for key in expected:
+            if expected[key] is None:  # SGD without momentum keeps no buffer
+                assert state[key] is None
+                continue
             torch.testing.assert_close(state[key].cpu(), expected[key].cpu(), atol=1e-5, rtol=1e-5)
+        if p.grad is not None:  # SGD's Nesterov step updates the gradients in place
+            torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -70,7 +79,7 @@ def test_captured_step_matches_eager(setting, backend, device):
         torch.testing.assert_close(step(model, opt, x), train_step(reference, opt_ref, x))
     assert_same(model, opt, reference, opt_ref)
     # the step moved to the parameter's device (Adam's capturable path), as torch.compile moves it
-    assert all(s["step"].device == p.device for p, s in opt.state.items() if s)
+    assert all(s["step"].device == p.device for p, s in opt.state.items() if "step" in s)
 
 
 def test_step_is_in_the_graph_and_a_new_learning_rate_is_an_input_not_a_recompile():
@@ -135,9 +144,13 @@ SCHEDULERS = {
 }
 
 
+SCHEDULED = [(schedule, cls, settings) for schedule in SCHEDULERS
+             for cls, settings in [(torch.optim.Adam, {}), (torch.optim.AdamW, {"weight_decay": 0.1})]]
+SCHEDULED.append(("lambda", torch.optim.SGD, {"momentum": 0.9, "weight_decay": 0.01}))  # SGD's momentum is a constant
+
+
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("cls, settings", [(torch.optim.Adam, {}), (torch.optim.AdamW, {"weight_decay": 0.1})])
-@pytest.mark.parametrize("schedule", list(SCHEDULERS))
+@pytest.mark.parametrize("schedule, cls, settings", SCHEDULED, ids=lambda v: getattr(v, "__name__", str(v)))
 def test_lr_scheduler_step_is_captured_and_its_rates_need_no_recompile(schedule, cls, settings, device, caplog):
     """An LR scheduler wraps `opt.step` on the instance; the step is still captured, the
     wrapper's `_opt_called` is set (no warning from the scheduler), and each step's new rate
@@ -158,11 +171,23 @@ def test_lr_scheduler_step_is_captured_and_its_rates_need_no_recompile(schedule,
                     scheduler.step()
         assert_same(model, opt, reference, opt_ref)
     assert opt.param_groups[0]["lr"] == opt_ref.param_groups[0]["lr"] != 1e-2  # eight scheduler steps
-    assert opt.param_groups[0]["betas"] == opt_ref.param_groups[0]["betas"]
+    for group, group_ref in zip(opt.param_groups, opt_ref.param_groups):  # betas, momentum alike
+        assert {k: v for k, v in group.items() if k != "params"} == {k: v for k, v in group_ref.items() if k != "params"}
     assert len(backend.graphs) == 2  # the forward and the step, compiled once
     assert "cannot compile" not in caplog.text
     ops = [str(n.target) for n in backend.graphs[1].graph.nodes]
-    assert any("_foreach_addcdiv_" in op for op in ops)
+    assert any("_foreach_" in op for op in ops)  # the step is in the graph
+
+
+def test_sgd_first_step_with_dampening_runs_natively_then_compiles():
+    """SGD's first step copies the gradient into the momentum buffer; with dampening a zero
+    buffer would not give that, so that one step runs natively, and says why."""
+    model, opt, reference, opt_ref = two_copies(torch.optim.SGD, {"momentum": 0.9, "dampening": 0.5})
+    explained = explained_beside_eager(train_step, model, opt, reference, opt_ref, torch.randn(4, 8))
+    assert any("dampening" in r.reason for r in explained.break_reasons)
+    explained = explained_beside_eager(train_step, model, opt, reference, opt_ref, torch.randn(4, 8))
+    assert not any("step()" in r.source_line for r in explained.break_reasons)
+    assert_same(model, opt, reference, opt_ref)
 
 
 def closure_step(model, opt, x):
