@@ -116,7 +116,7 @@ class OptimizerStepValue(Value):
         tx.output.set_grad_enabled(False)
         for settings, live_sources, by_device in updates:
             for (device, dtype), tensors in by_device.items():
-                algorithm.emit(tx, settings, tensors, _LiveNumbers(tx, settings, live_sources, device, dtype, tensors))
+                algorithm.emit(tx, settings, tensors, _LiveNumbers(tx, live_sources, device, dtype, tensors))
         tx.output.set_grad_enabled(was_enabled)
         return ConstantValue(None)
 
@@ -219,9 +219,9 @@ class _LiveNumbers:
     (number_inputs.py) that hold the term computed on the host, in the dtype of the
     tensors it meets."""
 
-    def __init__(self, tx: "Translator", settings: dict, sources: dict, device: torch.device,
-                 param_dtype: torch.dtype, tensors: dict[str, list]):
-        self.tx, self.settings, self.sources, self.device = tx, settings, sources, device
+    def __init__(self, tx: "Translator", sources: dict, device: torch.device, param_dtype: torch.dtype,
+                 tensors: dict[str, list]):
+        self.tx, self.sources, self.device = tx, sources, device
         self.param_dtype = param_dtype
         steps = tensors.get("step")
         self.step_dtype = steps[0].fake.dtype if steps else param_dtype
