@@ -66,7 +66,8 @@ def wrap(tx: "Translator", obj: object, source: Source | None, guard: bool = Tru
         if source is None:
             raise Unsupported("a tensor reached the frame without a source to read it from")
         return tx.output.input_tensor(source, obj)
-    if guards and type(obj) is float and source.name() in tx.output.number_input_sources:
+    if guards and type(obj) is float and tx.output.number_input_sources \
+            and source.name() in tx.output.number_input_sources:
         return GuardedOnUseNumber(obj, source, guards)
     if is_constant_literal(obj) and not _holds_number_inputs(tx, obj, source):
         if guards:
