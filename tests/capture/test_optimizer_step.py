@@ -146,7 +146,8 @@ SCHEDULERS = {
 
 SCHEDULED = [(schedule, cls, settings) for schedule in SCHEDULERS
              for cls, settings in [(torch.optim.Adam, {}), (torch.optim.AdamW, {"weight_decay": 0.1})]]
-SCHEDULED.append(("lambda", torch.optim.SGD, {"momentum": 0.9, "weight_decay": 0.01}))  # SGD's momentum is a constant
+SCHEDULED += [("lambda", torch.optim.SGD, {"momentum": 0.9, "weight_decay": 0.01}),
+              ("one-cycle", torch.optim.SGD, {"momentum": 0.9, "nesterov": True})]  # cycles the momentum too
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -188,6 +189,22 @@ def test_sgd_first_step_with_dampening_runs_natively_then_compiles():
     explained = explained_beside_eager(train_step, model, opt, reference, opt_ref, torch.randn(4, 8))
     assert not any("step()" in r.source_line for r in explained.break_reasons)
     assert_same(model, opt, reference, opt_ref)
+
+
+def test_sgd_momentum_is_an_input_until_it_becomes_zero():
+    """SGD's momentum is read at each call; whether it is zero decides the update (no
+    buffer then), and is guarded: setting it to 0 compiles the plain update, once."""
+    model, opt, reference, opt_ref = two_copies(torch.optim.SGD, {"momentum": 0.9, "nesterov": False})
+    backend = CountingBackend()
+    step = torchweld.compile(train_step, backend=backend)
+    for momentum in (0.9, 0.8, 0.7, 0.0, 0.0):
+        for o in (opt, opt_ref):
+            for group in o.param_groups:
+                group["momentum"] = momentum
+        x = torch.randn(4, 8)
+        torch.testing.assert_close(step(model, opt, x), train_step(reference, opt_ref, x))
+    assert_same(model, opt, reference, opt_ref)
+    assert len(backend.graphs) == 3  # the forward, the step with momentum, the step without
 
 
 def closure_step(model, opt, x):

@@ -92,6 +92,12 @@ class GuardSet:
         text = f"{source.name()} is {_describe(obj)}"
         self._add((source.name(), "id"), text, f"id({source.expr()}) == {id(obj)}", source, "id", (id(obj),))
 
+    def truthiness(self, source: Source, truthy: bool) -> None:
+        """`bool(source)` is `truthy`: for a number read anew at each call whose being zero
+        or not decides what the graph computes (SGD's momentum)."""
+        e = source.expr()
+        self._add((source.name(), "truth"), f"bool({source.name()}) is {truthy}", f"bool({e}) is {truthy}", source)
+
     def type_is(self, source: Source, cls: type) -> None:
         text = f"type({source.name()}) is {cls.__qualname__}"
         self._add((source.name(), "type"), text, f"type({source.expr()}) is {self.name_constant(cls)}", source, "type", (cls,))

@@ -12,7 +12,8 @@ Guarded (a change recompiles): the optimizer's class (exactly Adam, AdamW or SGD
 its `step` function, or the wrapper an LR scheduler put on the instance (whose one
 other effect, `opt._opt_called = True`, is replayed); no step hooks, on the optimizer
 or global; every hyperparameter of every group as a constant, except the float
-learning rate (and Adam's betas), which the graph reads as 0-d tensor inputs
+learning rate, Adam's betas and SGD's momentum (its being zero or not guarded), which
+the graph reads as 0-d tensor inputs
 (number_inputs.py: a scheduler's new rate or momentum is not a new graph) unless the
 frame computes with them itself; which parameters have a gradient (those without are
 skipped, as the optimizer skips them); the metadata of every parameter and gradient;
@@ -176,6 +177,9 @@ def _group_update(tx: "Translator", opt: torch.optim.Optimizer, algorithm: "_Alg
         if isinstance(value, GuardedOnUseNumber):  # not computed with by the frame: unguarded
             live_sources[number] = value.source
     settings = {**algorithm.implied(opt), **{k: _peek(v) for k, v in entries.items() if k != "params"}}
+    for number in algorithm.deciding:
+        if number in live_sources:
+            tx.output.guards.truthiness(live_sources[number], bool(_peek(_value_at(tx, entries, algorithm.live[number]))))
     if settings.get("fused") or settings.get("differentiable"):
         raise Unsupported(f"a fused or differentiable {name} runs natively")
     if not all(type(x) in (int, float) for x in algorithm.numbers(settings)):
@@ -240,6 +244,7 @@ class _Algorithm:
 
     step: tuple[str, str]  # (module, qualname) of the `step` function it models
     live: dict[str, tuple]  # numbers read as graph inputs: name -> path in a param group
+    deciding: tuple[str, ...]  # live numbers whose being zero decides the update's form: guarded so
     numbers: Callable[[dict], tuple]  # the settings that must be Python numbers
     implied: Callable[[torch.optim.Optimizer], dict]  # settings a group may lack (older torch)
     state_keys: Callable[[dict], tuple[str, ...]]  # the state tensors of each parameter
@@ -328,6 +333,7 @@ _ADAM = _Algorithm(
     step=("torch.optim.adam", "Adam.step"),
     # every LR scheduler changes the rate; OneCycleLR and CyclicLR cycle beta1 as momentum
     live={"lr": ("lr",), "beta1": ("betas", 0), "beta2": ("betas", 1)},
+    deciding=(),
     numbers=lambda s: (s["lr"], *s["betas"], s["eps"], s["weight_decay"]),
     implied=lambda opt: {"decoupled_weight_decay": isinstance(opt, torch.optim.AdamW)},
     state_keys=_adam_state_keys,
@@ -365,10 +371,20 @@ def _emit_sgd(tx: "Translator", s: dict, tensors: dict[str, list], live: _LiveNu
         grads = tx.output.call_function(torch._foreach_add, [grads, params], {"alpha": const(weight_decay)})
     if momentum != 0:
         bufs = ListValue(tensors["momentum_buffer"])
-        op(torch._foreach_mul_, bufs, momentum)
+        momentum_term = live.term("momentum", momentum, live.param_dtype)
+        op(torch._foreach_mul_, bufs, momentum_term)
         tx.output.call_function(torch._foreach_add_, [bufs, grads], {"alpha": const(1 - s["dampening"])})
-        if s["nesterov"]:  # in place, as SGD does: the gradients themselves where not copied above
-            tx.output.call_function(torch._foreach_add_, [grads, bufs], {"alpha": const(momentum)})
+        if s["nesterov"]:
+            if isinstance(momentum_term, TensorValue):
+                addend, kwargs = op(torch._foreach_mul, bufs, momentum_term), {}
+            else:
+                addend, kwargs = bufs, {"alpha": const(momentum)}
+            # SGD's multi-tensor path adds in place (to the gradients themselves where not
+            # copied above); its one-tensor path (CPU tensors by default) makes new tensors
+            if _runs_foreach(s, params):
+                tx.output.call_function(torch._foreach_add_, [grads, addend], kwargs)
+            else:
+                grads = tx.output.call_function(torch._foreach_add, [grads, addend], kwargs)
         else:
             grads = bufs
     neg_lr = live.term("lr", s["lr"], live.param_dtype, "-{}", lambda x: -x)
@@ -378,9 +394,24 @@ def _emit_sgd(tx: "Translator", s: dict, tensors: dict[str, list], live: _LiveNu
         tx.output.call_function(torch._foreach_add_, [params, grads], {"alpha": const(neg_lr)})
 
 
+def _runs_foreach(settings: dict, params: ListValue) -> bool:
+    """Whether the optimizer runs its multi-tensor path on these parameters: its `foreach`
+    setting, or where that is None, torch's default (tensors on a device with foreach
+    kernels; the CPU has none)."""
+    if settings.get("foreach") is not None:
+        return bool(settings["foreach"])
+    try:
+        from torch.optim.optimizer import _get_foreach_kernels_supported_devices
+        devices = _get_foreach_kernels_supported_devices()
+    except ImportError:  # an older or newer torch: CUDA has them
+        devices = ["cuda"]
+    return all(p.fake.device.type in devices for p in params.elements)
+
+
 _SGD = _Algorithm(
     step=("torch.optim.sgd", "SGD.step"),
-    live={"lr": ("lr",)},  # momentum decides the update's form: a constant
+    live={"lr": ("lr",), "momentum": ("momentum",)},  # OneCycleLR and CyclicLR cycle the momentum
+    deciding=("momentum",),  # none (0) is another update: no buffer
     numbers=lambda s: (s["lr"], s["momentum"], s["dampening"], s["weight_decay"]),
     implied=lambda opt: {},
     state_keys=_sgd_state_keys,
