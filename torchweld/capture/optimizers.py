@@ -420,4 +420,3 @@ _SGD = _Algorithm(
 )
 
 ALGORITHMS: dict[type, _Algorithm] = {torch.optim.Adam: _ADAM, torch.optim.AdamW: _ADAM, torch.optim.SGD: _SGD}
-CAPTURED_OPTIMIZERS = tuple(ALGORITHMS)
