@@ -2,6 +2,7 @@
 limit, identity guards that do not keep objects alive."""
 import gc
 import logging
+import time
 import weakref
 
 import pytest
@@ -180,8 +181,14 @@ def test_compiled_function_garbage_collected_frees_cache():
     fn(torch.randn(2, 3))
     ref = weakref.ref(fn._compiled_forward)
     del fn
-    gc.collect()
-    assert ref() is None
+    # a background thread (the backward compiled ahead) may hold a frame a moment longer
+    for _ in range(50):
+        gc.collect()
+        if ref() is None:
+            return
+        time.sleep(0.1)
+    holders = [type(r).__name__ + ": " + repr(r)[:200] for r in gc.get_referrers(ref())]
+    pytest.fail("the compiled function outlived its last reference; held by:\n" + "\n".join(holders))
 
 
 class Scale(nn.Module):  # a user module: inlined, so the graph holds no reference to it
