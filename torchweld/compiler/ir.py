@@ -90,6 +90,11 @@ class Op(enum.Enum):
     WHERE = enum.auto()
     # -- conversion --------------------------------------------------------------
     CAST = enum.auto()  # dtype: the target dtype
+    # -- random numbers ----------------------------------------------------------
+    # args: (seed, offset): a float32 uniform in [0, 1), a pure function of an int64 seed and a
+    # non-negative offset below 2**31 (a counter-based generator, Philox), so that every kernel
+    # that computes it at one offset gets the same number
+    RAND = enum.auto()
     # -- reductions (a Reduction's `reduce_op`, never inside an Expr) ------------
     SUM = enum.auto()
     PROD = enum.auto()

@@ -95,9 +95,13 @@ class GraphLowering:
     target's renderer cannot render a new buffer, which turns its node extern."""
 
     def __init__(self, gm: torch.fx.GraphModule, check=lambda buf: None, bias_in_kernel=lambda device: False,
-                 split_reductions=lambda device: False):
+                 split_reductions=lambda device: False, random_in_kernels=lambda device: False):
         self.gm = gm
         self.check = check
+        # whether kernels on `device` draw random numbers themselves (Op.RAND) rather than
+        # reading what an aten.rand_like call wrote: right for Triton, which has Philox
+        self.random_in_kernels = random_in_kernels
+        self.seeds: dict[torch.device, list] = {}  # device -> [seeds buffer, seeds handed out]
         # whether a reduction with few outputs and long rows on `device` runs in two steps
         # (split_plan): right for Triton kernels, which get one program per block of outputs
         self.split_reductions = split_reductions
@@ -191,11 +195,46 @@ class GraphLowering:
         self.buffers[name] = red
         return self.value_of_buffer(name, dtype, red.layout, device)
 
+    # -- random numbers -----------------------------------------------------------
+    def draw_seeds(self) -> None:
+        """One aten.randint call at the graph's start per device whose kernels draw random
+        numbers: a seed for each random op, drawn anew from the device's generator at every
+        run (so torch.manual_seed repeats a run, and each CUDA graph replay draws afresh)."""
+        counts: dict[torch.device, int] = {}
+        for node in self.gm.graph.nodes:
+            val = node.meta.get("val")
+            if node.op == "call_function" and node.target in RANDOM_OPS and isinstance(val, torch.Tensor):
+                counts[val.device] = counts.get(val.device, 0) + 1
+        for device, count in counts.items():
+            if self.random_in_kernels(device):
+                name = self.new_name("seeds")
+                self.buffers[name] = ir.Extern(
+                    name, aten.randint.low, (SEED_LOW, SEED_HIGH, [count]), {"dtype": torch.int64, "device": device},
+                    ((torch.int64, Layout.contiguous((count,))),), False, device)
+                self.seeds[device] = [name, 0]
+
+    def next_seed(self, device: torch.device) -> Expr:
+        """The seed of the next random op on `device`: one element of the seeds drawn at the start."""
+        drawn = self.seeds.get(device)
+        if drawn is None:
+            raise NotImplementedError(f"kernels on {device} read random numbers aten draws")
+        name, used = drawn
+        drawn[1] += 1
+        return ir.load(name, torch.int64, [ir.const(used)])
+
+    def drop_unused_seeds(self) -> None:
+        for name, used in self.seeds.values():
+            if used == 0:
+                del self.buffers[name]
+            else:
+                self.externs.append(f"{aten.randint.low} (the seeds of {used} random ops)")
+
     # -- the walk -----------------------------------------------------------------
     def run(self, example_inputs: list[torch.Tensor], output_strides: list | None = None) -> LoweredGraph:
         """`output_strides`: for each output, None or the strides the caller wants it in."""
         from torchweld.compiler import rules
 
+        self.draw_seeds()
         placeholders = iter(example_inputs)
         outputs: list = []
         for node in self.gm.graph.nodes:
@@ -220,6 +259,7 @@ class GraphLowering:
                 outputs = [self.env[a] if isinstance(a, torch.fx.Node) else a for a in pytree.tree_leaves(node.args[0])]
             else:
                 raise LoweringError(f"unexpected {node.op} node {node.name} in an aten graph")
+        self.drop_unused_seeds()
         outputs = [self.as_output(v) for v in outputs]
         if output_strides is not None:
             outputs = [self.in_strides(v, s) for v, s in zip(outputs, output_strides)]
@@ -342,6 +382,12 @@ class GraphLowering:
         if isinstance(v, TensorValue) and v.layout is None:
             return self.materialize(v)
         return v
+
+
+# Random ops whose numbers Triton kernels draw themselves (rules.rand; bernoulli_ as its
+# functional variant); any other runs as aten's.
+RANDOM_OPS = frozenset({aten.rand_like.default, aten.rand.default, aten.bernoulli.p, aten.bernoulli_.float})
+SEED_LOW, SEED_HIGH = -(2**63), 2**63 - 1  # seeds over all of int64: distinct across many steps
 
 
 SPLIT_OPS = frozenset({ir.Op.SUM, ir.Op.MAX, ir.Op.MIN})  # associative: partial results combine

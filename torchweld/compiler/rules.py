@@ -304,6 +304,30 @@ def full(L, node, *args, **kwargs):
     return filled(L, node, value)
 
 
+BELOW_ONE = {torch.float16: 1 - 2**-11, torch.bfloat16: 1 - 2**-8}  # the largest value below 1
+
+
+@lowers(aten.rand_like.default, aten.rand.default, aten.bernoulli.p)
+def rand(L, node, *args, **kwargs):
+    """Random numbers drawn inside the kernels that read them (dropout's mask): a Philox
+    counter at each element's row-major position, from a seed of this graph run. rand and
+    rand_like are uniform in [0, 1); bernoulli(x, p) is 1 with probability p, else 0."""
+    val = out_val(node)
+    if kwargs.get("generator") is not None:
+        raise NotImplementedError("random numbers from a generator of the program's own")
+    if not val.dtype.is_floating_point or val.numel() >= 2**31:
+        raise NotImplementedError(f"random {val.dtype} of {val.numel()} elements")
+    seed = L.next_seed(val.device)
+    offset = ir.flat_index(ir.dim_vars(val.dim()), ir.contiguous_strides(val.shape))
+    body = Expr(Op.RAND, torch.float32, (seed, offset))
+    if node.target is aten.bernoulli.p:
+        p = args[1] if len(args) > 1 else kwargs.get("p", 0.5)
+        body = Expr(Op.LT, torch.bool, (body, ir.const(p, torch.float32)))
+    elif val.dtype in BELOW_ONE:  # stay below 1 once rounded to the half type
+        body = Expr(Op.MINIMUM, torch.float32, (body, ir.const(BELOW_ONE[val.dtype], torch.float32)))
+    return L.add_pointwise(cast(body, upcast(val.dtype)), val.dtype, tuple(val.shape), val.device, meta_layout(val))
+
+
 @lowers(aten.arange.start_step, aten.arange.start, aten.arange.default, prims.iota)
 def arange(L, node, *args, **kwargs):
     val = out_val(node)

@@ -136,13 +136,16 @@ def map_exprs(kernel: Kernel, value, index=lambda e: e) -> Kernel:
 
 
 def coalesce_indices(kernel: Kernel) -> Kernel:
-    """`kernel` with every load and store offset that is contiguous in x (or r) written over xindex (rindex)."""
+    """`kernel` with every load and store offset, and every random number's counter, that is
+    contiguous in x (or r) written over xindex (rindex)."""
     groups = (("x", kernel.outer, "xindex"), ("r", kernel.reduced, "rindex"))
     memo: dict = {}
 
     def leaf(node: Expr):
         if node.op is Op.LOAD:
             return Expr(Op.LOAD, node.dtype, (_coalesce(node.args[0], groups),), node.arg)
+        if node.op is Op.RAND:
+            return Expr(Op.RAND, node.dtype, (node.args[0], _coalesce(node.args[1], groups)))
         return None
 
     return map_exprs(kernel, lambda e: ir.rewrite(e, leaf, memo), lambda e: _coalesce(e, groups))
@@ -307,6 +310,7 @@ class TritonRenderer(KernelRenderer):
         Op.LOGICAL_OR: lambda a, b: f"{a} | {b}",
         Op.LOGICAL_XOR: lambda a, b: f"{a} ^ {b}",
         Op.WHERE: lambda c, a, b: f"tl.where({c}, {a}, {b})",
+        Op.RAND: lambda seed, offset: f"tl.rand({seed}, ({offset}).to(tl.uint32))",
         # only of a constant positive base (check_node): Adam's bias corrections, beta ** step
         Op.POW: lambda a, b: f"tl.exp2({b} * {_float(math.log2(float(a)))})",
     }

@@ -1,0 +1,102 @@
+"""Random numbers drawn inside Triton kernels (Op.RAND): dropout's mask without an aten call.
+
+Run on CPU tensors through Triton's interpreter; the C++ target keeps aten's random ops.
+tests/conftest.py sets TRITON_INTERPRET=1 on machines without CUDA, before triton is imported."""
+import os
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import torchweld
+from weld_helpers import weld_compile
+
+pytest.importorskip("triton")
+
+TRITON = {"cpu_codegen": "triton"}
+
+
+@pytest.fixture(autouse=True)
+def interpret():
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("runs Triton's interpreter on CPU tensors; the CUDA variants run the real kernels")
+
+
+def dropout(x):
+    return F.dropout(x, 0.3, training=True) * 2 + 1
+
+
+def test_dropout_draws_in_the_kernel_and_keeps_its_fraction():
+    x = torch.randn(64, 300)
+    compiled = weld_compile(dropout, [x], TRITON)
+    assert not any("bernoulli" in e or "rand_like" in e for e in compiled.externs), compiled.externs
+    assert any("randint" in e and "seeds of 1 random op" in e for e in compiled.externs)
+    out = compiled(x)
+    kept = out != 1
+    assert 0.66 < kept.float().mean() < 0.74
+    # kept elements are x / (1 - p), the others 0, as eager's dropout
+    torch.testing.assert_close(out[kept], (x / 0.7 * 2 + 1)[kept])
+
+
+def test_seeded_runs_repeat_and_unseeded_runs_differ():
+    x = torch.randn(32, 50)
+    compiled = weld_compile(dropout, [x], TRITON)
+    torch.manual_seed(1)
+    a = compiled(x)
+    torch.manual_seed(1)
+    b = compiled(x)
+    c = compiled(x)
+    assert torch.equal(a, b)
+    assert not torch.equal(a, c)
+
+
+def test_two_random_ops_of_one_graph_draw_different_numbers():
+    x = torch.randn(40, 40)
+    compiled = weld_compile(lambda x: [torch.rand_like(x), torch.rand_like(x)], [x], TRITON)
+    first, second = compiled(x)
+    assert not torch.equal(first, second)
+    for r in (first, second):
+        assert r.min() >= 0 and r.max() < 1
+        assert 0.45 < r.mean() < 0.55
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_types_stay_below_one(dtype):
+    x = torch.zeros(256, 256, dtype=dtype)
+    compiled = weld_compile(lambda x: torch.rand_like(x) * 1, [x], TRITON)
+    r = compiled(x)
+    assert r.dtype == dtype and r.min() >= 0 and r.max() < 1
+
+
+def test_a_view_of_random_numbers_reads_the_same_numbers():
+    """Two readers of one rand_like through different views compute the same counters."""
+    x = torch.randn(16, 24)
+    compiled = weld_compile(lambda x: (lambda r: [r, r.t() + 0, r[::2] * 1])(torch.rand_like(x)), [x], TRITON)
+    r, t, every_other = compiled(x)
+    assert torch.equal(t, r.t())
+    assert torch.equal(every_other, r[::2])
+
+
+def test_cpp_kernels_keep_aten_random_ops():
+    x = torch.randn(64, 30)
+    compiled = weld_compile(dropout, [x])
+    assert not any("randint" in e for e in compiled.externs)
+    assert any("bernoulli" in e for e in compiled.externs), compiled.externs
+
+
+def test_training_mask_of_forward_and_backward_agree():
+    """The mask is drawn once, in the forward kernel; the backward reads what it saved."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(48, 48), nn.Dropout(0.4), nn.Tanh())
+    x = torch.randn(20, 48, requires_grad=True)
+    compiled = torchweld.compile(model, options=TRITON)
+    out = compiled(x)
+    out.sum().backward()
+    pre = model[0](x).detach()
+    kept = out.detach() != 0
+    assert 0.5 < kept.float().mean() < 0.7
+    torch.testing.assert_close(out.detach()[kept], torch.tanh(pre / 0.6)[kept])
+    # d out / d x = W^T (mask / (1 - p) * tanh'): eager's formula with the compiled mask
+    grad_pre = kept.float() / 0.6 * (1 - out.detach() ** 2)
+    torch.testing.assert_close(x.grad, grad_pre @ model[0].weight.detach(), atol=1e-5, rtol=1e-5)
