@@ -1,7 +1,8 @@
 """Random numbers drawn inside Triton kernels (Op.RAND): dropout's mask without an aten call.
 
-Run on CPU tensors through Triton's interpreter; the C++ target keeps aten's random ops.
-tests/conftest.py sets TRITON_INTERPRET=1 on machines without CUDA, before triton is imported."""
+On CUDA tensors where there is a GPU, else on CPU tensors through Triton's interpreter
+(tests/conftest.py sets TRITON_INTERPRET=1 on machines without CUDA, before triton is
+imported); the C++ target keeps aten's random ops."""
 import os
 
 import pytest
@@ -14,13 +15,15 @@ from weld_helpers import weld_compile
 
 pytest.importorskip("triton")
 
-TRITON = {"cpu_codegen": "triton"}
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+TRITON = {} if CUDA else {"cpu_codegen": "triton"}
 
 
 @pytest.fixture(autouse=True)
-def interpret():
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("runs Triton's interpreter on CPU tensors; the CUDA variants run the real kernels")
+def triton_runs():
+    if not CUDA and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("needs a GPU or Triton's interpreter")
 
 
 def dropout(x):
@@ -28,7 +31,7 @@ def dropout(x):
 
 
 def test_dropout_draws_in_the_kernel_and_keeps_its_fraction():
-    x = torch.randn(64, 300)
+    x = torch.randn(64, 300, device=DEVICE)
     compiled = weld_compile(dropout, [x], TRITON)
     assert not any("bernoulli" in e or "rand_like" in e for e in compiled.externs), compiled.externs
     assert any("randint" in e and "seeds of 1 random op" in e for e in compiled.externs)
@@ -40,7 +43,7 @@ def test_dropout_draws_in_the_kernel_and_keeps_its_fraction():
 
 
 def test_seeded_runs_repeat_and_unseeded_runs_differ():
-    x = torch.randn(32, 50)
+    x = torch.randn(32, 50, device=DEVICE)
     compiled = weld_compile(dropout, [x], TRITON)
     torch.manual_seed(1)
     a = compiled(x)
@@ -52,7 +55,7 @@ def test_seeded_runs_repeat_and_unseeded_runs_differ():
 
 
 def test_two_random_ops_of_one_graph_draw_different_numbers():
-    x = torch.randn(40, 40)
+    x = torch.randn(40, 40, device=DEVICE)
     compiled = weld_compile(lambda x: [torch.rand_like(x), torch.rand_like(x)], [x], TRITON)
     first, second = compiled(x)
     assert not torch.equal(first, second)
@@ -63,7 +66,7 @@ def test_two_random_ops_of_one_graph_draw_different_numbers():
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_types_stay_below_one(dtype):
-    x = torch.zeros(256, 256, dtype=dtype)
+    x = torch.zeros(256, 256, dtype=dtype, device=DEVICE)
     compiled = weld_compile(lambda x: torch.rand_like(x) * 1, [x], TRITON)
     r = compiled(x)
     assert r.dtype == dtype and r.min() >= 0 and r.max() < 1
@@ -71,7 +74,7 @@ def test_half_types_stay_below_one(dtype):
 
 def test_a_view_of_random_numbers_reads_the_same_numbers():
     """Two readers of one rand_like through different views compute the same counters."""
-    x = torch.randn(16, 24)
+    x = torch.randn(16, 24, device=DEVICE)
     compiled = weld_compile(lambda x: (lambda r: [r, r.t() + 0, r[::2] * 1])(torch.rand_like(x)), [x], TRITON)
     r, t, every_other = compiled(x)
     assert torch.equal(t, r.t())
@@ -88,8 +91,8 @@ def test_cpp_kernels_keep_aten_random_ops():
 def test_training_mask_of_forward_and_backward_agree():
     """The mask is drawn once, in the forward kernel; the backward reads what it saved."""
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(48, 48), nn.Dropout(0.4), nn.Tanh())
-    x = torch.randn(20, 48, requires_grad=True)
+    model = nn.Sequential(nn.Linear(48, 48), nn.Dropout(0.4), nn.Tanh()).to(DEVICE)
+    x = torch.randn(20, 48, device=DEVICE, requires_grad=True)
     compiled = torchweld.compile(model, options=TRITON)
     out = compiled(x)
     out.sum().backward()
@@ -100,3 +103,17 @@ def test_training_mask_of_forward_and_backward_agree():
     # d out / d x = W^T (mask / (1 - p) * tanh'): eager's formula with the compiled mask
     grad_pre = kept.float() / 0.6 * (1 - out.detach() ** 2)
     torch.testing.assert_close(x.grad, grad_pre @ model[0].weight.detach(), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(not CUDA, reason="CUDA graphs need a GPU")
+def test_cuda_graph_replays_draw_new_masks():
+    x = torch.randn(128, 256, device="cuda")
+    compiled = torchweld.compile(dropout, mode="reduce-overhead")
+    outs = [compiled(x).clone() for _ in range(4)]
+    assert all(not torch.equal(a, b) for a, b in zip(outs, outs[1:]))
+    for out in outs:
+        assert 0.66 < (out != 1).float().mean() < 0.74
+    torch.manual_seed(3)
+    first = compiled(x).clone()
+    torch.manual_seed(3)
+    assert torch.equal(compiled(x), first)
