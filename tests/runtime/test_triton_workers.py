@@ -34,15 +34,23 @@ def test_workers_answer_every_request_and_report_errors(pool):
         pool.submit(("bogus",)).result(timeout=60)
 
 
-def test_dead_workers_fail_requests_instead_of_leaving_them_waiting(pool):
+def test_killed_workers_are_replaced(pool):
     assert pool.submit(("ping",)).result(timeout=60) == "pong"
-    for process in pool._processes:
+    killed = list(pool._processes)
+    for process in killed:
         process.kill()
         process.wait()
-    futures = [pool.submit(("ping",)) for _ in range(4)]
-    for future in futures:
-        with pytest.raises(RuntimeError, match="worker exited"):
-            future.result(timeout=60)
+    # the request each dead worker had fails (its kernel is compiled by the parent); the rest are answered
+    outcomes = []
+    for future in [pool.submit(("ping",)) for _ in range(6)]:
+        try:
+            outcomes.append(future.result(timeout=60))
+        except RuntimeError as e:
+            assert "worker exited" in str(e)
+            outcomes.append("failed")
+    assert outcomes.count("failed") <= 2 and outcomes.count("pong") >= 4
+    assert [f.result(timeout=60) for f in [pool.submit(("ping",)) for _ in range(4)]] == ["pong"] * 4
+    assert not set(map(id, pool._processes)) & set(map(id, killed))
 
 
 TRUNCATING_WORKER = """
@@ -53,13 +61,19 @@ sys.stdout.buffer.flush()
 """
 
 
-def test_a_truncated_reply_fails_its_request_instead_of_leaving_it_waiting(tmp_path):
+def test_workers_that_keep_dying_fail_requests_instead_of_leaving_them_waiting(tmp_path):
+    """Each worker answers with a truncated reply: its request fails, and it is replaced once
+    (one replacement per worker); then every request fails at once."""
     script = tmp_path / "truncating_worker.py"
     script.write_text(TRUNCATING_WORKER)
     pool = WorkerPool(1, script=str(script))
     try:
-        with pytest.raises(RuntimeError, match="worker exited"):
-            pool.submit(("ping",)).result(timeout=60)
+        for _ in range(2):
+            with pytest.raises(RuntimeError, match="a Triton compile worker exited"):
+                pool.submit(("ping",)).result(timeout=60)
+        for future in [pool.submit(("ping",)) for _ in range(3)]:
+            with pytest.raises(RuntimeError, match="every Triton compile worker exited"):
+                future.result(timeout=60)
     finally:
         pool.close()
 

@@ -44,19 +44,29 @@ def worker_count() -> int:
 
 
 class WorkerPool:
-    """`count` worker processes fed from one queue; each has a thread that sends it one request at a time."""
+    """`count` worker processes fed from one queue; each has a thread that sends it one request at a time.
+
+    A worker that dies (killed for memory, a crash in a compile) fails the request it had and
+    is replaced by a new process, up to `count` replacements in the pool's life; past that its
+    thread stops, and the last thread to stop fails every request from then on, so none waits."""
 
     def __init__(self, count: int, script: str = WORKER_SCRIPT):
+        self._script = script
         self._requests: queue.Queue = queue.Queue()
         self._ids = itertools.count()
         self._processes: list[subprocess.Popen] = []
         self._closed = False
-        for _ in range(count):
-            process = subprocess.Popen([sys.executable, script], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-            write_message(process.stdin, list(sys.path))
-            self._processes.append(process)
-            threading.Thread(target=self._serve, args=(process,), daemon=True,
-                             name="torchweld-triton-worker").start()
+        self._lock = threading.Lock()
+        self._restarts_left = count
+        self._serving = count  # threads still serving requests
+        for slot in range(count):
+            self._processes.append(self._start())
+            threading.Thread(target=self._serve, args=(slot,), daemon=True, name="torchweld-triton-worker").start()
+
+    def _start(self) -> subprocess.Popen:
+        process = subprocess.Popen([sys.executable, self._script], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        write_message(process.stdin, list(sys.path))
+        return process
 
     def submit(self, request: tuple) -> Future:
         future: Future = Future()
@@ -66,31 +76,51 @@ class WorkerPool:
             self._requests.put((next(self._ids), request, future))
         return future
 
-    def _serve(self, process: subprocess.Popen) -> None:
+    def _serve(self, slot: int) -> None:
         while True:
             item = self._requests.get()
             if item is None:
                 return
             job_id, request, future = item
+            process = self._processes[slot]
             try:
                 write_message(process.stdin, (job_id, request))
                 reply = read_message(process.stdout)
             except Exception:  # noqa: BLE001 - a broken pipe or a truncated reply: the worker is gone
                 reply = None
-            if reply is None:  # the worker died: fail this request and every one this thread takes from now on
-                log.debug("a Triton compile worker exited with %s", process.poll())
-                future.set_exception(RuntimeError(f"a Triton compile worker exited ({process.poll()})"))
-                self._fail_from_now_on()
-                return
+            if reply is None:  # the worker died: its request fails (the parent compiles that kernel itself)
+                process.kill()
+                code = process.wait()
+                log.debug("a Triton compile worker exited with %s", code)
+                future.set_exception(RuntimeError(f"a Triton compile worker exited ({code})"))
+                if not self._replace(slot):
+                    return
+                continue
             _, ok, value = reply
             if ok:
                 future.set_result(value)
             else:
                 future.set_exception(RuntimeError(value))
 
-    def _fail_from_now_on(self) -> None:
-        while (item := self._requests.get()) is not None:
-            item[2].set_exception(RuntimeError("a Triton compile worker exited"))
+    def _replace(self, slot: int) -> bool:
+        """A new process in `slot` if the pool may still start one; else this thread stops
+        serving, and if it was the last, it fails every request from then on."""
+        with self._lock:
+            may_restart = self._restarts_left > 0 and not self._closed
+            self._restarts_left -= may_restart
+        if may_restart:
+            try:
+                self._processes[slot] = self._start()
+                return True
+            except OSError as e:
+                log.debug("cannot restart a Triton compile worker: %s", e)
+        with self._lock:
+            self._serving -= 1
+            last = self._serving == 0
+        if last:
+            while (item := self._requests.get()) is not None:
+                item[2].set_exception(RuntimeError("every Triton compile worker exited"))
+        return False
 
     def close(self) -> None:
         self._closed = True
