@@ -42,3 +42,15 @@ def test_row_max_and_min_vectorize_and_keep_nan():
     compiled = check(fn, inputs, atol=1e-6, rtol=1e-5)
     source = compiled.kernel_sources["cpp"]
     assert "reduction(max:" in source and "reduction(min:" in source and "reduction(|:" in source
+
+
+def test_a_mask_as_a_number_is_a_select():
+    """A bool cast to a number renders as `m ? 1 : 0`: g++ vectorizes no loop holding a
+    static_cast of a bool (a dropout mask times a tensor ran 3.5x slower)."""
+    def fn(x, y):
+        return [(x > 0) * y, (x > 0.5).to(torch.float16), (x < 0).to(torch.int32) + 1]
+
+    inputs = (torch.randn(40, 33), torch.randn(40, 33))
+    compiled = check(fn, inputs)
+    source = compiled.kernel_sources["cpp"]
+    assert "? 1.0f : 0.0f" in source and "? ((int32_t)1) : ((int32_t)0)" in source

@@ -1,8 +1,8 @@
-"""Random numbers drawn inside Triton kernels (Op.RAND): dropout's mask without an aten call.
+"""Random numbers drawn inside the kernels (Op.RAND): dropout's mask without an aten call.
 
-On CUDA tensors where there is a GPU, else on CPU tensors through Triton's interpreter
-(tests/conftest.py sets TRITON_INTERPRET=1 on machines without CUDA, before triton is
-imported); the C++ target keeps aten's random ops."""
+Triton kernels on CUDA tensors where there is a GPU, else on CPU tensors through Triton's
+interpreter (tests/conftest.py sets TRITON_INTERPRET=1 on machines without CUDA, before
+triton is imported); C++ kernels draw the same numbers from the same seeds."""
 import os
 
 import pytest
@@ -81,11 +81,23 @@ def test_a_view_of_random_numbers_reads_the_same_numbers():
     assert torch.equal(every_other, r[::2])
 
 
-def test_cpp_kernels_keep_aten_random_ops():
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="Triton kernels on CPU tensors need its interpreter")
+def test_cpp_kernels_draw_the_numbers_triton_draws():
     x = torch.randn(64, 30)
-    compiled = weld_compile(dropout, [x])
-    assert not any("randint" in e for e in compiled.externs)
-    assert any("bernoulli" in e for e in compiled.externs), compiled.externs
+    cpp = weld_compile(dropout, [x])
+    triton_on_cpu = weld_compile(dropout, [x], {"cpu_codegen": "triton"})
+    assert not any("bernoulli" in e for e in cpp.externs), cpp.externs
+    torch.manual_seed(5)
+    a = cpp(x)
+    torch.manual_seed(5)
+    assert torch.equal(a, triton_on_cpu(x))
+
+
+def test_float64_random_numbers_come_from_aten():
+    """Kernels draw 32 random bits; a float64 rand keeps aten's 53."""
+    x = torch.randn(8, 8, dtype=torch.float64)
+    compiled = weld_compile(lambda x: torch.rand_like(x) + x, [x])
+    assert any("rand_like" in e for e in compiled.externs) and not any("randint" in e for e in compiled.externs)
 
 
 def test_training_mask_of_forward_and_backward_agree():

@@ -71,8 +71,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list, options: dict 
         aten_gm, hoisted = hoist_constants(aten.gm) if options.get("freeze") else (aten.gm, None)
     triton = lambda device: renderer_for(device, options) is not CppRenderer  # noqa: E731
     lowering = GraphLowering(aten_gm, check=lambda buf: _check(buf, options), bias_in_kernel=triton,
-                             split_reductions=lambda device: triton(device) and options.get("split_reductions", True),
-                             random_in_kernels=triton)
+                             split_reductions=lambda device: triton(device) and options.get("split_reductions", True))
     with timing.phase("weld.lower"):
         lowered = lowering.run(list(example_inputs), output_strides)
     for line in lowered.externs:

@@ -95,12 +95,9 @@ class GraphLowering:
     target's renderer cannot render a new buffer, which turns its node extern."""
 
     def __init__(self, gm: torch.fx.GraphModule, check=lambda buf: None, bias_in_kernel=lambda device: False,
-                 split_reductions=lambda device: False, random_in_kernels=lambda device: False):
+                 split_reductions=lambda device: False):
         self.gm = gm
         self.check = check
-        # whether kernels on `device` draw random numbers themselves (Op.RAND) rather than
-        # reading what an aten.rand_like call wrote: right for Triton, which has Philox
-        self.random_in_kernels = random_in_kernels
         self.seeds: dict[torch.device, list] = {}  # device -> [seeds buffer, seeds handed out]
         # whether a reduction with few outputs and long rows on `device` runs in two steps
         # (split_plan): right for Triton kernels, which get one program per block of outputs
@@ -197,27 +194,27 @@ class GraphLowering:
 
     # -- random numbers -----------------------------------------------------------
     def draw_seeds(self) -> None:
-        """One aten.randint call at the graph's start per device whose kernels draw random
-        numbers: a seed for each random op, drawn anew from the device's generator at every
-        run (so torch.manual_seed repeats a run, and each CUDA graph replay draws afresh)."""
+        """One aten.randint call at the graph's start per device with random ops, whose
+        kernels draw the numbers themselves (Op.RAND): a seed for each random op, drawn anew
+        from the device's generator at every run (so torch.manual_seed repeats a run, and each
+        CUDA graph replay draws afresh). Seeds no kernel reads are dropped at the end."""
         counts: dict[torch.device, int] = {}
         for node in self.gm.graph.nodes:
             val = node.meta.get("val")
             if node.op == "call_function" and node.target in RANDOM_OPS and isinstance(val, torch.Tensor):
                 counts[val.device] = counts.get(val.device, 0) + 1
         for device, count in counts.items():
-            if self.random_in_kernels(device):
-                name = self.new_name("seeds")
-                self.buffers[name] = ir.Extern(
-                    name, aten.randint.low, (SEED_LOW, SEED_HIGH, [count]), {"dtype": torch.int64, "device": device},
-                    ((torch.int64, Layout.contiguous((count,))),), False, device)
-                self.seeds[device] = [name, 0]
+            name = self.new_name("seeds")
+            self.buffers[name] = ir.Extern(
+                name, aten.randint.low, (SEED_LOW, SEED_HIGH, [count]), {"dtype": torch.int64, "device": device},
+                ((torch.int64, Layout.contiguous((count,))),), False, device)
+            self.seeds[device] = [name, 0]
 
     def next_seed(self, device: torch.device) -> Expr:
         """The seed of the next random op on `device`: one element of the seeds drawn at the start."""
         drawn = self.seeds.get(device)
         if drawn is None:
-            raise NotImplementedError(f"kernels on {device} read random numbers aten draws")
+            raise NotImplementedError(f"no seeds were drawn on {device}")
         name, used = drawn
         drawn[1] += 1
         return ir.load(name, torch.int64, [ir.const(used)])
@@ -384,7 +381,7 @@ class GraphLowering:
         return v
 
 
-# Random ops whose numbers Triton kernels draw themselves (rules.rand; bernoulli_ as its
+# Random ops whose numbers the kernels draw themselves (rules.rand; bernoulli_ as its
 # functional variant); any other runs as aten's.
 RANDOM_OPS = frozenset({aten.rand_like.default, aten.rand.default, aten.bernoulli.p, aten.bernoulli_.float})
 SEED_LOW, SEED_HIGH = -(2**63), 2**63 - 1  # seeds over all of int64: distinct across many steps

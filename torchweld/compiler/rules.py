@@ -315,8 +315,8 @@ def rand(L, node, *args, **kwargs):
     val = out_val(node)
     if kwargs.get("generator") is not None:
         raise NotImplementedError("random numbers from a generator of the program's own")
-    if not val.dtype.is_floating_point or val.numel() >= 2**31:
-        raise NotImplementedError(f"random {val.dtype} of {val.numel()} elements")
+    if val.dtype not in (torch.float32, torch.float16, torch.bfloat16) or val.numel() >= 2**31:
+        raise NotImplementedError(f"random {val.dtype} of {val.numel()} elements (32-bit draws)")
     seed = L.next_seed(val.device)
     offset = ir.flat_index(ir.dim_vars(val.dim()), ir.contiguous_strides(val.shape))
     body = Expr(Op.RAND, torch.float32, (seed, offset))

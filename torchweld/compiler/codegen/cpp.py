@@ -66,6 +66,24 @@ static inline uint16_t tw_float_to_bf16(float f) {
 }
 static inline float tw_round_bf16(float f) { return tw_bf16_to_float(tw_float_to_bf16(f)); }
 static inline float tw_round_half(float f) { return (float)(_Float16)f; }
+// Philox4x32-10 at counter (offset, 0, 0, 0) with key (seed's low, high word), its first word
+// made a float in [0, 1): the numbers Triton's tl.rand(seed, offset as uint32) gives, so a
+// seed draws the same random numbers in C++ and Triton kernels.
+static inline float tw_rand(int64_t seed, int64_t offset) {
+  uint32_t k0 = (uint32_t)(uint64_t)seed, k1 = (uint32_t)((uint64_t)seed >> 32);
+  uint32_t c0 = (uint32_t)offset, c1 = 0, c2 = 0, c3 = 0;
+  for (int round = 0; round < 10; ++round) {
+    uint64_t a = (uint64_t)0xD2511F53u * c0, b = (uint64_t)0xCD9E8D57u * c2;
+    c0 = (uint32_t)(b >> 32) ^ c1 ^ k0;
+    c2 = (uint32_t)(a >> 32) ^ c3 ^ k1;
+    c1 = (uint32_t)b;
+    c3 = (uint32_t)a;
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  int32_t x = (int32_t)c0;
+  return (float)(x < 0 ? ~x : x) * 4.6566127342e-10f;
+}
 """
 
 
@@ -119,6 +137,7 @@ class CppRenderer(KernelRenderer):
         Op.LOGICAL_OR: lambda a, b: f"{a} || {b}",
         Op.LOGICAL_XOR: lambda a, b: f"{a} != {b}",
         Op.WHERE: lambda c, a, b: f"{c} ? {a} : {b}",
+        Op.RAND: lambda seed, offset: f"tw_rand({seed}, {offset})",
     }
     reduce_init = {Op.SUM: "0", Op.PROD: "1", Op.MAX: "-INFINITY", Op.MIN: "INFINITY"}
     reduce_ops = frozenset(reduce_init)
@@ -141,6 +160,9 @@ class CppRenderer(KernelRenderer):
     def render_cast(self, x, src, dst) -> str:
         if dst is torch.bool:
             return f"({x} != 0)"
+        if src is torch.bool:  # g++ vectorizes no loop with a static_cast of a bool (a mask times a tensor)
+            one, zero = (self.render_const(v, torch.float32 if dst in HALF_TYPES else dst) for v in (1, 0))
+            return f"({x} ? {one} : {zero})"
         if dst is torch.float16:
             return f"tw_round_half((float)({x}))"
         if dst is torch.bfloat16:
