@@ -360,9 +360,10 @@ class SavedActivations:
         return sum(self.storages.values()) / 2 ** 20
 
 
-def _train_run(model, batch, loss_fn, compiled, device: str, min_time: float, compile_step=None):
-    """(first step s, steady ms per step, saved MiB, peak MiB or nan, first loss). With
-    `compile_step`, the step function is compiled by it (the model is then `compiled` uncompiled)."""
+def _train_setup(model, batch, loss_fn, compiled, device: str, compile_step=None):
+    """(step, first step s, saved MiB, peak MiB or nan, first loss): the step run once cold and
+    three times warm. With `compile_step`, the step function is compiled by it (the model is
+    then `compiled` uncompiled)."""
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
 
     def step(x, y):
@@ -387,15 +388,11 @@ def _train_run(model, batch, loss_fn, compiled, device: str, min_time: float, co
     with SavedActivations(model) as saved:
         out = compiled(batch[0])
     del out
-    times = []
-    start = time.perf_counter()
-    while len(times) < 5 or time.perf_counter() - start < min_time:
-        t0 = time.perf_counter()
+    for _ in range(3):
         step(*batch)
-        sync()
-        times.append(time.perf_counter() - t0)
+    sync()
     peak = torch.cuda.max_memory_allocated() / 2 ** 20 if device == "cuda" else float("nan")
-    return cold, statistics.median(times) * 1e3, saved.mib, peak, first_loss
+    return step, cold, saved.mib, peak, first_loss
 
 
 def training_rows(q: bool, whole_step: bool = False, mode: str | None = None):
@@ -422,22 +419,29 @@ def training_rows(q: bool, whole_step: bool = False, mode: str | None = None):
                                                   torchweld.compile(f, backend="weld", mode=mode))[1]}
         if whole_step:  # the step function is compiled; "weld model" compiles the model alone, Adam native
             variants = [(v, lambda m: m) for v, _ in variants] + [("weld model", variants[2][1])]
-        eager_ms, eager_loss = None, None
+        # each variant's cold step in turn, with its own peak memory; then the steady state of
+        # all of them timed in turns (compare.steady), so load swings hit every variant alike
+        runs = {}
         for variant, make_compiled in selected(variants):
             model = copy.deepcopy(base)
             with tempfile.TemporaryDirectory() as tmp, config.patch(cache_dir=tmp):
                 try:
                     compile_step = step_compilers.get(variant) if whole_step else None
-                    cold, ms, saved, peak, loss = _train_run(model, batch, loss_fn, make_compiled(model), device,
-                                                             min_time, compile_step)
+                    runs[variant] = _train_setup(model, batch, loss_fn, make_compiled(model), device, compile_step)
                 except Exception as e:  # noqa: BLE001 - one failing row should not end the bench
                     print(f"{name:28s} {variant:10s} failed: {type(e).__name__}: {e}"[:200])
-                    continue
+        sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+        seconds = steady({variant: (lambda _, step=run[0]: (step(*batch), sync())) for variant, run in runs.items()},
+                         None, min_time=min_time * len(runs))
+        eager_ms, eager_loss = None, None
+        for variant, (_, cold, saved, peak, loss) in runs.items():
+            ms = seconds[variant] * 1e3
             if eager_ms is None:
                 eager_ms, eager_loss = ms, loss
             diff = (loss - eager_loss).abs().item()
             print(f"{name:28s} {variant:10s} {ms:9.3f} {eager_ms / ms:8.2f} {cold:8.2f} {saved:10.2f} "
                   f"{peak:9.0f} {diff:10.2e}")
+        runs.clear()
         if name == "transformer block":
             _partition_report(base, batch[0])
 
