@@ -156,3 +156,15 @@ def test_lerp_with_tensor_weights_is_pointwise(codegen):
             exact = {"atol": 0, "rtol": 0} if codegen == "cpp" else {}
             torch.testing.assert_close(got, expected, **exact)
     assert compiled.externs == []
+
+
+@pytest.mark.parametrize("weight", [0.1, 0.49, 0.5, 0.9, 0.999, 1.7])
+def test_lerp_with_a_number_weight_is_eager_bit_for_bit(weight):
+    """The formula is chosen once for a number weight; 1 - w is computed in float32, as aten does."""
+    def fn(start, end):
+        return torch.lerp(start, end, weight)
+
+    inputs = [torch.randn(300), torch.randn(300)]
+    with torch.no_grad():
+        compiled = compile_graph(torch.fx.symbolic_trace(fn), inputs, {})
+        torch.testing.assert_close(compiled(*inputs), fn(*inputs), atol=0, rtol=0)

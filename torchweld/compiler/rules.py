@@ -376,11 +376,9 @@ def lerp(L, node, start, end, weight):
 
         return make_pointwise(L, node, fn, [start, end, weight], upcast(out_val(node).dtype))
 
-    def fn(s, e):
-        diff = binop(Op.SUB)(e, s)
-        if abs(weight) < 0.5:
-            return near_start(s, diff, ir.const(weight, s.dtype))
-        return binop(Op.SUB)(e, binop(Op.MUL)(diff, ir.const(1 - weight, s.dtype)))
+    def fn(s, e):  # the formula chosen once; 1 - w in the compute dtype, as aten's kernel computes it
+        diff, w = binop(Op.SUB)(e, s), ir.const(weight, s.dtype)
+        return near_start(s, diff, w) if abs(weight) < 0.5 else near_end(e, diff, w)
 
     return make_pointwise(L, node, fn, [start, end], upcast(out_val(node).dtype))
 
