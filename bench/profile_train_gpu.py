@@ -156,7 +156,25 @@ class GcTimer:
             self.ms += (time.perf_counter() - self._start) * 1e3
 
 
-def report(label: str, step: Step, steps: int) -> float:
+KERNEL_KINDS = (  # (kind, parts of a kernel's name), first match wins
+    ("matmul", ("gemm", "xmma", "sgemm", "cutlass::Kernel")),
+    ("attention", ("fmha", "attention", "flash")),
+    ("optimizer (aten foreach)", ("multi_tensor_apply",)),
+    ("memcpy/memset", ("memcpy", "memset", "Memcpy", "Memset")),
+    ("generated", ("k_", "triton_")),
+)
+
+
+def kernel_kinds(events, calls: int) -> str:
+    """GPU time per step by kind of kernel: the generated kernels apart from the library's."""
+    total = collections.Counter()
+    for e in events:
+        kind = next((k for k, parts in KERNEL_KINDS if any(p in e.name for p in parts)), "other aten")
+        total[kind] += e.time_range.elapsed_us() / calls
+    return "    GPU us/step by kind: " + ", ".join(f"{k} {us:.0f}" for k, us in total.most_common())
+
+
+def report(label: str, step: Step, steps: int, top_kernels: int = 16) -> float:
     for _ in range(3):
         step()
     with GcTimer() as gc_time:
@@ -171,7 +189,8 @@ def report(label: str, step: Step, steps: int) -> float:
     copies = sum(1 for e in events if "memcpy" in e.name.lower() or "memset" in e.name.lower())
     print(f"    GPU busy {busy:8.3f} ms/step in {(len(events) - copies) / calls:.0f} kernels "
           f"+ {copies / calls:.0f} memcpy/memset")
-    print(kernel_table(events, calls, top=16))
+    print(kernel_kinds(events, calls))
+    print(kernel_table(events, calls, top=top_kernels))
     print(f"    CPU ops and CUDA API calls of {calls} steps, by own CPU time (torch.profiler):")
     print("\n".join("      " + line for line in cpu_table.splitlines()))
     return ms
@@ -242,6 +261,7 @@ def main() -> None:
     parser.add_argument("--compile-optimizer", action="store_true",
                         help="weld's step runs Adam as weld captured and compiled it, not natively")
     parser.add_argument("--save-wrappers", default=None, help="copy weld's generated wrappers into this folder")
+    parser.add_argument("--top-kernels", type=int, default=16, help="rows of the GPU kernel table")
     parser.add_argument("--dump-kernels", type=int, default=0, help="print the source of weld's N slowest kernels")
     args = parser.parse_args()
     shape = f"s{args.size}" if args.model in TRANSFORMERS else f"3x{args.size}x{args.size}"
@@ -252,7 +272,7 @@ def main() -> None:
     eager_ms = None
     if not args.skip_eager:
         model = make_model(args.model)
-        eager_ms = report("eager", Step(model, model, x, y, loss_fn), args.steps)
+        eager_ms = report("eager", Step(model, model, x, y, loss_fn), args.steps, args.top_kernels)
         del model
     if args.inductor:
         model = make_model(args.model)
@@ -261,7 +281,7 @@ def main() -> None:
         step()
         torch.cuda.synchronize()
         print(f"  torch.compile cold first step: {time.perf_counter() - t0:.1f} s")
-        inductor_ms = report("torch.compile", step, args.steps)
+        inductor_ms = report("torch.compile", step, args.steps, args.top_kernels)
         if eager_ms:
             print(f"  torch.compile speedup over eager: {eager_ms / inductor_ms:.2f}x")
         del model, step
@@ -287,7 +307,7 @@ def main() -> None:
                 text = out.getvalue()
                 print(f"\n-- cold step by {key}\n" + text[text.index("ncalls"):])
         calls, jit_calls = count_jit_fallbacks(spy.graphs)
-        weld_ms = report("weld", step, args.steps)
+        weld_ms = report("weld", step, args.steps, args.top_kernels)
         if args.dump_kernels:
             dump_kernels(step, spy.graphs, args.dump_kernels)
         if args.save_wrappers:

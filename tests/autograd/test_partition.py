@@ -4,6 +4,7 @@ import torch
 import torch.nn as nn
 
 from torchweld.autograd import module_state, partition, trace_joint
+from torchweld.autograd.partition import is_view
 
 
 def joint_of(fn, *inputs):
@@ -144,4 +145,36 @@ def test_residual_stream_is_saved_and_parameter_inputs_cost_nothing():
     expected = residual_stream(h, *weights)
     torch.testing.assert_close(outs[0], expected)
     for got, want in zip(grads, torch.autograd.grad(expected, [h, *weights], tangent)):
+        torch.testing.assert_close(got, want)
+
+
+def mlp_block(x, w1, w2):
+    h = x @ w1
+    return torch.nn.functional.gelu(h, approximate="tanh") @ w2
+
+
+def test_what_a_backward_matmul_reads_is_saved_not_recomputed():
+    """gelu(h) feeds a matmul in the forward and w2's gradient matmul in the backward. It is
+    in memory in both passes; recomputed, the backward would run a kernel of its own to write
+    it again. The partition saves it (as functorch's partitioner does)."""
+    x = torch.randn(32, 16, requires_grad=True)
+    w1, w2 = (nn.Parameter(torch.randn(16, 16) / 4) for _ in range(2))
+    joint = joint_of(mlp_block, x, w1, w2)
+    part = partition(joint, "min_cut")
+    backward = part.backward.graph
+    tangents = [n for n in backward.nodes if n.op == "placeholder"][len(part.saved):]
+    on_tangents = set(tangents)
+    for n in backward.nodes:
+        if any(a in on_tangents for a in n.all_input_nodes):
+            on_tangents.add(n)
+    for mm in [n for n in backward.nodes if n.target == torch.ops.aten.mm.default]:
+        for arg in mm.all_input_nodes:
+            while is_view(arg):
+                arg = arg.args[0]
+            assert arg.op == "placeholder" or arg in on_tangents, f"{mm.name} reads {arg.name}, recomputed"
+    tangent = torch.randn(32, 16)
+    outs, grads = run_partition(part, joint, [x, w1, w2], [tangent])
+    expected = mlp_block(x, w1, w2)
+    torch.testing.assert_close(outs[0], expected)
+    for got, want in zip(grads, torch.autograd.grad(expected, [x, w1, w2], tangent)):
         torch.testing.assert_close(got, want)

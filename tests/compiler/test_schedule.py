@@ -121,6 +121,18 @@ def test_dead_buffers_not_taken_over_are_deleted_where_they_die():
 
 
 
+def test_a_buffer_lives_as_long_as_an_extern_view_of_it():
+    """`as_strided` with strides no IR view takes runs as an aten call that returns a view.
+    Its base was freed after that call, and the zeros made next took over its memory:
+    the returned view read zeros (a compiled CNN's backward computed a zero gradient)."""
+    def fn(x):
+        v = torch.as_strided(x.relu() + 1, (2, 8, 1, 1), (8, 1, 8, 8))
+        return v, torch.zeros(16) + x.sum()
+
+    c = check(fn, [torch.randn(2, 8, 1, 1)])
+    assert c.externs and "# reuse" not in c.wrapper_source
+
+
 def test_kernels_stop_growing_at_the_size_cap():
     """A chain of 80 residual adds whose 80 layer-norm-like consumers could all join the first
     kernel (a GPT-2 backward recomputing every block's residual stream) is cut into kernels

@@ -8,7 +8,10 @@ Two strategies choose what crosses over:
               other saved values; choose the set of saved tensors with the
               fewest bytes (a minimum cut, in the spirit of "recompute over save"
               partitioners). Matmuls, convolutions, reductions and random ops are
-              never recomputed: random ones always run once, in the forward.
+              never recomputed: random ones always run once, in the forward. Nor is
+              a value that a matmul (or another op no kernel fuses) of the backward
+              reads: it would be written to memory in the backward all the same, by
+              a kernel of its own.
 """
 from __future__ import annotations
 
@@ -56,20 +59,42 @@ def is_random(node: torch.fx.Node) -> bool:
     return isinstance(t, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in t.tags
 
 
+def is_view(node: torch.fx.Node) -> bool:
+    t = node.target
+    if node.op != "call_function" or not isinstance(t, torch._ops.OpOverload):
+        return False
+    returns = t._schema.returns
+    return len(returns) == 1 and returns[0].alias_info is not None
+
+
 def is_recomputable(node: torch.fx.Node) -> bool:
     if node.op == "get_attr":
         return True
     if node.op != "call_function" or is_random(node):
         return False
     t = node.target
-    if t in RECOMPUTABLE:
+    if t in RECOMPUTABLE or is_view(node):
         return True
-    if not isinstance(t, torch._ops.OpOverload):
+    return isinstance(t, torch._ops.OpOverload) and torch.Tag.pointwise in t.tags
+
+
+def read_whole_in_backward(node: torch.fx.Node, tangent_side: set) -> bool:
+    """Whether an op of the backward that fuses with nothing (a matmul, attention, a
+    convolution) reads `node`, directly or through views. Recomputed, `node` would then
+    be a kernel of its own that writes it to memory: saving it moves fewer bytes."""
+    if is_view(node):
         return False
-    if torch.Tag.pointwise in t.tags:
-        return True
-    returns = t._schema.returns
-    return len(returns) == 1 and returns[0].alias_info is not None  # a view
+    stack, seen = list(node.users), set()
+    while stack:
+        user = stack.pop()
+        if user in seen:
+            continue
+        seen.add(user)
+        if is_view(user):
+            stack.extend(user.users)
+        elif user in tangent_side and user.op == "call_function" and not is_recomputable(user):
+            return True
+    return False
 
 
 def nbytes(node: torch.fx.Node) -> float:
@@ -152,7 +177,8 @@ def _min_cut_saved(joint: JointGraph, frontier: set, tangent_side: set, forward_
     resident = {primals[i] for i in joint.resident_primals}
     flow = FlowGraph()
     for n in candidates:
-        if n.op == "placeholder" or is_random(n) or (n in required_forward and not is_recomputable(n)):
+        if n.op == "placeholder" or is_random(n) or (n in required_forward and not is_recomputable(n)) \
+                or (n.op == "call_function" and read_whole_in_backward(n, tangent_side)):
             flow.add_edge("source", (n, "in"), INF)
         elif not is_recomputable(n):
             # Not needed by the forward: the backward may compute it once itself; never twice.

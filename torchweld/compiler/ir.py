@@ -536,6 +536,17 @@ class Extern:
     def output_name(self, i: int) -> str:
         return f"{self.name}_{i}" if self.multi else self.name
 
+    def viewed(self) -> set[str]:
+        """The buffers whose memory the results may be views of: the arguments that the
+        schema marks as aliased when it marks a result so (`as_strided(Tensor(a) self)
+        -> Tensor(a)`). Such a buffer lives as long as the results do."""
+        schema = getattr(self.target, "_schema", None)
+        if schema is None or not any(r.alias_info is not None for r in schema.returns):
+            return set()
+        aliased = {a.name for a in schema.arguments if a.alias_info is not None}
+        named = dict(zip([a.name for a in schema.arguments], self.args)) | self.kwargs
+        return {v.buffer for k, v in named.items() if k in aliased and isinstance(v, TensorArg)}
+
 
 Buffer = InputBuffer | Pointwise | Reduction | Extern
 

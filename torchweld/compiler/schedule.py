@@ -484,8 +484,23 @@ def _step_writes(step, buffers) -> Iterable[str]:
     return [ext.output_name(i) for i in range(len(ext.outputs))]
 
 
+def _views_of(steps: list, buffers) -> dict[str, set[str]]:
+    """{result of an extern: the buffers it may be a view of, through views of views too}."""
+    views: dict[str, set[str]] = {}
+    for step in steps:
+        if isinstance(step, ExternCall):
+            ext = buffers[step.name]
+            bases = set().union(*([{b} | views.get(b, set()) for b in ext.viewed()] or [set()]))
+            for name in _step_writes(step, buffers):
+                if bases:
+                    views[name] = bases
+    return views
+
+
 def _with_frees(steps: list, graph: LoweredGraph, buffers) -> list:
-    """Insert a Free after the last reader of every intermediate buffer."""
+    """Insert a Free after the last reader of every intermediate buffer, or of the last
+    view of it an extern made (a buffer freed while a view of it lives would have its
+    memory taken over by a later buffer: the view would read that one's values)."""
     keep = {v.root for v in graph.outputs if isinstance(v, TensorValue)}
     keep |= {v.root for _, v in graph.mutated_inputs}
     keep |= {n for n, b in buffers.items() if isinstance(b, ir.InputBuffer)}
@@ -493,6 +508,11 @@ def _with_frees(steps: list, graph: LoweredGraph, buffers) -> list:
     for i, step in enumerate(steps):
         for name in list(_step_writes(step, buffers)) + list(_step_reads(step, buffers)):
             last_use[name] = i
+    for view, bases in _views_of(steps, buffers).items():
+        for base in bases:
+            last_use[base] = max(last_use[base], last_use[view])
+            if view in keep:
+                keep.add(base)
     out = []
     for i, step in enumerate(steps):
         out.append(step)
@@ -509,11 +529,12 @@ def in_place_updates(sched: Schedule) -> dict[str, str]:
     would allocate and copy every parameter and state tensor). Only where that cannot
     change what anything reads: the new value is the whole of a buffer a pointwise
     kernel stores, in the input's dtype and layout, not also a graph output; no step
-    after that kernel reads the input; and the kernel loads the input once, at the
+    after that kernel reads the input or a view an extern made of it; and the kernel loads the input once, at the
     index it stores, inside the value it stores (so the load comes first)."""
     graph = sched.graph
     outputs = {v.root for v in graph.outputs if isinstance(v, TensorValue)}
     steps = [s for s in sched.steps if not isinstance(s, Free)]
+    views = _views_of(steps, graph.buffers)
     plan: dict[str, str] = {}
     for target, value in graph.mutated_inputs:
         name = value.root
@@ -524,7 +545,8 @@ def in_place_updates(sched: Schedule) -> dict[str, str]:
         kernel = steps[writer]
         if not isinstance(kernel, Kernel) or kernel.is_reduction:
             continue
-        if any(target in _step_reads(s, graph.buffers) for s in steps[writer + 1:]):
+        if any(target in _step_reads(s, graph.buffers) or any(target in views.get(r, ()) for r in _step_reads(s, graph.buffers))
+               for s in steps[writer + 1:]):
             continue
         if _loads_in_place(kernel, target, name):
             plan[name] = target

@@ -44,6 +44,15 @@ class Scope:
         self.parent, self.indent = parent, indent
         self.cache: dict[tuple, str] = {}
 
+    def forget_loads(self, buffer: str) -> None:
+        """Drop the loads of `buffer` cached here and in the enclosing scopes: it was just
+        stored to, and a later load must read memory again."""
+        scope = self
+        while scope is not None:
+            for key in [k for k in scope.cache if k[0] in (Op.LOAD, Op.MASKED_LOAD) and k[2] == buffer]:
+                del scope.cache[key]
+            scope = scope.parent
+
     def lookup(self, key: tuple) -> str | None:
         scope = self
         while scope is not None:

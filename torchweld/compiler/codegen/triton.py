@@ -393,10 +393,12 @@ class TritonRenderer(KernelRenderer):
         else:
             value = f"tl.broadcast_to({value}, {shape})"
         self.emit(scope, f"tl.store({self.pointer(store.buffer)} + ({self.as_block(index)}), {value}, {self.mask(scope)})")
+        scope.forget_loads(store.buffer)
 
     # -- blocks ------------------------------------------------------------------
     def open_kernel(self, kernel: Kernel) -> Scope:
         self.scope_masks: dict[int, str] = {}
+        self.row_scope: Scope | None = None
         generic = size_generic(kernel)
         params = [self.pointer(n) for n in self.args] + (["xnumel"] if generic else [])
         params = ", ".join(params + ["XBLOCK: tl.constexpr", "RBLOCK: tl.constexpr"])
@@ -441,6 +443,11 @@ class TritonRenderer(KernelRenderer):
                 init = str(info.min if acc.reduce_op is Op.MAX else info.max)
             self.emit(outer, f"{name} = tl.full([XBLOCK, RBLOCK], {init}, {dtype})")
         looped = rnumel > rblock
+        if not looped and self.row_scope is not None:
+            # one block holds whole rows: the stages are one straight run of code, so a later
+            # stage reads the values an earlier one loaded and computed instead of redoing
+            # them (a layer norm's three passes load, and draw random numbers, once)
+            return self.row_scope
         indent = outer.indent
         if looped:
             self.emit(outer, f"for roffset in range(0, {rnumel}, RBLOCK):")
@@ -454,7 +461,8 @@ class TritonRenderer(KernelRenderer):
         self.emit_unravel(inner, "rindex", "r", self.kernel.reduced)
         self.emit(inner, "xrmask = xmask & rmask")
         self.scope_masks[id(inner)] = "xrmask"
-        self.stage_scope = inner
+        if not looped:
+            self.row_scope = inner
         return inner
 
     def close_stage(self, i: int, stage: Stage, outer: Scope) -> None:
