@@ -64,6 +64,20 @@ def test_two_random_ops_of_one_graph_draw_different_numbers():
         assert 0.45 < r.mean() < 0.55
 
 
+def test_layers_that_differ_only_in_their_seed_share_one_kernel_source():
+    """Each random op reads its seed through a view of its own, not at an offset written
+    into the source: GPT-2's dropout + residual + layer norm kernels are one source."""
+    def blocks(x, y, z, r):
+        return [F.layer_norm(F.dropout(h * 2, 0.1, training=True) + r, (64,)) for h in (x, y, z)]
+
+    x, r = torch.randn(16, 64, device=DEVICE), torch.randn(16, 64, device=DEVICE)
+    compiled = weld_compile(blocks, [x, x.clone(), x.clone(), r], TRITON)
+    source = compiled.kernel_sources["triton"]
+    assert source.count("@triton.jit") == 1 and source.count("tl.rand(") == 1, source
+    first, second, third = compiled(x, x, x, r)  # one input three times: only the seeds differ
+    assert not torch.equal(first, second) and not torch.equal(second, third)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_types_stay_below_one(dtype):
     x = torch.zeros(256, 256, dtype=dtype, device=DEVICE)

@@ -98,7 +98,7 @@ class GraphLowering:
                  split_reductions=lambda device: False):
         self.gm = gm
         self.check = check
-        self.seeds: dict[torch.device, list] = {}  # device -> [seeds buffer, seeds handed out]
+        self.seeds: dict[torch.device, list] = {}  # device -> [seeds buffer, seeds handed out, seeds drawn]
         # whether a reduction with few outputs and long rows on `device` runs in two steps
         # (split_plan): right for Triton kernels, which get one program per block of outputs
         self.split_reductions = split_reductions
@@ -208,19 +208,25 @@ class GraphLowering:
             self.buffers[name] = ir.Extern(
                 name, aten.randint.low, (SEED_LOW, SEED_HIGH, [count]), {"dtype": torch.int64, "device": device},
                 ((torch.int64, Layout.contiguous((count,))),), False, device)
-            self.seeds[device] = [name, 0]
+            self.seeds[device] = [name, 0, count]
 
     def next_seed(self, device: torch.device) -> Expr:
-        """The seed of the next random op on `device`: one element of the seeds drawn at the start."""
+        """The seed of the next random op on `device`: one element of the seeds drawn at the
+        start, handed to the kernel as a one-element view (aten.slice), so that the kernels
+        of two layers that differ only in their seed are one source, compiled once."""
         drawn = self.seeds.get(device)
         if drawn is None:
             raise NotImplementedError(f"no seeds were drawn on {device}")
-        name, used = drawn
+        name, used, count = drawn
         drawn[1] += 1
-        return ir.load(name, torch.int64, [ir.const(used)])
+        view = self.new_name("seed")
+        self.buffers[view] = ir.Extern(
+            view, aten.slice.Tensor, (ir.TensorArg(name, Layout.contiguous((count,))), 0, used, used + 1), {},
+            ((torch.int64, Layout.contiguous((1,))),), False, device)
+        return ir.load(view, torch.int64, [ir.const(0)])
 
     def drop_unused_seeds(self) -> None:
-        for name, used in self.seeds.values():
+        for name, used, _ in self.seeds.values():
             if used == 0:
                 del self.buffers[name]
             else:
