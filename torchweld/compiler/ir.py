@@ -234,18 +234,18 @@ def flat_index(index: list[Expr], strides: Iterable[int], offset: int = 0) -> Ex
 
 
 def _scaled_terms(e: Expr) -> list[tuple[Expr, int]]:
-    """`e`, a sum, as (term, constant factor) pairs."""
-    out, stack = [], [e]
+    """`e`, a sum, as (term, constant factor) pairs; a sum times a constant is distributed."""
+    out, stack = [], [(e, 1)]
     while stack:
-        t = stack.pop()
+        t, factor = stack.pop()
         if t.op is Op.ADD and t.dtype is INDEX:
-            stack.extend(reversed(t.args))
+            stack.extend((a, factor) for a in reversed(t.args))
         elif t.op is Op.MUL and t.dtype is INDEX and is_const(t.args[1]):
-            out.append((t.args[0], t.args[1].arg))
+            stack.append((t.args[0], factor * t.args[1].arg))
         elif t.op is Op.MUL and t.dtype is INDEX and is_const(t.args[0]):
-            out.append((t.args[1], t.args[0].arg))
+            stack.append((t.args[1], factor * t.args[0].arg))
         else:
-            out.append((t, 1))
+            out.append((t, factor))
     return out
 
 
@@ -292,7 +292,7 @@ def fold_unravelled(e: Expr) -> Expr:
     out = const(0)
     for t, c in terms:
         out = iadd(out, imul(t, const(c)))
-    return out
+    return fold_unravelled(out)  # a merged term may be a sum that folds further (views of views)
 
 
 def affine_terms(e: Expr) -> tuple[dict[str, int], int] | None:

@@ -122,6 +122,7 @@ class _Group:
     device: torch.device
     members: list = dataclasses.field(default_factory=list)
     reads: set = dataclasses.field(default_factory=set)  # what its members read, members included
+    reshaped: bool = False  # a member is over another shape of as many elements (see kind_of)
 
     def has_room(self, buf) -> bool:
         if math.prod(self.full) == 1:
@@ -135,15 +136,21 @@ class _Group:
         return tuple(s for i, s in enumerate(self.full) if i not in self.reduced)
 
     def kind_of(self, buf) -> str | None:
-        """How `buf` would sit in this kernel: 'reduction', 'full', 'outer', or None."""
+        """How `buf` would sit in this kernel: 'reduction', 'full', 'outer', 'reshaped' or None.
+
+        'reshaped': a pointwise member over another shape of as many elements, at the same
+        row-major position (h = x @ w + b over (B*T, C), then gelu(h.view(B, T, C)), with h
+        stored for the backward: one kernel stores both). Only in pointwise kernels."""
         if isinstance(buf, ir.Reduction):
-            if buf.full_shape == self.full and (buf.reduced == self.reduced or not self.reduced):
+            if buf.full_shape == self.full and (buf.reduced == self.reduced or not self.reduced) and not self.reshaped:
                 return "reduction"
             return None
         if _squeezed(buf.shape) == _squeezed(self.full):
             return "full"
         if self.reduced and _squeezed(buf.shape) == _squeezed(self.outer_shape):
             return "outer"
+        if not self.reduced and math.prod(buf.shape) == math.prod(self.full):
+            return "reshaped"
         return None
 
 
@@ -230,6 +237,7 @@ class _Grouper:
         self.group_of[buf.name] = group
         self.position_of[buf.name] = group.position
         self.kind[buf.name] = kind
+        group.reshaped |= kind == "reshaped"
 
     def reads_line_up(self, group: _Group, buf, kind: str) -> bool:
         """Reads of this kernel's reduction results must be at the reader's own outer index."""
@@ -275,10 +283,25 @@ class KernelVars:
         return [next(rs) if i in self.reduced else next(xs) for i in range(len(self.full))]
 
     def index_of(self, kind: str, shape, as_output: bool = False) -> list[Expr]:
-        """A member's own index: a reduction's inputs range over full, its output over outer."""
+        """A member's own index: a reduction's inputs range over full, its output over outer;
+        a reshaped member's is the row-major position in full, unravelled over its shape."""
         if kind == "outer" or (kind == "reduction" and as_output):
             return _fit_index(shape, self.outer_sizes, self.x)
+        if kind == "reshaped":
+            return _reshaped_index(self.full_index(), self.full, shape)
         return _fit_index(shape, self.full, self.full_index())
+
+
+def _reshaped_index(index: list[Expr], full, shape) -> list[Expr]:
+    """The index into `shape` of the row-major position that `index` has in `full`: the
+    trailing dims both share are the same variables; the rest unravel from their position."""
+    index, full, shape = list(index), list(full), list(shape)
+    tail = []
+    while full and shape and full[-1] == shape[-1]:
+        tail.insert(0, index.pop())
+        full.pop()
+        shape.pop()
+    return ir.unravel(ir.flat_index(index, ir.contiguous_strides(full)), shape) + tail
 
 
 # =============================================================================
