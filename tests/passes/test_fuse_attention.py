@@ -156,16 +156,25 @@ def test_weld_runs_a_transformer_block_through_one_attention_call(caplog, device
     assert not any("bmm" in line for line in externs), externs
 
 
-def test_training_graphs_keep_their_attention():
-    """With gradients the pass stays out: the joint graph differentiates what the user wrote."""
+@ON_DEVICES
+def test_training_runs_one_attention_call_each_way(caplog, device):
+    """With gradients too: the joint graph differentiates scaled_dot_product_attention, so
+    the forward runs aten's fused attention and the backward its fused backward (flash
+    attention's on the CPU), with no (L, S) probabilities saved in between."""
     torch.manual_seed(0)
-    model = Block(d=32, heads=4)
-    x = torch.randn(2, 8, 32, requires_grad=True)
-    compiled = torchweld.compile(model, backend="weld")
-    compiled(x).sum().backward()
+    model = Block(d=32, heads=4).to(device)
+    x = torch.randn(2, 8, 32, device=device, requires_grad=True)
+    with caplog.at_level(logging.DEBUG, logger="torchweld.weld"):
+        compiled = torchweld.compile(model, backend="weld")
+        compiled(x).sum().backward()
     got = [p.grad.clone() for p in model.parameters()] + [x.grad.clone()]
     model.zero_grad()
     x.grad = None
     model(x).sum().backward()
     expected = [p.grad for p in model.parameters()] + [x.grad]
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+    externs = [r.getMessage() for r in caplog.records if r.getMessage().startswith("extern call")]
+    attention = [line for line in externs if "scaled_dot_product" in line or "attention" in line]
+    assert len(attention) == 2 and any("backward" in line for line in attention), externs
+    assert not any("bmm" in line for line in externs), externs
+

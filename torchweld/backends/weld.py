@@ -111,7 +111,7 @@ def prepare(gm: torch.fx.GraphModule, options: dict, inference: bool) -> torch.f
     from torchweld.passes.fuse_attention import fuse_attention
     from torchweld.passes.fuse_conv_bn import fuse_conv_bn
 
-    if inference and options.get("fuse_attention", True):
+    if options.get("fuse_attention", True):
         gm = fuse_attention(gm)
     freeze = inference and options.get("freeze", False)
     if freeze:
