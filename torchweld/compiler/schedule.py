@@ -512,10 +512,11 @@ def _views_of(steps: list, buffers) -> dict[str, set[str]]:
     views: dict[str, set[str]] = {}
     for step in steps:
         if isinstance(step, ExternCall):
-            ext = buffers[step.name]
-            bases = set().union(*([{b} | views.get(b, set()) for b in ext.viewed()] or [set()]))
-            for name in _step_writes(step, buffers):
-                if bases:
+            bases: set[str] = set()
+            for base in buffers[step.name].viewed():
+                bases |= {base} | views.get(base, set())
+            if bases:
+                for name in _step_writes(step, buffers):
                     views[name] = bases
     return views
 
@@ -552,8 +553,9 @@ def in_place_updates(sched: Schedule) -> dict[str, str]:
     would allocate and copy every parameter and state tensor). Only where that cannot
     change what anything reads: the new value is the whole of a buffer a pointwise
     kernel stores, in the input's dtype and layout, not also a graph output; no step
-    after that kernel reads the input or a view an extern made of it; and the kernel loads the input once, at the
-    index it stores, inside the value it stores (so the load comes first)."""
+    after that kernel reads the input or a view an extern made of it; and the kernel
+    loads the input once, at the index it stores, inside the value it stores (so the
+    load comes first)."""
     graph = sched.graph
     outputs = {v.root for v in graph.outputs if isinstance(v, TensorValue)}
     steps = [s for s in sched.steps if not isinstance(s, Free)]
@@ -568,8 +570,8 @@ def in_place_updates(sched: Schedule) -> dict[str, str]:
         kernel = steps[writer]
         if not isinstance(kernel, Kernel) or kernel.is_reduction:
             continue
-        if any(target in _step_reads(s, graph.buffers) or any(target in views.get(r, ()) for r in _step_reads(s, graph.buffers))
-               for s in steps[writer + 1:]):
+        later_reads = {r for s in steps[writer + 1:] for r in _step_reads(s, graph.buffers)}
+        if target in later_reads or any(target in views.get(r, ()) for r in later_reads):
             continue
         if _loads_in_place(kernel, target, name):
             plan[name] = target
