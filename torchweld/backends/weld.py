@@ -104,9 +104,10 @@ def prepare(gm: torch.fx.GraphModule, options: dict, inference: bool) -> torch.f
     batch norm is folded into the convolution before it and the folded (channels-last)
     weights are computed once, not per call (compiler/constant_folding.py). For training
     the weights are converted in the graph too: once per step, where cuDNN would convert
-    each one again in the forward and in the backward. For inference, attention written
-    out as softmax(q @ k^T * scale) @ v becomes one scaled_dot_product_attention call
-    unless options={"fuse_attention": False} (passes/fuse_attention.py)."""
+    each one again in the forward and in the backward. Attention written out as
+    softmax(q @ k^T * scale) @ v becomes one scaled_dot_product_attention call (in
+    training too: the joint graph differentiates it into aten's fused backward) unless
+    options={"fuse_attention": False} (passes/fuse_attention.py)."""
     from torchweld.passes.channels_last import to_channels_last
     from torchweld.passes.fuse_attention import fuse_attention
     from torchweld.passes.fuse_conv_bn import fuse_conv_bn

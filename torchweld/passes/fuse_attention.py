@@ -4,7 +4,7 @@
     softmax((q @ k.transpose(-2, -1) * scale).masked_fill(cond, -inf), dim=-1) @ v
 
 as one `torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=...,
-scale=scale)` call, for inference (a boolean `cond` becomes the mask `~cond`; a
+scale=scale)` call, in inference and training (a boolean `cond` becomes the mask `~cond`; a
 dropout in eval mode between the softmax and the product, an identity, is dropped). aten's fused attention kernels (flash attention
 on the CPU, memory-efficient attention on CUDA) then compute it without writing the
 (L, S) scores and probabilities to memory and reading them back: on 2 CPU cores,
