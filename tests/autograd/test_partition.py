@@ -4,7 +4,7 @@ import torch
 import torch.nn as nn
 
 from torchweld.autograd import module_state, partition, trace_joint
-from torchweld.autograd.partition import is_view
+from torchweld.autograd.functionalize import is_view
 
 
 def joint_of(fn, *inputs):

@@ -21,6 +21,7 @@ import operator
 
 import torch
 
+from torchweld.autograd.functionalize import is_view
 from torchweld.autograd.joint import JointGraph
 from torchweld.autograd.mincut import INF, FlowGraph
 
@@ -57,14 +58,6 @@ class Partition:
 def is_random(node: torch.fx.Node) -> bool:
     t = node.target
     return isinstance(t, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in t.tags
-
-
-def is_view(node: torch.fx.Node) -> bool:
-    t = node.target
-    if node.op != "call_function" or not isinstance(t, torch._ops.OpOverload):
-        return False
-    returns = t._schema.returns
-    return len(returns) == 1 and returns[0].alias_info is not None
 
 
 def is_recomputable(node: torch.fx.Node) -> bool:

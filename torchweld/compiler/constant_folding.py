@@ -24,6 +24,8 @@ import logging
 
 import torch
 
+from torchweld.compiler import ir
+
 log = logging.getLogger("torchweld.weld")
 
 
@@ -51,11 +53,6 @@ def _stamp(t: torch.Tensor) -> tuple[int, int]:
     return t._version, t.data_ptr()
 
 
-def _is_view(node: torch.fx.Node) -> bool:
-    schema = getattr(node.target, "_schema", None)
-    return schema is not None and any(r.alias_info is not None for r in schema.returns)
-
-
 def _foldable(node: torch.fx.Node, constant: set) -> bool:
     target = node.target
     if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
@@ -77,7 +74,7 @@ def hoist_constants(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, Hoi
             constant.add(node)
         elif _foldable(node, constant):
             constant.add(node)
-            if not _is_view(node) or any(n in computes for n in node.all_input_nodes):
+            if not ir.returns_alias(node.target) or any(n in computes for n in node.all_input_nodes):
                 computes.add(node)
     boundary = [n for n in graph.nodes if n in computes and any(u not in constant for u in n.users)]
     if not boundary:

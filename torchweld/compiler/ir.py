@@ -540,12 +540,18 @@ class Extern:
         """The buffers whose memory the results may be views of: the arguments that the
         schema marks as aliased when it marks a result so (`as_strided(Tensor(a) self)
         -> Tensor(a)`). Such a buffer lives as long as the results do."""
-        schema = getattr(self.target, "_schema", None)
-        if schema is None or not any(r.alias_info is not None for r in schema.returns):
+        if not returns_alias(self.target):
             return set()
+        schema = self.target._schema
         aliased = {a.name for a in schema.arguments if a.alias_info is not None}
         named = dict(zip([a.name for a in schema.arguments], self.args)) | self.kwargs
         return {v.buffer for k, v in named.items() if k in aliased and isinstance(v, TensorArg)}
+
+
+def returns_alias(target) -> bool:
+    """Whether the op `target` may return a view of an argument (its schema says so)."""
+    schema = getattr(target, "_schema", None)
+    return schema is not None and any(r.alias_info is not None for r in schema.returns)
 
 
 Buffer = InputBuffer | Pointwise | Reduction | Extern

@@ -98,7 +98,7 @@ class GraphLowering:
                  split_reductions=lambda device: False):
         self.gm = gm
         self.check = check
-        self.seeds: dict[torch.device, list] = {}  # device -> [seeds buffer, seeds handed out, seeds drawn]
+        self.seeds: dict[torch.device, list] = {}  # device -> [seeds buffer, their views (an unbind), seeds handed out]
         # whether a reduction with few outputs and long rows on `device` runs in two steps
         # (split_plan): right for Triton kernels, which get one program per block of outputs
         self.split_reductions = split_reductions
@@ -204,31 +204,30 @@ class GraphLowering:
             if node.op == "call_function" and node.target in RANDOM_OPS and isinstance(val, torch.Tensor):
                 counts[val.device] = counts.get(val.device, 0) + 1
         for device, count in counts.items():
-            name = self.new_name("seeds")
+            name, views = self.new_name("seeds"), self.new_name("seed")
             self.buffers[name] = ir.Extern(
                 name, aten.randint.low, (SEED_LOW, SEED_HIGH, [count]), {"dtype": torch.int64, "device": device},
                 ((torch.int64, Layout.contiguous((count,))),), False, device)
-            self.seeds[device] = [name, 0, count]
+            # each seed a 0-d view of its own (one aten.unbind per run), so that the kernels of
+            # two layers that differ only in their seed are one source, compiled once
+            self.buffers[views] = ir.Extern(
+                views, aten.unbind.int, (ir.TensorArg(name, Layout.contiguous((count,))), 0), {},
+                tuple((torch.int64, Layout.contiguous(())) for _ in range(count)), True, device)
+            self.seeds[device] = [name, views, 0]
 
     def next_seed(self, device: torch.device) -> Expr:
-        """The seed of the next random op on `device`: one element of the seeds drawn at the
-        start, handed to the kernel as a one-element view (aten.slice), so that the kernels
-        of two layers that differ only in their seed are one source, compiled once."""
+        """The seed of the next random op on `device`: one of the seeds drawn at the start."""
         drawn = self.seeds.get(device)
         if drawn is None:
             raise NotImplementedError(f"no seeds were drawn on {device}")
-        name, used, count = drawn
-        drawn[1] += 1
-        view = self.new_name("seed")
-        self.buffers[view] = ir.Extern(
-            view, aten.slice.Tensor, (ir.TensorArg(name, Layout.contiguous((count,))), 0, used, used + 1), {},
-            ((torch.int64, Layout.contiguous((1,))),), False, device)
-        return ir.load(view, torch.int64, [ir.const(0)])
+        _, views, used = drawn
+        drawn[2] += 1
+        return ir.load(self.buffers[views].output_name(used), torch.int64, [])
 
     def drop_unused_seeds(self) -> None:
-        for name, used, _ in self.seeds.values():
+        for name, views, used in self.seeds.values():
             if used == 0:
-                del self.buffers[name]
+                del self.buffers[name], self.buffers[views]
             else:
                 self.externs.append(f"{aten.randint.low} (the seeds of {used} random ops)")
 

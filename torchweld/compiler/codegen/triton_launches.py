@@ -116,8 +116,7 @@ def _aligned(name: str, sched: Schedule) -> bool:
     buf, index = ir.producer_of(name, graph.buffers)
     if not isinstance(buf, ir.Extern) or index >= len(buf.outputs):
         return False
-    schema = getattr(buf.target, "_schema", None)
-    if schema is None or any(r.alias_info is not None for r in schema.returns):
+    if getattr(buf.target, "_schema", None) is None or ir.returns_alias(buf.target):
         return False  # a view may start anywhere in its base
     dtype, layout = buf.outputs[index]
     return layout.offset * dtype.itemsize % ALIGNMENT == 0
