@@ -156,12 +156,12 @@ class GcTimer:
             self.ms += (time.perf_counter() - self._start) * 1e3
 
 
-KERNEL_KINDS = (  # (kind, parts of a kernel's name), first match wins
+GENERATED_PREFIXES = ("k_", "triton_")  # weld's kernels are k_<hash>, torch.compile's triton_*
+KERNEL_KINDS = (  # (kind, parts of a library kernel's name), first match wins
     ("matmul", ("gemm", "xmma", "sgemm", "cutlass::Kernel")),
     ("attention", ("fmha", "attention", "flash")),
     ("optimizer (aten foreach)", ("multi_tensor_apply",)),
     ("memcpy/memset", ("memcpy", "memset", "Memcpy", "Memset")),
-    ("generated", ("k_", "triton_")),
 )
 
 
@@ -169,7 +169,8 @@ def kernel_kinds(events, calls: int) -> str:
     """GPU time per step by kind of kernel: the generated kernels apart from the library's."""
     total = collections.Counter()
     for e in events:
-        kind = next((k for k, parts in KERNEL_KINDS if any(p in e.name for p in parts)), "other aten")
+        kind = "generated" if e.name.startswith(GENERATED_PREFIXES) else \
+            next((k for k, parts in KERNEL_KINDS if any(p in e.name for p in parts)), "other aten")
         total[kind] += e.time_range.elapsed_us() / calls
     return "    GPU us/step by kind: " + ", ".join(f"{k} {us:.0f}" for k, us in total.most_common())
 
