@@ -1,9 +1,10 @@
-"""Channels-last convolutions for CUDA tensors (torchweld/passes/channels_last.py).
+"""Channels-last convolutions (torchweld/passes/channels_last.py): CUDA tensors, and CPU
+tensors where aten's convolutions are oneDNN's.
 
 The rewrite is checked on the CPU with fake CUDA example values (what the pass
 reads to decide); the rewritten graph is then run on real CPU tensors, where it
 must compute what the original does. The CUDA test runs the weld backend on a
-real GPU."""
+real GPU, the CPU test on this machine."""
 import pytest
 import torch
 import torch.nn as nn
@@ -63,12 +64,58 @@ def test_outputs_keep_eager_layout():
     assert last.kwargs["memory_format"] == torch.contiguous_format and last.users
 
 
-def test_cpu_graphs_are_left_alone():
-    gm = torch.fx.symbolic_trace(CNN())
-    ShapeProp(gm).propagate(torch.randn(2, 3, 12, 12))
+def traced_on_cpu(model: nn.Module, x: torch.Tensor) -> torch.fx.GraphModule:
+    gm = torch.fx.symbolic_trace(model)
+    ShapeProp(gm).propagate(x)
     for node in gm.graph.nodes:
-        node.meta["example_value"] = getattr(node.meta.get("tensor_meta"), "shape", None) and torch.empty(1)
+        meta = node.meta.get("tensor_meta")
+        if meta is not None and hasattr(meta, "shape"):
+            node.meta["example_value"] = torch.empty_strided(meta.shape, meta.stride, dtype=meta.dtype)
+    return gm
+
+
+def test_cpu_float32_convs_are_rewritten_where_onednn_runs_them():
+    gm = traced_on_cpu(CNN(), torch.randn(2, 3, 12, 12))
+    assert len(conv_nodes(gm)) == (2 if torch.backends.mkldnn.is_available() else 0)
+
+
+def test_cpu_float64_convs_are_left_alone():  # oneDNN has no float64 convolution: aten's own NCHW one runs
+    gm = traced_on_cpu(CNN().double(), torch.randn(2, 3, 12, 12, dtype=torch.float64))
     assert to_channels_last(gm) is gm
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN")
+@pytest.mark.parametrize("train", [False, True])
+def test_weld_runs_cnn_channels_last_on_cpu(train):
+    import torchweld
+    from torchweld.backends import weld
+
+    graphs = []
+    prepare = weld.prepare
+
+    def recording(gm, options, inference):
+        graphs.append(prepare(gm, options, inference))
+        return graphs[-1]
+
+    model = CNN().train(train)
+    reference = CNN().train(train)
+    reference.load_state_dict(model.state_dict())
+    x = torch.randn(4, 3, 16, 16)
+    compiled = torchweld.compile(model, backend="weld")
+    with torch.set_grad_enabled(train), pytest.MonkeyPatch.context() as patch:
+        patch.setattr(weld, "prepare", recording)
+        out, expected = compiled(x), reference(x)
+    formats = [n.kwargs.get("memory_format") for gm in graphs for n in gm.graph.nodes if n.target == "contiguous"]
+    assert torch.channels_last in formats
+    torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4)
+    assert out.is_contiguous()
+    for p, q in zip(model.state_dict().values(), reference.state_dict().values()):
+        torch.testing.assert_close(p, q)  # batch norm's running statistics in training
+    if train:
+        out.sum().backward()
+        expected.sum().backward()
+        for p, q in zip(model.parameters(), reference.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

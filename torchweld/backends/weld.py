@@ -99,7 +99,8 @@ def _without_grad(compiled):
 
 
 def prepare(gm: torch.fx.GraphModule, options: dict, inference: bool) -> torch.fx.GraphModule:
-    """The torch-level passes before lowering: CUDA convolutions in channels-last unless
+    """The torch-level passes before lowering: convolutions in channels-last (CUDA, and
+    the CPU's oneDNN ones; passes/channels_last.py) unless
     options={"channels_last": False}. With options={"freeze": True}, for inference, each
     batch norm is folded into the convolution before it and the folded (channels-last)
     weights are computed once, not per call (compiler/constant_folding.py). For training
