@@ -6,7 +6,12 @@ last reduced one (a column sum: bias and LayerNorm-weight gradients) is rendered
 as an *outer reduction*: the last outer loop is cut into blocks of OUTER_BLOCK,
 each accumulator becomes an array over the block, and the `omp simd` loop runs
 over the block inside the reduced loops, so loads are unit-stride vectors instead
-of one strided scalar per step."""
+of one strided scalar per step.
+
+A pointwise kernel whose innermost loop crosses the pieces of a concatenation or a
+pad is rendered as one loop per piece (`index_ranges`): within a piece each
+comparison and clamp of the loop variable is decided, so the loop is a plain,
+vectorized copy or computation rather than clamped gathers and selects."""
 from __future__ import annotations
 
 import math
@@ -14,12 +19,13 @@ import math
 import torch
 
 from torchweld.compiler.codegen.common import C_LIKE_OPS, KernelRenderer, Scope
-from torchweld.compiler import ir
+from torchweld.compiler import index_ranges, ir
 from torchweld.compiler.ir import Op
-from torchweld.compiler.schedule import Kernel, Stage
+from torchweld.compiler.schedule import Kernel, Stage, Store
 
 HALF_TYPES = (torch.float16, torch.bfloat16)
 OUTER_BLOCK = 16  # lanes of an outer reduction's simd loop (one AVX-512 register of float)
+MAX_PIECES = 16  # innermost loops a pointwise kernel is split into at most (a cat of 16 inputs)
 
 # Helpers every generated file starts with: NaN-propagating max/min, Python-style
 # integer division, and half/bfloat16 storage converted to float registers.
@@ -191,7 +197,29 @@ class CppRenderer(KernelRenderer):
         self.emit(scope, f"{self.pointer(store.buffer)}[{index}] = {value};")
 
     # -- loops -------------------------------------------------------------------
-    def open_kernel(self, kernel: Kernel) -> Scope:
+    def render(self, kernel: Kernel) -> str:
+        pieces = _innermost_pieces(kernel)
+        if pieces is None:
+            return super().render(kernel)
+        self.kernel, self.lines, self.tmp_count, self.reduced_names = kernel, [], 0, {}
+        self.args = kernel.args
+        outer = [(f"x{k}", s) for k, s in enumerate(kernel.outer) if s != 1]
+        scope = self.open_kernel(kernel, split=True)
+        var = outer[-1][0]
+        for lo, hi, stores in pieces:
+            pragma = "#pragma omp simd" if len(outer) > 1 else f"#pragma omp parallel for simd if({hi - lo} > 32768)"
+            self.emit(scope, pragma)
+            self.emit(scope, f"for (int64_t {var} = {lo}; {var} < {hi}; {var}++) {{")
+            inner = Scope(scope, scope.indent + 1)
+            for store in stores:
+                self.store(store, inner)
+            self.emit(scope, "}")
+        self.close_kernel(kernel)
+        return "\n".join(self.lines) + "\n"
+
+    def open_kernel(self, kernel: Kernel, split: bool = False) -> Scope:
+        """The function header and the loops; with `split`, all but the innermost (`render`
+        opens one innermost loop per piece)."""
         params = []
         for name in self.args:
             const = "" if name in kernel.writes else "const "
@@ -203,11 +231,16 @@ class CppRenderer(KernelRenderer):
         self.block_var = _outer_reduction_var(kernel, outer)
         if self.block_var is not None:
             return self.open_blocked_kernel(outer, parallel)
+        if split:
+            outer = outer[:-1]
         self.open_loops = len(outer)
         indent = 1
         for k, (var, size) in enumerate(outer):
             pragma = None
-            if kernel.is_reduction or len(outer) == 1:
+            if split:
+                if k == 0:
+                    pragma = f"#pragma omp parallel for collapse({len(outer)}){parallel}"
+            elif kernel.is_reduction or len(outer) == 1:
                 if k == 0:
                     simd = "" if kernel.is_reduction else " simd"
                     pragma = f"#pragma omp parallel for{simd} collapse({len(outer)}){parallel}" if len(outer) > 1 \
@@ -360,6 +393,28 @@ def _simd_operator(acc) -> str:
 def _nan_propagating(acc) -> bool:
     """A floating max/min: torch returns NaN for a row holding one."""
     return acc.reduce_op in (Op.MAX, Op.MIN) and acc.dtype.is_floating_point
+
+
+def _innermost_pieces(kernel: Kernel) -> list[tuple[int, int, list[Store]]] | None:
+    """[(start, stop, the stores simplified for the innermost variable in start..stop-1)]
+    for a pointwise kernel whose innermost loop crosses pieces of a cat or a pad; else None."""
+    if kernel.is_reduction or kernel.stages:
+        return None
+    outer = [(f"x{k}", s) for k, s in enumerate(kernel.outer) if s != 1]
+    if not outer:
+        return None
+    var, size = outer[-1]
+    stores = kernel.outer_stores
+    points = index_ranges.breakpoints([e for st in stores for e in (st.index, st.value)], var, size)
+    if not points or len(points) >= MAX_PIECES:
+        return None
+    bounds = {v: (0, s - 1) for v, s in outer}
+    pieces = []
+    for lo, hi in zip([0] + points, points + [size]):
+        bounds[var] = (lo, hi - 1)
+        pieces.append((lo, hi, [Store(st.buffer, index_ranges.simplify(st.index, bounds),
+                                      index_ranges.simplify(st.value, bounds)) for st in stores]))
+    return pieces
 
 
 def _outer_reduction_var(kernel: Kernel, outer: list) -> str | None:
