@@ -68,7 +68,8 @@ def test_cheap_intermediate_read_by_two_kernels_is_recomputed_not_stored():
 
 def test_fused_qkv_bias_is_never_stored_whole():
     # GPT-2's attention: one projection with a bias, split into query, key and value; key and
-    # value are appended to a cache (torch.cat) which leaves the graph; attention reads all three
+    # value are appended to a cache (torch.cat) which leaves the graph; attention reads all three.
+    # The projection is one addmm (attention reads the query where it lies); no kernel stores it.
     def attention(x, w, b, past_k, past_v):
         q, k, v = torch.addmm(b, x.view(-1, 32), w).view(2, 8, 96).split(32, dim=2)
         q, k, v = (t.view(2, 8, 4, 8).transpose(1, 2) for t in (q, k, v))
@@ -84,6 +85,27 @@ def test_fused_qkv_bias_is_never_stored_whole():
     assert all(c.schedule.layouts[w][1].numel < 16 * 96 for w in stored), "the biased projection was stored"
     readers_of_mm = [k for k in c.schedule.kernels() if mm in k.reads]
     assert len(readers_of_mm) == 1  # query, key and value copies are one kernel
+
+
+def test_a_biased_projection_that_attention_reads_is_one_addmm():
+    """GPT-2's query, key and value are views of `x @ w + b`: with the bias in aten.addmm
+    (cuBLAS's epilogue on CUDA) attention reads them where they lie, no kernel copies them."""
+    def attention(x, w, b):
+        q, k, v = torch.addmm(b, x.view(-1, 32), w).view(2, 8, 96).split(32, dim=2)
+        q, k, v = (t.view(2, 8, 4, 8).transpose(1, 2) for t in (q, k, v))
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    c = check(attention, [torch.randn(2, 8, 32), torch.randn(32, 96), torch.randn(96)])
+    assert "aten.addmm.default" in c.externs and "aten.mm.default" not in c.externs
+    assert not c.schedule.kernels()
+
+
+def test_a_biased_projection_that_only_kernels_read_keeps_its_bias_in_them():
+    def mlp(x, w, b):
+        return torch.nn.functional.gelu(torch.addmm(b, x, w)) @ w.t()
+
+    c = check(mlp, [torch.randn(16, 32), torch.randn(32, 64), torch.randn(64)])
+    assert c.externs.count("aten.mm.default") == 2 and "aten.addmm.default" not in c.externs
 
 
 def test_buffers_are_reused():

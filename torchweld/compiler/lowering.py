@@ -112,6 +112,7 @@ class GraphLowering:
         self.mutated: dict[str, TensorValue] = {}
         self.stands_for: dict[str, str] = {}  # buffer -> the input it is the new value of
         self.externs: list[str] = []
+        self.folded_mms: set[str] = set()  # mm externs an addmm took over (extern_arg)
         self._count = 0
         self.node: torch.fx.Node | None = None  # the node being lowered
 
@@ -262,6 +263,7 @@ class GraphLowering:
             else:
                 raise LoweringError(f"unexpected {node.op} node {node.name} in an aten graph")
         self.drop_unused_seeds()
+        self.drop_folded_mms(outputs)
         outputs = [self.as_output(v) for v in outputs]
         if output_strides is not None:
             outputs = [self.in_strides(v, s) for v, s in zip(outputs, output_strides)]
@@ -322,6 +324,28 @@ class GraphLowering:
             if isinstance(result, TensorValue):
                 self.stands_for[result.root] = target
 
+    def drop_folded_mms(self, outputs: list) -> None:
+        """Remove the mm externs that addmms took over (extern_arg) where nothing else reads
+        them, with the computations left dead: those whose results reach no output, no
+        mutated input and no other extern."""
+        if not self.folded_mms:
+            return
+        live: set[str] = set()
+        stack = [v.root for v in list(outputs) + list(self.mutated.values()) if isinstance(v, TensorValue)]
+        stack += [n for n, b in self.buffers.items() if isinstance(b, ir.Extern) and n not in self.folded_mms]
+        while stack:
+            buf, _ = ir.producer_of(stack.pop(), self.buffers)
+            if buf is None or buf.name in live:
+                continue
+            live.add(buf.name)
+            if not isinstance(buf, ir.InputBuffer):
+                stack.extend(buf.reads())
+        for name, buf in list(self.buffers.items()):
+            if name not in live and (isinstance(buf, (ir.Pointwise, ir.Reduction)) or name in self.folded_mms):
+                del self.buffers[name]
+                if name in self.folded_mms:
+                    self.externs.remove(str(aten.mm.default))
+
     def log_extern(self, target, reason: str) -> None:
         log.debug("extern %s (%s): %s", target, self.node.name if self.node else "?", reason)
 
@@ -351,11 +375,20 @@ class GraphLowering:
         return results if multi else results[0]
 
     def extern_arg(self, v: TensorValue) -> ir.TensorArg:
-        """An extern's tensor argument. An extern reading part of a pointwise result that is
-        cheap to recompute (a bias add split into attention's query, key and value) gets a
-        copy of just that part, so the result's other readers recompute it and it is never
-        stored whole (schedule.inline_pointwise)."""
+        """An extern's tensor argument. A matrix product plus a bias that an extern reads
+        becomes one aten.addmm (cuBLAS adds the bias in its epilogue): GPT-2's query, key
+        and value are then views of it, with no kernel of their own. An extern reading part
+        of another pointwise result that is cheap to recompute gets a copy of just that part,
+        so the result's other readers recompute it and it is never stored whole
+        (schedule.inline_pointwise)."""
         root = self.buffers.get(v.root)
+        if isinstance(root, ir.Pointwise) and v.layout is not None:
+            folded = _as_addmm(root, self.buffers)
+            if folded is not None:
+                self.buffers[root.name], mm = folded
+                self.folded_mms.add(mm)
+                self.externs.append(str(aten.addmm.default))
+                return ir.TensorArg(v.root, v.layout)
         if (isinstance(root, ir.Pointwise) and math.prod(v.shape) < math.prod(root.shape)
                 and ir.cheap_to_recompute(root, self.buffers)):
             layout = dense_like(v.layout) if v.layout is not None else None
@@ -384,6 +417,48 @@ class GraphLowering:
         if isinstance(v, TensorValue) and v.layout is None:
             return self.materialize(v)
         return v
+
+
+def _as_addmm(root: ir.Pointwise, buffers: dict) -> tuple[ir.Extern, str] | None:
+    """(an aten.addmm extern computing `root`, named as it, and the mm extern it takes over)
+    where `root` is `mm(a, b) + bias` (addmm's decomposition) over contiguous 2-D layouts, with
+    a 1-D bias held as an input; else None."""
+    if len(root.shape) != 2 or root.layout != Layout.contiguous(root.shape) or root.body.op is not ir.Op.ADD:
+        return None
+    d0, d1 = (d.key() for d in ir.dim_vars(2))
+    mm = bias = None
+    for term in root.body.args:
+        term = _unscaled_load(term, buffers)
+        if term is None or term.dtype != root.dtype:
+            return None
+        producer = buffers.get(term.arg)
+        index = tuple(i.key() for i in term.args)
+        if (isinstance(producer, ir.Extern) and producer.target is aten.mm.default and index == (d0, d1)
+                and producer.outputs[0][1] == root.layout):
+            mm = producer
+        elif (isinstance(producer, ir.InputBuffer) and index == (d1,)
+              and producer.layout.shape == root.shape[1:]):
+            bias = producer
+    if mm is None or bias is None:
+        return None
+    args = (ir.TensorArg(bias.name, bias.layout), *mm.args)
+    return ir.Extern(root.name, aten.addmm.default, args, {}, ((root.dtype, root.layout),), False, root.device), mm.name
+
+
+def _unscaled_load(e: Expr, buffers: dict) -> Expr | None:
+    """The load `e` comes to through multiplications by one (addmm's alpha and beta) and
+    pointwise buffers computing no more than those; None if it is anything else."""
+    for _ in range(8):
+        if e.op is ir.Op.MUL and ir.is_const(e.args[1], 1):
+            e = e.args[0]
+            continue
+        if e.op is not ir.Op.LOAD:
+            return None
+        producer = buffers.get(e.arg)
+        if not isinstance(producer, ir.Pointwise):
+            return e
+        e = ir.substitute(producer.body, list(e.args))
+    return None
 
 
 # Random ops whose numbers the kernels draw themselves (rules.rand; bernoulli_ as its
