@@ -193,17 +193,30 @@ def test_cpu_workspace_under_concurrent_calls():
 
 
 def test_a_stored_value_and_a_reader_of_its_reshaped_view_are_one_kernel():
-    """GPT-2's MLP in training: h = x @ w + b over (B*T, C) is stored for the backward, and
-    gelu reads it as (B, T, C). Both are one kernel, which stores h and gelu(h), at the
-    same positions, with no division in their indices."""
+    """h over (B*T, C) is stored (a training forward saves it), and gelu reads it as (B, T, C).
+    Both are one kernel, which stores h and gelu(h), at the same positions, with no division
+    in their indices."""
     def fn(x, w, b):
-        h = torch.addmm(b, x.view(-1, 32), w).view(4, 8, 64)
+        h = (torch.addmm(b, x.view(-1, 32), w) * 2).view(4, 8, 64)
         return h, torch.nn.functional.gelu(h, approximate="tanh"), h.view(2, 16, 64).sin()
 
     c = check(fn, [torch.randn(4, 8, 32), torch.randn(32, 64), torch.randn(64)])
     (kernel,) = c.schedule.kernels()
     assert len(kernel.writes) == 3
     assert "/" not in c.kernel_sources["cpp"].split("kernel0")[1] and "%" not in c.kernel_sources["cpp"].split("kernel0")[1]
+
+
+def test_a_stored_biased_projection_is_one_addmm():
+    """GPT-2's MLP in training: h = x @ w + b is saved for the backward and read by gelu as
+    (B, T, C). aten.addmm writes h (the bias in its epilogue); one kernel computes gelu(h)."""
+    def fn(x, w, b):
+        h = torch.addmm(b, x.view(-1, 32), w).view(4, 8, 64)
+        return h, torch.nn.functional.gelu(h, approximate="tanh"), h.view(2, 16, 64).sin()
+
+    c = check(fn, [torch.randn(4, 8, 32), torch.randn(32, 64), torch.randn(64)])
+    assert c.externs == ["aten.addmm.default"]
+    (kernel,) = c.schedule.kernels()
+    assert len(kernel.writes) == 2
 
 
 def test_a_buffer_lives_as_long_as_an_extern_view_of_it():

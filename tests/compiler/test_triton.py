@@ -146,6 +146,18 @@ def test_constant_fill_is_stored():
     assert "tl.full([XBLOCK]" in compiled.kernel_sources["triton"]
 
 
+def test_column_sums_split_from_fewer_elements_than_row_sums():
+    """GPT-2's bias and layer-norm weight gradients (768 column sums over 2048 rows) split;
+    the same number of elements summed along rows stays one step (a program per 4 rows), and
+    so do BERT's (rows of 1024: too few partial results to pay for a second launch)."""
+    from torchweld.compiler.ir import Op
+    from torchweld.compiler.lowering import split_plan
+
+    assert split_plan((2048, 768), (0,), Op.SUM, True) == (0, 16)
+    assert split_plan((768, 2048), (1,), Op.SUM, False) is None
+    assert split_plan((1024, 768), (0,), Op.SUM, True) is None
+
+
 def test_few_outputs_long_rows_reduce_in_two_steps(monkeypatch):
     """Batch norm's training statistics (per-channel sums over N, H, W of channels-last
     activations), a layer norm's weight gradient (per-column sums) and a whole-tensor sum:
@@ -156,6 +168,7 @@ def test_few_outputs_long_rows_reduce_in_two_steps(monkeypatch):
     from torchweld.compiler.ir import Op
 
     monkeypatch.setattr(lowering, "SPLIT_MIN_ELEMENTS", 1 << 18)  # the interpreter's shapes stay small
+    monkeypatch.setattr(lowering, "SPLIT_MIN_ELEMENTS_ACROSS", 1 << 18)
     # 64 channels, rows of 16*32*32: 128 partial results, from all of N and 8 slices of H
     assert split_plan((16, 64, 32, 32), (0, 2, 3), Op.SUM, True) == (2, 8)
     assert split_plan((2048, 768), (0,), Op.SUM, True) == (0, 16)  # rows of 128 at least
@@ -198,7 +211,7 @@ def test_reductions_read_across_rows_take_wide_blocks():
         assert xblock * rblock <= 4096 and (xblock >= 8 or not across)
     # The same column sums of 1024 rows, read across (row-major) and along (column-major):
     # across, a block takes more outputs side by side and a shorter stretch of each row.
-    rows = torch.randn(1024, 512)
+    rows = torch.randn(1024, 256)
     blocks = {}
     for name, x in [("across", rows), ("along", rows.t().contiguous().t())]:
         c = check(lambda x: x.sum(0), [x], options=TRITON, atol=1e-3, rtol=1e-4)

@@ -263,6 +263,9 @@ class GraphLowering:
             else:
                 raise LoweringError(f"unexpected {node.op} node {node.name} in an aten graph")
         self.drop_unused_seeds()
+        for v in outputs:
+            if isinstance(v, TensorValue) and v.layout is not None:
+                self.fold_addmm(v.root)
         self.drop_folded_mms(outputs)
         outputs = [self.as_output(v) for v in outputs]
         if output_strides is not None:
@@ -324,6 +327,19 @@ class GraphLowering:
             if isinstance(result, TensorValue):
                 self.stands_for[result.root] = target
 
+    def fold_addmm(self, name: str) -> bool:
+        """Make buffer `name` one aten.addmm if it is `mm(a, b) + bias` (_as_addmm), for a
+        reader that needs it stored whole anyway: an extern, or the graph's outputs (a
+        training forward saving the biased projection that a GELU reads). Whether it is."""
+        root = self.buffers.get(name)
+        folded = _as_addmm(root, self.buffers) if isinstance(root, ir.Pointwise) else None
+        if folded is None:
+            return False
+        self.buffers[name], mm = folded
+        self.folded_mms.add(mm)
+        self.externs.append(str(aten.addmm.default))
+        return True
+
     def drop_folded_mms(self, outputs: list) -> None:
         """Remove the mm externs that addmms took over (extern_arg) where nothing else reads
         them, with the computations left dead: those whose results reach no output, no
@@ -381,14 +397,9 @@ class GraphLowering:
         of another pointwise result that is cheap to recompute gets a copy of just that part,
         so the result's other readers recompute it and it is never stored whole
         (schedule.inline_pointwise)."""
+        if v.layout is not None and self.fold_addmm(v.root):
+            return ir.TensorArg(v.root, v.layout)
         root = self.buffers.get(v.root)
-        if isinstance(root, ir.Pointwise) and v.layout is not None:
-            folded = _as_addmm(root, self.buffers)
-            if folded is not None:
-                self.buffers[root.name], mm = folded
-                self.folded_mms.add(mm)
-                self.externs.append(str(aten.addmm.default))
-                return ir.TensorArg(v.root, v.layout)
         if (isinstance(root, ir.Pointwise) and math.prod(v.shape) < math.prod(root.shape)
                 and ir.cheap_to_recompute(root, self.buffers)):
             layout = dense_like(v.layout) if v.layout is not None else None
@@ -470,8 +481,15 @@ SEED_LOW, SEED_HIGH = -(2**63), 2**63 - 1  # seeds over all of int64: distinct a
 SPLIT_OPS = frozenset({ir.Op.SUM, ir.Op.MAX, ir.Op.MIN})  # associative: partial results combine
 # A reduction reading fewer elements runs in one step. Below ~8 MB of float32 (3 us of an
 # H100's bandwidth) the second launch costs more than it saves; densenet121's train step,
-# bound by CPU time, ran 400 launches more per step with 1 MB here.
+# bound by CPU time, ran 400 launches more per step with 1 MB here. Rows read across (a
+# column sum) split from fewer where they make at least SPLIT_MIN_PARTIALS_ACROSS partial
+# results: one step gives them a program per 8 to 64 outputs, so a layer norm's or a bias's
+# gradient over 768 features of 2048 rows ran 96 programs at 0.75 TB/s. On the H100 this
+# took GPT-2's step 106 us of GPU time and densenet121's 8 ms (its batch norms' statistics);
+# BERT's rows of 1024 (8 partial results) came out 61 us slower split.
 SPLIT_MIN_ELEMENTS = 1 << 21
+SPLIT_MIN_ELEMENTS_ACROSS = 1 << 19
+SPLIT_MIN_PARTIALS_ACROSS = 16
 PARTIAL_ROW_MIN = 128  # the first step's rows are at least this long
 # Outputs the first step should have: per-column sums take blocks of 64 columns per program,
 # per-row sums blocks of 4 rows; either way about 512 programs.
@@ -491,7 +509,13 @@ def split_plan(shape, reduced: tuple[int, ...], reduce_op: ir.Op, along_kept: bo
     outputs = math.prod(s for i, s in enumerate(shape) if i not in reduced)
     row = math.prod(shape[d] for d in reduced)
     wanted = min(PARTIAL_OUTPUTS[along_kept] // max(outputs, 1), row // PARTIAL_ROW_MIN)
-    if outputs * row < SPLIT_MIN_ELEMENTS or wanted < 4:
+    if outputs * row >= SPLIT_MIN_ELEMENTS:
+        fewest = 4
+    elif along_kept and outputs * row >= SPLIT_MIN_ELEMENTS_ACROSS:
+        fewest = SPLIT_MIN_PARTIALS_ACROSS
+    else:
+        return None
+    if wanted < fewest:
         return None
     best, before = None, 1  # the most partial results, at most `wanted`
     for d in reduced:
@@ -501,7 +525,7 @@ def split_plan(shape, reduced: tuple[int, ...], reduce_op: ir.Op, along_kept: bo
         before *= shape[d]
         if before > wanted:
             break
-    if best is None or best[0] < 4:
+    if best is None or best[0] < fewest:
         return None
     return best[1], best[2]
 
