@@ -409,3 +409,26 @@ def test_backward_compiled_for_other_layouts_is_compiled_again():
     failed.set_exception(RuntimeError("no"))
     assert _result_if_layouts_match(failed, assumed, assumed) is None
     assert _result_if_layouts_match(None, assumed, assumed) is None
+
+
+def test_backward_compiled_ahead_takes_inputs_on_another_device_that_only_externs_read():
+    """CUDA's efficient attention keeps its dropout's Philox seed and offset in CPU tensors
+    that its fake kernel puts on the GPU: the backward compiled ahead passes them to the
+    attention backward only, and serves (GPT-2 and BERT compiled their backward twice)."""
+    from concurrent.futures import Future
+
+    from torchweld.autograd.training import _result_if_layouts_match
+
+    class Compiled:
+        def __init__(self, read):
+            self.read = read
+
+        def inputs_read_by_kernels(self):
+            return self.read
+
+    assumed = [torch.empty(4, 6), torch.empty((), dtype=torch.int64, device="meta")]
+    example = [torch.empty(4, 6), torch.empty((), dtype=torch.int64)]
+    for read, served in (({0}, True), ({0, 1}, False)):
+        ahead = Future()
+        ahead.set_result(Compiled(read))
+        assert (_result_if_layouts_match(ahead, assumed, example) is not None) is served

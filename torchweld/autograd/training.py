@@ -123,20 +123,36 @@ def _compile_ahead(compile_fn, assumed: list, options: dict) -> Future | None:
 
 def _result_if_layouts_match(ahead: Future | None, assumed: list, example: list):
     """The backward compiled ahead, if its inputs have the layouts it was compiled for (the
-    saved tensors as the forward made them, the tangents made dense); None to compile again."""
+    saved tensors as the forward made them, the tangents made dense); None to compile again.
+    An input on another device than the trace said passes where only extern calls read it:
+    CUDA's efficient attention keeps its dropout's Philox seed and offset in CPU tensors,
+    which its fake kernel puts on the GPU."""
     if ahead is None:
         return None
+    moved = []
     for i, (a, t) in enumerate(zip(assumed, example)):
-        if (a.shape, a.stride(), a.dtype, a.device) != (t.shape, t.stride(), t.dtype, t.device):
-            log.debug("backward compiled ahead for input %d of layout %s%s, got %s%s: compiling it again",
-                      i, tuple(a.shape), a.stride(), tuple(t.shape), t.stride())
-            timing.record("weld.backward_graph.layout_mismatch", 0.0)
-            return None
+        if (a.shape, a.stride(), a.dtype) != (t.shape, t.stride(), t.dtype):
+            return _mismatch(i, a, t)
+        if a.device != t.device:
+            moved.append(i)
     try:
-        return ahead.result()
+        backward = ahead.result()
     except Exception as e:  # noqa: BLE001 - compiled again here, where the error is raised to the user
         log.debug("compiling the backward ahead failed (%s: %s); compiling it again", type(e).__name__, e)
         return None
+    read_by_kernels = getattr(backward, "inputs_read_by_kernels", lambda: set())()
+    for i in moved:
+        if i in read_by_kernels:
+            return _mismatch(i, assumed[i], example[i])
+    return backward
+
+
+def _mismatch(i: int, assumed: torch.Tensor, got: torch.Tensor) -> None:
+    log.debug("backward compiled ahead for input %d of layout %s%s %s %s, got %s%s %s %s: compiling it again",
+              i, tuple(assumed.shape), assumed.stride(), assumed.dtype, assumed.device,
+              tuple(got.shape), got.stride(), got.dtype, got.device)
+    timing.record("weld.backward_graph.layout_mismatch", 0.0)
+    return None
 
 
 def _bind_constants(gm: torch.fx.GraphModule, example_inputs: list) -> torch.fx.GraphModule:

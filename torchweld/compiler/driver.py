@@ -50,6 +50,11 @@ class CompiledGraph:
     def externs(self) -> list[str]:
         return self.schedule.graph.externs
 
+    def inputs_read_by_kernels(self) -> set[int]:
+        """Positions of the inputs some generated kernel loads; the others reach extern calls alone."""
+        read = {name for k in self.schedule.kernels() for name in k.reads}
+        return {i for i, name in enumerate(self.schedule.graph.input_names) if name in read}
+
 
 def renderer_for(device: torch.device, options: dict):
     """CppRenderer for CPU tensors, TritonRenderer for CUDA ones (or when options ask for it)."""
