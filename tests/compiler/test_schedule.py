@@ -100,6 +100,25 @@ def test_a_biased_projection_that_attention_reads_is_one_addmm():
     assert not c.schedule.kernels()
 
 
+def test_a_product_read_without_its_bias_too_stays_one_matrix_product():
+    """Where the graph reads x @ w itself as well as x @ w + b, the sum stays a kernel's: an
+    addmm would compute the product a second time."""
+    def fn(x, w, b):
+        y = x @ w
+        q = (y + b).view(2, 8, 4, 8).transpose(1, 2)
+        return torch.nn.functional.scaled_dot_product_attention(q, q, q), y.sum()
+
+    c = check(fn, [torch.randn(16, 32), torch.randn(32, 32), torch.randn(32)])
+    assert c.externs.count("aten.mm.default") == 1 and "aten.addmm.default" not in c.externs
+
+    def both(x, w, b):
+        y = x @ w
+        return y + b, y
+
+    c = check(both, [torch.randn(16, 32), torch.randn(32, 32), torch.randn(32)])
+    assert c.externs == ["aten.mm.default"]
+
+
 def test_a_biased_projection_that_only_kernels_read_keeps_its_bias_in_them():
     def mlp(x, w, b):
         return torch.nn.functional.gelu(torch.addmm(b, x, w)) @ w.t()

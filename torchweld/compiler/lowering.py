@@ -112,7 +112,7 @@ class GraphLowering:
         self.mutated: dict[str, TensorValue] = {}
         self.stands_for: dict[str, str] = {}  # buffer -> the input it is the new value of
         self.externs: list[str] = []
-        self.folded_mms: set[str] = set()  # mm externs an addmm took over (extern_arg)
+        self.addmm_folds: dict[str, tuple[ir.Pointwise, str]] = {}  # addmm -> (the sum it was, its mm)
         self._count = 0
         self.node: torch.fx.Node | None = None  # the node being lowered
 
@@ -266,7 +266,7 @@ class GraphLowering:
         for v in outputs:
             if isinstance(v, TensorValue) and v.layout is not None:
                 self.fold_addmm(v.root)
-        self.drop_folded_mms(outputs)
+        self.settle_addmm_folds(outputs)
         outputs = [self.as_output(v) for v in outputs]
         if output_strides is not None:
             outputs = [self.in_strides(v, s) for v, s in zip(outputs, output_strides)]
@@ -336,19 +336,35 @@ class GraphLowering:
         if folded is None:
             return False
         self.buffers[name], mm = folded
-        self.folded_mms.add(mm)
+        self.addmm_folds[name] = (root, mm)
         self.externs.append(str(aten.addmm.default))
         return True
 
-    def drop_folded_mms(self, outputs: list) -> None:
-        """Remove the mm externs that addmms took over (extern_arg) where nothing else reads
-        them, with the computations left dead: those whose results reach no output, no
-        mutated input and no other extern."""
-        if not self.folded_mms:
+    def settle_addmm_folds(self, outputs: list) -> None:
+        """Once every node is lowered: where something else reads an addmm's product too,
+        put the sum back (one matrix product, not two); then remove what is dead, the
+        products the addmms took over among it."""
+        if not self.addmm_folds:
             return
+        mms = {mm for _, mm in self.addmm_folds.values()}
+        live = self.live_buffers(outputs, skip=mms)
+        for name, (original, mm) in self.addmm_folds.items():
+            if mm in live:
+                self.buffers[name] = original
+                self.externs.remove(str(aten.addmm.default))
+        live = self.live_buffers(outputs, skip=mms - live)
+        for name, buf in list(self.buffers.items()):
+            if name not in live and (isinstance(buf, (ir.Pointwise, ir.Reduction)) or name in mms):
+                del self.buffers[name]
+                if name in mms:
+                    self.externs.remove(str(aten.mm.default))
+
+    def live_buffers(self, outputs: list, skip: set[str]) -> set[str]:
+        """The buffers the outputs, the mutated inputs and the externs (but those in `skip`)
+        read, directly or not, and those themselves."""
         live: set[str] = set()
         stack = [v.root for v in list(outputs) + list(self.mutated.values()) if isinstance(v, TensorValue)]
-        stack += [n for n, b in self.buffers.items() if isinstance(b, ir.Extern) and n not in self.folded_mms]
+        stack += [n for n, b in self.buffers.items() if isinstance(b, ir.Extern) and n not in skip]
         while stack:
             buf, _ = ir.producer_of(stack.pop(), self.buffers)
             if buf is None or buf.name in live:
@@ -356,11 +372,7 @@ class GraphLowering:
             live.add(buf.name)
             if not isinstance(buf, ir.InputBuffer):
                 stack.extend(buf.reads())
-        for name, buf in list(self.buffers.items()):
-            if name not in live and (isinstance(buf, (ir.Pointwise, ir.Reduction)) or name in self.folded_mms):
-                del self.buffers[name]
-                if name in self.folded_mms:
-                    self.externs.remove(str(aten.mm.default))
+        return live
 
     def log_extern(self, target, reason: str) -> None:
         log.debug("extern %s (%s): %s", target, self.node.name if self.node else "?", reason)
