@@ -21,7 +21,8 @@ if ctypes.util.find_library("mvec"):  # glibc's vector math: lets loops calling 
 else:
     LDLIBS = []
 
-_lock = threading.Lock()
+_locks: dict[str, threading.Lock] = {}  # one per source: threads building others run at once
+_locks_lock = threading.Lock()
 
 
 class CppCompileError(RuntimeError):
@@ -34,7 +35,9 @@ def build(source: str) -> str:
     directory = cache_dir("cpp")
     so_path = os.path.join(directory, f"k{key}.so")
     src_path = write_once(os.path.join(directory, f"k{key}.cpp"), source)
-    with _lock:
+    with _locks_lock:
+        lock = _locks.setdefault(key, threading.Lock())
+    with lock:  # a training step's forward and backward (compiled ahead, in a thread) build at once
         if not os.path.exists(so_path) and shutil.which(CXX) is None:
             raise CppCompileError(f"no C++ compiler {CXX!r} on PATH; install g++ or set CXX")
         compile_once([CXX, *CXXFLAGS, src_path, *LDLIBS], so_path, CppCompileError)
