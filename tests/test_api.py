@@ -291,3 +291,26 @@ def test_compile_times_report_each_phase_and_log_each_frame(caplog):
     assert message.startswith("compiling Sequential.forward: capture ") and "weld.lower" in message
     timing.reset()
     assert torchweld.compile_times() == "no compile has run yet"
+
+
+def test_the_garbage_collector_is_held_off_while_compiling():
+    """Compiling makes hundreds of thousands of objects; the cyclic collector waits until the
+    backend is done (torchweld/gc_pause.py), and is left as the caller had it."""
+    import gc
+
+    seen = []
+
+    def backend(gm, example_inputs):
+        seen.append(gc.isenabled())
+        return gm
+
+    fn = torchweld.compile(lambda x: x.sin() + 1, backend=backend)
+    assert gc.isenabled()
+    fn(torch.randn(3))
+    assert seen == [False] and gc.isenabled()
+    gc.disable()
+    try:
+        torchweld.compile(lambda x: x.cos() * 2, backend=backend)(torch.randn(3))
+        assert seen == [False, False] and not gc.isenabled()
+    finally:
+        gc.enable()

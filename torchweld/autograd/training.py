@@ -8,7 +8,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
-from torchweld import timing
+from torchweld import gc_pause, timing
 from torchweld.autograd.functionalize import FunctionalizationError
 from torchweld.autograd.joint import JointGraph, ModuleState, module_state, trace_joint
 from torchweld.autograd.partition import Partition, partition
@@ -71,7 +71,8 @@ def compile_training(gm: torch.fx.GraphModule, example_inputs: list, options: di
         forward = cudagraphs(forward, "forward", static_input_indices=range(len(state)), outputs="track")
 
     def compile_backward(example):
-        with timing.phase("weld.backward_graph"):  # waited for on the first backward, not at capture
+        # waited for on the first backward, not at capture
+        with timing.phase("weld.backward_graph"), gc_pause.paused():
             backward = _result_if_layouts_match(ahead, assumed, example)
             if backward is None:
                 backward = compile_aten(part.backward, example, options, "backward", grad_strides)

@@ -14,7 +14,7 @@ from typing import Callable
 
 import torch
 
-from torchweld import config, logs, timing
+from torchweld import config, gc_pause, logs, timing
 from torchweld.capture import guard_extension
 from torchweld.capture.cache import CacheEntry, build_entry, signature_of
 from torchweld.capture.inline import RealCellValue
@@ -51,7 +51,7 @@ def translate_frame(fn: types.FunctionType, args: tuple, kwargs: dict, settings:
         guard_extension.load.start_in_background()  # built while the frame is traced
     before = timing.snapshot()
     try:
-        with timing.phase("capture"):
+        with timing.phase("capture"), gc_pause.paused():
             return _translate_frame(fn, args, kwargs, settings)
     finally:
         timing.log_frame(fn.__code__.co_qualname, before)
