@@ -15,6 +15,24 @@ def test_column_sum_is_an_outer_reduction():
         assert "x0b" in compiled.kernel_sources["cpp"]
 
 
+def test_layer_norm_weight_gradient_is_an_outer_reduction():
+    """A layer norm's weight and bias gradients in an MLP's backward: column sums of terms
+    that also read each row's mean and rstd. Those per-row loads repeat in the fused body,
+    and counting each copy once more along the rows kept the sums inner, gathering every
+    row-major load (a 64x1024 step: 0.45 ms a kernel, 0.12 ms blocked)."""
+    def fn(g, x, mean, rstd, w):
+        xhat = (x - mean) * rstd
+        h = xhat * w
+        gelu_grad = torch.exp(h * h * -0.5) * 0.4 + (torch.erf(h * 0.7) + 1) * 0.5
+        dy = g * gelu_grad
+        return (dy * xhat).sum(0), dy.sum(0), g.sum(0), dy
+
+    inputs = (torch.randn(64, 256), torch.randn(64, 256), torch.randn(64, 1), torch.rand(64, 1) + 0.5,
+              torch.randn(256))
+    compiled = check(fn, inputs, atol=1e-4, rtol=1e-4)
+    assert "x0b" in compiled.kernel_sources["cpp"]
+
+
 def test_row_sum_stays_an_inner_reduction():
     inputs = (torch.randn(64, 256),)
     compiled = weld_compile(lambda x: x.sum(1), inputs)

@@ -443,21 +443,24 @@ def _innermost_pieces(kernel: Kernel) -> list[tuple[int, int, list[Store]]] | No
 
 
 def _outer_reduction_var(kernel: Kernel, outer: list) -> str | None:
-    """The last outer variable, when more of the kernel's loads and stores are contiguous
-    along it than along the last reduced variable (a column reduction); else None."""
+    """The last outer variable, when vectorizing along it leaves fewer of the kernel's
+    distinct loads and stores strided (gathered) than along the last reduced variable: a
+    column reduction, its rows read across. A load that does not move along a variable
+    (a row's mean, a column's weight) is a broadcast there, no gather."""
     reduced = [f"r{k}" for k, s in enumerate(kernel.reduced) if s != 1]
     if not reduced or not outer:
         return None
     x, r = outer[-1][0], reduced[-1]
-    indices = [n.args[0] for stage in kernel.stages for acc in stage.reductions for n in ir.loads(acc.value)]
-    indices += [n.args[0] for stage in kernel.stages for st in stage.stores for n in ir.loads(st.value)]
-    indices += [st.index for stage in kernel.stages for st in stage.stores]
-    along_x = along_r = 0
-    for index in indices:
-        terms = ir.affine_terms(index)
-        if terms is None:
-            continue
-        coefs = terms[0]
-        along_x += coefs.get(x) == 1 and coefs.get(r, 0) != 0
-        along_r += coefs.get(r) == 1
-    return x if along_x > along_r else None
+    accesses = {}
+    for stage in kernel.stages:
+        values = [acc.value for acc in stage.reductions] + [st.value for st in stage.stores]
+        for load in (n for value in values for n in ir.loads(value)):
+            accesses[(load.arg, load.args[0].key())] = load.args[0]
+        for st in stage.stores:
+            accesses[(st.buffer, st.index.key())] = st.index
+    terms = [t for t in (ir.affine_terms(index) for index in accesses.values()) if t is not None]
+
+    def gathered(var: str) -> int:
+        return sum(coefs.get(var, 0) not in (0, 1) for coefs, _ in terms)
+
+    return x if gathered(x) < gathered(r) else None
