@@ -52,7 +52,7 @@ def test_rewrites_cuda_convs_and_computes_the_same(model, shape, n_convs):
     assert not [n for n in out.graph.nodes if n.op == "call_module" and isinstance(out.get_submodule(n.target), nn.Conv2d)]
     x = torch.randn(shape)
     with torch.no_grad():
-        torch.testing.assert_close(out(x), model(x))
+        torch.testing.assert_close(out(x), model(x), atol=1e-4, rtol=1e-4)  # another summation order
     assert gm.graph is not out.graph  # the input graph is not changed
     assert len(conv_nodes(gm)) == n_convs
 
