@@ -16,17 +16,22 @@ from tests.models import CNN, DenseBlock
 from torchweld.passes.channels_last import conv_nodes, to_channels_last
 
 
-def traced_as_if_on_cuda(model: nn.Module, shape) -> torch.fx.GraphModule:
-    """`model` traced, with each node's example_value a fake CUDA tensor, as capture leaves them."""
+def traced(model: nn.Module, x: torch.Tensor, device: str) -> torch.fx.GraphModule:
+    """`model` traced on `x`, with each node's example_value a fake tensor on `device`
+    (what the pass reads to decide), as capture leaves them."""
     gm = torch.fx.symbolic_trace(model)
-    ShapeProp(gm).propagate(torch.randn(shape))
+    ShapeProp(gm).propagate(x)
     with FakeTensorMode():
         for node in gm.graph.nodes:
             meta = node.meta.get("tensor_meta")
             if meta is not None and hasattr(meta, "shape"):
                 node.meta["example_value"] = torch.empty_strided(meta.shape, meta.stride, dtype=meta.dtype,
-                                                                 device="cuda")
+                                                                 device=device)
     return gm
+
+
+def traced_as_if_on_cuda(model: nn.Module, shape) -> torch.fx.GraphModule:
+    return traced(model, torch.randn(shape), "cuda")
 
 
 class Functional(nn.Module):
@@ -64,23 +69,13 @@ def test_outputs_keep_eager_layout():
     assert last.kwargs["memory_format"] == torch.contiguous_format and last.users
 
 
-def traced_on_cpu(model: nn.Module, x: torch.Tensor) -> torch.fx.GraphModule:
-    gm = torch.fx.symbolic_trace(model)
-    ShapeProp(gm).propagate(x)
-    for node in gm.graph.nodes:
-        meta = node.meta.get("tensor_meta")
-        if meta is not None and hasattr(meta, "shape"):
-            node.meta["example_value"] = torch.empty_strided(meta.shape, meta.stride, dtype=meta.dtype)
-    return gm
-
-
 def test_cpu_float32_convs_are_rewritten_where_onednn_runs_them():
-    gm = traced_on_cpu(CNN(), torch.randn(2, 3, 12, 12))
+    gm = traced(CNN(), torch.randn(2, 3, 12, 12), "cpu")
     assert len(conv_nodes(gm)) == (2 if torch.backends.mkldnn.is_available() else 0)
 
 
 def test_cpu_float64_convs_are_left_alone():  # oneDNN has no float64 convolution: aten's own NCHW one runs
-    gm = traced_on_cpu(CNN().double(), torch.randn(2, 3, 12, 12, dtype=torch.float64))
+    gm = traced(CNN().double(), torch.randn(2, 3, 12, 12, dtype=torch.float64), "cpu")
     assert to_channels_last(gm) is gm
 
 

@@ -7,10 +7,16 @@ from torchweld import config
 from torchweld.runtime import cpp_loader
 
 
-def test_threads_build_different_sources_at_once(monkeypatch, tmp_path):
+@pytest.fixture
+def cache(monkeypatch, tmp_path):
+    """A cache of the test's own, and a compiler `which` finds (compile_once is faked)."""
+    monkeypatch.setattr(config, "cache_dir", str(tmp_path))
+    monkeypatch.setattr(cpp_loader.shutil, "which", lambda name: name)
+
+
+def test_threads_build_different_sources_at_once(monkeypatch, cache):
     """A training step's forward and its backward (compiled ahead in a thread) build at the
     same time: each waits here for the other to be inside the compiler as well."""
-    monkeypatch.setattr(config, "cache_dir", str(tmp_path))
     both_inside = threading.Barrier(2, timeout=20)
 
     def compile_once(command, target, error):
@@ -19,7 +25,6 @@ def test_threads_build_different_sources_at_once(monkeypatch, tmp_path):
         return target
 
     monkeypatch.setattr(cpp_loader, "compile_once", compile_once)
-    monkeypatch.setattr(cpp_loader.shutil, "which", lambda name: name)
     results, errors = [], []
 
     def build(source):
@@ -36,11 +41,10 @@ def test_threads_build_different_sources_at_once(monkeypatch, tmp_path):
     assert not errors and len(set(results)) == 2
 
 
-def test_one_source_is_built_once_by_threads_asking_together(monkeypatch, tmp_path):
+def test_one_source_is_built_once_by_threads_asking_together(monkeypatch, cache):
     import os
     import time
 
-    monkeypatch.setattr(config, "cache_dir", str(tmp_path))
     calls = []
 
     def compile_once(command, target, error):  # as the real one: nothing to do once target exists
@@ -51,7 +55,6 @@ def test_one_source_is_built_once_by_threads_asking_together(monkeypatch, tmp_pa
         return target
 
     monkeypatch.setattr(cpp_loader, "compile_once", compile_once)
-    monkeypatch.setattr(cpp_loader.shutil, "which", lambda name: name)
     threads = [threading.Thread(target=cpp_loader.build, args=("// the same\n",)) for _ in range(4)]
     for t in threads:
         t.start()
