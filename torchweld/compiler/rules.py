@@ -777,6 +777,19 @@ def convolution(L, node, x, weight, bias, *args):
     return L.add_pointwise(cast(body, upcast(val.dtype)), val.dtype, shape, val.device, meta_layout(val))
 
 
+@lowers(aten.embedding_dense_backward.default)
+def embedding_dense_backward(L, node, grad, indices, num_weights, padding_idx, scale_grad_by_freq=False):
+    """On CUDA, a float32 embedding's weight gradient by atomic adds (`index_add_`), not aten's
+    kernel for few indices: 50 us a table for GPT-2's tokens against a few (runtime/embedding_backward.py)."""
+    from torchweld.runtime import embedding_backward
+
+    val = out_val(node)
+    if val.device.type != "cuda" or val.dtype != torch.float32 or scale_grad_by_freq:
+        raise NotImplementedError("aten's own kernel")
+    return L.extern(embedding_backward.embedding_dense_backward,
+                    (grad, indices, num_weights, padding_idx, scale_grad_by_freq), {}, node)
+
+
 def window_max(L, node, x: TensorValue, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
     """Max pooling as a pointwise computation over the output: the maximum of the window's
     loads, positions in the padding masked to -inf. What produces `x` (batch norm and ReLU

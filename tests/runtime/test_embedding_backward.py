@@ -1,0 +1,94 @@
+"""torchweld::embedding_dense_backward (atomic adds on CUDA) against aten's, and where the
+weld lowering chooses it: float32 CUDA gradients only."""
+import pytest
+import torch
+import torch.nn as nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import torchweld
+from torchweld.compiler.aten_graph import to_aten_graph
+from torchweld.compiler.lowering import GraphLowering
+from torchweld.runtime.embedding_backward import embedding_dense_backward
+
+aten = torch.ops.aten
+
+
+@pytest.mark.parametrize("padding_idx", [-1, 3])
+@pytest.mark.parametrize("index_dtype", [torch.int64, torch.int32])
+def test_equals_aten_with_repeated_indices_and_a_padding_row(padding_idx, index_dtype):
+    grad = torch.randn(6, 9, 16).transpose(0, 1)  # not contiguous
+    indices = torch.randint(0, 12, (9, 6), dtype=index_dtype)
+    indices[0, :3] = 3  # the padding row, several times
+    indices[1, :] = 5  # one row from many tokens
+    got = embedding_dense_backward(grad, indices, 12, padding_idx, False)
+    expected = aten.embedding_dense_backward(grad, indices, 12, padding_idx, False)
+    torch.testing.assert_close(got, expected)
+    if padding_idx >= 0:
+        assert not got[padding_idx].any()
+
+
+@pytest.mark.parametrize("case", ["scale_grad_by_freq", "float16", "deterministic"])
+def test_aten_runs_where_atomics_would_differ(case, monkeypatch):
+    calls = []
+    real = aten.embedding_dense_backward
+    monkeypatch.setattr(aten, "embedding_dense_backward", lambda *a: calls.append(a) or real(*a))
+    grad = torch.randn(5, 8, dtype=torch.float16 if case == "float16" else torch.float32)
+    indices = torch.tensor([0, 2, 2, 4, 1])
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(case == "deterministic")
+    try:
+        got = embedding_dense_backward(grad, indices, 6, -1, case == "scale_grad_by_freq")
+    finally:
+        torch.use_deterministic_algorithms(before)
+    assert len(calls) == 1
+    torch.testing.assert_close(got, real(grad, indices, 6, -1, case == "scale_grad_by_freq"))
+
+
+def _externs_lowered_on(device: str, dtype=torch.float32, scale_grad_by_freq=False) -> list[str]:
+    def fn(grad, indices):
+        return aten.embedding_dense_backward(grad, indices, 10, -1, scale_grad_by_freq) * 2
+
+    gm = torch.fx.symbolic_trace(fn)
+    with FakeTensorMode():
+        args = [torch.randn(4, 5, 8, dtype=dtype, device=device), torch.randint(0, 10, (4, 5), device=device)]
+        aten_graph = to_aten_graph(gm, args)
+        lowering = GraphLowering(aten_graph.gm, check=lambda buf: None, bias_in_kernel=lambda d: True,
+                                 split_reductions=lambda d: True)
+        return lowering.run(args, None).externs
+
+
+def test_weld_chooses_atomic_adds_for_float32_cuda_gradients_only():
+    assert _externs_lowered_on("cuda") == ["torchweld.embedding_dense_backward.default"]
+    assert _externs_lowered_on("cpu") == ["aten.embedding_dense_backward.default"]
+    assert _externs_lowered_on("cuda", torch.float16) == ["aten.embedding_dense_backward.default"]
+    assert _externs_lowered_on("cuda", scale_grad_by_freq=True) == ["aten.embedding_dense_backward.default"]
+
+
+class TokensAndPositions(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.tokens = nn.Embedding(100, 32, padding_idx=0)
+        self.positions = nn.Embedding(16, 32)
+        self.norm = nn.LayerNorm(32)
+
+    def forward(self, ids):
+        positions = torch.arange(ids.shape[1], device=ids.device)
+        return self.norm(self.tokens(ids) + self.positions(positions)).relu()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_weld_embedding_gradients_on_cuda_equal_eager():
+    torch.manual_seed(0)
+    model = TokensAndPositions().cuda()
+    reference = TokensAndPositions().cuda()
+    reference.load_state_dict(model.state_dict())
+    compiled = torchweld.compile(model, backend="weld")
+    for batch, length in ((4, 16), (3, 12)):  # a new shape recompiles
+        ids = torch.randint(0, 100, (batch, length), device="cuda")
+        ids[:, :2] = 7  # rows many tokens share
+        ids[0, -1] = 0  # the padding row
+        compiled(ids).square().sum().backward()
+        reference(ids).square().sum().backward()
+        for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, msg=name)
+            p.grad = q.grad = None
