@@ -217,3 +217,15 @@ def test_reductions_read_across_rows_take_wide_blocks():
         [kernel] = c.schedule.kernels()
         blocks[name] = block_sizes(kernel)
     assert blocks["across"][0] > blocks["along"][0] and blocks["across"][1] < blocks["along"][1], blocks
+
+
+def test_row_reductions_take_about_1024_elements_a_block():
+    """Whole rows a block, as many as make ~1024 elements: one row of 768 (padded to 1024),
+    eight of 100 (padded to 128). Four rows of 768 a block ran GPT-2's layer norms slower."""
+    from torchweld.compiler.codegen.triton import block_sizes
+
+    for width, expected in ((768, (1, 1024)), (100, (8, 128))):
+        x = torch.randn(64, width)
+        c = check(lambda x: torch.nn.functional.layer_norm(x, (width,)), [x], options=TRITON, atol=1e-5, rtol=1e-5)
+        [kernel] = [k for k in c.schedule.kernels() if k.is_reduction]
+        assert block_sizes(kernel) == expected

@@ -22,10 +22,15 @@ _LIBRARY.define("embedding_dense_backward(Tensor grad_output, Tensor indices, Sy
                 "SymInt padding_idx, bool scale_grad_by_freq) -> Tensor")
 
 
+def atomics_fit(grad_output: torch.Tensor, scale_grad_by_freq: bool) -> bool:
+    """Whether atomic adds compute what aten's kernel would, up to the order of the sums."""
+    return (not scale_grad_by_freq and grad_output.dtype == torch.float32
+            and not torch.are_deterministic_algorithms_enabled())
+
+
 def _by_index_add(grad_output: torch.Tensor, indices: torch.Tensor, num_weights: int, padding_idx: int,
                   scale_grad_by_freq: bool) -> torch.Tensor:
-    if (scale_grad_by_freq or grad_output.dtype != torch.float32
-            or torch.are_deterministic_algorithms_enabled()):
+    if not atomics_fit(grad_output, scale_grad_by_freq):
         return aten.embedding_dense_backward(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq)
     width = grad_output.shape[-1]
     out = grad_output.new_zeros((num_weights, width))

@@ -18,6 +18,11 @@ HALF_TYPES = (torch.float16, torch.bfloat16)
 MAX_PERSISTENT_RBLOCK = 2048  # rows up to this long reduce in one block, longer ones loop
 LOOPED_RBLOCK = 1024
 OUTER_XBLOCK, OUTER_PROGRAMS = 64, 128  # reductions read across rows (reads_across_rows)
+# A row-wise reduction's block holds this many elements, whole rows where they fit: one
+# row of 768 (padded to 1024) a block, 8 elements a thread. On the H100 four rows a block
+# (4096) took GPT-2's training step 170 us longer in its generated kernels, BERT's 120 us;
+# inference was level (bench/RESULTS.md, nineteenth measurement).
+ROW_BLOCK_ELEMENTS = 1024
 BIG_POINTWISE = 1 << 21  # elements from which a pointwise kernel takes 2048-element blocks and 8 warps
 STREAMING = 1 << 22  # elements from which a pointwise kernel's data outgrows L2: its loads evict first
 INT32_LIMIT = 1 << 31
@@ -65,7 +70,7 @@ def block_sizes(kernel: Kernel) -> tuple[int, int]:
         xblock = min(xblock, next_power_of_2(xnumel))
         return xblock, min(4096 // xblock, next_power_of_2(rnumel))
     rblock = next_power_of_2(rnumel) if rnumel <= MAX_PERSISTENT_RBLOCK else LOOPED_RBLOCK
-    xblock = max(1, min(next_power_of_2(xnumel), 4096 // rblock, 64))
+    xblock = max(1, min(next_power_of_2(xnumel), ROW_BLOCK_ELEMENTS // rblock, 64))
     return xblock, rblock
 
 
