@@ -293,6 +293,27 @@ def test_compile_times_report_each_phase_and_log_each_frame(caplog):
     assert torchweld.compile_times() == "no compile has run yet"
 
 
+def test_compile_trace_shows_each_phase_on_its_thread(tmp_path):
+    import json
+
+    from torchweld import timing
+
+    timing.reset()
+    path = tmp_path / "compile.json"
+    with torchweld.config.patch(compile_trace=str(path)), torch.no_grad():
+        x = torch.randn(4, 8)
+        model = nn.Sequential(nn.Linear(8, 8), nn.GELU())
+        torch.testing.assert_close(torchweld.compile(model, backend="weld")(x), model(x))
+        timing.write_trace()
+    events = json.loads(path.read_text())["traceEvents"]
+    spans = {e["name"]: e for e in events if e["ph"] == "X"}
+    assert {"capture", "backend", "weld.lower", "weld.schedule"} <= set(spans)
+    capture, lower = spans["capture"], spans["weld.lower"]  # nested phases lie inside their parent
+    assert capture["ts"] <= lower["ts"] and lower["ts"] + lower["dur"] <= capture["ts"] + capture["dur"] + 1
+    assert any(e["ph"] == "M" and e["args"]["name"] == "MainThread" for e in events)
+    timing.reset()
+
+
 def test_the_garbage_collector_is_held_off_while_compiling():
     """Compiling makes hundreds of thousands of objects; the cyclic collector waits until the
     backend is done (torchweld/gc_pause.py), and is left as the caller had it."""

@@ -30,6 +30,10 @@ cache_dir: str = os.environ.get("TORCHWELD_CACHE_DIR", os.path.expanduser("~/.ca
 # argument, so kernels that differ only in size compile once (compiler/codegen/triton.py,
 # size_generic); 0 bakes every size into the source, as before.
 size_generic_kernels: bool = os.environ.get("TORCHWELD_SIZE_GENERIC_KERNELS", "1") != "0"
+# A file to write, at exit, every compile phase of this process as a Chrome trace (one row
+# per thread; open it in chrome://tracing or https://ui.perfetto.dev): which phases overlap,
+# and which one the first call waits for. Empty: none.
+compile_trace: str = os.environ.get("TORCHWELD_COMPILE_TRACE", "")
 
 
 @contextlib.contextmanager

@@ -9,20 +9,24 @@ of the phases inside it. A training graph's backward compiles in a background th
 while its forward compiles (autograd/training.py): its phases overlap the forward's,
 outside `backend`. Rows named `.threads.` or `.workers.` sum the time of work
 done in parallel (one call per kernel), so they add up to more than wall time. `TORCHWELD_LOGS=compile_times` logs, after each
-frame is compiled, the phases that frame spent time in.
+frame is compiled, the phases that frame spent time in. `TORCHWELD_COMPILE_TRACE=file.json`
+(config.compile_trace) writes every phase with its thread and start as a Chrome trace at exit.
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
+import json
 import logging
 import threading
 import time
 from typing import Iterator
 
-from torchweld import logs
+from torchweld import config, logs
 
 _lock = threading.Lock()
 _totals: dict[str, list] = {}  # phase -> [calls, seconds], in the order phases were first seen
+_events: list[tuple[str, str, float, float]] = []  # (phase, thread, start, seconds) while config.compile_trace
 
 
 @contextlib.contextmanager
@@ -37,11 +41,34 @@ def phase(name: str) -> Iterator[None]:
 
 
 def record(name: str, seconds: float) -> None:
-    """Add one call of `seconds` to phase `name` (for time measured elsewhere, in a worker process)."""
+    """Add one call of `seconds`, ending now, to phase `name` (also for time measured
+    elsewhere, in a worker process)."""
     with _lock:
         row = _totals.setdefault(name, [0, 0.0])
         row[0] += 1
         row[1] += seconds
+        if config.compile_trace:
+            if not _events:
+                atexit.register(write_trace)
+            _events.append((name, threading.current_thread().name, time.perf_counter() - seconds, seconds))
+
+
+def write_trace(path: str | None = None) -> None:
+    """The phases recorded so far as a Chrome trace (complete events, microseconds), into
+    `path` or config.compile_trace (nothing where both are empty)."""
+    path = path or config.compile_trace
+    if not path:
+        return
+    with _lock:
+        events = list(_events)
+    origin = min((start for _, _, start, _ in events), default=0.0)
+    threads = {thread: i for i, thread in enumerate(dict.fromkeys(t for _, t, _, _ in events))}
+    trace = [{"name": name, "ph": "X", "pid": 0, "tid": threads[thread], "ts": (start - origin) * 1e6,
+              "dur": seconds * 1e6} for name, thread, start, seconds in events]
+    trace += [{"name": "thread_name", "ph": "M", "pid": 0, "tid": i, "args": {"name": thread}}
+              for thread, i in threads.items()]
+    with open(path, "w") as f:
+        json.dump({"traceEvents": trace}, f)
 
 
 def snapshot() -> dict[str, tuple[int, float]]:
@@ -82,3 +109,4 @@ def log_frame(function: str, before: dict[str, tuple[int, float]]) -> None:
 def reset() -> None:
     with _lock:
         _totals.clear()
+        _events.clear()
