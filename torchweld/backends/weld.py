@@ -57,16 +57,30 @@ def records_autograd(gm: torch.fx.GraphModule) -> bool:
     return False
 
 
+# A training graph of this many nodes makes enough Triton kernels that compile worker
+# processes, started at once, pay off: they are ready by the time its forward's kernels are.
+# Started at the first batch of 12 kernels instead (runtime/triton_launch.py, WORKERS_FROM),
+# they missed GPT-2's forward: its 8 kernels compiled in threads, under the GIL of the
+# backward's lowering, 3.4 s against 1.9-2.3 s in workers (H100 host). Inference graphs
+# start them as before: GPT-2's and BERT's 8 kernels each compiled no sooner in workers.
+WORKERS_FROM_NODES = 100
+
+
 @register_backend("weld")
 def weld(gm: torch.fx.GraphModule, example_inputs: list, mode=None, options=None):
     options = {} if options is None else options  # kept, not copied: it carries the model's graph pool
+    grad_tensors = reads_grad_tensors(gm, example_inputs)
+    training = grad_tensors and records_autograd(gm)
     if _on_cuda(gm, example_inputs):
         from torchweld.runtime.triton_launch import fast_launch_available, kernel_launcher
 
         if fast_launch_available(torch.device("cuda")):  # else the launcher is never used
             kernel_launcher.start_in_background()  # its C build overlaps the tracing and lowering
-    grad_tensors = reads_grad_tensors(gm, example_inputs)
-    if grad_tensors and records_autograd(gm):
+            if training and len(gm.graph.nodes) >= WORKERS_FROM_NODES:
+                from torchweld.runtime import triton_workers
+
+                triton_workers.start_in_background()
+    if training:
         return _compile_training(prepare(gm, options, inference=False), example_inputs, mode, options)
     from torchweld.compiler import compile_graph
     from torchweld.compiler.lowering import LoweringError

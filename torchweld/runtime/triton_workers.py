@@ -155,6 +155,13 @@ def worker_pool() -> WorkerPool | None:
         return _pool
 
 
+def start_in_background() -> None:
+    """Start the pool in a thread, so that its processes import Triton while the graph is
+    traced and lowered, and every kernel of the graph goes to them (submit_kernels)."""
+    if _pool is None and worker_count() > 0:
+        threading.Thread(target=worker_pool, daemon=True, name="torchweld-start-workers").start()
+
+
 def running_pool() -> WorkerPool | None:
     """The process's pool if it has been started (worker_pool starts it)."""
     return _pool
