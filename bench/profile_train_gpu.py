@@ -175,6 +175,22 @@ def kernel_kinds(events, calls: int) -> str:
     return "    GPU us/step by kind: " + ", ".join(f"{k} {us:.0f}" for k, us in total.most_common())
 
 
+def idle_gaps(events, calls: int, top: int = 10) -> str:
+    """Where the GPU waits: its idle time per step between kernels, and the longest gaps
+    with the kernels on either side (a gap before a kernel is the CPU launching it late)."""
+    spans = sorted((e.time_range.start, e.time_range.end, e.name) for e in events)
+    gaps, busy_until, before = [], None, ""
+    for start, end, name in spans:
+        if busy_until is not None and start > busy_until:
+            gaps.append((start - busy_until, before, name))
+        if busy_until is None or end > busy_until:
+            busy_until, before = end, name
+    total = sum(g for g, _, _ in gaps) / calls
+    lines = [f"    GPU idle between kernels: {total:.0f} us/step in {len(gaps) / calls:.0f} gaps; the longest:"]
+    lines += [f"      {gap:7.1f} us  after {a[:60]}  before {b[:60]}" for gap, a, b in sorted(gaps, reverse=True)[:top]]
+    return "\n".join(lines)
+
+
 def report(label: str, step: Step, steps: int, top_kernels: int = 16) -> float:
     for _ in range(3):
         step()
@@ -191,6 +207,7 @@ def report(label: str, step: Step, steps: int, top_kernels: int = 16) -> float:
     print(f"    GPU busy {busy:8.3f} ms/step in {(len(events) - copies) / calls:.0f} kernels "
           f"+ {copies / calls:.0f} memcpy/memset")
     print(kernel_kinds(events, calls))
+    print(idle_gaps(events, calls))
     print(kernel_table(events, calls, top=top_kernels))
     print(f"    CPU ops and CUDA API calls of {calls} steps, by own CPU time (torch.profiler):")
     print("\n".join("      " + line for line in cpu_table.splitlines()))
