@@ -475,9 +475,10 @@ class Pointwise:
     body: Expr
     device: torch.device
     layout: Layout | None = None  # where it is stored, if the schedule stores it
+    _reads: tuple | None = dataclasses.field(default=None, init=False, repr=False)
 
-    def reads(self) -> set[str]:
-        return {n.arg for n in loads(self.body)}
+    def reads(self) -> frozenset[str]:
+        return _body_reads(self)
 
 
 @dataclasses.dataclass(eq=False)
@@ -494,13 +495,24 @@ class Reduction:
     body: Expr
     device: torch.device
     layout: Layout | None = None
+    _reads: tuple | None = dataclasses.field(default=None, init=False, repr=False)
 
     @property
     def shape(self) -> tuple[int, ...]:
         return tuple(s for i, s in enumerate(self.full_shape) if i not in self.reduced)
 
-    def reads(self) -> set[str]:
-        return {n.arg for n in loads(self.body)}
+    def reads(self) -> frozenset[str]:
+        return _body_reads(self)
+
+
+def _body_reads(buf: "Pointwise | Reduction") -> frozenset[str]:
+    """The buffers `buf.body` loads, kept beside the body they came from: lowering and
+    scheduling ask a buffer for them again and again (GPT-2's backward: thousands of times),
+    and a rule or pass may replace the body."""
+    cached = buf._reads
+    if cached is None or cached[0] is not buf.body:
+        cached = buf._reads = (buf.body, frozenset(n.arg for n in loads(buf.body)))
+    return cached[1]
 
 
 @dataclasses.dataclass(frozen=True)

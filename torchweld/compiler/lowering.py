@@ -278,7 +278,7 @@ class GraphLowering:
         if target is operator.getitem:
             seq, i = node.args
             return self.env[seq][i]
-        args, kwargs = pytree.tree_map_only(torch.fx.Node, lambda n: self.env[n], (node.args, node.kwargs))
+        args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: self.env[n])  # C++, unlike pytree
         mutated_arg = None
         if isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable:
             target, mutated_arg = self.functional_variant(target, node), node.args[0]
