@@ -11,6 +11,8 @@ from torch._decomp import get_decompositions
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from torchweld.compiler import decompositions
+
 aten = torch.ops.aten
 
 # Composite ops we take apart; what remains is pointwise math, reductions,
@@ -71,7 +73,7 @@ DECOMPOSED_OPS = [
     aten.relu6,
 ]
 
-DECOMPOSITIONS = get_decompositions(DECOMPOSED_OPS)
+DECOMPOSITIONS = {**get_decompositions(DECOMPOSED_OPS), **decompositions.OWN}
 
 
 # In-place overloads whose functional variant is not simply "drop the trailing underscore".

@@ -1,0 +1,73 @@
+"""torchweld's own decompositions (compiler/decompositions.py) against torch's and eager."""
+import pytest
+import torch
+import torch.nn.functional as F
+from torch._decomp import get_decompositions
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from torchweld.compiler.aten_graph import DECOMPOSED_OPS, DECOMPOSITIONS, to_aten_graph
+from torchweld.compiler.decompositions import addmm, native_layer_norm
+
+from weld_helpers import check, tolerances
+
+aten = torch.ops.aten
+
+
+def _ops(gm: torch.fx.GraphModule) -> list[str]:
+    return [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_a_half_precision_linear_multiplies_in_its_own_dtype(dtype):
+    """torch's addmm decomposition upcast the activations and the weight to float32 first."""
+    def linear(x, w, b):
+        return F.linear(x, w, b)
+
+    args = [torch.randn(2, 3, 8, dtype=dtype), torch.randn(4, 8, dtype=dtype), torch.randn(4, dtype=dtype)]
+    gm = to_aten_graph(torch.fx.symbolic_trace(linear), args).gm
+    [mm] = [n for n in gm.graph.nodes if n.target is aten.mm.default]
+    assert all(a.meta["val"].dtype == dtype for a in mm.args)
+    assert "aten._to_copy.default" not in _ops(gm)
+    atol, rtol = tolerances(dtype)
+    check(linear, args, atol=atol, rtol=rtol)
+
+
+@pytest.mark.parametrize("alpha,beta", [(1, 1), (2.0, 1), (1, 0.5), (1, 0)])
+def test_addmm_scalings_and_a_nan_bias_under_beta_zero(alpha, beta):
+    bias = torch.randn(3, 5)
+    bias[0, 0] = float("nan")  # beta == 0 ignores the bias, NaN included
+    args = [bias, torch.randn(3, 4), torch.randn(4, 5)]
+    check(lambda b, m1, m2: torch.addmm(b, m1, m2, alpha=alpha, beta=beta), args, atol=1e-5, rtol=1e-5)
+
+
+def test_integer_addmm_takes_torchs_decomposition():
+    args = [torch.randint(-5, 5, (3, 5)), torch.randint(-5, 5, (3, 4)), torch.randint(-5, 5, (4, 5))]
+    with FakeTensorMode() as mode:
+        fake = [mode.from_tensor(a) for a in args]
+        out = addmm(*fake, beta=2, alpha=3)
+    assert out.dtype == torch.int64
+    check(lambda b, m1, m2: torch.addmm(b, m1, m2, beta=2, alpha=3), args)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape,normalized,affine", [((2, 3, 8), (8,), True), ((2, 3, 4, 5), (4, 5), True),
+                                                     ((6, 8), (8,), False)])
+def test_layer_norm_traces_the_ops_torchs_decomposition_does(dtype, shape, normalized, affine):
+    def ln(x, w, b):
+        return aten.native_layer_norm(x, list(normalized), w if affine else None, b if affine else None, 1e-5)
+
+    args = [torch.randn(shape, dtype=dtype), torch.randn(normalized, dtype=dtype), torch.randn(normalized, dtype=dtype)]
+    ours = make_fx(ln, decomposition_table=DECOMPOSITIONS)(*args)
+    torchs = make_fx(ln, decomposition_table=get_decompositions(DECOMPOSED_OPS))(*args)
+    assert _ops(ours) == _ops(torchs)
+    for got, expected in zip(ours(*args), ln(*args)):
+        torch.testing.assert_close(got, expected, atol=1e-2 if dtype == torch.bfloat16 else 1e-5, rtol=1e-2)
+
+
+@pytest.mark.filterwarnings("ignore:var_mean")  # torch's decomposition of the empty case warns
+def test_layer_norm_outside_the_covered_cases_takes_torchs_decomposition():
+    with pytest.raises(RuntimeError, match="normalized_shape"):  # torch's own message, not a crash of ours
+        native_layer_norm(torch.randn(2, 3, 8), [5], None, None, 1e-5)
+    out, mean, rstd = native_layer_norm(torch.randn(2, 0), [0], None, None, 1e-5)
+    assert out.shape == (2, 0) and mean.shape == (2, 1)
