@@ -48,9 +48,17 @@ def record(name: str, seconds: float) -> None:
         row[0] += 1
         row[1] += seconds
         if config.compile_trace:
-            if not _events:
-                atexit.register(write_trace)
+            _write_trace_at_exit()
             _events.append((name, threading.current_thread().name, time.perf_counter() - seconds, seconds))
+
+
+_at_exit: list[bool] = []  # whether write_trace is registered to run at exit (once per process)
+
+
+def _write_trace_at_exit() -> None:
+    if not _at_exit:
+        _at_exit.append(True)
+        atexit.register(write_trace)
 
 
 def write_trace(path: str | None = None) -> None:
