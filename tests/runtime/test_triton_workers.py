@@ -158,3 +158,20 @@ def test_the_specialization_hook_skips_only_its_own_threads_compile():
 
     assert specialization_data(Kernel(), [], {}) == "ours"
     assert seen == {"other": False, "own": True}
+
+
+def test_start_in_background_starts_the_pool_once_and_not_when_workers_are_off(monkeypatch):
+    import threading
+
+    from torchweld.runtime import triton_workers
+
+    started = threading.Event()
+    calls = []
+    monkeypatch.setattr(triton_workers, "_pool", None)
+    monkeypatch.setattr(triton_workers, "worker_pool", lambda: calls.append(1) or started.set())
+    monkeypatch.setenv("TORCHWELD_COMPILE_WORKERS", "0")
+    triton_workers.start_in_background()
+    assert not started.wait(0.2) and calls == []
+    monkeypatch.setenv("TORCHWELD_COMPILE_WORKERS", "2")
+    triton_workers.start_in_background()
+    assert started.wait(5) and calls == [1]
