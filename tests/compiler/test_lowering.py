@@ -168,3 +168,27 @@ def test_lerp_with_a_number_weight_is_eager_bit_for_bit(weight):
     with torch.no_grad():
         compiled = compile_graph(torch.fx.symbolic_trace(fn), inputs, {})
         torch.testing.assert_close(compiled(*inputs), fn(*inputs), atol=0, rtol=0)
+
+
+_LIBRARY = torch.library.Library("torchweld_test", "FRAGMENT")
+_LIBRARY.define("scaled_and_count(Tensor x) -> (Tensor, Tensor?, SymInt, Tensor)")
+
+
+def _scaled_and_count(x):
+    return x * 2, None, x.shape[0], x.sum()
+
+
+_LIBRARY.impl("scaled_and_count", _scaled_and_count, "CompositeExplicitAutograd")
+torch.library.register_fake("torchweld_test::scaled_and_count", _scaled_and_count, lib=_LIBRARY)
+
+
+def test_an_extern_returning_numbers_and_none_among_its_tensors():
+    """As cuDNN attention does (its max sequence lengths): the graph compiles, readers of the
+    number get the traced value, and the tensors after it keep their positions."""
+    def fn(x):
+        scaled, _, count, total = torch.ops.torchweld_test.scaled_and_count(x)
+        return scaled + count, total * count
+
+    x = torch.randn(5, 3)
+    compiled = check(fn, [x])
+    assert compiled.externs == ["torchweld_test.scaled_and_count.default"]

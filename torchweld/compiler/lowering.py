@@ -384,11 +384,15 @@ class GraphLowering:
         val = node.meta.get("val")
         multi = isinstance(val, (tuple, list))
         vals = list(val) if multi else [val]
-        absent = [i for i, v in enumerate(vals) if v is None] if multi else []
-        if absent:  # e.g. convolution_backward's grad_bias without a bias: an empty tensor stands in
-            target = _NoneAsEmpty(target)
-            device = next(v.device for v in vals if v is not None)
-            vals = [torch.empty(0, device=device) if v is None else v for v in vals]
+        # Results that are not tensors: None (convolution_backward's grad_bias without a bias)
+        # or numbers fixed by the traced shapes (cuDNN attention's max sequence lengths). The
+        # call returns an empty tensor in their place, and readers get the traced value itself.
+        absent = [i for i, v in enumerate(vals) if v is None or isinstance(v, _NUMBERS)] if multi else []
+        constants = {i: vals[i] for i in absent}
+        if absent:
+            target = _NonTensorsAsEmpty(target)
+            device = next(v.device for v in vals if isinstance(v, torch.Tensor))
+            vals = [torch.empty(0, device=device) if i in constants else v for i, v in enumerate(vals)]
         if not all(isinstance(v, torch.Tensor) for v in vals):
             raise LoweringError(f"{target} returns non-tensors: {val!r}")
         outputs = tuple((v.dtype, Layout(tuple(v.shape), tuple(v.stride()))) for v in vals)
@@ -398,7 +402,7 @@ class GraphLowering:
         ext = ir.Extern(name, target, call_args, call_kwargs, outputs, multi, device)
         self.buffers[name] = ext
         self.externs.append(str(target))
-        results = [None if i in absent else self.value_of_buffer(ext.output_name(i), d, lay, device)
+        results = [constants[i] if i in constants else self.value_of_buffer(ext.output_name(i), d, lay, device)
                    for i, (d, lay) in enumerate(outputs)]
         return results if multi else results[0]
 
@@ -557,20 +561,24 @@ def _cudnn_conv_backward_layouts(target, node: torch.fx.Node, outputs: tuple) ->
 _EMPTY: dict[torch.device, torch.Tensor] = {}
 
 
+_NUMBERS = (int, float, bool)  # plain values of static shapes; a symbolic one stays unsupported
+
+
 @dataclasses.dataclass(frozen=True)
-class _NoneAsEmpty:
-    """An aten op some of whose results are None, returning empty tensors there instead:
-    one per device, shared (nothing can be written into it, and the wrapper drops it at once)."""
+class _NonTensorsAsEmpty:
+    """An aten op some of whose results are not tensors (None, numbers), returning empty
+    tensors there instead: one per device, shared (nothing can be written into it, and the
+    wrapper drops it at once)."""
 
     op: object
 
     def __call__(self, *args, **kwargs):
         out = self.op(*args, **kwargs)
-        device = next(o.device for o in out if o is not None)
+        device = next(o.device for o in out if isinstance(o, torch.Tensor))
         empty = _EMPTY.get(device)
         if empty is None:
             empty = _EMPTY[device] = torch.empty(0, device=device)
-        return tuple(empty if o is None else o for o in out)
+        return tuple(o if isinstance(o, torch.Tensor) else empty for o in out)
 
     def __str__(self) -> str:
         return str(self.op)
