@@ -387,8 +387,11 @@ def rewrite(e: Expr, leaf_fn: Callable[[Expr], Expr | None], memo: dict | None =
     got = memo.get(id(e))
     if got is not None:
         return got[1]
-    args = tuple(rewrite(a, leaf_fn, memo) for a in e.args)
-    node = e if all(x is y for x, y in zip(args, e.args)) else _rebuild(e, args)
+    node = e
+    if e.args:  # (leaves, most nodes, skip the tuple and the comparison)
+        args = tuple([rewrite(a, leaf_fn, memo) for a in e.args])
+        if any(x is not y for x, y in zip(args, e.args)):
+            node = _rebuild(e, args)
     out = leaf_fn(node)
     out = node if out is None else out
     memo[id(e)] = (e, out)  # keep e alive so id() stays unique
@@ -408,6 +411,12 @@ def _rebuild(e: Expr, args: tuple[Expr, ...]) -> Expr:
 
 def substitute(e: Expr, index: list[Expr]) -> Expr:
     """`e` (written over d0..dN-1) evaluated at `index`."""
+    if e.op is Op.CONST:
+        return e
+    if e.op is Op.VAR:  # most calls: one dim of a buffer's own index, read at a reader's
+        name = e.arg
+        position = int(name[1:]) if name[:1] == "d" and name[1:].isdigit() else len(index)
+        return index[position] if position < len(index) else e
     mapping = {f"d{i}": x for i, x in enumerate(index)}
     return rewrite(e, lambda n: mapping.get(n.arg) if n.op is Op.VAR else None)
 

@@ -781,11 +781,11 @@ def convolution(L, node, x, weight, bias, *args):
 def embedding_dense_backward(L, node, grad, indices, num_weights, padding_idx, scale_grad_by_freq=False):
     """On CUDA, a float32 embedding's weight gradient by atomic adds (`index_add_`), not aten's
     kernel for few indices: 50 us a table for GPT-2's tokens against a few (runtime/embedding_backward.py)."""
-    from torchweld.runtime import embedding_backward
-
     val = out_val(node)
     if val.device.type != "cuda" or val.dtype != torch.float32 or scale_grad_by_freq:
         raise NotImplementedError("aten's own kernel")
+    from torchweld.runtime import embedding_backward  # registering the op takes ~40 ms, once: CUDA only
+
     return L.extern(embedding_backward.embedding_dense_backward,
                     (grad, indices, num_weights, padding_idx, scale_grad_by_freq), {}, node)
 
