@@ -48,17 +48,7 @@ def record(name: str, seconds: float) -> None:
         row[0] += 1
         row[1] += seconds
         if config.compile_trace:
-            _write_trace_at_exit()
             _events.append((name, threading.current_thread().name, time.perf_counter() - seconds, seconds))
-
-
-_at_exit: list[bool] = []  # whether write_trace is registered to run at exit (once per process)
-
-
-def _write_trace_at_exit() -> None:
-    if not _at_exit:
-        _at_exit.append(True)
-        atexit.register(write_trace)
 
 
 def write_trace(path: str | None = None) -> None:
@@ -77,6 +67,9 @@ def write_trace(path: str | None = None) -> None:
               for thread, i in threads.items()]
     with open(path, "w") as f:
         json.dump({"traceEvents": trace}, f)
+
+
+atexit.register(write_trace)  # writes nothing unless config.compile_trace names a file
 
 
 def snapshot() -> dict[str, tuple[int, float]]:

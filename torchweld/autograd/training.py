@@ -141,6 +141,7 @@ def _result_if_layouts_match(ahead: Future | None, assumed: list, example: list)
     except Exception as e:  # noqa: BLE001 - compiled again here, where the error is raised to the user
         log.debug("compiling the backward ahead failed (%s: %s); compiling it again", type(e).__name__, e)
         return None
+    # a graph weld could not compile runs its aten ops eagerly: no kernel of its own reads anything
     read_by_kernels = getattr(backward, "inputs_read_by_kernels", lambda: set())()
     for i in moved:
         if i in read_by_kernels:

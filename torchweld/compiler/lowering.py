@@ -448,15 +448,14 @@ class GraphLowering:
 
 def _as_addmm(root: ir.Pointwise, buffers: dict) -> tuple[ir.Extern, str] | None:
     """(an aten.addmm extern computing `root`, named as it, and the mm extern it takes over)
-    where `root` is `mm(a, b) + bias` (addmm's decomposition) over contiguous 2-D layouts, with
-    a 1-D bias held as an input; else None."""
+    where `root` is `mm(a, b) + bias` (addmm's decomposition, compiler/decompositions.py) over
+    contiguous 2-D layouts, with a 1-D bias held as an input; else None."""
     if len(root.shape) != 2 or root.layout != Layout.contiguous(root.shape) or root.body.op is not ir.Op.ADD:
         return None
     d0, d1 = (d.key() for d in ir.dim_vars(2))
     mm = bias = None
     for term in root.body.args:
-        term = _unscaled_load(term, buffers)
-        if term is None or term.dtype != root.dtype:
+        if term.op is not ir.Op.LOAD or term.dtype != root.dtype:
             return None
         producer = buffers.get(term.arg)
         index = tuple(i.key() for i in term.args)
@@ -470,22 +469,6 @@ def _as_addmm(root: ir.Pointwise, buffers: dict) -> tuple[ir.Extern, str] | None
         return None
     args = (ir.TensorArg(bias.name, bias.layout), *mm.args)
     return ir.Extern(root.name, aten.addmm.default, args, {}, ((root.dtype, root.layout),), False, root.device), mm.name
-
-
-def _unscaled_load(e: Expr, buffers: dict) -> Expr | None:
-    """The load `e` comes to through multiplications by one (addmm's alpha and beta) and
-    pointwise buffers computing no more than those; None if it is anything else."""
-    for _ in range(8):
-        if e.op is ir.Op.MUL and ir.is_const(e.args[1], 1):
-            e = e.args[0]
-            continue
-        if e.op is not ir.Op.LOAD:
-            return None
-        producer = buffers.get(e.arg)
-        if not isinstance(producer, ir.Pointwise):
-            return e
-        e = ir.substitute(producer.body, list(e.args))
-    return None
 
 
 # Random ops whose numbers the kernels draw themselves (rules.rand; bernoulli_ as its

@@ -222,29 +222,11 @@ class CppRenderer(KernelRenderer):
         self.emit(scope, f"{self.pointer(store.buffer)}[{index}] = {value};")
 
     # -- loops -------------------------------------------------------------------
-    def render(self, kernel: Kernel) -> str:
-        pieces = _innermost_pieces(kernel)
-        if pieces is None:
-            return super().render(kernel)
-        self.kernel, self.lines, self.tmp_count, self.reduced_names = kernel, [], 0, {}
-        self.args = kernel.args
-        outer = [(f"x{k}", s) for k, s in enumerate(kernel.outer) if s != 1]
-        scope = self.open_kernel(kernel, split=True)
-        var = outer[-1][0]
-        for lo, hi, stores in pieces:
-            pragma = "#pragma omp simd" if len(outer) > 1 else f"#pragma omp parallel for simd if({hi - lo} > 32768)"
-            self.emit(scope, pragma)
-            self.emit(scope, f"for (int64_t {var} = {lo}; {var} < {hi}; {var}++) {{")
-            inner = Scope(scope, scope.indent + 1)
-            for store in stores:
-                self.store(store, inner)
-            self.emit(scope, "}")
-        self.close_kernel(kernel)
-        return "\n".join(self.lines) + "\n"
-
-    def open_kernel(self, kernel: Kernel, split: bool = False) -> Scope:
-        """The function header and the loops; with `split`, all but the innermost (`render`
-        opens one innermost loop per piece)."""
+    def open_kernel(self, kernel: Kernel) -> Scope:
+        """The function header and the loops; where the innermost loop is split into pieces
+        (`_innermost_pieces`), all but it: render_outer_stores opens one loop per piece."""
+        self.pieces = _innermost_pieces(kernel)
+        split = self.pieces is not None
         params = []
         for name in self.args:
             const = "" if name in kernel.writes else "const "
@@ -302,11 +284,25 @@ class CppRenderer(KernelRenderer):
         self.emit(Scope(None, indent + 1), f"const int64_t {var} = {var}b + {var}i;")
         return indent + 1
 
+    def render_pieces(self, scope: Scope) -> None:
+        """One innermost loop per piece, each with the stores simplified for its range."""
+        outer = [f"x{k}" for k, s in enumerate(self.kernel.outer) if s != 1]
+        for lo, hi, stores in self.pieces:
+            pragma = "#pragma omp simd" if len(outer) > 1 else f"#pragma omp parallel for simd if({hi - lo} > 32768)"
+            self.emit(scope, pragma)
+            self.emit(scope, f"for (int64_t {outer[-1]} = {lo}; {outer[-1]} < {hi}; {outer[-1]}++) {{")
+            inner = Scope(scope, scope.indent + 1)
+            for store in stores:
+                self.store(store, inner)
+            self.emit(scope, "}")
+
     def close_kernel(self, kernel: Kernel) -> None:
         for k in range(self.open_loops, -1, -1):
             self.emit(Scope(None, k), "}")
 
     def render_outer_stores(self, kernel: Kernel, scope: Scope) -> None:
+        if self.pieces is not None:
+            return self.render_pieces(scope)
         if self.block_var is None or not kernel.outer_stores:
             return super().render_outer_stores(kernel, scope)
         indent = self.open_lanes(scope.indent)
