@@ -229,3 +229,16 @@ def test_row_reductions_take_about_1024_elements_a_block():
         c = check(lambda x: torch.nn.functional.layer_norm(x, (width,)), [x], options=TRITON, atol=1e-5, rtol=1e-5)
         [kernel] = [k for k in c.schedule.kernels() if k.is_reduction]
         assert block_sizes(kernel) == expected
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_constants_fold_into_literals(dtype):
+    """A constant buffer (full) read under a cast used to render `(-65504.0).to(tl.float16)`,
+    which Triton rejects: a float16 GPT-2's attention mask on CUDA. The cast is folded, rounded
+    to the half type as torch rounds it (0.1 is not exact in either)."""
+    x = torch.randn(4, 8).to(dtype)
+    atol = {torch.float16: 2e-3, torch.bfloat16: 2e-2}[dtype]
+    low = torch.finfo(dtype).min  # (dtype=x.dtype: a full that depends on the input, not a folded constant)
+    check(lambda x: [x + torch.full((4, 8), low, dtype=x.dtype), x * torch.full((8,), 0.1, dtype=x.dtype),
+                     torch.full((4, 8), 0.1, dtype=x.dtype).float() + x.float()],
+          [x], options=TRITON, atol=atol, rtol=atol)

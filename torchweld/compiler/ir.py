@@ -406,7 +406,15 @@ def _rebuild(e: Expr, args: tuple[Expr, ...]) -> Expr:
             return imul(*args)
         if is_const(args[1]):
             return (idiv if e.op is Op.IDIV else imod)(args[0], args[1].arg)
+    if e.op is Op.CAST and args[0].op is Op.CONST:  # a constant that a substitution put under a cast
+        return cast_const(args[0], e.dtype)
     return Expr(e.op, e.dtype, args, e.arg)
+
+
+def cast_const(c: Expr, dtype: torch.dtype) -> Expr:
+    """The constant `c` converted to `dtype` as torch converts it (rounded to a half type's
+    precision, truncated to an integer): renderers need not cast literals."""
+    return const(torch.tensor(c.arg, dtype=c.dtype).to(dtype).item(), dtype)
 
 
 def substitute(e: Expr, index: list[Expr]) -> Expr:
