@@ -182,6 +182,34 @@ _LIBRARY.impl("scaled_and_count", _scaled_and_count, "CompositeExplicitAutograd"
 torch.library.register_fake("torchweld_test::scaled_and_count", _scaled_and_count, lib=_LIBRARY)
 
 
+_LIBRARY.define("scaled_and_stats(Tensor x) -> (Tensor, Tensor)")
+
+
+def _scaled_and_stats(x):
+    # its "statistics" empty, as cuDNN attention's logsumexp when not asked for (in another layout)
+    return x * 2, x.new_empty(0, x.shape[0]).t()
+
+
+def _scaled_and_stats_fake(x):
+    return x * 2, x.new_empty(x.shape[0], 1)
+
+
+_LIBRARY.impl("scaled_and_stats", _scaled_and_stats, "CompositeExplicitAutograd")
+torch.library.register_fake("torchweld_test::scaled_and_stats", _scaled_and_stats_fake, lib=_LIBRARY)
+
+
+def test_an_extern_result_nothing_reads_may_differ_from_its_trace():
+    """cuDNN attention's meta function says its logsumexp is [b, h, s, 1]; the kernel returns it
+    empty when not asked for it. The wrapper used to put every extern result into its traced
+    layout (a copy into [b, h, s, 1]: a float16 GPT-2 failed on CUDA); a result nothing reads is
+    left as it comes."""
+    def fn(x):
+        scaled, _ = torch.ops.torchweld_test.scaled_and_stats(x.t())
+        return scaled + 1
+
+    check(fn, [torch.randn(3, 5)])
+
+
 def test_an_extern_returning_numbers_and_none_among_its_tensors():
     """As cuDNN attention does (its max sequence lengths): the graph compiles, readers of the
     number get the traced value, and the tensors after it keep their positions."""

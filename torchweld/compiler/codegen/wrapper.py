@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.utils._pytree as pytree
 
 from torchweld.compiler import ir
 from torchweld.compiler.codegen.bindings import fast_callable
@@ -103,6 +104,7 @@ class WrapperRenderer:
                 self.emit(f"if {name}.stride() != {layout.stride}: {name} = _restride({name}, {layout.shape}, {layout.stride})")
         for name in g.constants:
             self.constants[name] = g.constants[name]
+        self.read = self.buffers_read()
         allocated = set(self.sched.allocated)
         takes_over = self.reuse_plan()
         reused = set(takes_over.values())
@@ -141,6 +143,19 @@ class WrapperRenderer:
         outs = ", ".join(self.output(v) for v in g.outputs)
         self.emit(f"return ({outs}{',' if len(g.outputs) == 1 else ''})")
         return "\n".join(self.lines) + "\n"
+
+    def buffers_read(self) -> set[str]:
+        """Buffers that a kernel or an extern call reads, or the call returns or writes back."""
+        g = self.graph
+        read = {name for step in self.sched.steps if isinstance(step, Kernel) for name in step.reads}
+        for step in self.sched.steps:
+            if isinstance(step, ExternCall):
+                ext = g.buffers[step.name]
+                for a in pytree.tree_leaves([ext.args, ext.kwargs]):
+                    if isinstance(a, ir.TensorArg):
+                        read.add(a.buffer)
+        values = [*g.outputs, *(v for _, v in g.mutated_inputs)]
+        return read | {v.root for v in values if isinstance(v, TensorValue)}
 
     def reuse_plan(self) -> dict[str, str]:
         """{new buffer: the dead buffer whose memory it takes over}: same dtype, device and
@@ -206,7 +221,11 @@ class WrapperRenderer:
             lhs = "_"
         self.emit(f"{lhs} = {call}  # extern")
         for name, (dtype, layout) in zip(names, ext.outputs):
-            self.emit(f"if {name}.stride() != {layout.stride}: {name} = _restride({name}, {layout.shape}, {layout.stride})")
+            # Only results something reads: one nothing reads may not even have its traced
+            # shape (cuDNN attention's logsumexp is empty where the trace says [b, h, s, 1]).
+            if name in self.read:
+                self.emit(f"if {name}.stride() != {layout.stride}: "
+                          f"{name} = _restride({name}, {layout.shape}, {layout.stride})")
 
     def output(self, value: object) -> str:
         if isinstance(value, TensorValue):
