@@ -55,18 +55,21 @@ def cases(only: set[str] | None):
     try:
         import transformers
 
-        def bert():
-            model = transformers.BertModel(transformers.BertConfig()).to(dev).eval()
+        def bert(dtype=torch.float32):
+            model = transformers.BertModel(transformers.BertConfig()).to(dev, dtype).eval()
             return (lambda ids: model(ids).last_hidden_state), torch.randint(0, 30000, (8, 128), device=dev)
 
-        def gpt2():
-            model = transformers.GPT2Model(transformers.GPT2Config()).to(dev).eval()
+        def gpt2(dtype=torch.float32):
+            model = transformers.GPT2Model(transformers.GPT2Config()).to(dev, dtype).eval()
             return (lambda ids: model(ids).last_hidden_state), torch.randint(0, 50000, (8, 256), device=dev)
 
-        rows += [("BERT b8 s128", bert), ("GPT-2 b8 s256", gpt2)]
+        rows += [("BERT b8 s128", bert), ("GPT-2 b8 s256", gpt2),
+                 # half precision, not run unless named (--only BERT-fp16 GPT-2-fp16): cuDNN attention, half matmuls
+                 ("BERT-fp16 b8 s128", lambda: bert(torch.float16)), ("GPT-2-fp16 b8 s256", lambda: gpt2(torch.float16))]
     except ImportError:
         print("transformers missing: no BERT/GPT-2 rows")
-    return [(n, make) for n, make in rows if not only or n.split()[0] in only]
+    return [(n, make) for n, make in rows
+            if (n.split()[0] in only if only else "fp16" not in n)]
 
 
 def gpu_time(fn, x, iters=50) -> float:

@@ -57,12 +57,13 @@ def records_autograd(gm: torch.fx.GraphModule) -> bool:
     return False
 
 
-# A training graph of this many nodes makes enough Triton kernels that compile worker
-# processes, started at once, pay off: they are ready by the time its forward's kernels are.
-# Started at the first batch of 12 kernels instead (runtime/triton_launch.py, WORKERS_FROM),
-# they missed GPT-2's forward: its 8 kernels compiled in threads, under the GIL of the
+# A graph of this many nodes makes enough Triton kernels that compile worker processes,
+# started at once, pay off: they are ready by the time its kernels are. Started at the
+# first batch of 12 kernels instead (runtime/triton_launch.py, WORKERS_FROM), they missed
+# GPT-2's training forward: its 8 kernels compiled in threads, under the GIL of the
 # backward's lowering, 3.4 s against 1.9-2.3 s in workers (H100 host). Inference graphs
-# start them as before: GPT-2's and BERT's 8 kernels each compiled no sooner in workers.
+# joined once workers stopped hashing Triton's library at their first compile
+# (triton_workers.install_key): BERT's 7 kernels 0.87-0.95 s in workers, 1.06-1.19 in threads.
 WORKERS_FROM_NODES = 100
 
 
@@ -75,10 +76,12 @@ def weld(gm: torch.fx.GraphModule, example_inputs: list, mode=None, options=None
         from torchweld.runtime.triton_launch import fast_launch_available, kernel_launcher
 
         if fast_launch_available(torch.device("cuda")):  # else the launcher is never used
-            kernel_launcher.start_in_background()  # its C build overlaps the tracing and lowering
-            if training and len(gm.graph.nodes) >= WORKERS_FROM_NODES:
-                from torchweld.runtime import triton_workers
+            from torchweld.runtime import triton_workers
 
+            # both overlap the tracing and lowering: the launcher's C build, Triton's key of itself
+            kernel_launcher.start_in_background()
+            triton_workers.hash_install_in_background()
+            if len(gm.graph.nodes) >= WORKERS_FROM_NODES:
                 triton_workers.start_in_background()
     if training:
         return _compile_training(prepare(gm, options, inference=False), example_inputs, mode, options)

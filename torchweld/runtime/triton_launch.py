@@ -175,7 +175,7 @@ def _compile_in_worker(job: CompileJob, args: list[torch.Tensor]) -> Future | No
     if pool is None:
         return None
     try:
-        with torch.cuda.device(job.device):
+        with torch.cuda.device(job.device), timing.phase("weld.triton_compile.specialize"):
             data = triton_workers.specialization_data(job.fn, args, dict(job.config))
             target = driver.active.get_current_target()
     except Exception as e:  # noqa: BLE001 - the thread compiles it as before

@@ -10,12 +10,14 @@ pickle. The first request is `sys.path` (a list); then each request is
 `(job_id, request)` and each reply `(job_id, ok, value)`, where a failed
 request's value is its error as text. A request:
 
-    ("compile", module_name, module_path, fn_name, specialization_data, target, triton_env)
+    ("compile", module_name, module_path, fn_name, specialization_data, target, triton_env, install_key)
 
 `specialization_data` is what Triton's JIT serializes for a kernel it was about
 to compile (`knobs.runtime.jit_cache_hook`, the form `JITFunction.preload`
 reads); `target` is (backend, arch, warp_size); `triton_env` the parent's
-TRITON_* variables, which choose the cache directory. The worker compiles the
+TRITON_* variables, which choose the cache directory; `install_key` the parent's
+`triton.runtime.cache.triton_key()` (or None), which this process, running the same
+Triton, would otherwise compute by hashing libtriton.so. The worker compiles the
 same source with the same options, so the parent's own compile of that kernel
 finds it in the cache, and replies with the seconds each step took:
 {"import": s, "kernel": s}.
@@ -23,6 +25,7 @@ finds it in the cache, and replies with the seconds each step took:
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
@@ -70,7 +73,7 @@ def _set_triton_env(env: dict[str, str]) -> None:
 
 
 def compile_kernel(module_name: str, module_path: str, fn_name: str, specialization_data: str,
-                   target: tuple, triton_env: dict[str, str]) -> dict[str, float]:
+                   target: tuple, triton_env: dict[str, str], install_key: str | None = None) -> dict[str, float]:
     """What `JITFunction.preload(specialization_data)` compiles, for an explicit target."""
     start = time.perf_counter()
     import triton
@@ -79,6 +82,7 @@ def compile_kernel(module_name: str, module_path: str, fn_name: str, specializat
     from triton.compiler import ASTSource, make_backend
 
     _set_triton_env(triton_env)
+    _adopt_install_key(install_key)
     fn = getattr(_kernel_module(module_name, module_path), fn_name)
     seconds = {"import": time.perf_counter() - start}
     data = json.loads(specialization_data)
@@ -94,9 +98,43 @@ def compile_kernel(module_name: str, module_path: str, fn_name: str, specializat
     options = make_backend(target).parse_options(options)
     source = ASTSource(fn, signature, constexprs, attrs)
     start = time.perf_counter()
+    stages = _stage_times()
     triton.compile(source, target=target, options=options.__dict__)
     seconds["kernel"] = time.perf_counter() - start
+    seconds.update(stages)
     return seconds
+
+
+def _adopt_install_key(key: str | None) -> None:
+    """Use the parent's Triton install key instead of hashing libtriton.so here (the same
+    files: a worker runs the parent's Python on the parent's sys.path)."""
+    if key is None:
+        return
+    from triton.runtime import cache
+
+    own = getattr(cache, "triton_key", None)
+    if own is not None and getattr(own, "torchweld_adopted", None) != key:
+        adopted = functools.lru_cache()(lambda: key)
+        adopted.torchweld_adopted = key
+        cache.triton_key = adopted
+
+
+def _stage_times() -> dict[str, float]:
+    """Filled with the seconds of each step of the next compile (Triton's listener, where
+    this Triton reports times): the front end (`ir_init`: source to its first IR) and each stage."""
+    from triton import knobs
+
+    stages: dict[str, float] = {}
+
+    def listener(*, times=None, **_):
+        if times is None:
+            return
+        stages["ir_init"] = times.ir_initialization / 1e6
+        for name, us in times.lowering_stages:
+            stages[f"stage.{name}"] = us / 1e6
+
+    knobs.compilation.listener = listener
+    return stages
 
 
 def _import_compiler() -> None:

@@ -213,4 +213,24 @@ def compile_request(fn, data: str, target) -> tuple:
     module = sys.modules[fn.fn.__module__]
     env = {k: v for k, v in os.environ.items() if k.startswith("TRITON_")}
     return ("compile", module.__name__, module.__file__, fn.fn.__name__, data,
-            (target.backend, target.arch, target.warp_size), env)
+            (target.backend, target.arch, target.warp_size), env, install_key())
+
+
+def install_key() -> str | None:
+    """Triton's key of its own installation (`triton.runtime.cache.triton_key`), part of every
+    kernel's cache key: a SHA-256 of its sources and of libtriton.so (500 MB), 0.3-1 s per
+    process, cached there. Workers take the parent's instead of each hashing the library
+    again at its first compile (16 workers at once took ~0.6 s a kernel on an H100 host).
+    None where this Triton keeps it elsewhere."""
+    try:
+        from triton.runtime import cache
+    except ImportError:
+        return None
+    key = getattr(cache, "triton_key", None)
+    return key() if callable(key) else None
+
+
+def hash_install_in_background() -> None:
+    """Compute install_key() in a thread: hashing releases the GIL, so it overlaps the
+    tracing and lowering instead of delaying the first kernel's compile or load."""
+    threading.Thread(target=install_key, daemon=True, name="torchweld-triton-key").start()
