@@ -173,6 +173,29 @@ def compile_fn(fn, *inputs):
     return lookup_backend("weld")(torch.fx.symbolic_trace(fn), list(inputs))
 
 
+def test_a_model_called_under_autocast_trains_like_eager():
+    """The usual mixed-precision step: the compiled model called inside torch.autocast, the
+    backward outside it. weld traces forward and backward with autocast's casts; gradients
+    come back float32, equal to eager's within bfloat16's precision."""
+    def make():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(16, 32), nn.LayerNorm(32), nn.GELU(), nn.Linear(32, 4))
+
+    x, y = torch.randn(8, 16), torch.randint(0, 4, (8,))
+    eager, model = make(), make()
+    compiled = torchweld.compile(model, backend="weld")
+    for m in (eager, compiled):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = m(x)
+            assert out.dtype == torch.bfloat16
+            assert ("CompiledFunction" in type(out.grad_fn).__name__) == (m is compiled)
+            loss = nn.functional.cross_entropy(out, y)
+        loss.backward()
+    for p, q in zip(eager.parameters(), model.parameters()):
+        assert q.grad.dtype == torch.float32
+        torch.testing.assert_close(q.grad, p.grad, atol=5e-3, rtol=5e-2)
+
+
 def test_mixed_outputs_and_inputs():
     """Inputs without grad, outputs without grad, an output aliasing an input, a None gradient."""
     def fn(x, w, unused, frozen):

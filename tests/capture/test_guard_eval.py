@@ -21,7 +21,7 @@ import torchweld
 from torchweld import config
 from torchweld.capture import guard_extension, guard_program
 from torchweld.capture.cache import LIVE_CACHES, MISS, build_entry
-from torchweld.capture.guards import Guard, GuardSet
+from torchweld.capture.guards import Guard, GuardSet, autocast_state
 from torchweld.capture.report import TranslationReport
 from torchweld.capture.sources import (
     AttrSource, BuiltinMethodCallSource, BuiltinSource, ClosureSource, DefaultSource, GlobalSource,
@@ -133,6 +133,7 @@ def guards_for(args, kwargs) -> GuardSet:
     dyn = ItemSource(L("extra"), "dyn")
     g = GuardSet()
     g.grad_mode(True)
+    g.autocast(autocast_state())
     g.tensor(L("x"), x)
     g.constant(L("k"), k)
     g.identity(L("m"), m)
@@ -340,6 +341,15 @@ def test_grad_mode_is_guarded(other_module):
     guards = guards_for(args, kwargs)
     with torch.no_grad():
         assert decisions(FRAME, guards, args, kwargs) == (False, False)
+
+
+@needs_c
+def test_autocast_state_is_guarded(other_module):
+    args, kwargs = inputs()
+    guards = guards_for(args, kwargs)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert decisions(FRAME, guards, args, kwargs) == (False, False)
+    assert decisions(FRAME, guards, args, kwargs) == (True, True)
 
 
 @needs_c

@@ -88,6 +88,63 @@ def test_grad_mode_is_guarded():
         assert not fn(x).requires_grad
 
 
+def _autocast_model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 8), nn.GELU(), nn.Linear(8, 4))
+
+
+@pytest.mark.parametrize("backend", ["eager", "weld"])
+def test_autocast_state_is_guarded(backend):
+    """A graph captured under torch.autocast has its casts in it (weld traces them into the
+    aten graph): reused outside autocast it returned bfloat16. Either order, like torch.compile."""
+    model, x = _autocast_model(), torch.randn(4, 8)
+    expected = {}
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected["bf16"] = model(x)
+    expected["off"] = model(x)
+    with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False):
+        expected["bf16 uncached"] = model(x)
+    for order in (["bf16", "off", "bf16 uncached"], ["off", "bf16", "bf16 uncached"]):
+        compiled = torchweld.compile(model, backend=backend)
+        for state in order + order:
+            context = (torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=state != "bf16 uncached")
+                       if state != "off" else torch.autocast("cpu", enabled=False))
+            with context:
+                got = compiled(x)
+            assert got.dtype == expected[state].dtype, (order, state)
+            torch.testing.assert_close(got, expected[state], atol=2e-2, rtol=2e-2)
+
+
+def test_autocast_guards_match_torch_compile():
+    """torch.compile recompiles for a new autocast state too; both give eager's dtypes."""
+    model, x = _autocast_model(), torch.randn(4, 8)
+    ours, theirs = torchweld.compile(model), torch.compile(model, backend="eager")
+    for enabled in (True, False, True):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=enabled):
+            assert ours(x).dtype == theirs(x).dtype == model(x).dtype
+
+
+def test_autocast_guard_reads_as_one_line():
+    explained = torchweld.explain(lambda x: x * 2)(torch.randn(3))
+    assert "torch.autocast is off" in str(explained)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        explained = torchweld.explain(lambda x: x * 2)(torch.randn(3))
+    assert "torch.autocast state is (torch.bfloat16, None, True)" in str(explained)
+
+
+def test_autocast_inside_the_frame_breaks_the_graph_and_stays_correct():
+    model, x = _autocast_model(), torch.randn(4, 8)
+
+    def fn(x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = model(x)
+        return y.float() + 1
+
+    explained = torchweld.explain(fn)(x)
+    assert "only torch.no_grad/enable_grad/set_grad_enabled are captured" in str(explained)
+    torch.testing.assert_close(torchweld.compile(fn)(x), fn(x))
+
+
 def test_eval_mode_and_submodule_swap_are_guarded():
     model = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.9))
     fn = torchweld.compile(model)

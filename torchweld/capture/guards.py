@@ -29,6 +29,21 @@ class Guard:
     operands: tuple = ()  # what that test compares the source's value with
 
 
+AUTOCAST_DEVICES = ("cpu", "cuda")
+_autocast_states: dict[tuple, tuple] = {}
+
+
+def autocast_state() -> tuple | None:
+    """None outside `torch.autocast` (one C call, the common case); else the autocast dtype (or
+    None) of each of AUTOCAST_DEVICES and whether autocast caches casts, as one interned tuple,
+    so that a guard compares states with `is`."""
+    if not torch._C._is_any_autocast_enabled():
+        return None
+    state = (*(torch.get_autocast_dtype(d) if torch.is_autocast_enabled(d) else None for d in AUTOCAST_DEVICES),
+             torch.is_autocast_cache_enabled())
+    return _autocast_states.setdefault(state, state)
+
+
 class GuardSet:
     """Collects guards without duplicates and the constants their expressions name."""
 
@@ -127,6 +142,13 @@ class GuardSet:
         fn = self.name_constant(torch.is_grad_enabled)
         self._add(("", "grad_mode"), f"torch.is_grad_enabled() is {enabled}", f"{fn}() is {enabled}", None,
                   "call_is", (torch.is_grad_enabled, enabled))
+
+    def autocast(self, state: object) -> None:
+        """The autocast state at capture (`autocast_state()`): a graph traced under
+        `torch.autocast` has its casts in it, and one traced outside has none."""
+        fn, value = self.name_constant(autocast_state), self.name_constant(state)
+        text = "torch.autocast is off" if state is None else f"torch.autocast state is {state}"
+        self._add(("", "autocast"), text, f"{fn}() is {value}", None, "call_is", (autocast_state, state))
 
     # -- results ---------------------------------------------------------------
     def expression(self) -> str:

@@ -16,7 +16,7 @@ from torch._subclasses.fake_tensor import (
 from torch.nn.utils.stateless import _reparametrize_module
 from torch.utils import _pytree as pytree
 
-from torchweld.capture.guards import GuardSet
+from torchweld.capture.guards import GuardSet, autocast_state
 from torchweld.capture.side_effects import SideEffects
 from torchweld.capture.number_inputs import NumberTensor
 from torchweld.capture.sources import NumberTensorSource, Source
@@ -36,6 +36,7 @@ class OutputGraph:
         self.grad_enabled = self.initial_grad_enabled = torch.is_grad_enabled()
         self.grad_mode_changed = False
         self.guards.grad_mode(self.grad_enabled)
+        self.guards.autocast(autocast_state())
         self.inputs: list[tuple[Source, torch.Tensor, torch.fx.Node]] = []
         self._input_by_source: dict[str, TensorValue] = {}
         self.number_input_sources: set[str] = set()  # names of floats to read as GuardedOnUseNumber
