@@ -144,7 +144,8 @@ def main():
     options = json.loads(args.options)
     if args.worker:
         return worker(args.worker[0], args.worker[1], args.mode, options, args.out)
-    print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, float32, mode={args.mode}, options={options}")
+    print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, float32 unless a row says fp16, "
+          f"mode={args.mode}, options={options}")
     print("each compiler runs each case in a fresh process; cold = compile() and the first call there "
           "(3 calls under reduce-overhead), with empty caches")
     header = (f"{'case':24s} {'eager ms':>9s} {'inductor ms':>11s} {'weld ms':>8s} {'ind x':>6s} {'weld x':>7s} "

@@ -20,7 +20,8 @@ TRITON_* variables, which choose the cache directory; `install_key` the parent's
 Triton, would otherwise compute by hashing libtriton.so. The worker compiles the
 same source with the same options, so the parent's own compile of that kernel
 finds it in the cache, and replies with the seconds each step took:
-{"import": s, "kernel": s}.
+{"import": s, "kernel": s}, plus, where Triton's compile listener reports them,
+"ir_init" (its front end) and "stage.<ir>" for each stage (ttir, ttgir, llir, ptx, cubin).
 ("ping",) replies "pong".
 """
 from __future__ import annotations

@@ -230,7 +230,12 @@ def install_key() -> str | None:
     return key() if callable(key) else None
 
 
+_hashing = threading.Event()
+
+
 def hash_install_in_background() -> None:
-    """Compute install_key() in a thread: hashing releases the GIL, so it overlaps the
-    tracing and lowering instead of delaying the first kernel's compile or load."""
-    threading.Thread(target=install_key, daemon=True, name="torchweld-triton-key").start()
+    """Compute install_key() in a thread, once per process: hashing releases the GIL, so it
+    overlaps the tracing and lowering instead of delaying the first kernel's compile or load."""
+    if not _hashing.is_set():
+        _hashing.set()
+        threading.Thread(target=install_key, daemon=True, name="torchweld-triton-key").start()
