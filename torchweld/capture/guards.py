@@ -145,10 +145,14 @@ class GuardSet:
 
     def autocast(self, state: object) -> None:
         """The autocast state at capture (`autocast_state()`): a graph traced under
-        `torch.autocast` has its casts in it, and one traced outside has none."""
-        fn, value = self.name_constant(autocast_state), self.name_constant(state)
-        text = "torch.autocast is off" if state is None else f"torch.autocast state is {state}"
-        self._add(("", "autocast"), text, f"{fn}() is {value}", None, "call_is", (autocast_state, state))
+        `torch.autocast` has its casts in it, and one traced outside has none. Outside
+        autocast (nearly every call) the check is one C function, with no Python frame."""
+        if state is None:
+            fn, value, text = torch._C._is_any_autocast_enabled, False, "torch.autocast is off"
+        else:
+            fn, value, text = autocast_state, state, f"torch.autocast state is {state}"
+        self._add(("", "autocast"), text, f"{self.name_constant(fn)}() is {self.name_constant(value)}", None,
+                  "call_is", (fn, value))
 
     # -- results ---------------------------------------------------------------
     def expression(self) -> str:
