@@ -12,11 +12,11 @@ import torch
 import torch.utils._pytree as pytree
 from torch._decomp import get_decompositions
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.fx.experimental.proxy_tensor import make_fx
 from torch.nn.utils.stateless import _reparametrize_module
 
 from torchweld.autograd.functionalize import functionalize
 from torchweld.compiler.aten_graph import DECOMPOSITIONS
+from torchweld.compiler.aten_trace import AtenRecorder
 
 aten = torch.ops.aten
 
@@ -126,32 +126,20 @@ class JointGraph:
 def trace_joint(gm: torch.fx.GraphModule, state: list[ModuleState], primals: list[torch.Tensor]) -> JointGraph:
     """Trace forward + backward of `gm` run with `primals` = state values + tensor inputs."""
     n_state = len(state)
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
-    fake_primals = [mode.from_tensor(p) for p in primals]
-
-    def forward(*prims):
-        with substituted(gm, state, list(prims[:n_state])):
-            return gm(*prims[n_state:])
-
-    # A first fake run tells which outputs exist and need gradients.
-    with mode:
-        flat_out, out_spec = pytree.tree_flatten(forward(*fake_primals))
-        diff_outputs = [i for i, o in enumerate(flat_out) if isinstance(o, torch.Tensor) and o.requires_grad]
-        tangents = [torch.empty(flat_out[i].shape, dtype=flat_out[i].dtype, device=flat_out[i].device)
-                    for i in diff_outputs]
+    recorder = AtenRecorder(JOINT_DECOMPOSITIONS)
     grad_primals = [i for i, p in enumerate(primals) if p.requires_grad]
-
-    def joint(*args):
-        prims, tans = args[:len(primals)], args[len(primals):]
-        outs = pytree.tree_leaves(forward(*prims))
-        diff = [outs[i] for i in diff_outputs]
-        wrt = [prims[i] for i in grad_primals]
-        grads = torch.autograd.grad(diff, wrt, tans, allow_unused=True) if diff and wrt else [None] * len(wrt)
-        return [*outs, *grads]
-
-    with mode:
-        traced = make_fx(joint, decomposition_table=JOINT_DECOMPOSITIONS, tracing_mode="real")(
-            *fake_primals, *tangents)
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        prims = [recorder.placeholder(mode.from_tensor(p)) for p in primals]
+        with recorder, substituted(gm, state, prims[:n_state]):
+            flat_out, out_spec = pytree.tree_flatten(gm(*prims[n_state:]))
+        diff_outputs = [i for i, o in enumerate(flat_out) if isinstance(o, torch.Tensor) and o.requires_grad]
+        # one tangent input per output that needs a gradient, after the primals
+        tangents = [recorder.placeholder(torch.empty(flat_out[i].shape, dtype=flat_out[i].dtype,
+                                                     device=flat_out[i].device)) for i in diff_outputs]
+        diff, wrt = [flat_out[i] for i in diff_outputs], [prims[i] for i in grad_primals]
+        with recorder:
+            grads = torch.autograd.grad(diff, wrt, tangents, allow_unused=True) if diff and wrt else [None] * len(wrt)
+    traced = recorder.graph_module([*flat_out, *grads])
     # functionalize appends new values after all outputs; move them before the grads.
     fn = functionalize(traced)
     output = next(n for n in fn.gm.graph.nodes if n.op == "output")

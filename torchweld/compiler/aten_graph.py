@@ -9,9 +9,9 @@ import torch
 import torch.utils._pytree as pytree
 from torch._decomp import get_decompositions
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.fx.experimental.proxy_tensor import make_fx
 
 from torchweld.compiler import decompositions
+from torchweld.compiler.aten_trace import AtenRecorder
 
 aten = torch.ops.aten
 
@@ -116,17 +116,10 @@ def traced_aten_graph(gm: torch.fx.GraphModule) -> AtenGraph:
 
 def to_aten_graph(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> AtenGraph:
     """Trace `gm` with fake copies of `example_inputs`; parameters become get_attr constants."""
-    specs: list[pytree.TreeSpec] = []
-
-    def flat_forward(*args):
-        flat, spec = pytree.tree_flatten(gm(*args))
-        specs.append(spec)
-        return flat
-
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
-    fake_inputs = [mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in example_inputs]
-    with torch.no_grad(), mode:
-        traced = make_fx(flat_forward, decomposition_table=DECOMPOSITIONS, tracing_mode="real")(*fake_inputs)
-    traced.graph.eliminate_dead_code()
-    traced.recompile()
-    return AtenGraph(traced, specs[-1])
+    recorder = AtenRecorder(DECOMPOSITIONS)
+    with torch.no_grad(), FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        fake_inputs = [recorder.placeholder(mode.from_tensor(x) if isinstance(x, torch.Tensor) else x)
+                       for x in example_inputs]
+        with recorder:
+            flat, spec = pytree.tree_flatten(gm(*fake_inputs))
+    return AtenGraph(recorder.graph_module(flat), spec)

@@ -1,0 +1,148 @@
+"""Record the aten ops a function runs on fake tensors as an FX graph.
+
+torch's `make_fx` does this through its proxy-tensor machinery (a proxy per tensor,
+pytree over every argument, metadata snapshots), which costs more per op than the
+fake-tensor kernels themselves. AtenRecorder is the part weld needs, as one
+TorchDispatchMode stacked above a FakeTensorMode: every aten op that reaches it is
+decomposed (the table weld gives it, or the op's CompositeImplicitAutograd kernel
+where autograd would have used that) or run on the fake tensors below it and
+recorded as one node with its fake result in `meta["val"]`. Real tensors an op
+reads (parameters, buffers, tensor literals) become get_attr constants.
+
+    recorder = AtenRecorder(decompositions)
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        xs = [recorder.placeholder(mode.from_tensor(x)) for x in inputs]
+        with recorder:
+            out = fn(*xs)
+    gm = recorder.graph_module(flat_outputs)
+
+Shapes are static: an op whose result depends on tensor data (`.item()`, `nonzero`)
+fails as it does under fake tensors, and the caller falls back.
+"""
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.utils._pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
+
+aten = torch.ops.aten
+
+# Ops that read tensor metadata only, never decomposed (as make_fx leaves them).
+_METADATA_OPS = frozenset({aten.size.default, aten.stride.default, aten.storage_offset.default})
+_CIA = "CompositeImplicitAutograd"
+_decomposes: dict[tuple, bool] = {}  # (op, device type) -> whether autograd would have decomposed it
+
+
+def autograd_decomposes(func, args, kwargs) -> bool:
+    """Whether autograd would have run `func`'s CompositeImplicitAutograd kernel for these
+    arguments: it has one, and no kernel of its own for the first tensor's device. Ops reach
+    a dispatch mode undecomposed when called from below autograd (inside a decomposition),
+    and make_fx decomposes them there alike (torch.utils._python_dispatch.autograd_would_have_decomposed)."""
+    device = next((a.device.type for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)), None)
+    key = (func, device)
+    known = _decomposes.get(key)
+    if known is None:
+        name = func.name()
+        known = torch._C._dispatch_has_kernel_for_dispatch_key(name, _CIA) and func not in _METADATA_OPS
+        if known and device is not None:
+            backend = torch._C._dispatch_key_for_device(device)
+            known = not torch._C._dispatch_has_kernel_for_dispatch_key(name, backend)
+        _decomposes[key] = known
+    return known
+
+
+class AtenRecorder(TorchDispatchMode):
+    """Records each aten op that reaches it into `self.graph` (see the module docstring)."""
+
+    def __init__(self, decompositions: dict):
+        super().__init__()
+        self.decompositions = decompositions
+        self.graph = torch.fx.Graph()
+        self.root = torch.nn.Module()  # holds the get_attr constants
+        self._nodes: dict[int, tuple[torch.Tensor, torch.fx.Node]] = {}  # id(tensor) -> (tensor, node)
+        self._constants = 0
+        self._last_placeholder: torch.fx.Node | None = None
+
+    # -- building the graph --------------------------------------------------------
+
+    def placeholder(self, value, name: str | None = None):
+        """A graph input taking `value` (a fake tensor, or anything else the graph treats as
+        fixed); placeholders stay ahead of every op even when added after some were recorded."""
+        name = name or f"arg{sum(1 for n in self.graph.nodes if n.op == 'placeholder')}_1"
+        if self._last_placeholder is None:
+            first = next(iter(self.graph.nodes), None)
+            ctx = self.graph.inserting_before(first) if first is not None else self.graph.inserting_after()
+        else:
+            ctx = self.graph.inserting_after(self._last_placeholder)
+        with ctx:
+            node = self.graph.placeholder(name)
+        node.meta["val"] = value
+        self._last_placeholder = node
+        if isinstance(value, torch.Tensor):
+            self._bind(value, node)
+        return value
+
+    def node_of(self, value):
+        """The node producing `value` (a tensor the recording saw, or a real tensor, which
+        becomes a constant); anything else is returned as is, a literal argument."""
+        if not isinstance(value, torch.Tensor):
+            return value
+        entry = self._nodes.get(id(value))
+        if entry is not None:
+            return entry[1]
+        name = f"_tensor_constant{self._constants}"
+        self._constants += 1
+        setattr(self.root, name, value)
+        node = self.graph.get_attr(name)
+        node.meta["val"] = value
+        self._bind(value, node)
+        return node
+
+    def graph_module(self, outputs: list) -> torch.fx.GraphModule:
+        """The recording as a GraphModule returning `outputs` (a flat list), dead code removed."""
+        self.graph.output([self.node_of(o) for o in outputs])
+        self.graph.eliminate_dead_code()
+        return torch.fx.GraphModule(self.root, self.graph)
+
+    def _bind(self, tensor: torch.Tensor, node: torch.fx.Node) -> None:
+        self._nodes[id(tensor)] = (tensor, node)  # the tensor is kept alive, so its id stays its own
+
+    # -- the dispatch mode ---------------------------------------------------------
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.ops.prim.device.default:  # a tensor's device: nothing to record
+            return func(*args, **kwargs)
+        if func is aten.detach.default:  # below autograd an alias of its input: the same node
+            out = func(*args, **kwargs)
+            self._bind(out, self.node_of(args[0]))
+            return out
+        decomposition = self.decompositions.get(func)
+        if decomposition is not None:
+            with self:
+                out = decomposition(*args, **kwargs)
+            if out is not NotImplemented:
+                return out
+        if autograd_decomposes(func, args, kwargs):
+            with self:
+                out = func.decompose(*args, **kwargs)
+            if out is not NotImplemented:
+                return out
+        if func is aten.lift_fresh.default:  # a tensor literal: a copy, so that writes to it stay in the graph
+            func = aten.lift_fresh_copy.default
+        out = func(*args, **kwargs)  # on the fake tensors, by the FakeTensorMode below this one
+        node_args, node_kwargs = pytree.tree_map(self.node_of, (args, kwargs))
+        node = self.graph.create_node("call_function", func, tuple(node_args), node_kwargs,
+                                      name=func.overloadpacket.__name__)
+        node.meta["val"] = out
+        if isinstance(out, torch.Tensor):
+            self._bind(out, node)
+        elif isinstance(out, (tuple, list)):
+            for i, value in enumerate(out):
+                if isinstance(value, torch.Tensor):
+                    item = self.graph.create_node("call_function", operator.getitem, (node, i), name="getitem")
+                    item.meta["val"] = value
+                    self._bind(value, item)
+        return out
