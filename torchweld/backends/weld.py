@@ -73,13 +73,15 @@ def weld(gm: torch.fx.GraphModule, example_inputs: list, mode=None, options=None
     grad_tensors = reads_grad_tensors(gm, example_inputs)
     training = grad_tensors and records_autograd(gm)
     if _on_cuda(gm, example_inputs):
-        from torchweld.runtime.triton_launch import fast_launch_available, kernel_launcher
+        from torchweld.runtime.triton_launch import fast_launch_available, kernel_launcher, triton_driver
 
         if fast_launch_available(torch.device("cuda")):  # else the launcher is never used
             from torchweld.runtime import triton_workers
 
-            # both overlap the tracing and lowering: the launcher's C build, Triton's key of itself
+            # all overlap the tracing and lowering: the launcher's C build, Triton's driver (its C
+            # build), Triton's key of itself
             kernel_launcher.start_in_background()
+            triton_driver.start_in_background()
             triton_workers.hash_install_in_background()
             if len(gm.graph.nodes) >= WORKERS_FROM_NODES:
                 triton_workers.start_in_background()

@@ -112,6 +112,19 @@ def fast_launch_available(device: torch.device) -> bool:
     return (major, minor) >= (3, 4)
 
 
+@loaded_once
+def triton_driver():
+    """Triton's active driver. Triton creates it at first use, and creating it builds Triton's C
+    utilities with the C compiler where its cache lacks them (0.3 s of a cold compile's first
+    kernel on the H100 host); the weld backend starts this in a thread at its entry, and
+    kernels wait for that one creation rather than racing it with another."""
+    from triton.runtime import driver
+
+    active = driver.active
+    active.get_current_target()
+    return active
+
+
 def submit_kernels(jobs: list[CompileJob]) -> list[Future]:
     """Start compiling `jobs` in the thread pool; a job seen before in this process
     (same source, dtypes, alignment, config, device) shares the first one's future."""
@@ -167,8 +180,6 @@ def _workers_running() -> bool:
 
 def _compile_in_worker(job: CompileJob, args: list[torch.Tensor]) -> Future | None:
     """A worker's compile of `job` into Triton's cache (None where there is none to ask)."""
-    from triton.runtime import driver
-
     from torchweld.runtime import triton_workers
 
     pool = triton_workers.worker_pool()
@@ -176,8 +187,8 @@ def _compile_in_worker(job: CompileJob, args: list[torch.Tensor]) -> Future | No
         return None
     try:
         with torch.cuda.device(job.device), timing.phase("weld.triton_compile.specialize"):
+            target = triton_driver().get_current_target()
             data = triton_workers.specialization_data(job.fn, args, dict(job.config))
-            target = driver.active.get_current_target()
     except Exception as e:  # noqa: BLE001 - the thread compiles it as before
         log.debug("cannot hand a Triton kernel to a worker: %s", e)
         return None
@@ -196,6 +207,7 @@ def _compile(job: CompileJob, args: list[torch.Tensor], ahead: Future | None = N
             log.debug("a Triton compile worker failed, compiling in this process: %s", e)
         timing.record("weld.triton_compile.threads.wait_for_worker", time.perf_counter() - start)
     config = dict(job.config)
+    triton_driver()  # created once, not raced by this JIT's own first use
     with torch.cuda.device(job.device), timing.phase("weld.triton_compile.threads.kernel"):
         kernel = job.fn.warmup(*args, grid=(1,), **config)
         kernel = kernel.result() if hasattr(kernel, "result") else kernel
@@ -252,14 +264,12 @@ def _plain_launch(metadata) -> bool:
 
 def _load_binary(kernel, device: torch.device) -> int | None:
     """The CUfunction of `kernel`'s binary loaded on `device`, or None where it does not fit there."""
-    from triton.runtime import driver
-
     index = device.index if device.index is not None else torch.cuda.current_device()
-    properties = driver.active.utils.get_device_properties(index)
+    utils = triton_driver().utils
+    properties = utils.get_device_properties(index)
     if kernel.metadata.shared > properties["max_shared_mem"]:
         return None
-    _, function, _, _, max_threads = driver.active.utils.load_binary(kernel.name, kernel.kernel,
-                                                                     kernel.metadata.shared, index)
+    _, function, _, _, max_threads = utils.load_binary(kernel.name, kernel.kernel, kernel.metadata.shared, index)
     return function if kernel.metadata.num_warps * 32 <= max_threads else None
 
 
