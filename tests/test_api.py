@@ -124,6 +124,33 @@ def test_registered_backend_and_list():
     assert counting.calls == 1
 
 
+def test_backend_warm_up_sees_each_capture_first():
+    """A backend's `warm_up(args, kwargs)` runs before capture, once per captured frame, with the
+    call's arguments (weld's starts its CUDA helpers there); calls that hit the cache skip it."""
+    events = []
+
+    def backend(gm, example_inputs):
+        events.append("compile")
+        return gm.forward
+
+    backend.warm_up = lambda args, kwargs: events.append(("warm_up", [tuple(a.shape) for a in args]))
+    compiled = torchweld.compile(sin_cos, backend=backend)
+    for shape in [(3,), (3,), (2, 2)]:
+        x = torch.randn(shape)
+        torch.testing.assert_close(compiled(x), sin_cos(x))
+    assert events == [("warm_up", [(3,)]), "compile", ("warm_up", [(2, 2)]), "compile"]
+
+
+def test_weld_warm_up_starts_nothing_for_cpu_tensors():
+    from torchweld.backends import backend_warm_up
+    from torchweld.runtime import triton_workers
+
+    warm_up = backend_warm_up("weld")
+    assert warm_up is not None
+    warm_up((torch.randn(2), MyModule()), {})
+    assert triton_workers.running_pool() is None
+
+
 @pytest.mark.parametrize("mode", [None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"])
 def test_modes_accepted_and_passed_on(mode):
     received = []

@@ -8,7 +8,7 @@ from typing import Callable
 
 import torch
 
-from torchweld.backends import backend_name, lookup_backend
+from torchweld.backends import backend_name, backend_warm_up, lookup_backend
 from torchweld.capture.cache import LIVE_CACHES
 from torchweld.capture.compiled_function import CompiledFunction
 from torchweld.capture.convert_frame import CompileSettings
@@ -28,7 +28,7 @@ def compile(model: Callable | None = None, *, fullgraph: bool = False, dynamic: 
         raise InvalidArgument(f"options must be a dict, got {type(options).__name__}")
     settings = CompileSettings(
         backend=lookup_backend(backend, mode=mode, options=options), backend_name=backend_name(backend),
-        fullgraph=fullgraph, mode=mode, options=options, dynamic=dynamic,
+        fullgraph=fullgraph, mode=mode, options=options, dynamic=dynamic, warm_up=backend_warm_up(backend),
     )
     if model is None:
         return functools.partial(_compile_one, settings=settings, disable=disable)

@@ -75,6 +75,15 @@ def lookup_backend(backend: str | Backend, mode: str | None = None, options: dic
     return functools.partial(fn, **extra) if extra else fn
 
 
+def backend_warm_up(backend: str | Backend) -> Callable | None:
+    """The backend's `warm_up(args, kwargs)`, if it has one: capture calls it with a call's
+    arguments before capturing that call's frame, so the backend can start what its compile
+    will need (weld: its compile worker processes, for CUDA tensors) while capture runs."""
+    _load_builtin_backends()
+    fn = _REGISTRY.get(backend) if isinstance(backend, str) else backend
+    return getattr(fn, "warm_up", None)
+
+
 def _load_builtin_backends() -> None:
     from torchweld.backends import eager  # noqa: F401  (registers on import)
 

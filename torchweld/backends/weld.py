@@ -73,18 +73,7 @@ def weld(gm: torch.fx.GraphModule, example_inputs: list, mode=None, options=None
     grad_tensors = reads_grad_tensors(gm, example_inputs)
     training = grad_tensors and records_autograd(gm)
     if _on_cuda(gm, example_inputs):
-        from torchweld.runtime.triton_launch import fast_launch_available, kernel_launcher, triton_driver
-
-        if fast_launch_available(torch.device("cuda")):  # else the launcher is never used
-            from torchweld.runtime import triton_workers
-
-            # all overlap the tracing and lowering: the launcher's C build, Triton's driver (its C
-            # build), Triton's key of itself
-            kernel_launcher.start_in_background()
-            triton_driver.start_in_background()
-            triton_workers.hash_install_in_background()
-            if len(gm.graph.nodes) >= WORKERS_FROM_NODES:
-                triton_workers.start_in_background()
+        _start_cuda_helpers(workers=len(gm.graph.nodes) >= WORKERS_FROM_NODES)
     if training:
         return _compile_training(prepare(gm, options, inference=False), example_inputs, mode, options)
     from torchweld.compiler import compile_graph
@@ -99,6 +88,44 @@ def weld(gm: torch.fx.GraphModule, example_inputs: list, mode=None, options=None
         compiled = gm.forward
     compiled = with_cudagraphs(compiled, gm, mode, options)
     return _without_grad(compiled) if grad_tensors else compiled
+
+
+def _start_cuda_helpers(workers: bool) -> None:
+    """Start in threads what the Triton kernels of a CUDA graph will wait for, each once per
+    process: torchweld's launcher (a C build), Triton's driver (its C build), Triton's key of
+    itself (a hash of its library), and with `workers` the compile worker processes. All
+    overlap the capture, tracing and lowering."""
+    from torchweld.runtime.triton_launch import fast_launch_available, kernel_launcher, triton_driver
+
+    if not fast_launch_available(torch.device("cuda")):  # kernels compile and launch through Triton's JIT
+        return
+    from torchweld.runtime import triton_workers
+
+    kernel_launcher.start_in_background()
+    triton_driver.start_in_background()
+    triton_workers.hash_install_in_background()
+    if workers:
+        triton_workers.start_in_background()
+
+
+# Whether a call whose tensors are on CUDA starts the compile workers before its capture:
+# ~2 s after their start 16 workers were ready on the H100 host, where GPT-2's first kernels
+# were ready to hand out 1.6 s after the backend's entry (0.5 s of capture before it).
+WORKERS_AT_FIRST_CALL = True
+
+
+def warm_up(args: tuple, kwargs: dict) -> None:
+    """Before a frame is captured for weld (backends.backend_warm_up): if the call's tensors,
+    or the parameters of a module it is a method of, are on CUDA, start the CUDA helpers now."""
+    tensors = [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
+    module = args[0] if args and isinstance(args[0], torch.nn.Module) else None
+    if module is not None:
+        tensors += [next(module.parameters(), None), next(module.buffers(), None)]
+    if any(t is not None and t.is_cuda for t in tensors):
+        _start_cuda_helpers(workers=WORKERS_AT_FIRST_CALL)
+
+
+weld.warm_up = warm_up
 
 
 def _on_cuda(gm: torch.fx.GraphModule, example_inputs: list) -> bool:

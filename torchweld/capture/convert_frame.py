@@ -35,6 +35,9 @@ class CompileSettings:
     mode: str | None = None
     options: dict | None = None
     dynamic: bool | None = None
+    # called with each call's arguments before its frame is captured: the backend starts in
+    # threads what its compile will wait for (backends.backend_warm_up)
+    warm_up: Callable | None = dataclasses.field(default=None, compare=False, repr=False)
     # compiled wrappers of resume functions and of callees run at a break, made once
     wrappers: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
@@ -49,6 +52,8 @@ def translate_frame(fn: types.FunctionType, args: tuple, kwargs: dict, settings:
     """The cache entry for this call: a full graph, a graph up to a break, or eager."""
     if config.guard_evaluator == "c":
         guard_extension.load.start_in_background()  # built while the frame is traced
+    if settings.warm_up is not None:
+        settings.warm_up(args, kwargs)
     before = timing.snapshot()
     try:
         with timing.phase("capture"), gc_pause.paused():

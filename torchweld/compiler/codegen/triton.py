@@ -163,41 +163,79 @@ def coalesce_indices(kernel: Kernel) -> Kernel:
 # without masks each output element reads all n inputs.
 
 
-def _key(load: Expr) -> tuple:
-    return (load.arg, load.args[0].key())
+class _BranchLoads:
+    """Per node of one expression (by identity): the (buffer, index) keys of the loads under it,
+    all of them and the unmasked ones, computed once. A torch.cat of n inputs nests n-1 wheres,
+    and asking each where for its branches' loads afresh walked the chain below it again
+    (densenet121's 67 kernels: 0.6 s of its 1.1 s of rendering on the H100 host)."""
 
+    def __init__(self):
+        self._below: dict[int, tuple[Expr, frozenset, frozenset]] = {}
+        self._keys: dict[int, tuple[Expr, tuple]] = {}
 
-def _branch_loads(e: Expr) -> list[Expr]:
-    return [n for n in ir.walk(e) if n.op is Op.LOAD or n.op is Op.MASKED_LOAD]
+    def key(self, load: Expr) -> tuple:
+        got = self._keys.get(id(load))
+        if got is None:
+            got = self._keys[id(load)] = (load, (load.arg, load.args[0].key()))
+        return got[1]
 
+    def below(self, e: Expr) -> tuple[frozenset, frozenset]:
+        """(keys of every load under `e`, keys of the unmasked ones)."""
+        got = self._below.get(id(e))
+        if got is not None:
+            return got[1], got[2]
+        if e.op is Op.LOAD:
+            every = unmasked = frozenset((self.key(e),))
+        else:
+            parts = [self.below(a) for a in e.args]
+            every = frozenset().union(*(p[0] for p in parts))
+            unmasked = frozenset().union(*(p[1] for p in parts))
+            if e.op is Op.MASKED_LOAD:
+                every = every | {self.key(e)}
+        self._below[id(e)] = (e, every, unmasked)  # e kept alive, so its id stays its own
+        return every, unmasked
 
-def _add_mask(e: Expr, mask: Expr, keep: set) -> Expr:
-    """`e` with every unmasked load whose (buffer, index) is not in `keep` masked by `mask`.
+    def add_mask(self, e: Expr, mask: Expr, keep: frozenset) -> Expr:
+        """`e` with every unmasked load whose key is not in `keep` masked by `mask`.
 
-    A load keeps the mask of the innermost where it sits in: masks only save reads
-    (the where picks the value), and conditions that say their range exactly, as
-    torch.cat's do, then cost O(1) each instead of a conjunction per level."""
-    def leaf(node: Expr):
-        if node.op is Op.LOAD and _key(node) not in keep:
-            return Expr(Op.MASKED_LOAD, node.dtype, (node.args[0], mask), node.arg)
-        return None
+        A load keeps the mask of the innermost where it sits in: masks only save reads
+        (the where picks the value), and conditions that say their range exactly, as
+        torch.cat's do, then cost O(1) each instead of a conjunction per level. Subtrees
+        with nothing to mask are returned as they are, unvisited."""
+        memo: dict[int, Expr] = {}
 
-    return ir.rewrite(e, leaf)
+        def visit(node: Expr) -> Expr:
+            got = memo.get(id(node))
+            if got is not None:
+                return got
+            if self.below(node)[1] <= keep:
+                out = node
+            elif node.op is Op.LOAD:
+                out = Expr(Op.MASKED_LOAD, node.dtype, (node.args[0], mask), node.arg)
+            else:
+                args = tuple(visit(a) for a in node.args)
+                out = node if all(x is y for x, y in zip(args, node.args)) else Expr(node.op, node.dtype, args, node.arg)
+            memo[id(node)] = out
+            return out
+
+        return visit(e)
 
 
 def _mask_branches(e: Expr) -> Expr:
+    branch_loads = _BranchLoads()
+
     def leaf(node: Expr):
         if node.op is not Op.WHERE:
             return None
         cond, a, b = node.args
-        a_loads, b_loads = _branch_loads(a), _branch_loads(b)
-        if not a_loads and not b_loads:
+        a_every, b_every = branch_loads.below(a)[0], branch_loads.below(b)[0]
+        if not a_every and not b_every:
             return None
-        in_cond = {_key(n) for n in ir.loads(cond)}
+        in_cond = branch_loads.below(cond)[1]
         # a load the condition or the other branch needs anyway is read unmasked, once
-        a = _add_mask(a, cond, in_cond | {_key(n) for n in b_loads}) if a_loads else a
+        a = branch_loads.add_mask(a, cond, in_cond | b_every) if a_every else a
         not_cond = Expr(Op.LOGICAL_NOT, torch.bool, (cond,))
-        b = _add_mask(b, not_cond, in_cond | {_key(n) for n in a_loads}) if b_loads else b
+        b = branch_loads.add_mask(b, not_cond, in_cond | a_every) if b_every else b
         return Expr(Op.WHERE, node.dtype, (cond, a, b))
 
     return ir.rewrite(e, leaf)
