@@ -106,7 +106,7 @@ def test_tuned_triton_graph_matches_eager_and_second_compile_does_not_tune(tmp_p
         c = check(fn, inputs, options={"cpu_codegen": "triton", "max_autotune": True, "autotune_timer": timer},
                   atol=1e-4, rtol=1e-4)
         assert timer.calls > 0
-        assert os.path.exists(c.paths["triton"] + ".tune.json")
+        assert c.paths["triton"] and all(os.path.exists(path + ".tune.json") for path in c.paths["triton"])
         assert "num_warps=" in c.wrapper_source
         assert "TritonMatmul" in repr(c.fn.__globals__) or any(
             "TritonMatmul" in type(v).__name__ for v in c.fn.__globals__.values())
@@ -121,7 +121,7 @@ def test_without_max_autotune_nothing_is_tuned(tmp_path):
     with config.patch(cache_dir=str(tmp_path)):
         c = check(lambda a, b: torch.relu(a @ b), [torch.randn(4, 3), torch.randn(3, 5)],
                   options={"cpu_codegen": "triton", "autotune_timer": never})
-    assert not os.path.exists(c.paths["triton"] + ".tune.json")
+    assert not any(os.path.exists(path + ".tune.json") for path in c.paths["triton"])
     assert "num_warps" not in c.wrapper_source
 
 

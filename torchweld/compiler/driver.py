@@ -34,7 +34,7 @@ class CompiledGraph:
     schedule: Schedule
     wrapper_source: str
     kernel_sources: dict[str, str]  # "cpp" / "triton" -> source
-    paths: dict[str, str]
+    paths: dict[str, str | list[str]]  # "cpp" -> its source file; "triton" -> one file per kernel function
     hoisted: HoistedConstants | None = None  # constant work done once (constant_folding.py)
 
     def __call__(self, *args):
@@ -100,6 +100,28 @@ def _check(buf, options: dict) -> None:
         raise NotImplementedError(f"{renderer.name} has no dtype {buf.dtype}")
 
 
+def _triton_kernels(renderer, kernels: list[Kernel], sched: Schedule, buffer_dtypes: dict, options: dict):
+    """(TritonLaunches, the kernels' source, their module files): each kernel rendered, loaded and
+    handed to the compilers as it comes, so the first compile while the rest are rendered."""
+    from torchweld.compiler.codegen.triton_launches import TritonCompile
+    from torchweld.runtime.triton_loader import load_module
+
+    compile_ = TritonCompile(kernels, sched, options)
+    loaded: dict[str, tuple[object, str]] = {}  # function name -> (JIT function, module file)
+    module_sources = []
+    with timing.phase("weld.render"):
+        for kernel, fn_name, module_source in renderer.render_modules(kernels, buffer_dtypes):
+            if module_source is not None:
+                with timing.phase("weld.triton_compile.load_module"):
+                    module, path = load_module(module_source)
+                loaded[fn_name] = (getattr(module, fn_name), path)
+                module_sources.append(module_source)
+            compile_.add(kernel, loaded[fn_name][0], fn_name, loaded[fn_name][1])
+    with timing.phase("weld.triton_compile"):
+        launches = compile_.finish()
+    return launches, "\n".join(module_sources), [path for _, path in loaded.values()]
+
+
 def _codegen(sched: Schedule, out_spec, options: dict) -> CompiledGraph:
     buffer_dtypes = {name: dtype for name, (dtype, _, _) in sched.layouts.items()}
     by_renderer: dict[type, list[Kernel]] = {}
@@ -130,15 +152,8 @@ def _codegen(sched: Schedule, out_spec, options: dict) -> CompiledGraph:
                 ptrs = ", ".join(f"{a}.data_ptr()" for a in k.args)
                 launches[k.name] = f"_k_{k.name}({ptrs})"
         else:
-            from torchweld.compiler.codegen.triton_launches import build_launches
-            from torchweld.runtime.triton_loader import load_module
-
-            with timing.phase("weld.render"):
-                source, fn_names = renderer.render_kernels(kernels, buffer_dtypes)
-            with timing.phase("weld.triton_compile"):
-                module, path = load_module(source)
-                triton = build_launches(kernels, module, fn_names, sched, path, options)
-            sources["triton"], paths["triton"] = source, path
+            triton, sources["triton"], paths["triton"] = _triton_kernels(renderer, kernels, sched, buffer_dtypes,
+                                                                         options)
             launches |= triton.jit
             fast_launches |= triton.fast
             checked_inputs, stream_index = triton.checked_inputs, triton.stream_index

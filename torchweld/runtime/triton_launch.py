@@ -125,13 +125,16 @@ def triton_driver():
     return active
 
 
-def submit_kernels(jobs: list[CompileJob]) -> list[Future]:
+def submit_kernels(jobs: list[CompileJob], batch: int | None = None) -> list[Future]:
     """Start compiling `jobs` in the thread pool; a job seen before in this process
-    (same source, dtypes, alignment, config, device) shares the first one's future."""
+    (same source, dtypes, alignment, config, device) shares the first one's future.
+    `batch`: how many kernels the graph has when `jobs` is part of them (handed over
+    one by one as they are rendered), which decides whether worker processes compile them."""
     futures = []
     with _lock:
         new = {job.key for job in jobs if job.key not in _compiled}
-        use_workers = len(new) >= WORKERS_FROM or (len(new) > 1 and _workers_running())
+        count = len(new) if batch is None else batch
+        use_workers = bool(new) and (count >= WORKERS_FROM or (count > 1 and _workers_running()))
         for job in jobs:
             future = _compiled.get(job.key)
             if future is None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+from typing import Iterator
 
 import torch
 
@@ -529,27 +530,27 @@ class TritonRenderer(KernelRenderer):
             combine = f"{name} | {value}" if acc.reduce_op in (Op.MAX, Op.SUM) else f"{name} & {value}"
         self.emit(scope, f"{name} = tl.where(xrmask, {combine}, {name})")
 
-    def render_kernels(self, kernels: list[Kernel], buffer_dtypes: dict) -> tuple[str, dict[str, str]]:
-        """The module source and, per scheduled kernel, its function's name there.
+    def render_modules(self, kernels: list[Kernel], buffer_dtypes: dict) -> Iterator[tuple[Kernel, str, str | None]]:
+        """Per scheduled kernel, as it is rendered: (kernel, its function's name, the source
+        of a module holding that function alone, or None where an earlier kernel's is the same).
 
-        Functions are named by a hash of their text, so identical kernels (the
-        repeated blocks of a network) are one function, compiled once per process
-        and found in Triton's disk cache by the next."""
+        Functions are named by a hash of their text, so identical kernels (the repeated
+        blocks of a network) are one function, compiled once per process and found in
+        Triton's disk cache by the next. One module per function lets each kernel be loaded
+        and handed to the compilers while the next is rendered."""
         from torchweld.disk_cache import content_hash
 
         self.buffer_dtypes = buffer_dtypes
-        header = ["import triton", "import triton.language as tl", ""]
-        parts = list(header)
-        names: dict[str, str] = {}
+        done: set[str] = set()
         for kernel in kernels:
             text = self.render(dataclasses.replace(kernel, name="KERNEL"))
             name = f"k_{content_hash(text)[:20]}"
-            if name not in names.values():
-                parts.append(text.replace("def KERNEL(", f"def {name}(", 1))
-            names[kernel.name] = name
-        if any("_tw_" in part for part in parts):
-            parts.insert(len(header), HELPERS)
-        return "\n".join(parts), names
+            if name in done:
+                yield kernel, name, None
+                continue
+            done.add(name)
+            header = ["import triton", "import triton.language as tl", ""] + ([HELPERS] if "_tw_" in text else [])
+            yield kernel, name, "\n".join([*header, text.replace("def KERNEL(", f"def {name}(", 1)])
 
 
 # =============================================================================

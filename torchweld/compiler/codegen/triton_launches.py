@@ -39,64 +39,103 @@ class TritonLaunches:
     stream_index: int | None  # the CUDA device whose current stream the fast lines launch on
 
 
-def build_launches(kernels: list[Kernel], module, fn_names: dict[str, str], sched: Schedule,
-                   source_path: str, options: dict) -> TritonLaunches:
-    from torchweld.compiler.codegen.triton import launch_candidates, launch_config, runtime_ints, tune_launch
-    from torchweld.runtime import triton_launch
+class TritonCompile:
+    """One graph's Triton kernels, added as they are rendered and loaded, and their launch lines.
 
-    args_of = {k.name: k.args for k in kernels}  # computed once: Kernel.args builds a new list
-    fns = {k.name: getattr(module, fn_names[k.name]) for k in kernels}
-    fast = bool(kernels) and all(triton_launch.fast_launch_available(k.device) for k in kernels)
-    launches = TritonLaunches({}, {}, [], {}, None)
+    `add` hands each kernel to the compilers at once where Triton allows compiling ahead of
+    time (and no autotuning must time its candidates first), so kernels compile while later
+    ones are still rendered; `finish` waits for them and writes the lines.
 
-    configs = {k.name: launch_config(k) for k in kernels}
-    if options.get("max_autotune"):  # runtime/autotune.py
-        if fast:  # compile every candidate of every kernel at once before timing them one by one
-            _precompile_candidates(kernels, fns, fn_names, args_of, sched, launch_candidates)
+        compile = TritonCompile(kernels, sched, options)
+        for kernel, fn, fn_name, path in ...:      # in the order kernels are rendered
+            compile.add(kernel, fn, fn_name, path)
+        launches = compile.finish()
+    """
+
+    def __init__(self, kernels: list[Kernel], sched: Schedule, options: dict):
+        from torchweld.runtime import triton_launch
+
+        self.sched, self.options = sched, options
+        self.count = len(kernels)  # how many will come: worker processes pay off for a batch (submit_kernels)
+        self.fast = bool(kernels) and all(triton_launch.fast_launch_available(k.device) for k in kernels)
+        self.kernels: list[Kernel] = []
+        self.fns: dict[str, object] = {}  # kernel name -> its JIT function
+        self.fn_names: dict[str, str] = {}  # kernel name -> that function's name
+        self.paths: dict[str, str] = {}  # kernel name -> its module's file
+        self.args_of: dict[str, list[str]] = {}
+        self.configs: dict[str, dict] = {}
+
+    def add(self, kernel: Kernel, fn, fn_name: str, path: str) -> None:
+        from torchweld.compiler.codegen.triton import launch_config
+        from torchweld.runtime import triton_launch
+
+        name = kernel.name
+        self.kernels.append(kernel)
+        self.fns[name], self.fn_names[name], self.paths[name] = fn, fn_name, path
+        self.args_of[name] = kernel.args  # computed once: Kernel.args builds a new list
+        self.configs[name] = launch_config(kernel)
+        if self.fast and not self.options.get("max_autotune"):
+            triton_launch.submit_kernels([self._job(kernel)], batch=self.count)
+
+    def _job(self, kernel: Kernel):
+        from torchweld.compiler.codegen.triton import runtime_ints
+        from torchweld.runtime import triton_launch
+
+        name, sched = kernel.name, self.sched
+        args = self.args_of[name]
+        return triton_launch.CompileJob(source_of(self.fns[name]), self.fns[name],
+                                        tuple(sched.layouts[a][0] for a in args),
+                                        tuple(_aligned(a, sched) for a in args),
+                                        tuple(sorted(self.configs[name].items())), kernel.device,
+                                        triton_launch.specialization_class(runtime_ints(kernel)))
+
+    def finish(self) -> TritonLaunches:
+        from torchweld.compiler.codegen.triton import launch_candidates, runtime_ints, tune_launch
+        from torchweld.runtime import triton_launch
+
+        kernels, fns, args_of, configs, sched = self.kernels, self.fns, self.args_of, self.configs, self.sched
+        launches = TritonLaunches({}, {}, [], {}, None)
+        if self.options.get("max_autotune"):  # runtime/autotune.py
+            if self.fast:  # compile every candidate of every kernel at once before timing them one by one
+                _precompile_candidates(kernels, fns, args_of, sched, launch_candidates)
+            for k in kernels:
+                configs[k.name] = tune_launch(k, fns[k.name], self.fn_names[k.name], args_of[k.name], sched.layouts,
+                                              self.paths[k.name], self.options)
+
+        grids = {k.name: -(-max(math.prod(k.outer), 1) // configs[k.name]["XBLOCK"]) for k in kernels}
+        ints = {k.name: runtime_ints(k) for k in kernels}
         for k in kernels:
-            configs[k.name] = tune_launch(k, fns[k.name], fn_names[k.name], args_of[k.name], sched.layouts,
-                                          source_path, options)
+            name, config, grid = k.name, configs[k.name], grids[k.name]
+            launches.objects[f"_k_{name}"] = fns[name]
+            arguments = [*args_of[name], *map(str, ints[name])]
+            launches.jit[name] = (f"_k_{name}[({grid},)]({', '.join(arguments)}, "
+                                  + ", ".join(f"{key}={value}" for key, value in config.items()) + ")")
+        if not self.fast:
+            return launches
 
-    grids = {k.name: -(-max(math.prod(k.outer), 1) // configs[k.name]["XBLOCK"]) for k in kernels}
-    ints = {k.name: runtime_ints(k) for k in kernels}
-    for k in kernels:
-        name, config, grid = k.name, configs[k.name], grids[k.name]
-        launches.objects[f"_k_{name}"] = fns[name]
-        arguments = [*args_of[name], *map(str, ints[name])]
-        launches.jit[name] = (f"_k_{name}[({grid},)]({', '.join(arguments)}, "
-                              + ", ".join(f"{key}={value}" for key, value in config.items()) + ")")
-    if not fast:
+        try:
+            handles = triton_launch.compile_kernels([self._job(k) for k in kernels])
+        except Exception as e:  # noqa: BLE001 - the JIT lines still run, and raise there if the kernel is wrong
+            log.warning("compiling Triton kernels ahead of time failed, launching through Triton's JIT: %s", e)
+            return launches
+        inputs = set(n for n in sched.graph.input_names if n is not None)
+        for k, handle in zip(kernels, handles):
+            name, grid = k.name, grids[k.name]
+            launches.objects |= {f"_run_{name}": handle.launch, f"_fn_{name}": handle.function}
+            lead = []
+            for i, value in enumerate(handle.leading):
+                if value is None or isinstance(value, (bool, int)):
+                    lead.append(repr(value))
+                else:
+                    launches.objects[f"_lead{i}_{name}"] = value
+                    lead.append(f"_lead{i}_{name}")
+            arguments = lead + [f"{a}.data_ptr()" for a in args_of[name]] + [str(v) for v in ints[name]]
+            arguments += [str(v) for v in handle.trailing]
+            launches.fast[name] = f"_run_{name}({grid}, 1, 1, _stream, _fn_{name}, {', '.join(arguments)})"
+            launches.checked_inputs += [a for a in args_of[name] if a in inputs and a not in launches.checked_inputs]
+        device = kernels[0].device
+        launches.stream_index = device.index if device.index is not None else torch.cuda.current_device()
         return launches
-
-    aligned = {k.name: tuple(_aligned(a, sched) for a in args_of[k.name]) for k in kernels}
-    jobs = [triton_launch.CompileJob(source_of(fns[k.name]), fns[k.name],
-                                     tuple(sched.layouts[a][0] for a in args_of[k.name]),
-                                     aligned[k.name], tuple(sorted(configs[k.name].items())), k.device,
-                                     triton_launch.specialization_class(ints[k.name]))
-            for k in kernels]
-    try:
-        handles = triton_launch.compile_kernels(jobs)
-    except Exception as e:  # noqa: BLE001 - the JIT lines still run, and raise there if the kernel is wrong
-        log.warning("compiling Triton kernels ahead of time failed, launching through Triton's JIT: %s", e)
-        return launches
-    inputs = set(n for n in sched.graph.input_names if n is not None)
-    for k, handle in zip(kernels, handles):
-        name, grid = k.name, grids[k.name]
-        launches.objects |= {f"_run_{name}": handle.launch, f"_fn_{name}": handle.function}
-        lead = []
-        for i, value in enumerate(handle.leading):
-            if value is None or isinstance(value, (bool, int)):
-                lead.append(repr(value))
-            else:
-                launches.objects[f"_lead{i}_{name}"] = value
-                lead.append(f"_lead{i}_{name}")
-        arguments = lead + [f"{a}.data_ptr()" for a in args_of[name]] + [str(v) for v in ints[name]]
-        arguments += [str(v) for v in handle.trailing]
-        launches.fast[name] = f"_run_{name}({grid}, 1, 1, _stream, _fn_{name}, {', '.join(arguments)})"
-        launches.checked_inputs += [a for a in args_of[name] if a in inputs and a not in launches.checked_inputs]
-    device = kernels[0].device
-    launches.stream_index = device.index if device.index is not None else torch.cuda.current_device()
-    return launches
 
 
 def source_of(fn) -> str:
@@ -122,7 +161,7 @@ def _aligned(name: str, sched: Schedule) -> bool:
     return layout.offset * dtype.itemsize % ALIGNMENT == 0
 
 
-def _precompile_candidates(kernels, fns, fn_names, args_of, sched, launch_candidates) -> None:
+def _precompile_candidates(kernels, fns, args_of, sched, launch_candidates) -> None:
     """Compile every autotuning candidate at once, for the synthetic arguments tune_launch times them on."""
     from torchweld.compiler.codegen.triton import runtime_ints
     from torchweld.runtime import triton_launch
@@ -141,4 +180,4 @@ def _precompile_candidates(kernels, fns, fn_names, args_of, sched, launch_candid
         try:
             future.result()
         except Exception as e:  # noqa: BLE001 - a candidate that does not compile loses when it is timed
-            log.debug("candidate %s of %s does not compile: %s", dict(job.config), fn_names, e)
+            log.debug("candidate %s of %s does not compile: %s", dict(job.config), job.fn, e)
