@@ -108,9 +108,11 @@ def _start_cuda_helpers(workers: bool) -> None:
         triton_workers.start_in_background()
 
 
-# Whether a call whose tensors are on CUDA starts the compile workers before its capture:
-# ~2 s after their start 16 workers were ready on the H100 host, where GPT-2's first kernels
-# were ready to hand out 1.6 s after the backend's entry (0.5 s of capture before it).
+# Whether a call whose tensors are on CUDA starts the compile workers before its capture
+# (else at the backend's entry, for graphs of WORKERS_FROM_NODES): 16 workers took ~2 s to be
+# ready on the H100 host, and GPT-2's first kernels waited 0.4 s for them when started at the
+# backend. GPT-2's cold first call 2.12-2.37 s against 2.38-2.67; resnet50's 2.91-3.28 against
+# 2.97-2.98 (bench/with_constants.py ...:WORKERS_AT_FIRST_CALL=0 -- bench/profile_compile.py).
 WORKERS_AT_FIRST_CALL = True
 
 
