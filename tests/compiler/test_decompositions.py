@@ -51,3 +51,28 @@ def test_integer_addmm_takes_torchs_decomposition():
         out = addmm(*fake, beta=2, alpha=3)
     assert out.dtype == torch.int64
     check(lambda b, m1, m2: torch.addmm(b, m1, m2, beta=2, alpha=3), args)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("affine", [True, False])
+def test_batch_norm_with_running_statistics(dtype, device, affine):
+    """Nine ops where torch's decomposition records seventeen; the same values as eager's,
+    half inputs computed in float32, channels-last inputs included."""
+    bn = torch.nn.BatchNorm2d(6, affine=affine).to(device).eval()
+    bn.running_mean.uniform_(-1, 1)
+    bn.running_var.uniform_(0.5, 2)
+    if affine:
+        torch.nn.init.uniform_(bn.weight, 0.5, 1.5)
+        torch.nn.init.uniform_(bn.bias, -0.5, 0.5)
+    gm = torch.fx.symbolic_trace(torch.nn.Sequential(bn, torch.nn.ReLU()))
+    for x in (torch.randn(2, 6, 5, 5, dtype=dtype, device=device),
+              torch.randn(2, 6, 5, 5, dtype=dtype, device=device).to(memory_format=torch.channels_last)):
+        with torch.no_grad():
+            traced = to_aten_graph(gm, [x])
+            ops = _ops(traced.gm)
+            assert len(ops) <= 12 and "aten.unsqueeze.default" not in ops, ops
+            atol, rtol = tolerances(dtype)
+            tol = {} if atol is None else {"atol": atol, "rtol": rtol}
+            torch.testing.assert_close(traced.gm(x)[0], gm(x), **tol)
+            check(gm, [x], atol=atol, rtol=rtol)

@@ -75,7 +75,10 @@ class TritonCompile:
         self.args_of[name] = kernel.args  # computed once: Kernel.args builds a new list
         self.configs[name] = launch_config(kernel)
         if self.fast and not self.options.get("max_autotune"):
-            triton_launch.submit_kernels([self._job(kernel)], batch=self.count)
+            try:
+                triton_launch.submit_kernels([self._job(kernel)], batch=self.count)
+            except Exception as e:  # noqa: BLE001 - finish() submits it again, and reports what fails
+                log.debug("cannot start compiling Triton kernel %s early: %s", name, e)
 
     def _job(self, kernel: Kernel):
         from torchweld.compiler.codegen.triton import runtime_ints
