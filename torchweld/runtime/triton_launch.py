@@ -116,8 +116,8 @@ def fast_launch_available(device: torch.device) -> bool:
 def triton_driver():
     """Triton's active driver. Triton creates it at first use, and creating it builds Triton's C
     utilities with the C compiler where its cache lacks them (0.3 s of a cold compile's first
-    kernel on the H100 host); the weld backend starts this in a thread at its entry, and
-    kernels wait for that one creation rather than racing it with another."""
+    kernel on the H100 host); the weld backend starts this in a thread before a CUDA call is
+    captured (or at its entry), and kernels wait for that one creation rather than racing it."""
     from triton.runtime import driver
 
     active = driver.active
