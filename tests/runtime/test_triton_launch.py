@@ -153,3 +153,45 @@ def test_own_launcher_checks_its_arguments_without_a_gpu():
         own.launch(1, 1, 1)
     with pytest.raises(OverflowError):
         own.launch(1, 1, 1, 0, 0, 128, 0, -1)  # a pointer is never negative
+
+
+def test_kernels_are_handed_to_the_compilers_as_they_are_rendered(monkeypatch):
+    """TritonCompile submits each kernel's job while the rest are still rendered (batch = the
+    graph's kernel count, which decides on worker processes), and finish() waits on the very
+    same jobs; here the ahead-of-time compile is made to fail, so the JIT lines run, and the
+    result still equals eager's."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("the CPU variant runs Triton's interpreter")
+    from torchweld.compiler.codegen import triton as triton_codegen
+    from torchweld.runtime import triton_launch
+
+    events = []
+    render = triton_codegen.TritonRenderer.render
+
+    def rendering(self, kernel):
+        events.append(("render", kernel.name))
+        return render(self, kernel)
+
+    def submit(jobs, batch=None):
+        events.append(("submit", jobs[0], batch))
+        return []
+
+    def compile_all(jobs):
+        events.append(("finish", jobs))
+        raise RuntimeError("no ahead-of-time compile on this machine")
+
+    monkeypatch.setattr(triton_codegen.TritonRenderer, "render", rendering)
+    monkeypatch.setattr(triton_launch, "fast_launch_available", lambda device: True)
+    monkeypatch.setattr(triton_launch, "submit_kernels", submit)
+    monkeypatch.setattr(triton_launch, "compile_kernels", compile_all)
+
+    def fn(x, w):
+        return torch.cos(torch.sin(x) @ w).sum(0) + 1
+
+    check(fn, [torch.randn(16, 16), torch.randn(16, 16)], options={"cpu_codegen": "triton"})
+    kinds = [e[0] for e in events]
+    submitted = [e[1] for e in events if e[0] == "submit"]
+    assert kinds.count("render") == len(submitted) >= 2 and kinds[-1] == "finish"
+    assert kinds[1] == "submit"  # the first kernel is submitted before the second is rendered
+    assert all(e[2] == len(submitted) for e in events if e[0] == "submit")
+    assert events[-1][1] == submitted and all(a is b for a, b in zip(events[-1][1], submitted))

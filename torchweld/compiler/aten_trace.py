@@ -32,6 +32,7 @@ aten = torch.ops.aten
 # Ops that read tensor metadata only, never decomposed (as make_fx leaves them).
 _METADATA_OPS = frozenset({aten.size.default, aten.stride.default, aten.storage_offset.default})
 _CIA = "CompositeImplicitAutograd"
+_has_cia: dict[object, bool] = {}  # op -> whether it has a CompositeImplicitAutograd kernel (and may decompose)
 _decomposes: dict[tuple, bool] = {}  # (op, device type) -> whether autograd would have decomposed it
 
 
@@ -40,16 +41,18 @@ def autograd_decomposes(func, args, kwargs) -> bool:
     arguments: it has one, and no kernel of its own for the first tensor's device. Ops reach
     a dispatch mode undecomposed when called from below autograd (inside a decomposition),
     and make_fx decomposes them there alike (torch.utils._python_dispatch.autograd_would_have_decomposed)."""
+    has_cia = _has_cia.get(func)
+    if has_cia is None:
+        has_cia = _has_cia[func] = (func not in _METADATA_OPS
+                                    and torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), _CIA))
+    if not has_cia:  # most ops: no look at the arguments
+        return False
     device = next((a.device.type for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)), None)
-    key = (func, device)
-    known = _decomposes.get(key)
+    known = _decomposes.get((func, device))
     if known is None:
-        name = func.name()
-        known = torch._C._dispatch_has_kernel_for_dispatch_key(name, _CIA) and func not in _METADATA_OPS
-        if known and device is not None:
-            backend = torch._C._dispatch_key_for_device(device)
-            known = not torch._C._dispatch_has_kernel_for_dispatch_key(name, backend)
-        _decomposes[key] = known
+        known = device is None or not torch._C._dispatch_has_kernel_for_dispatch_key(
+            func.name(), torch._C._dispatch_key_for_device(device))
+        _decomposes[(func, device)] = known
     return known
 
 
@@ -62,24 +65,21 @@ class AtenRecorder(TorchDispatchMode):
         self.graph = torch.fx.Graph()
         self.root = torch.nn.Module()  # holds the get_attr constants
         self._nodes: dict[int, tuple[torch.Tensor, torch.fx.Node]] = {}  # id(tensor) -> (tensor, node)
-        self._constants = 0
-        self._last_placeholder: torch.fx.Node | None = None
+        self._constants = 0  # get_attr constants so far, for their names
+        self._placeholders: list[torch.fx.Node] = []
 
     # -- building the graph --------------------------------------------------------
 
     def placeholder(self, value, name: str | None = None):
         """A graph input taking `value` (a fake tensor, or anything else the graph treats as
         fixed); placeholders stay ahead of every op even when added after some were recorded."""
-        name = name or f"arg{sum(1 for n in self.graph.nodes if n.op == 'placeholder')}_1"
-        if self._last_placeholder is None:
-            first = next(iter(self.graph.nodes), None)
-            ctx = self.graph.inserting_before(first) if first is not None else self.graph.inserting_after()
-        else:
-            ctx = self.graph.inserting_after(self._last_placeholder)
-        with ctx:
+        name = name or f"arg{len(self._placeholders)}_1"
+        # after the last placeholder, or at the start of the graph (inserting_before(None))
+        last = self._placeholders[-1] if self._placeholders else None
+        with self.graph.inserting_after(last) if last is not None else self.graph.inserting_before(None):
             node = self.graph.placeholder(name)
         node.meta["val"] = value
-        self._last_placeholder = node
+        self._placeholders.append(node)
         if isinstance(value, torch.Tensor):
             self._bind(value, node)
         return value

@@ -102,7 +102,7 @@ def _check(buf, options: dict) -> None:
 
 def _triton_kernels(renderer, kernels: list[Kernel], sched: Schedule, buffer_dtypes: dict, options: dict):
     """(TritonLaunches, the kernels' source, their module files): each kernel rendered, loaded and
-    handed to the compilers as it comes, so the first compile while the rest are rendered."""
+    handed to the compilers as it comes, so the first ones compile while the rest are rendered."""
     from torchweld.compiler.codegen.triton_launches import TritonCompile
     from torchweld.runtime.triton_loader import load_module
 

@@ -25,7 +25,9 @@ import math
 import torch
 
 from torchweld.compiler import ir
+from torchweld.compiler.codegen.triton import launch_candidates, launch_config, runtime_ints, tune_launch
 from torchweld.compiler.schedule import Kernel, Schedule
+from torchweld.runtime import triton_launch
 
 log = logging.getLogger("torchweld.weld")
 
@@ -37,6 +39,19 @@ class TritonLaunches:
     checked_inputs: list[str]  # graph inputs whose alignment the fast lines assume
     objects: dict[str, object]  # what the lines refer to by name
     stream_index: int | None  # the CUDA device whose current stream the fast lines launch on
+
+
+@dataclasses.dataclass
+class _Kernel:
+    """One kernel of the graph as TritonCompile holds it."""
+
+    kernel: Kernel
+    fn: object  # its JIT function
+    fn_name: str
+    path: str  # its module's file
+    args: list[str]  # computed once: Kernel.args builds a new list
+    config: dict  # XBLOCK, RBLOCK, num_warps...
+    job: object = None  # its CompileJob, once built (for the final config)
 
 
 class TritonCompile:
@@ -53,77 +68,57 @@ class TritonCompile:
     """
 
     def __init__(self, kernels: list[Kernel], sched: Schedule, options: dict):
-        from torchweld.runtime import triton_launch
-
         self.sched, self.options = sched, options
         self.count = len(kernels)  # how many will come: worker processes pay off for a batch (submit_kernels)
         self.fast = bool(kernels) and all(triton_launch.fast_launch_available(k.device) for k in kernels)
-        self.kernels: list[Kernel] = []
-        self.fns: dict[str, object] = {}  # kernel name -> its JIT function
-        self.fn_names: dict[str, str] = {}  # kernel name -> that function's name
-        self.paths: dict[str, str] = {}  # kernel name -> its module's file
-        self.args_of: dict[str, list[str]] = {}
-        self.configs: dict[str, dict] = {}
+        self.entries: list[_Kernel] = []
 
     def add(self, kernel: Kernel, fn, fn_name: str, path: str) -> None:
-        from torchweld.compiler.codegen.triton import launch_config
-        from torchweld.runtime import triton_launch
-
-        name = kernel.name
-        self.kernels.append(kernel)
-        self.fns[name], self.fn_names[name], self.paths[name] = fn, fn_name, path
-        self.args_of[name] = kernel.args  # computed once: Kernel.args builds a new list
-        self.configs[name] = launch_config(kernel)
+        entry = _Kernel(kernel, fn, fn_name, path, kernel.args, launch_config(kernel))
+        self.entries.append(entry)
         if self.fast and not self.options.get("max_autotune"):
             try:
-                triton_launch.submit_kernels([self._job(kernel)], batch=self.count)
+                triton_launch.submit_kernels([self._job(entry)], batch=self.count)
             except Exception as e:  # noqa: BLE001 - finish() submits it again, and reports what fails
-                log.debug("cannot start compiling Triton kernel %s early: %s", name, e)
+                log.debug("cannot start compiling Triton kernel %s early: %s", kernel.name, e)
 
-    def _job(self, kernel: Kernel):
-        from torchweld.compiler.codegen.triton import runtime_ints
-        from torchweld.runtime import triton_launch
-
-        name, sched = kernel.name, self.sched
-        args = self.args_of[name]
-        return triton_launch.CompileJob(source_of(self.fns[name]), self.fns[name],
-                                        tuple(sched.layouts[a][0] for a in args),
-                                        tuple(_aligned(a, sched) for a in args),
-                                        tuple(sorted(self.configs[name].items())), kernel.device,
-                                        triton_launch.specialization_class(runtime_ints(kernel)))
+    def _job(self, entry: _Kernel):
+        if entry.job is None:
+            sched = self.sched
+            entry.job = triton_launch.CompileJob(
+                source_of(entry.fn), entry.fn, tuple(sched.layouts[a][0] for a in entry.args),
+                tuple(_aligned(a, sched) for a in entry.args), tuple(sorted(entry.config.items())),
+                entry.kernel.device, triton_launch.specialization_class(runtime_ints(entry.kernel)))
+        return entry.job
 
     def finish(self) -> TritonLaunches:
-        from torchweld.compiler.codegen.triton import launch_candidates, runtime_ints, tune_launch
-        from torchweld.runtime import triton_launch
-
-        kernels, fns, args_of, configs, sched = self.kernels, self.fns, self.args_of, self.configs, self.sched
+        entries, sched = self.entries, self.sched
         launches = TritonLaunches({}, {}, [], {}, None)
         if self.options.get("max_autotune"):  # runtime/autotune.py
             if self.fast:  # compile every candidate of every kernel at once before timing them one by one
-                _precompile_candidates(kernels, fns, args_of, sched, launch_candidates)
-            for k in kernels:
-                configs[k.name] = tune_launch(k, fns[k.name], self.fn_names[k.name], args_of[k.name], sched.layouts,
-                                              self.paths[k.name], self.options)
+                _precompile_candidates(entries, sched)
+            for e in entries:
+                e.config = tune_launch(e.kernel, e.fn, e.fn_name, e.args, sched.layouts, e.path, self.options)
 
-        grids = {k.name: -(-max(math.prod(k.outer), 1) // configs[k.name]["XBLOCK"]) for k in kernels}
-        ints = {k.name: runtime_ints(k) for k in kernels}
-        for k in kernels:
-            name, config, grid = k.name, configs[k.name], grids[k.name]
-            launches.objects[f"_k_{name}"] = fns[name]
-            arguments = [*args_of[name], *map(str, ints[name])]
-            launches.jit[name] = (f"_k_{name}[({grid},)]({', '.join(arguments)}, "
-                                  + ", ".join(f"{key}={value}" for key, value in config.items()) + ")")
+        grids = {e.kernel.name: -(-max(math.prod(e.kernel.outer), 1) // e.config["XBLOCK"]) for e in entries}
+        ints = {e.kernel.name: runtime_ints(e.kernel) for e in entries}
+        for e in entries:
+            name = e.kernel.name
+            launches.objects[f"_k_{name}"] = e.fn
+            arguments = [*e.args, *map(str, ints[name])]
+            launches.jit[name] = (f"_k_{name}[({grids[name]},)]({', '.join(arguments)}, "
+                                  + ", ".join(f"{key}={value}" for key, value in e.config.items()) + ")")
         if not self.fast:
             return launches
 
         try:
-            handles = triton_launch.compile_kernels([self._job(k) for k in kernels])
+            handles = triton_launch.compile_kernels([self._job(e) for e in entries])
         except Exception as e:  # noqa: BLE001 - the JIT lines still run, and raise there if the kernel is wrong
             log.warning("compiling Triton kernels ahead of time failed, launching through Triton's JIT: %s", e)
             return launches
         inputs = set(n for n in sched.graph.input_names if n is not None)
-        for k, handle in zip(kernels, handles):
-            name, grid = k.name, grids[k.name]
+        for e, handle in zip(entries, handles):
+            name = e.kernel.name
             launches.objects |= {f"_run_{name}": handle.launch, f"_fn_{name}": handle.function}
             lead = []
             for i, value in enumerate(handle.leading):
@@ -132,11 +127,11 @@ class TritonCompile:
                 else:
                     launches.objects[f"_lead{i}_{name}"] = value
                     lead.append(f"_lead{i}_{name}")
-            arguments = lead + [f"{a}.data_ptr()" for a in args_of[name]] + [str(v) for v in ints[name]]
+            arguments = lead + [f"{a}.data_ptr()" for a in e.args] + [str(v) for v in ints[name]]
             arguments += [str(v) for v in handle.trailing]
-            launches.fast[name] = f"_run_{name}({grid}, 1, 1, _stream, _fn_{name}, {', '.join(arguments)})"
-            launches.checked_inputs += [a for a in args_of[name] if a in inputs and a not in launches.checked_inputs]
-        device = kernels[0].device
+            launches.fast[name] = f"_run_{name}({grids[name]}, 1, 1, _stream, _fn_{name}, {', '.join(arguments)})"
+            launches.checked_inputs += [a for a in e.args if a in inputs and a not in launches.checked_inputs]
+        device = entries[0].kernel.device
         launches.stream_index = device.index if device.index is not None else torch.cuda.current_device()
         return launches
 
@@ -148,37 +143,33 @@ def source_of(fn) -> str:
 def _aligned(name: str, sched: Schedule) -> bool:
     """Whether buffer `name`'s data pointer is 16-byte aligned on every call, or is
     a graph input or stored over one (whose alignment the wrapper checks)."""
-    from torchweld.runtime.triton_launch import ALIGNMENT, is_aligned
-
     graph = sched.graph
     if name in sched.allocated or name in graph.input_names or name in sched.in_place:
         return True
     if name in graph.constants:
-        return is_aligned(graph.constants[name])
+        return triton_launch.is_aligned(graph.constants[name])
     buf, index = ir.producer_of(name, graph.buffers)
     if not isinstance(buf, ir.Extern) or index >= len(buf.outputs):
         return False
     if getattr(buf.target, "_schema", None) is None or ir.returns_alias(buf.target):
         return False  # a view may start anywhere in its base
     dtype, layout = buf.outputs[index]
-    return layout.offset * dtype.itemsize % ALIGNMENT == 0
+    return layout.offset * dtype.itemsize % triton_launch.ALIGNMENT == 0
 
 
-def _precompile_candidates(kernels, fns, args_of, sched, launch_candidates) -> None:
+def _precompile_candidates(entries: list[_Kernel], sched: Schedule) -> None:
     """Compile every autotuning candidate at once, for the synthetic arguments tune_launch times them on."""
-    from torchweld.compiler.codegen.triton import runtime_ints
-    from torchweld.runtime import triton_launch
     from torchweld.runtime.autotune import synthetic_tensor
 
     jobs = []
-    for k in kernels:
-        args = [synthetic_tensor(*sched.layouts[a]) for a in args_of[k.name]]
+    for e in entries:
+        args = [synthetic_tensor(*sched.layouts[a]) for a in e.args]
         aligned = tuple(triton_launch.is_aligned(t) for t in args)
         dtypes = tuple(t.dtype for t in args)
-        ints = triton_launch.specialization_class(runtime_ints(k))
-        for config in launch_candidates(k):
-            jobs.append(triton_launch.CompileJob(source_of(fns[k.name]), fns[k.name], dtypes, aligned,
-                                                 tuple(sorted(config.items())), k.device, ints))
+        ints = triton_launch.specialization_class(runtime_ints(e.kernel))
+        for config in launch_candidates(e.kernel):
+            jobs.append(triton_launch.CompileJob(source_of(e.fn), e.fn, dtypes, aligned,
+                                                 tuple(sorted(config.items())), e.kernel.device, ints))
     for job, future in zip(jobs, triton_launch.submit_kernels(jobs)):
         try:
             future.result()
