@@ -17,6 +17,7 @@ from torch.nn.utils.stateless import _reparametrize_module
 from torchweld.autograd.functionalize import functionalize
 from torchweld.compiler.aten_graph import DECOMPOSITIONS
 from torchweld.compiler.aten_trace import AtenRecorder
+from torchweld.fake_tensors import fake_copy
 
 aten = torch.ops.aten
 
@@ -129,7 +130,7 @@ def trace_joint(gm: torch.fx.GraphModule, state: list[ModuleState], primals: lis
     recorder = AtenRecorder(JOINT_DECOMPOSITIONS)
     grad_primals = [i for i, p in enumerate(primals) if p.requires_grad]
     with FakeTensorMode(allow_non_fake_inputs=True) as mode:
-        prims = [recorder.placeholder(mode.from_tensor(p)) for p in primals]
+        prims = [recorder.placeholder(fake_copy(mode, p)) for p in primals]
         with recorder, substituted(gm, state, prims[:n_state]):
             flat_out, out_spec = pytree.tree_flatten(gm(*prims[n_state:]))
         diff_outputs = [i for i, o in enumerate(flat_out) if isinstance(o, torch.Tensor) and o.requires_grad]

@@ -22,6 +22,7 @@ from torchweld.capture.number_inputs import NumberTensor
 from torchweld.capture.sources import NumberTensorSource, Source
 from torchweld.capture.values import ConstantValue, TensorValue, TupleValue, Value, const, is_constant_literal
 from torchweld.errors import Unsupported
+from torchweld.fake_tensors import fake_copy
 
 
 class OutputGraph:
@@ -66,7 +67,7 @@ class OutputGraph:
             raise Unsupported(f"{source.name()} is a {type(real).__name__}; only dense torch.Tensor inputs are captured")
         with self._insert_placeholder():
             node = self.graph.placeholder(source.placeholder_name())
-        fake = self.fake_mode.from_tensor(real, static_shapes=True)
+        fake = fake_copy(self.fake_mode, real)
         node.meta["example_value"] = fake
         node.meta["source"] = source.name()
         if by_identity:  # the same tensor at every call: CUDA graphs read it in place
@@ -91,7 +92,7 @@ class OutputGraph:
         tensor_source = NumberTensorSource(source, self.guards.name_constant(holder), *key)
         with self._insert_placeholder():
             node = self.graph.placeholder(tensor_source.placeholder_name())
-        fake = self.fake_mode.from_tensor(holder.tensor, static_shapes=True)
+        fake = fake_copy(self.fake_mode, holder.tensor)
         node.meta["example_value"] = fake
         node.meta["source"] = tensor_source.name()
         node.meta["static_address"] = True  # the holder's one tensor: CUDA graphs read it in place
@@ -143,7 +144,7 @@ class OutputGraph:
     def _fake_of(self, real: torch.Tensor) -> torch.Tensor:
         fake = self._fakes.get(id(real))
         if fake is None:
-            fake = self._fakes[id(real)] = self.fake_mode.from_tensor(real, static_shapes=True)
+            fake = self._fakes[id(real)] = fake_copy(self.fake_mode, real)
             self._keep_alive.append(real)
         return fake
 

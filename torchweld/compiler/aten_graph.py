@@ -9,9 +9,11 @@ import torch
 import torch.utils._pytree as pytree
 from torch._decomp import get_decompositions
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.nn.utils.stateless import _reparametrize_module
 
 from torchweld.compiler import decompositions
 from torchweld.compiler.aten_trace import AtenRecorder
+from torchweld.fake_tensors import fake_copy
 
 aten = torch.ops.aten
 
@@ -115,11 +117,20 @@ def traced_aten_graph(gm: torch.fx.GraphModule) -> AtenGraph:
 
 
 def to_aten_graph(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> AtenGraph:
-    """Trace `gm` with fake copies of `example_inputs`; parameters become get_attr constants."""
+    """Trace `gm` with fake copies of `example_inputs`; parameters and buffers become
+    get_attr constants (the module runs on fakes of them, made once each)."""
     recorder = AtenRecorder(DECOMPOSITIONS)
     with torch.no_grad(), FakeTensorMode(allow_non_fake_inputs=True) as mode:
-        fake_inputs = [recorder.placeholder(mode.from_tensor(x) if isinstance(x, torch.Tensor) else x)
+        fake_inputs = [recorder.placeholder(fake_copy(mode, x) if isinstance(x, torch.Tensor) else x)
                        for x in example_inputs]
-        with recorder:
+        fakes: dict[int, torch.Tensor] = {}  # id(real) -> its fake, so tied weights stay one tensor
+        state = {}
+        for name, real in [*gm.named_parameters(remove_duplicate=False), *gm.named_buffers(remove_duplicate=False)]:
+            fake = fakes.get(id(real))
+            if fake is None:
+                fake = fakes[id(real)] = fake_copy(mode, real)
+                recorder.constant(fake, real)
+            state[name] = fake
+        with recorder, _reparametrize_module(gm, state):
             flat, spec = pytree.tree_flatten(gm(*fake_inputs))
     return AtenGraph(recorder.graph_module(flat), spec)

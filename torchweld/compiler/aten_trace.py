@@ -7,11 +7,12 @@ TorchDispatchMode stacked above a FakeTensorMode: every aten op that reaches it 
 decomposed (the table weld gives it, or the op's CompositeImplicitAutograd kernel
 where autograd would have used that) or run on the fake tensors below it and
 recorded as one node with its fake result in `meta["val"]`. Real tensors an op
-reads (parameters, buffers, tensor literals) become get_attr constants.
+reads (tensor literals), and fakes registered as standing for real ones
+(parameters and buffers, `constant`), become get_attr constants.
 
     recorder = AtenRecorder(decompositions)
     with FakeTensorMode(allow_non_fake_inputs=True) as mode:
-        xs = [recorder.placeholder(mode.from_tensor(x)) for x in inputs]
+        xs = [recorder.placeholder(fake_copy(mode, x)) for x in inputs]
         with recorder:
             out = fn(*xs)
     gm = recorder.graph_module(flat_outputs)
@@ -66,6 +67,7 @@ class AtenRecorder(TorchDispatchMode):
         self.root = torch.nn.Module()  # holds the get_attr constants
         self._nodes: dict[int, tuple[torch.Tensor, torch.fx.Node]] = {}  # id(tensor) -> (tensor, node)
         self._constants = 0  # get_attr constants so far, for their names
+        self._reals: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(fake) -> (fake, real it stands for)
         self._placeholders: list[torch.fx.Node] = []
 
     # -- building the graph --------------------------------------------------------
@@ -84,19 +86,25 @@ class AtenRecorder(TorchDispatchMode):
             self._bind(value, node)
         return value
 
+    def constant(self, fake: torch.Tensor, real: torch.Tensor) -> None:
+        """Record `fake` (run in `real`'s place) as the get_attr constant `real` where an op reads it."""
+        self._reals[id(fake)] = (fake, real)
+
     def node_of(self, value):
-        """The node producing `value` (a tensor the recording saw, or a real tensor, which
-        becomes a constant); anything else is returned as is, a literal argument."""
+        """The node producing `value` (a tensor the recording saw, or a real tensor or a
+        fake standing for one, which becomes a constant); anything else is returned as
+        is, a literal argument."""
         if not isinstance(value, torch.Tensor):
             return value
         entry = self._nodes.get(id(value))
         if entry is not None:
             return entry[1]
+        real = self._reals[id(value)][1] if id(value) in self._reals else value
         name = f"_tensor_constant{self._constants}"
         self._constants += 1
-        setattr(self.root, name, value)
+        setattr(self.root, name, real)
         node = self.graph.get_attr(name)
-        node.meta["val"] = value
+        node.meta["val"] = real
         self._bind(value, node)
         return node
 
