@@ -179,9 +179,12 @@ class TorchCallableValue(Value):
         return self.fn
 
     def call(self, tx, args, kwargs):
+        from torchweld.capture.autocast import autocast_call
         from torchweld.capture.grad_mode import grad_mode_call
 
         special = grad_mode_call(tx, self.fn, args, kwargs)
+        if special is None:
+            special = autocast_call(tx, self.fn, args, kwargs)
         if special is not None:
             return special
         compiling = _compiling_answer(self.fn)
@@ -193,7 +196,8 @@ class TorchCallableValue(Value):
             # torch.cuda.is_available(), torch.get_default_dtype(): asked of the process, not of data
             a, k = _constant_args(args, kwargs)
             try:
-                return const(self.fn(*a, **k))
+                with tx.output.in_autocast_regions():  # torch.is_autocast_enabled() inside a region
+                    return const(self.fn(*a, **k))
             except Exception as e:  # e.g. a CUDA query in a CPU-only build: Python shall run it
                 raise Unsupported(f"torch.{name}() raised {type(e).__name__}: {e}") from None
         return tx.output.call_function(self.fn, args, kwargs)

@@ -43,7 +43,7 @@ class CompiledFunction:
         self._settings = settings
         self._entries: list[CacheEntry] = []
         self._runs: list[Callable] = []  # entry.run of each live entry, tried in order
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # an entry's watcher may fire while this thread holds it
         self._limit_warned = False
         LIVE_CACHES.add(self)
 
@@ -62,7 +62,7 @@ class CompiledFunction:
     # -- cache ---------------------------------------------------------------
     def _miss(self, args: tuple, kwargs: dict):
         with self._lock:
-            entry = next((e for e in self._entries if e.check(*args, **kwargs)), None)
+            entry = next((e for e in self._entries if e.alive and e.check(*args, **kwargs)), None)
             if entry is None:
                 if len(self._entries) >= config.cache_size_limit:
                     self._warn_limit(args, kwargs)
@@ -77,9 +77,10 @@ class CompiledFunction:
 
     def _add(self, entry: CacheEntry) -> None:
         def invalidate(ref=None, entry=entry) -> None:
-            entry.alive = False
+            entry.alive = False  # an object its guards hold by identity died: its id may be reused
             with self._lock:
-                self._runs = [e.run for e in self._entries if e.alive]
+                self._entries = [e for e in self._entries if e.alive]
+                self._runs = [e.run for e in self._entries]
 
         entry.watchers = entry.guards.watch_identity(invalidate)
         self._entries.append(entry)

@@ -117,6 +117,7 @@ def _translator(fn: types.FunctionType, f_locals: dict) -> Translator:
 def _break_entry(fn, tx: Translator, failure: Unsupported, settings: CompileSettings, start: float) -> CacheEntry:
     rebuild = Reconstructor()
     statements = BreakCodegen(tx, fn, settings, rebuild).generate()
+    tx.output.exit_autocast_regions()  # the stack's exit slots enter them again after the graph
     replay = tx.output.side_effects.replay(rebuild)
     text, call_site = failure.reason, tx.location()
     if failure.location is not None and failure.location != call_site:  # it failed inside a callee

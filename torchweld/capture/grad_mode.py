@@ -7,14 +7,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from torchweld.capture.values import ConstantValue, Value
+from torchweld.capture.values import ConstantValue, ContextManagerValue, Value
 from torchweld.errors import Unsupported
 
 if TYPE_CHECKING:
     from torchweld.capture.translator import Translator
 
 
-class GradModeContextValue(Value):
+class GradModeContextValue(ContextManagerValue):
     """A grad-mode context manager; `with` enters it (BEFORE_WITH)."""
 
     def __init__(self, enabled: bool, previous: bool | None = None):

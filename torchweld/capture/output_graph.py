@@ -36,6 +36,8 @@ class OutputGraph:
         self.fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
         self.grad_enabled = self.initial_grad_enabled = torch.is_grad_enabled()
         self.grad_mode_changed = False
+        # open `with torch.autocast(...)` regions, outermost first: (enter node, its arguments)
+        self.autocast_regions: list[tuple[torch.fx.Node, tuple]] = []
         self.guards.grad_mode(self.grad_enabled)
         self.guards.autocast(autocast_state())
         self.inputs: list[tuple[Source, torch.Tensor, torch.fx.Node]] = []
@@ -155,6 +157,35 @@ class OutputGraph:
             self.grad_mode_changed = True
         self.grad_enabled = enabled
 
+    def enter_autocast(self, args: tuple) -> None:
+        """Start a `torch.autocast(*args)` region (capture/autocast.py)."""
+        node = self.graph.call_function(torch.amp._enter_autocast, args)
+        node.meta["example_value"] = None
+        self.autocast_regions.append((node, args))
+
+    def exit_autocast(self) -> None:
+        """End the innermost autocast region; one with no operation in it leaves no nodes."""
+        enter, _ = self.autocast_regions.pop()
+        if enter.next.op == "root":  # nothing recorded after it
+            self.graph.erase_node(enter)
+            return
+        node = self.graph.call_function(torch.amp._exit_autocast, (enter,))
+        node.meta["example_value"] = None
+
+    def exit_autocast_regions(self) -> None:
+        """End every open region: a graph that stops at a break leaves them (the entry enters them again)."""
+        while self.autocast_regions:
+            self.exit_autocast()
+
+    def in_autocast_regions(self) -> contextlib.AbstractContextManager:
+        """The open autocast regions entered for real, for fake runs and state queries."""
+        if not self.autocast_regions:
+            return contextlib.nullcontext()
+        stack = contextlib.ExitStack()
+        for _, args in self.autocast_regions:
+            stack.enter_context(torch.autocast(*args))
+        return stack
+
     def _record(self, op: str, target: object, run: Callable, args: list[Value], kwargs: dict[str, Value]) -> Value:
         example_args = [a.example() for a in args]
         example_kwargs = {k: v.example() for k, v in kwargs.items()}
@@ -174,7 +205,7 @@ class OutputGraph:
 
     def _run_fake(self, target: object, run: Callable, args: list, kwargs: dict) -> object:
         try:
-            with self.fake_mode, torch.set_grad_enabled(self.grad_enabled):
+            with self.fake_mode, torch.set_grad_enabled(self.grad_enabled), self.in_autocast_regions():
                 return run(*args, **kwargs)
         except (DataDependentOutputException, DynamicOutputShapeException) as e:
             raise Unsupported(f"data-dependent: {_describe(target)} has an output whose value or shape depends on tensor data ({type(e).__name__})") from None
@@ -240,7 +271,7 @@ def _describe(target: object) -> str:
     return f"{module}.{name}()" if module and module not in ("_operator", "builtins") else f"{name}()"
 
 
-_IMPURE_FUNCTIONS = {operator.setitem, torch._C._set_grad_enabled}
+_IMPURE_FUNCTIONS = {operator.setitem, torch._C._set_grad_enabled, torch.amp._enter_autocast, torch.amp._exit_autocast}
 
 
 def _is_pure(node: torch.fx.Node) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from torchweld.capture.autocast import AutocastExitValue
 from torchweld.capture.grad_mode import GradModeExitValue
 from torchweld.capture.new_objects import NewObjectValue
 from torchweld.capture.values import (
@@ -97,6 +98,10 @@ class Reconstructor:
         if isinstance(value, GradModeExitValue):  # inside `with torch.no_grad():` - enter it again
             context = value.context
             ctx = self._build_once(value, lambda: f"{self.const(torch.set_grad_enabled)}({context.enabled})")
+            return f"{ctx}.__exit__"
+        if isinstance(value, AutocastExitValue):  # inside `with torch.autocast(...)`: enter it again
+            args = ", ".join(self.const(a) for a in value.context.args)
+            ctx = self._build_once(value, lambda: f"{self.const(torch.amp._enter_autocast)}({args})")
             return f"{ctx}.__exit__"
         if value.source is not None:
             return value.source.expr()

@@ -78,6 +78,17 @@ class Value:
 
 # ---------------------------------------------------------------------------
 # constants
+class ContextManagerValue(Value):
+    """A context manager capture models (grad mode, autocast): `with` calls `enter` and
+    leaves `exit_value()` on the stack, which the block's end calls."""
+
+    def enter(self, tx: "Translator") -> Value:
+        raise NotImplementedError
+
+    def exit_value(self) -> Value:
+        raise NotImplementedError
+
+
 # ---------------------------------------------------------------------------
 
 

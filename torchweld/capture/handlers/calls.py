@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 from torchweld.capture.callables import NestedFunctionValue
-from torchweld.capture.grad_mode import GradModeContextValue
+from torchweld.capture.autocast import context_of_object
 from torchweld.capture.handlers import handles
-from torchweld.capture.values import DictValue, NullValue
+from torchweld.capture.values import ContextManagerValue, DictValue, NullValue
 from torchweld.errors import Unsupported
 
 
@@ -59,8 +59,14 @@ def make_function(tx, inst):
 @handles("BEFORE_WITH")
 def before_with(tx, inst):
     context = tx.pop()
-    if not isinstance(context, GradModeContextValue):
-        raise Unsupported(f"`with` on {context}: only torch.no_grad/enable_grad/set_grad_enabled are captured")
+    if not isinstance(context, ContextManagerValue):  # an autocast object made outside, guarded as that object
+        known = context_of_object(context.real_object())
+        if known is not None and context.source is not None:
+            tx.output.guards.identity(context.source, context.real_object())
+            context = known
+    if not isinstance(context, ContextManagerValue):
+        raise Unsupported(f"`with` on {context}: only torch.no_grad/enable_grad/set_grad_enabled and "
+                          "torch.autocast are captured")
     tx.push(context.exit_value())
     tx.push(context.enter(tx))
 
