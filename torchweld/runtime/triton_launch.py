@@ -211,6 +211,9 @@ def _compile(job: CompileJob, args: list[torch.Tensor], ahead: Future | None = N
         timing.record("weld.triton_compile.threads.wait_for_worker", time.perf_counter() - start)
     config = dict(job.config)
     triton_driver()  # created once, not raced by this JIT's own first use
+    from torchweld.runtime import triton_workers
+
+    triton_workers.install_key()  # hashed once, not raced by this compile's cache key
     with torch.cuda.device(job.device), timing.phase("weld.triton_compile.threads.kernel"):
         kernel = job.fn.warmup(*args, grid=(1,), **config)
         kernel = kernel.result() if hasattr(kernel, "result") else kernel

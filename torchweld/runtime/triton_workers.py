@@ -28,6 +28,7 @@ import sys
 import threading
 from concurrent.futures import Future
 
+from torchweld.c_extension import loaded_once
 from torchweld.runtime.triton_worker_main import read_message, write_message
 
 log = logging.getLogger("torchweld.weld")
@@ -216,12 +217,15 @@ def compile_request(fn, data: str, target) -> tuple:
             (target.backend, target.arch, target.warp_size), env, install_key())
 
 
+@loaded_once
 def install_key() -> str | None:
     """Triton's key of its own installation (`triton.runtime.cache.triton_key`), part of every
     kernel's cache key: a SHA-256 of its sources and of libtriton.so (500 MB), 0.3-1 s per
     process, cached there. Workers take the parent's instead of each hashing the library
     again at its first compile (16 workers at once took ~0.6 s a kernel on an H100 host).
-    None where this Triton keeps it elsewhere."""
+    None where this Triton keeps it elsewhere. Computed once: a caller meanwhile waits for
+    the computation under way (`start_in_background`) instead of hashing the library again
+    itself (Triton's own cache of the key is not shared by concurrent first calls)."""
     try:
         from triton.runtime import cache
     except ImportError:
@@ -230,12 +234,7 @@ def install_key() -> str | None:
     return key() if callable(key) else None
 
 
-_hashing = threading.Event()
-
-
 def hash_install_in_background() -> None:
     """Compute install_key() in a thread, once per process: hashing releases the GIL, so it
     overlaps the tracing and lowering instead of delaying the first kernel's compile or load."""
-    if not _hashing.is_set():
-        _hashing.set()
-        threading.Thread(target=install_key, daemon=True, name="torchweld-triton-key").start()
+    install_key.start_in_background()
