@@ -9,7 +9,8 @@ from torchweld.fake_tensors import _is_simple, fake_copy
 
 
 def _described(t):
-    return (t.shape, t.stride(), t.storage_offset(), t.dtype, t.device, t.requires_grad, t.is_leaf)
+    return (t.shape, t.stride(), t.storage_offset(), t.dtype, t.device, t.requires_grad, t.is_leaf,
+            isinstance(t, torch.nn.Parameter))
 
 
 def _base():

@@ -21,7 +21,8 @@ _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter, torch.nn.parameter.Buffer)
 
 def fake_copy(mode: FakeTensorMode, real: torch.Tensor) -> torch.Tensor:
     """A fake tensor of `mode` with `real`'s size, strides, dtype, device and
-    requires_grad (static shapes). Not memoized: callers keep one per tensor."""
+    requires_grad (static shapes), a Parameter to isinstance where `real` is one.
+    Not memoized: callers keep one per tensor."""
     if not _is_simple(real):
         return mode.from_tensor(real, static_shapes=True)
     with no_dispatch():
@@ -29,6 +30,8 @@ def fake_copy(mode: FakeTensorMode, real: torch.Tensor) -> torch.Tensor:
         fake = FakeTensor(mode, meta, real.device)
     if real.requires_grad:
         fake.requires_grad_(True)
+    if isinstance(real, torch.nn.Parameter):
+        fake._is_param = True  # isinstance(fake, nn.Parameter), as torch's fakes of parameters answer
     return fake
 
 
