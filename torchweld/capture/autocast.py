@@ -23,8 +23,8 @@ if TYPE_CHECKING:
 
 # torch.autocast is torch.amp.autocast; the cuda and cpu spellings are subclasses
 AUTOCAST_CLASSES = (torch.amp.autocast, torch.cuda.amp.autocast, torch.cpu.amp.autocast)
-# An autocast object's own methods change the process's autocast state: never inlined, and
-# run natively (not through a compiled wrapper) at a break
+# An autocast object's own methods change the process's autocast state: opaque to capture
+# (builder.wrap), so a call to one is a break and runs natively
 AUTOCAST_METHODS = frozenset({torch.amp.autocast.__enter__.__code__, torch.amp.autocast.__exit__.__code__})
 
 

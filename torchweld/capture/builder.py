@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from torchweld.capture.autocast import AUTOCAST_METHODS
 from torchweld.capture.callables import OpaqueCallableValue, TorchCallableValue, UserFunctionValue
 from torchweld.capture.objects import (
     ClassValue, NNModuleValue, PythonModuleValue, UserObjectValue, is_stateless_standard_module,
@@ -125,6 +126,8 @@ def wrap(tx: "Translator", obj: object, source: Source | None, guard: bool = Tru
         root = (getattr(obj, "__module__", None) or "").split(".")[0]
         if root in NATIVE_ONLY_MODULES:
             return OpaqueCallableValue(obj, f"call to {root} function {obj.__qualname__} needs Python")
+        if obj.__code__ in AUTOCAST_METHODS:  # a resume function's `with` slot: a region begun before its graph
+            return OpaqueCallableValue(obj, "entering or leaving a torch.autocast region begun outside this graph needs Python")
         return UserFunctionValue(obj, source)
     if isinstance(obj, types.MethodType):
         from torchweld.capture.callables import BoundMethodValue

@@ -179,12 +179,9 @@ class TorchCallableValue(Value):
         return self.fn
 
     def call(self, tx, args, kwargs):
-        from torchweld.capture.autocast import autocast_call
-        from torchweld.capture.grad_mode import grad_mode_call
+        from torchweld.capture.mode_calls import mode_call
 
-        special = grad_mode_call(tx, self.fn, args, kwargs)
-        if special is None:
-            special = autocast_call(tx, self.fn, args, kwargs)
+        special = mode_call(tx, self.fn, args, kwargs)
         if special is not None:
             return special
         compiling = _compiling_answer(self.fn)

@@ -12,7 +12,6 @@ import sys
 import types
 from typing import TYPE_CHECKING
 
-from torchweld.capture.autocast import AUTOCAST_METHODS
 from torchweld.capture.callables import (
     BoundMethodValue, ConstantMethodValue, ContainerMethodValue, TensorMethodValue, UserFunctionValue,
 )
@@ -260,8 +259,6 @@ class BreakCodegen:
     def _wrapper(self, function: types.FunctionType) -> str:
         from torchweld.capture.compiled_function import CompiledFunction
 
-        if function.__code__ in AUTOCAST_METHODS:  # changes the autocast state: run as it is
-            return self.rebuild.const(function)
         key = ("callee", function)
         wrapper = self.settings.wrappers.get(key)
         if wrapper is None:

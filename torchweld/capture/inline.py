@@ -7,7 +7,6 @@ import types
 from typing import TYPE_CHECKING
 
 from torchweld import config
-from torchweld.capture.autocast import AUTOCAST_METHODS
 from torchweld.capture.sources import AttrSource, ClosureSource, DefaultSource, Source
 from torchweld.capture.values import (
     CellValue, DictValue, IteratorValue, TupleValue, Value, const, is_constant_literal,
@@ -86,8 +85,6 @@ def inline_user_function(tx: "Translator", fn_value: "UserFunctionValue | Nested
     is_genexpr = code.co_name == "<genexpr>" and code.co_flags & inspect.CO_GENERATOR
     if code.co_flags & _NOT_INLINABLE and not is_genexpr:
         raise Unsupported(f"{code.co_qualname} is a generator or coroutine; capture does not inline those")
-    if code in AUTOCAST_METHODS:  # the region began before this graph (a resume function's `with` slot)
-        raise Unsupported("entering or leaving a torch.autocast region begun outside this graph needs Python")
     if tx.depth >= config.inline_depth_limit:
         raise Unsupported(f"inlining deeper than config.inline_depth_limit={config.inline_depth_limit} (recursion?)")
 

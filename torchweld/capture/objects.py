@@ -253,12 +253,9 @@ class ClassValue(Value):
         return wrap(tx, value, AttrSource(self.source, name) if self.source else None)
 
     def call(self, tx, args, kwargs):
-        from torchweld.capture.autocast import autocast_call
-        from torchweld.capture.grad_mode import grad_mode_call
+        from torchweld.capture.mode_calls import mode_call
 
-        special = grad_mode_call(tx, self.cls, args, kwargs)
-        if special is None:
-            special = autocast_call(tx, self.cls, args, kwargs)
+        special = mode_call(tx, self.cls, args, kwargs)
         if special is not None:
             return special
         if self.cls is torch.Size:

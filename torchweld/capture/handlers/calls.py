@@ -60,9 +60,10 @@ def make_function(tx, inst):
 def before_with(tx, inst):
     context = tx.pop()
     if not isinstance(context, ContextManagerValue):  # an autocast object made outside, guarded as that object
-        known = context_of_object(context.real_object())
+        obj = context.real_object()
+        known = context_of_object(obj)
         if known is not None and context.source is not None:
-            tx.output.guards.identity(context.source, context.real_object())
+            tx.output.guards.identity(context.source, obj)
             context = known
     if not isinstance(context, ContextManagerValue):
         raise Unsupported(f"`with` on {context}: only torch.no_grad/enable_grad/set_grad_enabled and "
