@@ -1,6 +1,6 @@
 """Where weld's cold compile time goes, for one GPU case of bench/gpu_inference.py.
 
-    python3 bench/profile_compile.py densenet121 [--mode MODE] [--top 30] [--cprofile] [--thread-cpu]
+    python3 bench/profile_compile.py densenet121 [--mode MODE] [--top 30] [--cprofile] [--thread-cpu] [--train]
 
 Runs the first call (capture, lowering, scheduling, code generation, Triton
 compiles, the first run) in this fresh process with empty torchweld and Triton
@@ -8,9 +8,12 @@ caches, and prints its wall time and `torchweld.compile_times()` (seconds per
 phase). With --cprofile the call runs under cProfile, and the top functions by
 cumulative and by own time follow. Triton compiles run in a thread pool:
 cProfile sees only the main thread waiting for them (`Future.result`). With --thread-cpu,
-each phase the main thread ran is listed with its wall time and the main thread's CPU
-time in it: wall well above CPU is time spent waiting (on the GIL, a lock, a worker),
-CPU near wall is work done there.
+each phase is listed per kind of thread (main, backward, Triton loading) with its wall time and
+that thread's CPU time in it: wall well above CPU is time spent waiting (on the GIL, a lock, a
+worker), CPU near wall is work done there; the CPU column of all threads together is what
+the GIL serializes. With --train, the case is a training row of
+bench/compare.py (densenet121, resnet50, BERT, GPT-2) and the first call is its first
+step: the model compiled, forward, loss, backward (the backward's compile included), Adam.
 """
 from __future__ import annotations
 
@@ -29,29 +32,30 @@ os.environ.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="triton-cache-
 import torch  # noqa: E402
 
 import torchweld  # noqa: E402
+from compare import training_cases  # noqa: E402
 from gpu_inference import cases  # noqa: E402
 from torchweld import config, timing  # noqa: E402
 
 
-def main_thread_cpu() -> dict[str, list]:
-    """Record, from now on, each main-thread phase's [calls, wall s, thread CPU s]."""
-    rows: dict[str, list] = {}
+def thread_cpu() -> dict[tuple[str, str], list]:
+    """Record, from now on, each phase's [calls, wall s, thread CPU s] per kind of thread
+    (the thread's name without its pool index: MainThread, torchweld-backward, torchweld-triton)."""
+    rows: dict[tuple[str, str], list] = {}
     phase = timing.phase
 
     @contextlib.contextmanager
     def measured(name):
-        if threading.current_thread() is not threading.main_thread():
-            with phase(name):
-                yield
-            return
         wall, cpu = time.perf_counter(), time.thread_time()
         with phase(name):
             yield
-        row = rows.setdefault(name, [0, 0.0, 0.0])
-        row[0] += 1
-        row[1] += time.perf_counter() - wall
-        row[2] += time.thread_time() - cpu
+        key = (threading.current_thread().name.rstrip("0123456789").rstrip("_"), name)
+        with lock:
+            row = rows.setdefault(key, [0, 0.0, 0.0])
+            row[0] += 1
+            row[1] += time.perf_counter() - wall
+            row[2] += time.thread_time() - cpu
 
+    lock = threading.Lock()
     timing.phase = measured  # the compiler looks timing.phase up at each use
     return rows
 
@@ -63,22 +67,21 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=30)
     parser.add_argument("--cprofile", action="store_true")
     parser.add_argument("--thread-cpu", action="store_true", help="main-thread CPU time next to wall time per phase")
+    parser.add_argument("--train", action="store_true", help="the first training step of compare.py's row")
     args = parser.parse_args()
-    cpu_rows = main_thread_cpu() if args.thread_cpu else None
+    cpu_rows = thread_cpu() if args.thread_cpu else None
     from triton import knobs
 
     compiles = []  # whether each Triton compile in this process hit the cache (a worker's are not seen)
     knobs.compilation.listener = lambda **kw: compiles.append(kw["cache_hit"])
-    [(name, make)] = cases({args.case})
-    fn, x = make()
-    with torch.no_grad(), tempfile.TemporaryDirectory() as tmp, config.patch(cache_dir=tmp):
-        compiled = torchweld.compile(fn, backend="weld", mode=args.mode)
+    name, first_call = (training_step if args.train else inference_call)(args.case, args.mode)
+    with tempfile.TemporaryDirectory() as tmp, config.patch(cache_dir=tmp):
         torch.cuda.synchronize()
         profiler = cProfile.Profile() if args.cprofile else None
         t0 = time.perf_counter()
         if profiler:
             profiler.enable()
-        compiled(x)
+        first_call()
         torch.cuda.synchronize()
         if profiler:
             profiler.disable()
@@ -87,14 +90,43 @@ def main() -> None:
     hits = sum(compiles)
     print(f"Triton compiles in this process: {len(compiles)}, of which cache hits {hits}")
     if cpu_rows is not None:
-        print(f"\n{'main-thread phase':40s} {'calls':>5s} {'wall s':>7s} {'CPU s':>7s}")
-        for name, (calls, wall, cpu) in cpu_rows.items():
-            print(f"{name:40s} {calls:5d} {wall:7.3f} {cpu:7.3f}")
+        print(f"\n{'thread':20s} {'phase':44s} {'calls':>5s} {'wall s':>7s} {'CPU s':>7s}")
+        for (thread, name), (calls, wall, cpu) in cpu_rows.items():
+            print(f"{thread:20s} {name:44s} {calls:5d} {wall:7.3f} {cpu:7.3f}")
     for key in ("cumulative", "tottime") if profiler else ():
         out = io.StringIO()
         pstats.Stats(profiler, stream=out).sort_stats(key).print_stats(args.top)
         text = out.getvalue()
         print(f"\n-- by {key}\n" + text[text.index("ncalls"):])
+
+
+def inference_call(case: str, mode: str | None):
+    """(row name, the first call of the compiled model under no_grad)."""
+    [(name, make)] = cases({case})
+    fn, x = make()
+
+    def call():
+        with torch.no_grad():
+            torchweld.compile(fn, backend="weld", mode=mode)(x)
+
+    return name, call
+
+
+def training_step(case: str, mode: str | None):
+    """(row name, compare.py's first training step with the model compiled)."""
+    [(name, make_model, make_batch, loss_fn)] = [row for row in training_cases(False, "cuda")
+                                                  if row[0].split()[0] == case]
+    model = make_model().cuda().train()
+    x, y = (t.cuda() for t in make_batch())
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+
+    def step():
+        compiled = torchweld.compile(model, backend="weld", mode=mode)
+        opt.zero_grad(True)
+        loss_fn(compiled(x), y).backward()
+        opt.step()
+
+    return f"{name} train step", step
 
 
 if __name__ == "__main__":

@@ -117,6 +117,7 @@ class _FakeMetadata:
 class _FakeKernel:
     def __init__(self, launcher, **metadata):
         self.run, self.function, self.packed_metadata = launcher, 7, ("packed",)
+        self.name, self.kernel = "k_fake", b"cubin"
         self.metadata = _FakeMetadata()
         self.metadata.__dict__.update(metadata)
 
@@ -128,7 +129,7 @@ def test_launch_handles_call_a_c_launcher_only_where_its_convention_is_known(mon
     monkeypatch.setattr(triton_launch, "_direct_launch_form", lambda: "3.6")
     own = triton_launch.kernel_launcher()
     if own is not None:  # weld's own launcher: the binary loaded here, the pointers then two null scratch pointers
-        monkeypatch.setattr(triton_launch, "_load_binary", lambda kernel, device: 1234)
+        monkeypatch.setattr(triton_launch, "_load_binary", lambda name, cubin, metadata, device: 1234)
         handle = triton_launch.launch_handle(_FakeKernel(_FakeLauncher(), shared=512), constexprs, cpu)
         assert handle == triton_launch.LaunchHandle(own.launch, 1234, (128, 512), (0, 0))
     pdl = _FakeKernel(_FakeLauncher(), launch_pdl=True)  # not a plain launch: Triton's C launcher, called directly
@@ -140,6 +141,33 @@ def test_launch_handles_call_a_c_launcher_only_where_its_convention_is_known(mon
     monkeypatch.setattr(triton_launch, "_direct_launch_form", lambda: None)  # another Triton
     handle = triton_launch.launch_handle(pdl, constexprs, cpu)
     assert handle.launch is pdl.run and handle.leading == (("packed",), None, None, None)
+
+
+def test_a_workers_binary_is_launched_by_weld_only_where_a_plain_launch_does(monkeypatch):
+    """A worker sends back its compiled kernel's cubin and launch metadata: the parent loads
+    that binary itself (no compile of its own out of Triton's cache) where its own launcher
+    can launch it, and otherwise (None) goes through Triton as before."""
+    from torchweld.runtime import triton_launch
+
+    own = triton_launch.kernel_launcher()
+    if own is None:
+        pytest.skip("no C compiler here")
+    cpu = torch.device("cpu")
+    loaded = []
+    monkeypatch.setattr(triton_launch, "_direct_launch_form", lambda: "3.6")
+    monkeypatch.setattr(triton_launch, "_load_binary",
+                        lambda name, cubin, metadata, device: loaded.append((name, cubin)) or 99)
+    plain = {"name": "k_abc", "cubin": b"\x7fELF", **{k: v for k, v in vars(_FakeMetadata).items()
+                                                      if not k.startswith("_")}, "shared": 256}
+    assert triton_launch.handle_from_binary(plain, cpu) == triton_launch.LaunchHandle(own.launch, 99, (128, 256), (0, 0))
+    assert loaded == [("k_abc", b"\x7fELF")]
+    assert triton_launch.handle_from_binary({**plain, "launch_pdl": True}, cpu) is None
+    assert triton_launch.handle_from_binary({**plain, "global_scratch_size": 64}, cpu) is None
+    assert triton_launch.handle_from_binary({"name": "k_abc", "cubin": b""}, cpu) is None  # metadata unknown
+    monkeypatch.setattr(triton_launch, "_load_binary", lambda name, cubin, metadata, device: None)  # does not fit
+    assert triton_launch.handle_from_binary(plain, cpu) is None
+    monkeypatch.setattr(triton_launch, "_direct_launch_form", lambda: None)  # another Triton
+    assert triton_launch.handle_from_binary(plain, cpu) is None
 
 
 def test_own_launcher_checks_its_arguments_without_a_gpu():

@@ -29,10 +29,12 @@ says whether this Triton has it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import threading
 import time
+import types
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -199,16 +201,25 @@ def _compile_in_worker(job: CompileJob, args: list[torch.Tensor]) -> Future | No
 
 
 def _compile(job: CompileJob, args: list[torch.Tensor], ahead: Future | None = None) -> "LaunchHandle":
-    """Compile (or, after a worker's compile `ahead`, load from Triton's cache) one kernel, and load it."""
+    """Compile one kernel and load it. After a worker's compile `ahead`: load the binary it
+    sent back, or, where this process cannot launch that binary itself, load the kernel from
+    Triton's cache, which the worker filled."""
     if ahead is not None:
         start = time.perf_counter()
+        binary = None
         try:
-            seconds = ahead.result(timeout=WORKER_TIMEOUT_S)
-            for part, s in seconds.items():
+            reply = ahead.result(timeout=WORKER_TIMEOUT_S)
+            for part, s in reply["seconds"].items():
                 timing.record(f"weld.triton_compile.workers.{part}", s)
+            binary = reply.get("binary")
         except Exception as e:  # noqa: BLE001 - compiled here instead
             log.debug("a Triton compile worker failed, compiling in this process: %s", e)
         timing.record("weld.triton_compile.threads.wait_for_worker", time.perf_counter() - start)
+        if binary is not None:
+            with torch.cuda.device(job.device), timing.phase("weld.triton_compile.threads.load_binary"):
+                handle = handle_from_binary(binary, job.device)
+            if handle is not None:
+                return handle
     config = dict(job.config)
     triton_driver()  # created once, not raced by this JIT's own first use
     from torchweld.runtime import triton_workers
@@ -249,7 +260,7 @@ def launch_handle(kernel, constexprs: tuple, device: torch.device) -> LaunchHand
     if direct and _plain_launch(kernel.metadata):
         extension = kernel_launcher()
         if extension is not None:
-            function = _load_binary(kernel, device)
+            function = _load_binary(kernel.name, kernel.kernel, kernel.metadata, device)
             if function is not None:
                 threads = kernel.metadata.num_warps * 32
                 return LaunchHandle(extension.launch, function, (threads, kernel.metadata.shared),
@@ -262,21 +273,43 @@ def launch_handle(kernel, constexprs: tuple, device: torch.device) -> LaunchHand
     return LaunchHandle(run, kernel.function, standard, constexprs)
 
 
+def handle_from_binary(binary: dict, device: torch.device) -> LaunchHandle | None:
+    """The launch of a worker's compiled kernel (triton_worker_main's reply "binary") through
+    weld's own launcher, without Triton's in-process compile; None where it needs Triton's
+    launcher (not a plain launch, not Triton 3.6, no launcher extension, too much shared memory)."""
+    metadata = types.SimpleNamespace(**binary)
+    if _direct_launch_form() != "3.6" or not _plain_launch(metadata):
+        return None
+    extension = kernel_launcher()
+    if extension is None:
+        return None
+    function = _load_binary(binary["name"], binary["cubin"], metadata, device)
+    if function is None:
+        return None
+    return LaunchHandle(extension.launch, function, (metadata.num_warps * 32, metadata.shared),
+                        (0,) * SCRATCH_POINTERS)
+
+
 def _plain_launch(metadata) -> bool:
     return (getattr(metadata, "num_ctas", 1) == 1 and not getattr(metadata, "launch_cooperative_grid", True)
             and not getattr(metadata, "launch_pdl", True) and not getattr(metadata, "tensordesc_meta", None)
             and getattr(metadata, "global_scratch_size", 1) == 0 and getattr(metadata, "profile_scratch_size", 1) == 0)
 
 
-def _load_binary(kernel, device: torch.device) -> int | None:
-    """The CUfunction of `kernel`'s binary loaded on `device`, or None where it does not fit there."""
+def _load_binary(name: str, cubin: bytes, metadata, device: torch.device) -> int | None:
+    """The CUfunction `name` of `cubin` loaded on `device`, or None where it does not fit there
+    (`metadata`: the kernel's, for its shared memory and warps)."""
     index = device.index if device.index is not None else torch.cuda.current_device()
     utils = triton_driver().utils
-    properties = utils.get_device_properties(index)
-    if kernel.metadata.shared > properties["max_shared_mem"]:
+    if metadata.shared > _max_shared_memory(index):
         return None
-    _, function, _, _, max_threads = utils.load_binary(kernel.name, kernel.kernel, kernel.metadata.shared, index)
-    return function if kernel.metadata.num_warps * 32 <= max_threads else None
+    _, function, _, _, max_threads = utils.load_binary(name, cubin, metadata.shared, index)
+    return function if metadata.num_warps * 32 <= max_threads else None
+
+
+@functools.lru_cache(maxsize=None)
+def _max_shared_memory(index: int) -> int:
+    return triton_driver().utils.get_device_properties(index)["max_shared_mem"]
 
 
 def ensure_context_function():

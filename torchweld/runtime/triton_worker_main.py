@@ -18,10 +18,15 @@ reads); `target` is (backend, arch, warp_size); `triton_env` the parent's
 TRITON_* variables, which choose the cache directory; `install_key` the parent's
 `triton.runtime.cache.triton_key()` (or None), which this process, running the same
 Triton, would otherwise compute by hashing libtriton.so. The worker compiles the
-same source with the same options, so the parent's own compile of that kernel
-finds it in the cache, and replies with the seconds each step took:
-{"import": s, "kernel": s}, plus, where Triton's compile listener reports them,
-"ir_init" (its front end) and "stage.<ir>" for each stage (ttir, ttgir, llir, ptx, cubin).
+same source with the same options into Triton's cache, and replies
+`{"seconds": ..., "binary": ...}`:
+- "seconds": what each step took, {"import": s, "kernel": s}, plus, where Triton's
+  compile listener reports them, "ir_init" (its front end) and "stage.<ir>" for each
+  stage (ttir, ttgir, llir, ptx, cubin);
+- "binary": the compiled kernel as the parent launches it, {"name", "cubin", and the
+  launch metadata (BINARY_METADATA)}, or None where Triton made no cubin. The parent
+  loads that cubin itself instead of compiling the kernel again out of the cache
+  (~25 ms of Python under its GIL a kernel).
 ("ping",) replies "pong".
 """
 from __future__ import annotations
@@ -73,8 +78,13 @@ def _set_triton_env(env: dict[str, str]) -> None:
     os.environ.update(env)
 
 
+# What the parent needs to know of a compiled kernel to launch it (triton_launch.handle_from_binary)
+BINARY_METADATA = ("shared", "num_warps", "num_ctas", "launch_cooperative_grid", "launch_pdl", "tensordesc_meta",
+                   "global_scratch_size", "profile_scratch_size")
+
+
 def compile_kernel(module_name: str, module_path: str, fn_name: str, specialization_data: str,
-                   target: tuple, triton_env: dict[str, str], install_key: str | None = None) -> dict[str, float]:
+                   target: tuple, triton_env: dict[str, str], install_key: str | None = None) -> dict:
     """What `JITFunction.preload(specialization_data)` compiles, for an explicit target."""
     start = time.perf_counter()
     import triton
@@ -100,10 +110,19 @@ def compile_kernel(module_name: str, module_path: str, fn_name: str, specializat
     source = ASTSource(fn, signature, constexprs, attrs)
     start = time.perf_counter()
     stages = _stage_times()
-    triton.compile(source, target=target, options=options.__dict__)
+    kernel = triton.compile(source, target=target, options=options.__dict__)
     seconds["kernel"] = time.perf_counter() - start
     seconds.update(stages)
-    return seconds
+    return {"seconds": seconds, "binary": _binary(kernel)}
+
+
+def _binary(kernel) -> dict | None:
+    """The kernel's name, cubin and launch metadata, or None (no cubin: another backend)."""
+    cubin = kernel.asm.get("cubin") if hasattr(kernel.asm, "get") else None
+    if not isinstance(cubin, bytes):
+        return None
+    metadata = {key: getattr(kernel.metadata, key) for key in BINARY_METADATA if hasattr(kernel.metadata, key)}
+    return {"name": kernel.name, "cubin": cubin, **metadata}
 
 
 def _adopt_install_key(key: str | None) -> None:
