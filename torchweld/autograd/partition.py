@@ -24,6 +24,7 @@ import torch
 from torchweld.autograd.functionalize import is_view
 from torchweld.autograd.joint import JointGraph
 from torchweld.autograd.mincut import INF, FlowGraph
+from torchweld.compiler.graph_modules import graph_module
 
 aten, prims = torch.ops.aten, torch.ops.prims
 
@@ -235,4 +236,4 @@ def extract(gm: torch.fx.GraphModule, inputs: list[torch.fx.Node], outputs: list
         env[n] = graph.node_copy(n, lambda a: env[a])
     graph.output([env[o] if isinstance(o, torch.fx.Node) else o for o in outputs])
     graph.lint()
-    return torch.fx.GraphModule(gm, graph)
+    return graph_module(gm, graph)

@@ -13,6 +13,7 @@ from torchweld.autograd.functionalize import FunctionalizationError
 from torchweld.autograd.joint import JointGraph, ModuleState, module_state, trace_joint
 from torchweld.autograd.partition import Partition, partition
 from torchweld.autograd.runtime import TrainingGraph, run
+from torchweld.compiler.graph_modules import graph_module
 from torchweld.runtime.write_back import WriteBack
 
 log = logging.getLogger("torchweld.weld")
@@ -169,4 +170,4 @@ def _bind_constants(gm: torch.fx.GraphModule, example_inputs: list) -> torch.fx.
     for n in gm.graph.nodes:
         if n.op != "placeholder":
             env[n] = graph.node_copy(n, lambda a: env[a])
-    return torch.fx.GraphModule(gm, graph)
+    return graph_module(gm, graph)

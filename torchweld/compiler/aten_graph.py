@@ -13,6 +13,7 @@ from torch.nn.utils.stateless import _reparametrize_module
 
 from torchweld.compiler import decompositions
 from torchweld.compiler.aten_trace import AtenRecorder
+from torchweld.compiler.graph_modules import graph_module
 from torchweld.fake_tensors import fake_copy
 
 aten = torch.ops.aten
@@ -113,7 +114,7 @@ def traced_aten_graph(gm: torch.fx.GraphModule) -> AtenGraph:
     flat, spec = pytree.tree_flatten(output.args[0])
     output.args = (flat,)
     graph.eliminate_dead_code()
-    return AtenGraph(torch.fx.GraphModule(gm, graph), spec)
+    return AtenGraph(graph_module(gm, graph), spec)
 
 
 def to_aten_graph(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> AtenGraph:

@@ -28,6 +28,8 @@ import torch
 import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from torchweld.compiler.graph_modules import graph_module
+
 aten = torch.ops.aten
 
 # Ops that read tensor metadata only, never decomposed (as make_fx leaves them).
@@ -112,7 +114,7 @@ class AtenRecorder(TorchDispatchMode):
         """The recording as a GraphModule returning `outputs` (a flat list), dead code removed."""
         self.graph.output([self.node_of(o) for o in outputs])
         self.graph.eliminate_dead_code()
-        return torch.fx.GraphModule(self.root, self.graph)
+        return graph_module(self.root, self.graph)
 
     def _bind(self, tensor: torch.Tensor, node: torch.fx.Node) -> None:
         self._nodes[id(tensor)] = (tensor, node)  # the tensor is kept alive, so its id stays its own
