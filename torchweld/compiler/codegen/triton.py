@@ -33,14 +33,31 @@ def next_power_of_2(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
 
+def _once(kernel: Kernel, what: str, compute):
+    """`compute(kernel)`, computed once per Kernel object: kernels are immutable, and the
+    renderer, the launch configuration and the compile job each ask for what follows
+    (each a walk over every expression of the kernel). Kept in the kernel's own
+    __dict__, beside its (frozen) fields, so it lives as long as the kernel does."""
+    memo = kernel.__dict__.setdefault("_triton_memo", {})
+    if what not in memo:
+        memo[what] = compute(kernel)
+    return memo[what]
+
+
 def size_generic(kernel: Kernel) -> bool:
     """Whether a pointwise kernel's code depends on its size only through its mask: every
     offset and value reads xindex alone (contiguous or broadcast-free accesses, after
     coalesce_indices). Such a kernel takes its element count as an argument (`xnumel`)
     and blocks that do not depend on it, so one compiled kernel serves every size:
     an optimizer's update of each parameter, a residual add at each resolution."""
+    if not config.size_generic_kernels:
+        return False
+    return _once(kernel, "size_generic", _size_generic)
+
+
+def _size_generic(kernel: Kernel) -> bool:
     numel = math.prod(kernel.outer)
-    if kernel.is_reduction or not 1 < numel < INT32_LIMIT or not config.size_generic_kernels:
+    if kernel.is_reduction or not 1 < numel < INT32_LIMIT:
         return False
     coalesced = coalesce_indices(kernel)
     exprs = [st.index for st in coalesced.outer_stores] + _values(coalesced)
@@ -56,6 +73,10 @@ def runtime_ints(kernel: Kernel) -> tuple[int, ...]:
 
 def block_sizes(kernel: Kernel) -> tuple[int, int]:
     """(XBLOCK, RBLOCK) from the kernel's sizes and how its loads run."""
+    return _once(kernel, f"block_sizes{config.size_generic_kernels}", _block_sizes)
+
+
+def _block_sizes(kernel: Kernel) -> tuple[int, int]:
     xnumel = max(math.prod(kernel.outer), 1)
     if size_generic(kernel):  # blocks of a size class, so that kernels of any size share them
         return (2048 if xnumel >= BIG_POINTWISE else 1024), 1
@@ -144,6 +165,10 @@ def map_exprs(kernel: Kernel, value, index=lambda e: e) -> Kernel:
 def coalesce_indices(kernel: Kernel) -> Kernel:
     """`kernel` with every load and store offset, and every random number's counter, that is
     contiguous in x (or r) written over xindex (rindex)."""
+    return _once(kernel, "coalesced", _coalesce_indices)
+
+
+def _coalesce_indices(kernel: Kernel) -> Kernel:
     groups = (("x", kernel.outer, "xindex"), ("r", kernel.reduced, "rindex"))
     memo: dict = {}
 
@@ -543,7 +568,8 @@ class TritonRenderer(KernelRenderer):
         self.buffer_dtypes = buffer_dtypes
         done: set[str] = set()
         for kernel in kernels:
-            text = self.render(dataclasses.replace(kernel, name="KERNEL"))
+            # named KERNEL in the text that is hashed: the same code under another kernel's name is one function
+            text = self.render(kernel).replace(f"def {kernel.name}(", "def KERNEL(", 1)
             name = f"k_{content_hash(text)[:20]}"
             if name in done:
                 yield kernel, name, None
