@@ -216,8 +216,12 @@ def _compile(job: CompileJob, args: list[torch.Tensor], ahead: Future | None = N
             log.debug("a Triton compile worker failed, compiling in this process: %s", e)
         timing.record("weld.triton_compile.threads.wait_for_worker", time.perf_counter() - start)
         if binary is not None:
-            with torch.cuda.device(job.device), timing.phase("weld.triton_compile.threads.load_binary"):
-                handle = handle_from_binary(binary, job.device)
+            try:
+                with torch.cuda.device(job.device), timing.phase("weld.triton_compile.threads.load_binary"):
+                    handle = handle_from_binary(binary, job.device)
+            except Exception as e:  # noqa: BLE001 - loaded through Triton instead
+                log.debug("cannot load a worker's binary of %s, loading it through Triton: %s", binary.get("name"), e)
+                handle = None
             if handle is not None:
                 return handle
     config = dict(job.config)
