@@ -66,7 +66,7 @@ def main() -> None:
     parser.add_argument("--mode", default=None)
     parser.add_argument("--top", type=int, default=30)
     parser.add_argument("--cprofile", action="store_true")
-    parser.add_argument("--thread-cpu", action="store_true", help="main-thread CPU time next to wall time per phase")
+    parser.add_argument("--thread-cpu", action="store_true", help="each thread's CPU time next to wall time per phase")
     parser.add_argument("--train", action="store_true", help="the first training step of compare.py's row")
     args = parser.parse_args()
     cpu_rows = thread_cpu() if args.thread_cpu else None

@@ -141,14 +141,27 @@ def test_backend_warm_up_sees_each_capture_first():
     assert events == [("warm_up", [(3,)]), "compile", ("warm_up", [(2, 2)]), "compile"]
 
 
-def test_weld_warm_up_starts_nothing_for_cpu_tensors():
-    from torchweld.backends import backend_warm_up
-    from torchweld.runtime import triton_workers
+def test_weld_warm_up_starts_cuda_helpers_only_for_cuda_calls(monkeypatch):
+    """weld's warm_up starts its CUDA helpers (workers, driver, launcher) where a call's tensors,
+    or the parameters of the module it is a method of, are on CUDA, and for nothing else."""
+    import types
 
+    from torchweld.backends import backend_warm_up
+    from torchweld.backends import weld as weld_backend
+
+    started = []
+    monkeypatch.setattr(weld_backend, "_start_cuda_helpers", lambda workers: started.append(workers))
     warm_up = backend_warm_up("weld")
     assert warm_up is not None
-    warm_up((torch.randn(2), MyModule()), {})
-    assert triton_workers.running_pool() is None
+    warm_up((torch.randn(2), MyModule()), {"y": torch.randn(3)})
+    assert started == []
+
+    class OnCuda(torch.nn.Module):  # stands for a module whose parameters are on CUDA
+        def parameters(self, recurse=True):
+            yield types.SimpleNamespace(is_cuda=True)
+
+    warm_up((OnCuda(), torch.randn(2)), {})
+    assert started == [weld_backend.WORKERS_AT_FIRST_CALL]
 
 
 @pytest.mark.parametrize("mode", [None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"])

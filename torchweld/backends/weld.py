@@ -103,7 +103,7 @@ def _start_cuda_helpers(workers: bool) -> None:
 
     kernel_launcher.start_in_background()
     triton_driver.start_in_background()
-    triton_workers.hash_install_in_background()
+    triton_workers.install_key.start_in_background()  # hashing releases the GIL: it overlaps the tracing
     if workers:
         triton_workers.start_in_background()
 

@@ -76,8 +76,6 @@ class Value:
         return f"{type(self).__name__}({self.source or ''})"
 
 
-# ---------------------------------------------------------------------------
-# constants
 class ContextManagerValue(Value):
     """A context manager capture models (grad mode, autocast): `with` calls `enter` and
     leaves `exit_value()` on the stack, which the block's end calls."""
@@ -89,6 +87,8 @@ class ContextManagerValue(Value):
         raise NotImplementedError
 
 
+# ---------------------------------------------------------------------------
+# constants
 # ---------------------------------------------------------------------------
 
 

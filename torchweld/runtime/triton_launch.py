@@ -260,18 +260,12 @@ def launch_handle(kernel, constexprs: tuple, device: torch.device) -> LaunchHand
     launch before calling its compiled C launcher; for a kernel that needs no scratch
     memory under a Triton whose C launcher's arguments are known here, that C launcher
     is called directly."""
-    direct = _direct_launch_form() == "3.6"
-    if direct and _plain_launch(kernel.metadata):
-        extension = kernel_launcher()
-        if extension is not None:
-            function = _load_binary(kernel.name, kernel.kernel, kernel.metadata, device)
-            if function is not None:
-                threads = kernel.metadata.num_warps * 32
-                return LaunchHandle(extension.launch, function, (threads, kernel.metadata.shared),
-                                    (0,) * SCRATCH_POINTERS)
+    own = _own_launch(kernel.name, kernel.kernel, kernel.metadata, device)
+    if own is not None:
+        return own
     run = kernel.run  # Triton builds the launcher and loads the binary (CompiledKernel._init_handles)
     standard = (kernel.packed_metadata, None, None, None)  # launch metadata, enter and exit hooks
-    if direct and not _needs_scratch(run):
+    if _direct_launch_form() == "3.6" and not _needs_scratch(run):
         leading = (run.launch_cooperative_grid, run.launch_pdl, None, None) + standard
         return LaunchHandle(run.launch, kernel.function, leading, constexprs)
     return LaunchHandle(run, kernel.function, standard, constexprs)
@@ -280,14 +274,20 @@ def launch_handle(kernel, constexprs: tuple, device: torch.device) -> LaunchHand
 def handle_from_binary(binary: dict, device: torch.device) -> LaunchHandle | None:
     """The launch of a worker's compiled kernel (triton_worker_main's reply "binary") through
     weld's own launcher, without Triton's in-process compile; None where it needs Triton's
-    launcher (not a plain launch, not Triton 3.6, no launcher extension, too much shared memory)."""
-    metadata = types.SimpleNamespace(**binary)
+    launcher (see _own_launch)."""
+    return _own_launch(binary["name"], binary["cubin"], types.SimpleNamespace(**binary), device)
+
+
+def _own_launch(name: str, cubin: bytes, metadata, device: torch.device) -> LaunchHandle | None:
+    """The launch of binary `cubin` (function `name`, `metadata` the kernel's) through weld's
+    own launcher: under Triton 3.6, for a plain launch, where the launcher extension is built
+    and the binary fits the device; None otherwise."""
     if _direct_launch_form() != "3.6" or not _plain_launch(metadata):
         return None
     extension = kernel_launcher()
     if extension is None:
         return None
-    function = _load_binary(binary["name"], binary["cubin"], metadata, device)
+    function = _load_binary(name, cubin, metadata, device)
     if function is None:
         return None
     return LaunchHandle(extension.launch, function, (metadata.num_warps * 32, metadata.shared),

@@ -232,9 +232,3 @@ def install_key() -> str | None:
         return None
     key = getattr(cache, "triton_key", None)
     return key() if callable(key) else None
-
-
-def hash_install_in_background() -> None:
-    """Compute install_key() in a thread, once per process: hashing releases the GIL, so it
-    overlaps the tracing and lowering instead of delaying the first kernel's compile or load."""
-    install_key.start_in_background()
