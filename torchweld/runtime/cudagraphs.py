@@ -118,7 +118,10 @@ class CudaGraphRecorder:
     def record(self, fn: Callable[[], object], pool: object,
                device: torch.device | None) -> tuple[Callable[[], None], object]:
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.device(device), torch.cuda.graph(graph, pool=pool):
+        # thread_local: weld's own threads go on meanwhile (a backward compiled ahead allocates
+        # its kernels' dummy arguments and loads binaries), and in the default "global" mode
+        # such a call from another thread invalidated this recording, which was then made again
+        with torch.cuda.device(device), torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
             out = fn()
         return graph.replay, out
 
