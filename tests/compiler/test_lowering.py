@@ -109,22 +109,25 @@ def test_unravelled_index_folds_back():
 
 @pytest.mark.parametrize("codegen", ["cpp", "triton"])
 def test_foreach_ops_lower_per_tensor_and_each_tensor_fuses_into_one_kernel(codegen):
-    """An optimizer's multi-tensor ops: no extern (pow of a constant base included, which
-    Triton renders as exp2), one kernel per tensor, results equal to the foreach kernels'."""
+    """An optimizer's multi-tensor ops: no extern (pow of a constant base, which Triton renders
+    as exp2, and of a 0-d tensor base, Adam's betas read as graph inputs, included), one kernel
+    per tensor, results equal to the foreach kernels'."""
     if codegen == "triton" and os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("the Triton path runs on CPU through the interpreter")
 
-    def update(a, b, g1, g2, s1, s2):
+    def update(a, b, g1, g2, s1, s2, beta):
         params, grads, steps = [a, b], [g1, g2], [s1, s2]
         torch._foreach_add_(steps, 1)
         torch._foreach_lerp_(grads, params, 0.25)
         torch._foreach_addcmul_(params, grads, grads, 0.5)
         corrections = torch._foreach_pow(0.9, steps)
+        torch._foreach_add_(corrections, torch._foreach_pow([beta, beta], steps))
         torch._foreach_maximum_(params, grads)
         torch._foreach_addcdiv_(params, grads, torch._foreach_add(corrections, 1.0))
         return (torch._foreach_sqrt(torch._foreach_abs(params))[1],)
 
-    inputs = [torch.randn(5, 3), torch.randn(7), torch.randn(5, 3), torch.randn(7), torch.tensor(2.0), torch.tensor(4.0)]
+    inputs = [torch.randn(5, 3), torch.randn(7), torch.randn(5, 3), torch.randn(7), torch.tensor(2.0), torch.tensor(4.0),
+              torch.tensor(0.999)]
     expected_inputs = [t.clone() for t in inputs]
     gm = torch.fx.symbolic_trace(update)
     with torch.no_grad():

@@ -50,6 +50,19 @@ def test_reductions_one_block_and_looped():
           atol=1e-4, rtol=1e-4)
 
 
+def test_pow_of_a_tensor_base_like_torch():
+    """pow of any float base without libdevice (Adam's bias corrections when its betas are
+    tensors): negative bases to integer and fractional powers, zeros, infinities and NaN."""
+    specials = [0.0, -0.0, 1.0, -1.0, 2.5, -2.5, float("inf"), float("-inf"), float("nan"), 0.5, -0.5]
+    exponents = [0.0, 1.0, 2.0, 3.0, -1.0, -3.0, 0.5, -0.5, 2.5, float("inf"), float("-inf"), float("nan")]
+    base = torch.tensor(specials).repeat_interleave(len(exponents))
+    exponent = torch.tensor(exponents).repeat(len(specials))
+    c = check(lambda a, b, x: [torch.pow(a, b), torch.pow(x.abs() + 0.5, b), torch.pow(0.9, b), a ** 3.5],
+              [base, exponent, torch.randn(base.shape)], options=TRITON)
+    assert c.externs == []
+    assert "_tw_pow(" in c.kernel_sources["triton"]
+
+
 def test_max_and_min_propagate_nan_like_torch():
     """tl.maximum and tl.max return the other operand of a NaN by default; torch's
     maximum, relu, clamp, amax and amin return NaN."""

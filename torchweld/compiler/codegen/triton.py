@@ -323,6 +323,25 @@ def _float(value: float) -> str:
     return repr(float(value))
 
 
+def _pow_code(base: str, exponent: str) -> str:
+    """pow: of a constant positive base (Adam's bias corrections, beta ** step, where beta is
+    a number) one exp2 of its log2 computed here; of any other base, _tw_pow (HELPERS)."""
+    constant = _constant(base)
+    if 0 < constant < math.inf:
+        return f"tl.exp2({exponent} * {_float(math.log2(constant))})"
+    if not math.isnan(_constant(exponent)):  # a block of it, for the element-wise tests of _tw_pow
+        exponent = f"(tl.zeros_like({base}) + {exponent})"
+    return f"_tw_pow({base}, {exponent})"
+
+
+def _constant(code: str) -> float:
+    """The number a rendered operand spells, or NaN for a value's name (or a constant spelled float("..."))."""
+    try:
+        return float(code)
+    except ValueError:
+        return math.nan
+
+
 HELPERS = '''
 @triton.jit
 def _tw_max(a, b):
@@ -332,6 +351,21 @@ def _tw_max(a, b):
 @triton.jit
 def _tw_min(a, b):
     return tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _tw_pow(a, b):
+    # torch.pow of float tensors without libdevice (not in Triton's CPU interpreter):
+    # |a| ** b as exp2(b * log2|a|) (within a few ulp), the sign of a negative base to an odd
+    # integer power, NaN for a finite negative base to a fractional power, and pow(x, 0) =
+    # pow(1, y) = pow(-1, +-inf) = 1, as C's pow has them
+    magnitude = tl.exp2(b * tl.log2(tl.abs(a)))
+    integral = b == tl.floor(b)
+    odd = integral & (tl.abs(b) % 2 == 1)
+    signed = tl.where(odd & ((a < 0) | (1.0 / a < 0)), -magnitude, magnitude)  # -0.0 too
+    result = tl.where((a < 0) & ~integral & (a != float("-inf")), float("nan"), signed)
+    one = (b == 0) | (a == 1) | ((a == -1) & (tl.abs(b) == float("inf")))
+    return tl.where(one, 1.0, result)
 
 
 @triton.jit
@@ -380,22 +414,15 @@ class TritonRenderer(KernelRenderer):
         Op.LOGICAL_XOR: lambda a, b: f"{a} ^ {b}",
         Op.WHERE: lambda c, a, b: f"tl.where({c}, {a}, {b})",
         Op.RAND: lambda seed, offset: f"tl.rand({seed}, ({offset}).to(tl.uint32))",
-        # only of a constant positive base (check_node): Adam's bias corrections, beta ** step
-        Op.POW: lambda a, b: f"tl.exp2({b} * {_float(math.log2(float(a)))})",
+        Op.POW: lambda a, b: _pow_code(a, b),
     }
-    # expm1, log1p, tan, atan, atan2, round, pow of a tensor base need libdevice, which
-    # Triton's CPU interpreter cannot run, so they stay extern; so does float64 math
+    # expm1, log1p, tan, atan, atan2, round need libdevice, which Triton's CPU interpreter
+    # cannot run, so they stay extern; so does float64 math
     unsupported_dtypes = frozenset({torch.float64})
     reduce_init = {Op.SUM: "0", Op.PROD: "1", Op.MAX: 'float("-inf")', Op.MIN: 'float("inf")'}
     # max/min propagate NaN as torch's do (tl.max and tl.minimum by default return the other operand)
     reduce_fn = {Op.SUM: "tl.sum", Op.MAX: "_tw_max_rows", Op.MIN: "_tw_min_rows"}
     reduce_ops = frozenset(reduce_fn)
-
-    @classmethod
-    def check_node(cls, node: Expr) -> None:
-        base = node.args[0] if node.op is Op.POW else None
-        if base is not None and not (base.op is Op.CONST and isinstance(base.arg, (int, float)) and 0 < base.arg < math.inf):
-            raise NotImplementedError("Triton pow only of a constant positive base (libdevice is not in the interpreter)")
 
     # -- values ------------------------------------------------------------------
     def register_type(self, dtype) -> str:
