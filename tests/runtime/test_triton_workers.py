@@ -203,3 +203,18 @@ def test_start_in_background_starts_the_pool_once_and_not_when_workers_are_off(m
     monkeypatch.setenv("TORCHWELD_COMPILE_WORKERS", "2")
     triton_workers.start_in_background()
     assert started.wait(5) and calls == [1]
+
+
+def test_workers_run_at_a_lower_priority_than_the_parent(monkeypatch):
+    """One worker per core must not starve the parent's threads that render the kernels they wait for."""
+    import subprocess
+
+    code = ("import os, sys; sys.path.insert(0, sys.argv[1]); import triton_worker_main as m; "
+            "before = os.nice(0); m._lower_priority(); print(os.nice(0) - before)")
+    folder = os.path.dirname(triton_worker_main.__file__)
+    monkeypatch.delenv("TORCHWELD_WORKER_NICENESS", raising=False)
+    raised = subprocess.run([sys.executable, "-c", code, folder], capture_output=True, text=True, check=True)
+    assert int(raised.stdout) == min(triton_worker_main.NICENESS, 19 - os.nice(0))
+    monkeypatch.setenv("TORCHWELD_WORKER_NICENESS", "0")
+    same = subprocess.run([sys.executable, "-c", code, folder], capture_output=True, text=True, check=True)
+    assert int(same.stdout) == 0
