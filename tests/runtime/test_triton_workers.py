@@ -157,12 +157,86 @@ def test_the_parent_loads_what_the_workers_compiled(tmp_path, monkeypatch):
     from torchweld import timing
 
     before = timing.snapshot().get("weld.triton_compile.threads.load_binary", (0, 0.0))[0]
+    modules_before = {m for m in sys.modules if m.startswith("torchweld_triton_")}
     check(fn, [torch.randn(300, 33, device="cuda")])
     loaded = timing.snapshot().get("weld.triton_compile.threads.load_binary", (0, 0.0))[0] - before
     # each kernel is the binary a worker sent back, loaded as is (Triton 3.6 and weld's own
     # launcher), or Triton's compile here that finds the worker's binary in its cache
     assert loaded or hits, "the workers compiled nothing this graph launches"
     assert all(hits), hits
+    if loaded and not hits:  # nothing compiled here: the kernels' modules were never imported either
+        assert {m for m in sys.modules if m.startswith("torchweld_triton_")} == modules_before
+
+
+SPECIALIZED = '''
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def kernel(ptr0, ptr1, xnumel, XBLOCK: tl.constexpr, RBLOCK: tl.constexpr):
+    x = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)
+    tl.store(ptr1 + x, tl.load(ptr0 + x, x < xnumel), x < xnumel)
+'''
+
+
+@cuda
+@pytest.mark.parametrize("dtypes, aligned, ints, config", [
+    ((torch.float32, torch.float32), (True, True), (16,), {"XBLOCK": 128, "RBLOCK": 1, "num_warps": 4}),
+    ((torch.float16, torch.bfloat16), (False, True), (17,), {"XBLOCK": 1, "RBLOCK": 1024, "num_warps": 8}),
+    ((torch.int64, torch.bool), (True, False), (1,), {"XBLOCK": 256, "RBLOCK": 1}),
+    ((torch.uint8, torch.int32), (False, False), (2**31 + 16,), {"XBLOCK": 64, "RBLOCK": 32, "num_warps": 2}),
+])
+def test_the_written_specialization_is_what_tritons_jit_makes(tmp_path, dtypes, aligned, ints, config):
+    """What the parent hands a worker without running Triton's JIT: the JIT's own
+    specialization of the same arguments, in the same form."""
+    from triton.compiler import make_backend
+
+    from torchweld.runtime import triton_launch, triton_workers
+    from torchweld.runtime.triton_loader import GeneratedKernel
+
+    params = ("ptr0", "ptr1", "xnumel", "XBLOCK", "RBLOCK")
+    written = triton_workers.written_specialization(params, dtypes, aligned, ints, config)
+    if written is None:
+        pytest.skip("this Triton's specialization format is not written by weld")
+    fn = GeneratedKernel(SPECIALIZED.replace("kernel(", f"kernel_{tmp_path.name}("), f"kernel_{tmp_path.name}")
+    job = triton_launch.CompileJob(fn.src, fn, dtypes, aligned, tuple(sorted(config.items())),
+                                   torch.device("cuda"), ints, params)
+    jit = json.loads(triton_workers.specialization_data(fn, triton_launch._dummy_arguments(job), dict(config)))
+    written = json.loads(written)
+    assert written["signature"] == jit["signature"]
+    for part in ("constant", "attrs"):
+        assert (dict(zip(map(tuple, written[f"{part}_keys"]), written[f"{part}_vals"]))
+                == dict(zip(map(tuple, jit[f"{part}_keys"]), jit[f"{part}_vals"])))
+    backend = make_backend(triton_launch.triton_driver().get_current_target())
+    tuples = lambda options: {k: tuple(v) if isinstance(v, list) else v for k, v in options.items()}  # noqa: E731
+    assert backend.parse_options(tuples(written["options"])) == backend.parse_options(tuples(jit["options"]))
+
+
+def test_a_generated_kernel_is_imported_when_first_used():
+    """Kernels a worker compiles and the parent launches from their binary are never imported
+    in the parent; Triton's JIT launch (or any use of the JIT function) imports the module first."""
+    from torchweld.runtime.triton_loader import GeneratedKernel
+
+    name = f"k_{time.time_ns()}"
+    source = textwrap.dedent(f'''
+        class _Launcher:
+            def __getitem__(self, grid):
+                return lambda *args: ("launched", grid, args)
+
+            def warmup(self, *args, grid):
+                return ("compiled", args)
+
+
+        {name} = _Launcher()
+    ''')
+    kernel = GeneratedKernel(source, name)
+    assert os.path.exists(kernel.path) and kernel.src == source
+    assert kernel.module_name not in sys.modules
+    assert kernel[(3,)](1, 2) == ("launched", (3,), (1, 2))
+    assert kernel.module_name in sys.modules
+    assert kernel.warmup(5, grid=(1,)) == ("compiled", (5,))
+    assert GeneratedKernel(source, name).jit_function is kernel.jit_function  # one import per module
 
 
 def test_the_specialization_hook_skips_only_its_own_threads_compile():

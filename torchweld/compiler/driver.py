@@ -104,22 +104,19 @@ def _triton_kernels(renderer, kernels: list[Kernel], sched: Schedule, buffer_dty
     """(TritonLaunches, the kernels' source, their module files): each kernel rendered, loaded and
     handed to the compilers as it comes, so the first ones compile while the rest are rendered."""
     from torchweld.compiler.codegen.triton_launches import TritonCompile
-    from torchweld.runtime.triton_loader import load_module
+    from torchweld.runtime.triton_loader import GeneratedKernel
 
     compile_ = TritonCompile(kernels, sched, options)
-    loaded: dict[str, tuple[object, str]] = {}  # function name -> (JIT function, module file)
-    module_sources = []
+    loaded: dict[str, GeneratedKernel] = {}  # function name -> its kernel (imported when first used)
     with timing.phase("weld.render"):
         for kernel, fn_name, module_source in renderer.render_modules(kernels, buffer_dtypes):
             if module_source is not None:
-                with timing.phase("weld.triton_compile.load_module"):
-                    module, path = load_module(module_source)
-                loaded[fn_name] = (getattr(module, fn_name), path)
-                module_sources.append(module_source)
-            compile_.add(kernel, loaded[fn_name][0], fn_name, loaded[fn_name][1])
+                with timing.phase("weld.triton_compile.write_module"):
+                    loaded[fn_name] = GeneratedKernel(module_source, fn_name)
+            compile_.add(kernel, loaded[fn_name])
     with timing.phase("weld.triton_compile"):
         launches = compile_.finish()
-    return launches, "\n".join(module_sources), [path for _, path in loaded.values()]
+    return launches, "\n".join(k.src for k in loaded.values()), [k.path for k in loaded.values()]
 
 
 def _codegen(sched: Schedule, out_spec, options: dict) -> CompiledGraph:

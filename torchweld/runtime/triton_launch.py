@@ -51,10 +51,11 @@ CONSTEXPRS = ("XBLOCK", "RBLOCK")  # weld kernels' constexpr parameters, after t
 
 @dataclasses.dataclass(frozen=True)
 class CompileJob:
-    """One kernel to compile: its source text (the dedupe key), its JIT function,
-    the dtype and alignment of each pointer argument, the launch config
-    (XBLOCK, RBLOCK, num_warps, ...), the device, and a value of each integer
-    argument's specialization class (specialization_class)."""
+    """One kernel to compile: its source text (the dedupe key), its JIT function (a
+    triton_loader.GeneratedKernel, which imports it when first used), the dtype and alignment
+    of each pointer argument, the launch config (XBLOCK, RBLOCK, num_warps, ...), the device,
+    a value of each integer argument's specialization class (specialization_class), and the
+    names of the function's parameters (pointers, integers, then CONSTEXPRS)."""
 
     source: str
     fn: object = dataclasses.field(compare=False, hash=False)
@@ -63,6 +64,7 @@ class CompileJob:
     config: tuple  # sorted (name, value) pairs
     device: torch.device
     ints: tuple = ()
+    params: tuple = dataclasses.field(default=(), compare=False, hash=False)
 
     @property
     def key(self) -> tuple:
@@ -140,9 +142,8 @@ def submit_kernels(jobs: list[CompileJob], batch: int | None = None) -> list[Fut
         for job in jobs:
             future = _compiled.get(job.key)
             if future is None:
-                args = _dummy_arguments(job)
-                ahead = _compile_in_worker(job, args) if use_workers else None
-                future = _executor(loading=ahead is not None).submit(_compile, job, args, ahead)
+                ahead = _compile_in_worker(job) if use_workers else None
+                future = _executor(loading=ahead is not None).submit(_compile, job, ahead)
                 _compiled[job.key] = future
             futures.append(future)
     return futures
@@ -183,8 +184,10 @@ def _workers_running() -> bool:
     return triton_workers.running_pool() is not None
 
 
-def _compile_in_worker(job: CompileJob, args: list[torch.Tensor]) -> Future | None:
-    """A worker's compile of `job` into Triton's cache (None where there is none to ask)."""
+def _compile_in_worker(job: CompileJob) -> Future | None:
+    """A worker's compile of `job` (None where there is none to ask). Its specialization is
+    written here where this Triton's format is known (triton_workers.written_specialization),
+    without importing the kernel or running Triton's JIT; else the JIT is run up to its compile."""
     from torchweld.runtime import triton_workers
 
     pool = triton_workers.worker_pool()
@@ -193,14 +196,20 @@ def _compile_in_worker(job: CompileJob, args: list[torch.Tensor]) -> Future | No
     try:
         with torch.cuda.device(job.device), timing.phase("weld.triton_compile.specialize"):
             target = triton_driver().get_current_target()
-            data = triton_workers.specialization_data(job.fn, args, dict(job.config))
+            data = triton_workers.written_specialization(job.params, job.arg_dtypes, job.aligned, job.ints,
+                                                         dict(job.config))
+            if data is None:
+                data = triton_workers.specialization_data(job.fn, _dummy_arguments(job), dict(job.config))
     except Exception as e:  # noqa: BLE001 - the thread compiles it as before
         log.debug("cannot hand a Triton kernel to a worker: %s", e)
         return None
-    return None if data is None else pool.submit(triton_workers.compile_request(job.fn, data, target))
+    if data is None:
+        return None
+    fn = job.fn
+    return pool.submit(triton_workers.compile_request(fn.module_name, fn.path, fn.name, data, target))
 
 
-def _compile(job: CompileJob, args: list[torch.Tensor], ahead: Future | None = None) -> "LaunchHandle":
+def _compile(job: CompileJob, ahead: Future | None = None) -> "LaunchHandle":
     """Compile one kernel and load it. After a worker's compile `ahead`: load the binary it
     sent back, or, where this process cannot launch that binary itself, load the kernel from
     Triton's cache, which the worker filled."""
@@ -230,7 +239,7 @@ def _compile(job: CompileJob, args: list[torch.Tensor], ahead: Future | None = N
 
     triton_workers.install_key()  # hashed once, not raced by this compile's cache key
     with torch.cuda.device(job.device), timing.phase("weld.triton_compile.threads.kernel"):
-        kernel = job.fn.warmup(*args, grid=(1,), **config)
+        kernel = job.fn.warmup(*_dummy_arguments(job), grid=(1,), **config)
         kernel = kernel.result() if hasattr(kernel, "result") else kernel
         return launch_handle(kernel, tuple(config[c] for c in CONSTEXPRS), job.device)
 

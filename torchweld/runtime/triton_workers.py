@@ -1,15 +1,16 @@
 """A pool of Triton compile worker processes (triton_worker_main.py) and the parent's half
-of their work: catching what Triton would compile, and handing it to a worker.
+of their work: the specialization Triton would compile, and handing it to a worker.
 
 Triton's front end (the kernel's AST to its first IR) is Python and holds the GIL:
 16 threads compiling resnet50's 19 kernels took 2.7 s where one thread took 4.3 s.
-Workers compile into Triton's disk cache; the parent's own compile of each kernel,
-which it still runs, then reads the cache. Nothing depends on a worker succeeding:
-if one fails or is missing, the parent compiles that kernel itself.
+Workers compile each kernel (into Triton's disk cache too) and send its binary back,
+which the parent loads (triton_launch). Nothing depends on a worker succeeding: if one
+fails or is missing, the parent compiles that kernel itself.
 
     pool = worker_pool()                               # None: no workers here
+    data = written_specialization(params, dtypes, aligned, ints, config)   # Triton 3.6; else
     data = specialization_data(fn, args, config)       # what fn.warmup(*args, **config) would compile
-    future = pool.submit(("compile", ...))             # concurrent.futures.Future
+    future = pool.submit(compile_request(module_name, path, fn_name, data, target))  # a Future
 
 The pool starts its processes on first use, one per core up to 16, or
 `TORCHWELD_COMPILE_WORKERS` (0: none).
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import atexit
 import itertools
+import json
 import logging
 import os
 import queue
@@ -209,12 +211,62 @@ def specialization_data(fn, args: list, config: dict) -> str | None:
     return captured[0] if captured else None
 
 
-def compile_request(fn, data: str, target) -> tuple:
-    """The worker request that compiles `fn` for specialization `data` on `target`."""
-    module = sys.modules[fn.fn.__module__]
+def compile_request(module_name: str, module_path: str, fn_name: str, data: str, target) -> tuple:
+    """The worker request that compiles kernel `fn_name` of module `module_name` (file
+    `module_path`) for specialization `data` on `target`."""
     env = {k: v for k, v in os.environ.items() if k.startswith("TRITON_")}
-    return ("compile", module.__name__, module.__file__, fn.fn.__name__, data,
+    return ("compile", module_name, module_path, fn_name, data,
             (target.backend, target.arch, target.warp_size), env, install_key())
+
+
+# Triton's names of the pointer types of torch dtypes (triton._utils.canonicalize_ptr_dtype)
+POINTER_TYPES = {"float32": "*fp32", "float16": "*fp16", "bfloat16": "*bf16", "float64": "*fp64",
+                 "int64": "*i64", "int32": "*i32", "int16": "*i16", "int8": "*i8", "uint8": "*u8", "bool": "*i1"}
+WRITTEN_FORMAT = ("3", "6")  # the Triton whose serialized specialization written_specialization writes
+
+
+def written_specialization(params: tuple, dtypes: tuple, aligned: tuple, ints: tuple, config: dict) -> str | None:
+    """The serialized specialization that Triton's JIT would make of a weld kernel called with
+    pointers of `dtypes` (16-byte `aligned` or not), then the integers `ints`, then the
+    constexprs of `config` (its other entries are compile options, num_warps...): what
+    `specialization_data` finds by running the JIT, written here without importing the kernel's
+    module or running Triton's JIT (whose first use in a process imported Triton's Gluon
+    front end: 0.17 s of a first call on the H100 host). None where this Triton's format is not
+    the one written here (Triton 3.6: its specialize.cc), or a dtype has no name here; a
+    CUDA test checks it against the JIT's own."""
+    import triton
+    from triton import knobs
+
+    from torchweld.runtime.triton_launch import CONSTEXPRS
+
+    if tuple(triton.__version__.split(".")[:2]) != WRITTEN_FORMAT or len(params) != len(dtypes) + len(ints) + 2:
+        return None
+    signature, constants, attrs = {}, {}, {}
+    divisible = [["tt.divisibility", 16]]
+    for i, (dtype, is_aligned) in enumerate(zip(dtypes, aligned)):
+        type_name = POINTER_TYPES.get(str(dtype).removeprefix("torch."))
+        if type_name is None:
+            return None
+        signature[params[i]] = type_name
+        if is_aligned:
+            attrs[i] = divisible
+    for i, value in enumerate(ints, start=len(dtypes)):
+        if value == 1:  # Triton makes an int of value 1 a constant
+            signature[params[i]], constants[i] = "constexpr", 1
+            continue
+        signature[params[i]] = "i32" if -2**31 <= value < 2**31 else "i64"
+        if value % 16 == 0:
+            attrs[i] = divisible
+    for i, name in enumerate(params[-2:], start=len(params) - 2):
+        if name not in CONSTEXPRS or name not in config:
+            return None
+        signature[name], constants[i] = "constexpr", config[name]
+    options = {k: v for k, v in config.items() if k not in CONSTEXPRS}
+    options.setdefault("debug", bool(knobs.runtime.debug))  # what the JIT adds to its launch options
+    options.setdefault("instrumentation_mode", knobs.compilation.instrumentation_mode)
+    return json.dumps({"signature": signature, "constant_keys": [[i] for i in constants],
+                       "constant_vals": list(constants.values()), "attrs_keys": [[i] for i in attrs],
+                       "attrs_vals": list(attrs.values()), "options": options})
 
 
 @loaded_once

@@ -14,6 +14,7 @@ from torchweld.compiler import ir
 from torchweld.compiler.codegen.common import C_LIKE_OPS, KernelRenderer, Scope
 from torchweld.compiler.ir import Expr, Op
 from torchweld.compiler.schedule import Kernel, Stage, Store
+from torchweld.runtime.triton_launch import CONSTEXPRS
 
 HALF_TYPES = (torch.float16, torch.bfloat16)
 MAX_PERSISTENT_RBLOCK = 2048  # rows up to this long reduce in one block, longer ones loop
@@ -63,6 +64,13 @@ def _size_generic(kernel: Kernel) -> bool:
     exprs = [st.index for st in coalesced.outer_stores] + _values(coalesced)
     exprs += [st.index for stage in coalesced.stages for st in stage.stores]
     return not any(n.op is Op.VAR and n.arg != "xindex" for e in exprs for n in ir.walk(e))
+
+
+def kernel_params(kernel: Kernel) -> tuple[str, ...]:
+    """The names of the kernel function's parameters, in order: a pointer per argument
+    (Kernel.args), the runtime_ints, then the CONSTEXPRS."""
+    generic = ("xnumel",) if size_generic(kernel) else ()
+    return tuple(f"ptr{i}" for i in range(len(kernel.args))) + generic + CONSTEXPRS
 
 
 def runtime_ints(kernel: Kernel) -> tuple[int, ...]:
@@ -496,8 +504,7 @@ class TritonRenderer(KernelRenderer):
         self.scope_masks: dict[int, str] = {}
         self.row_scope: Scope | None = None
         generic = size_generic(kernel)
-        params = [self.pointer(n) for n in self.args] + (["xnumel"] if generic else [])
-        params = ", ".join(params + ["XBLOCK: tl.constexpr", "RBLOCK: tl.constexpr"])
+        params = ", ".join(f"{p}: tl.constexpr" if p in CONSTEXPRS else p for p in kernel_params(kernel))
         top = Scope(None, 0)
         self.emit(top, "@triton.jit")
         self.emit(top, f"def {kernel.name}({params}):")

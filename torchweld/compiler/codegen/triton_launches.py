@@ -25,7 +25,7 @@ import math
 import torch
 
 from torchweld.compiler import ir
-from torchweld.compiler.codegen.triton import launch_candidates, launch_config, runtime_ints, tune_launch
+from torchweld.compiler.codegen.triton import kernel_params, launch_candidates, launch_config, runtime_ints, tune_launch
 from torchweld.compiler.schedule import Kernel, Schedule
 from torchweld.runtime import triton_launch
 
@@ -46,9 +46,7 @@ class _Kernel:
     """One kernel of the graph as TritonCompile holds it."""
 
     kernel: Kernel
-    fn: object  # its JIT function
-    fn_name: str
-    path: str  # its module's file
+    fn: object  # its runtime/triton_loader.GeneratedKernel (name, module file; the JIT function when used)
     args: list[str]  # computed once: Kernel.args builds a new list
     config: dict  # XBLOCK, RBLOCK, num_warps...
     job: object = None  # its CompileJob, once built (for the final config)
@@ -62,8 +60,8 @@ class TritonCompile:
     ones are still rendered; `finish` waits for them and writes the lines.
 
         compile = TritonCompile(kernels, sched, options)
-        for kernel, fn, fn_name, path in ...:      # in the order kernels are rendered
-            compile.add(kernel, fn, fn_name, path)
+        for kernel, fn in ...:                     # in the order kernels are rendered
+            compile.add(kernel, fn)                # fn: its GeneratedKernel
         launches = compile.finish()
     """
 
@@ -73,8 +71,8 @@ class TritonCompile:
         self.fast = bool(kernels) and all(triton_launch.fast_launch_available(k.device) for k in kernels)
         self.entries: list[_Kernel] = []
 
-    def add(self, kernel: Kernel, fn, fn_name: str, path: str) -> None:
-        entry = _Kernel(kernel, fn, fn_name, path, kernel.args, launch_config(kernel))
+    def add(self, kernel: Kernel, fn) -> None:
+        entry = _Kernel(kernel, fn, kernel.args, launch_config(kernel))
         self.entries.append(entry)
         if self.fast and not self.options.get("max_autotune"):
             try:
@@ -86,9 +84,10 @@ class TritonCompile:
         if entry.job is None:
             sched = self.sched
             entry.job = triton_launch.CompileJob(
-                source_of(entry.fn), entry.fn, tuple(sched.layouts[a][0] for a in entry.args),
+                entry.fn.src, entry.fn, tuple(sched.layouts[a][0] for a in entry.args),
                 tuple(_aligned(a, sched) for a in entry.args), tuple(sorted(entry.config.items())),
-                entry.kernel.device, triton_launch.specialization_class(runtime_ints(entry.kernel)))
+                entry.kernel.device, triton_launch.specialization_class(runtime_ints(entry.kernel)),
+                kernel_params(entry.kernel))
         return entry.job
 
     def finish(self) -> TritonLaunches:
@@ -98,7 +97,7 @@ class TritonCompile:
             if self.fast:  # compile every candidate of every kernel at once before timing them one by one
                 _precompile_candidates(entries, sched)
             for e in entries:
-                e.config = tune_launch(e.kernel, e.fn, e.fn_name, e.args, sched.layouts, e.path, self.options)
+                e.config = tune_launch(e.kernel, e.fn, e.fn.name, e.args, sched.layouts, e.fn.path, self.options)
 
         grids = {e.kernel.name: -(-max(math.prod(e.kernel.outer), 1) // e.config["XBLOCK"]) for e in entries}
         ints = {e.kernel.name: runtime_ints(e.kernel) for e in entries}
@@ -136,10 +135,6 @@ class TritonCompile:
         return launches
 
 
-def source_of(fn) -> str:
-    return fn.src if hasattr(fn, "src") else repr(fn)
-
-
 def _aligned(name: str, sched: Schedule) -> bool:
     """Whether buffer `name`'s data pointer is 16-byte aligned on every call, or is
     a graph input or stored over one (whose alignment the wrapper checks)."""
@@ -168,8 +163,8 @@ def _precompile_candidates(entries: list[_Kernel], sched: Schedule) -> None:
         dtypes = tuple(t.dtype for t in args)
         ints = triton_launch.specialization_class(runtime_ints(e.kernel))
         for config in launch_candidates(e.kernel):
-            jobs.append(triton_launch.CompileJob(source_of(e.fn), e.fn, dtypes, aligned,
-                                                 tuple(sorted(config.items())), e.kernel.device, ints))
+            jobs.append(triton_launch.CompileJob(e.fn.src, e.fn, dtypes, aligned, tuple(sorted(config.items())),
+                                                 e.kernel.device, ints, kernel_params(e.kernel)))
     for job, future in zip(jobs, triton_launch.submit_kernels(jobs)):
         try:
             future.result()
