@@ -9,11 +9,16 @@ import subprocess
 import tempfile
 
 
+_made: set[str] = set()  # folders made by this process (a system call less per file)
+
+
 def cache_dir(kind: str) -> str:
     from torchweld import config  # read at call time: tests patch it
 
     path = os.path.join(config.cache_dir, kind)
-    os.makedirs(path, exist_ok=True)
+    if path not in _made:
+        os.makedirs(path, exist_ok=True)
+        _made.add(path)
     return path
 
 
@@ -28,7 +33,11 @@ def content_hash(*parts: str) -> str:
 def write_once(path: str, text: str) -> str:
     """Write `text` to `path` atomically unless it is already there."""
     if not os.path.exists(path):
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
+        try:
+            fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
+        except FileNotFoundError:  # its folder was removed since cache_dir made it
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
         with os.fdopen(fd, "w") as f:
             f.write(text)
         os.replace(tmp, path)

@@ -231,7 +231,16 @@ def test_a_generated_kernel_is_imported_when_first_used():
         {name} = _Launcher()
     ''')
     kernel = GeneratedKernel(source, name)
-    assert os.path.exists(kernel.path) and kernel.src == source
+    kernel.written.result()  # written by a background thread
+    assert open(kernel.path).read() == kernel.src == source
+    from concurrent.futures import Future
+
+    answer = Future()
+    chained = kernel.when_written(lambda: answer)  # a worker's compile, asked for once the file is there
+    answer.set_result(7)
+    assert chained.result(timeout=5) == 7
+    with pytest.raises(ZeroDivisionError):
+        kernel.when_written(lambda: 1 / 0).result(timeout=5)
     assert kernel.module_name not in sys.modules
     assert kernel[(3,)](1, 2) == ("launched", (3,), (1, 2))
     assert kernel.module_name in sys.modules

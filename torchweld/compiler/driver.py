@@ -111,11 +111,12 @@ def _triton_kernels(renderer, kernels: list[Kernel], sched: Schedule, buffer_dty
     with timing.phase("weld.render"):
         for kernel, fn_name, module_source in renderer.render_modules(kernels, buffer_dtypes):
             if module_source is not None:
-                with timing.phase("weld.triton_compile.write_module"):
-                    loaded[fn_name] = GeneratedKernel(module_source, fn_name)
+                loaded[fn_name] = GeneratedKernel(module_source, fn_name)
             compile_.add(kernel, loaded[fn_name])
     with timing.phase("weld.triton_compile"):
         launches = compile_.finish()
+        for k in loaded.values():  # the files the compiled graph names are there
+            k.written.result()
     return launches, "\n".join(k.src for k in loaded.values()), [k.path for k in loaded.values()]
 
 

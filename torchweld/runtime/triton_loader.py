@@ -1,7 +1,8 @@
 """Write generated Triton source to a file cached by its hash, and import its kernels when first used.
 
-    kernel = GeneratedKernel(module_source, "k_0123abcd")   # writes the file; imports nothing
+    kernel = GeneratedKernel(module_source, "k_0123abcd")   # its file is written in a background thread
     kernel.module_name, kernel.path, kernel.name            # what a compile worker imports instead
+    kernel.when_written(lambda: pool.submit(...))           # a Future of what that returns, once the file is there
     kernel[(grid,)](*args, XBLOCK=...)                      # imports the module, then Triton's JIT launch
 
 Where worker processes compile the kernels and the parent launches their binaries
@@ -9,6 +10,9 @@ Where worker processes compile the kernels and the parent launches their binarie
 module (Triton's decorator reads and hashes the source) cost ~3.5 ms of the parent's
 CPU per kernel. It is imported only for what needs it: Triton's JIT launch (a
 misaligned input, Triton's interpreter), a compile in this process, or autotuning.
+Nor does the thread that renders kernels write their files: each system call there let
+another compiling thread take the GIL for up to its 5 ms switch interval (~6.5 ms of
+wall time a kernel while densenet121's forward and backward compiled at once).
 """
 from __future__ import annotations
 
@@ -16,16 +20,19 @@ import importlib.util
 import os
 import sys
 import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Callable
 
 from torchweld.disk_cache import cache_dir, content_hash, write_once
 
 _import_lock = threading.Lock()
+_writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="torchweld-write")
 
 
-def write_module(source: str) -> tuple[str, str]:
-    """(module name, file) of `source`, written once under its hash."""
+def module_file(source: str) -> tuple[str, str]:
+    """(module name, file) of `source`, named by its hash."""
     key = content_hash(source)
-    return f"torchweld_triton_{key}", write_once(os.path.join(cache_dir("triton"), f"t{key}.py"), source)
+    return f"torchweld_triton_{key}", os.path.join(cache_dir("triton"), f"t{key}.py")
 
 
 def import_module(name: str, path: str):
@@ -40,6 +47,24 @@ def import_module(name: str, path: str):
         return module
 
 
+def _chained(first: Future, then: Callable[[], Future]) -> Future:
+    """A Future of the result of `then()`'s Future, `then` called once `first` is done."""
+    result: Future = Future()
+
+    def copy(inner: Future) -> None:
+        error = inner.exception()
+        result.set_exception(error) if error is not None else result.set_result(inner.result())
+
+    def start(_: Future) -> None:
+        try:
+            then().add_done_callback(copy)
+        except Exception as e:  # noqa: BLE001 - the caller's Future carries it
+            result.set_exception(e)
+
+    first.add_done_callback(start)
+    return result
+
+
 class GeneratedKernel:
     """Triton kernel `name` of the generated module `source`, imported at first use.
 
@@ -50,12 +75,18 @@ class GeneratedKernel:
     def __init__(self, source: str, name: str):
         self.src = source
         self.name = name
-        self.module_name, self.path = write_module(source)
+        self.module_name, self.path = module_file(source)
+        self.written = _writer.submit(write_once, self.path, source)
         self._function = None
+
+    def when_written(self, then: Callable[[], Future]) -> Future:
+        """A Future of the result of `then()`'s Future, called once the module's file is written."""
+        return _chained(self.written, then)
 
     @property
     def jit_function(self):
         if self._function is None:
+            self.written.result()
             self._function = getattr(import_module(self.module_name, self.path), self.name)
         return self._function
 

@@ -248,15 +248,13 @@ def written_specialization(params: tuple, dtypes: tuple, aligned: tuple, ints: t
         if type_name is None:
             return None
         signature[params[i]] = type_name
-        if is_aligned:
-            attrs[i] = divisible
+        attrs[i] = divisible if is_aligned else []  # the JIT lists every argument it does not make a constant
     for i, value in enumerate(ints, start=len(dtypes)):
         if value == 1:  # Triton makes an int of value 1 a constant
             signature[params[i]], constants[i] = "constexpr", 1
             continue
         signature[params[i]] = "i32" if -2**31 <= value < 2**31 else "i64"
-        if value % 16 == 0:
-            attrs[i] = divisible
+        attrs[i] = divisible if value % 16 == 0 else []
     for i, name in enumerate(params[-2:], start=len(params) - 2):
         if name not in CONSTEXPRS or name not in config:
             return None
