@@ -221,7 +221,7 @@ def compile_request(module_name: str, module_path: str, fn_name: str, data: str,
 
 # Triton's names of the pointer types of torch dtypes (triton._utils.canonicalize_ptr_dtype)
 POINTER_TYPES = {"float32": "*fp32", "float16": "*fp16", "bfloat16": "*bf16", "float64": "*fp64",
-                 "int64": "*i64", "int32": "*i32", "int16": "*i16", "int8": "*i8", "uint8": "*u8", "bool": "*i1"}
+                 "int64": "*i64", "int32": "*i32", "int16": "*i16", "int8": "*i8", "uint8": "*u8", "bool": "*u1"}
 WRITTEN_FORMAT = ("3", "6")  # the Triton whose serialized specialization written_specialization writes
 
 
