@@ -33,11 +33,8 @@ def content_hash(*parts: str) -> str:
 def write_once(path: str, text: str) -> str:
     """Write `text` to `path` atomically unless it is already there."""
     if not os.path.exists(path):
-        try:
-            fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
-        except FileNotFoundError:  # its folder was removed since cache_dir made it
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
+        os.makedirs(os.path.dirname(path), exist_ok=True)  # removed since cache_dir made it, perhaps
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
         with os.fdopen(fd, "w") as f:
             f.write(text)
         os.replace(tmp, path)

@@ -301,3 +301,27 @@ def test_workers_run_at_a_lower_priority_than_the_parent(monkeypatch):
     monkeypatch.setenv("TORCHWELD_WORKER_NICENESS", "0")
     same = subprocess.run([sys.executable, "-c", code, folder], capture_output=True, text=True, check=True)
     assert int(same.stdout) == 0
+
+
+def test_the_written_specialization_of_each_argument_kind(monkeypatch):
+    """Without a GPU: the form written_specialization writes (the CUDA test above compares it
+    with Triton 3.6's JIT), and None for a Triton whose format it does not know."""
+    triton = pytest.importorskip("triton")
+    from torchweld.runtime import triton_workers
+
+    params = ("ptr0", "ptr1", "ptr2", "xnumel", "XBLOCK", "RBLOCK")
+    args = (params, (torch.float32, torch.bool, torch.bfloat16), (True, False, True), (48,),
+            {"XBLOCK": 1024, "RBLOCK": 1, "num_warps": 8})
+    monkeypatch.setattr(triton_workers, "WRITTEN_FORMAT", ("0", "1"))
+    assert triton_workers.written_specialization(*args) is None
+    monkeypatch.setattr(triton_workers, "WRITTEN_FORMAT", tuple(triton.__version__.split(".")[:2]))
+    data = json.loads(triton_workers.written_specialization(*args))
+    assert data["signature"] == {"ptr0": "*fp32", "ptr1": "*u1", "ptr2": "*bf16", "xnumel": "i32",
+                                 "XBLOCK": "constexpr", "RBLOCK": "constexpr"}
+    divisible = [["tt.divisibility", 16]]
+    assert dict(zip(map(tuple, data["attrs_keys"]), data["attrs_vals"])) == {
+        (0,): divisible, (1,): [], (2,): divisible, (3,): divisible}
+    assert dict(zip(map(tuple, data["constant_keys"]), data["constant_vals"])) == {(4,): 1024, (5,): 1}
+    assert data["options"]["num_warps"] == 8 and "XBLOCK" not in data["options"]
+    assert triton_workers.written_specialization(params[:-1], *args[1:]) is None  # parameters that do not match
+    assert triton_workers.written_specialization(params, (torch.complex64,) + args[1][1:], *args[2:]) is None

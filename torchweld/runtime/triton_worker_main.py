@@ -14,7 +14,8 @@ request's value is its error as text. A request:
 
 `specialization_data` is what Triton's JIT serializes for a kernel it was about
 to compile (`knobs.runtime.jit_cache_hook`, the form `JITFunction.preload`
-reads), or what the parent writes in that form (triton_workers.written_specialization); `target` is (backend, arch, warp_size); `triton_env` the parent's
+reads), or what the parent writes in that form (triton_workers.written_specialization);
+`target` is (backend, arch, warp_size); `triton_env` the parent's
 TRITON_* variables, which choose the cache directory; `install_key` the parent's
 `triton.runtime.cache.triton_key()` (or None), which this process, running the same
 Triton, would otherwise compute by hashing libtriton.so. The worker compiles the

@@ -239,7 +239,8 @@ def written_specialization(params: tuple, dtypes: tuple, aligned: tuple, ints: t
 
     from torchweld.runtime.triton_launch import CONSTEXPRS
 
-    if tuple(triton.__version__.split(".")[:2]) != WRITTEN_FORMAT or len(params) != len(dtypes) + len(ints) + 2:
+    if (tuple(triton.__version__.split(".")[:2]) != WRITTEN_FORMAT
+            or len(params) != len(dtypes) + len(ints) + len(CONSTEXPRS)):
         return None
     signature, constants, attrs = {}, {}, {}
     divisible = [["tt.divisibility", 16]]
@@ -255,7 +256,7 @@ def written_specialization(params: tuple, dtypes: tuple, aligned: tuple, ints: t
             continue
         signature[params[i]] = "i32" if -2**31 <= value < 2**31 else "i64"
         attrs[i] = divisible if value % 16 == 0 else []
-    for i, name in enumerate(params[-2:], start=len(params) - 2):
+    for i, name in enumerate(params[-len(CONSTEXPRS):], start=len(params) - len(CONSTEXPRS)):
         if name not in CONSTEXPRS or name not in config:
             return None
         signature[name], constants[i] = "constexpr", config[name]
