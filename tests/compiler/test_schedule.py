@@ -271,6 +271,21 @@ def test_kernels_stop_growing_at_the_size_cap():
     assert all(len(k.members) <= MAX_KERNEL_MEMBERS and len(k.reads) <= MAX_KERNEL_READS for k in kernels)
 
 
+def test_single_element_updates_are_cut_into_kernels_of_equal_size():
+    """An optimizer's step counters (one element each) fuse across parameters, but into
+    kernels of SINGLE_ELEMENT_MEMBERS at most: one kernel of all 364 of densenet121's took
+    2.5 s to compile; equal ones compile once."""
+    from torchweld.compiler.schedule import SINGLE_ELEMENT_MEMBERS
+
+    n = 2 * SINGLE_ELEMENT_MEMBERS + 3
+
+    graph = torch.fx.Graph()
+    graph.output([graph.call_function(torch.add, (graph.placeholder(f"step{i}"), 1)) for i in range(n)])
+    c = check(torch.fx.GraphModule(torch.nn.Module(), graph), [torch.tensor(float(i)) for i in range(n)])
+    sizes = sorted(len(k.writes) for k in c.schedule.kernels())
+    assert sizes == [3, SINGLE_ELEMENT_MEMBERS, SINGLE_ELEMENT_MEMBERS]
+
+
 def test_mutated_inputs_are_written_in_place_where_nothing_reads_them_later():
     from weld_helpers import weld_compile
 

@@ -255,3 +255,18 @@ def test_half_constants_fold_into_literals(dtype):
     check(lambda x: [x + torch.full((4, 8), low, dtype=x.dtype), x * torch.full((8,), 0.1, dtype=x.dtype),
                      torch.full((4, 8), 0.1, dtype=x.dtype).float() + x.float()],
           [x], options=TRITON, atol=atol, rtol=atol)
+
+
+def test_zero_dim_inputs_load_as_scalars():
+    """A 0-d input (Adam's step and betas) loads once a program as a scalar, unmasked, and
+    what computes with it alone runs on that scalar; a where on it alone masks no load."""
+    def fn(p, g, beta, step, w):
+        correction = 1 - beta ** step
+        return [p - 0.1 * g / correction, torch.lerp(p, g, w)]
+
+    inputs = [torch.randn(5, 7), torch.randn(5, 7), torch.tensor(0.9), torch.tensor(3.0), torch.tensor(0.7)]
+    compiled = check(fn, inputs, options=TRITON)
+    src = compiled.kernel_sources["triton"]
+    scalar_loads = re.findall(r"tl\.load\(ptr\d+ \+ \(0\)\)", src)
+    assert len(scalar_loads) == 3, src
+    assert "xmask & (" not in src  # lerp's where on its scalar weight reads both ends unmasked

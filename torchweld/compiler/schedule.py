@@ -109,9 +109,13 @@ class Schedule:
 # A kernel computes at most this many buffers and loads at most this many: larger ones
 # (a training backward recomputing the residual stream of all 12 blocks of GPT-2 in one
 # kernel, 194 pointers) spill registers and take many seconds to compile. Kernels of single
-# elements (the step counters of all batch norms) are exempt.
+# elements (the step counters of all batch norms, of an optimizer's parameters) load one
+# buffer a member and take up to SINGLE_ELEMENT_MEMBERS: Adam's 364 step counters of
+# densenet121 in one kernel of 728 pointers took 2.5 s to compile, the longest of its step;
+# in kernels of 32, two distinct kernels (32 and the rest) of ~0.3 s each.
 MAX_KERNEL_MEMBERS = 64
 MAX_KERNEL_READS = 64
+SINGLE_ELEMENT_MEMBERS = 32
 
 
 @dataclasses.dataclass
@@ -126,7 +130,7 @@ class _Group:
 
     def has_room(self, buf) -> bool:
         if math.prod(self.full) == 1:
-            return True
+            return len(self.members) < SINGLE_ELEMENT_MEMBERS
         if len(self.members) >= MAX_KERNEL_MEMBERS:
             return False
         return len((self.reads | buf.reads()) - set(self.members) - {buf.name}) <= MAX_KERNEL_READS
@@ -560,35 +564,56 @@ def in_place_updates(sched: Schedule) -> dict[str, str]:
     outputs = {v.root for v in graph.outputs if isinstance(v, TensorValue)}
     steps = [s for s in sched.steps if not isinstance(s, Free)]
     views = _views_of(steps, graph.buffers)
+    writer_of: dict[str, int] = {}
+    last_read: dict[str, int] = {}  # buffer -> the last step reading it or a view of it
+    for i, step in enumerate(steps):
+        for name in _step_writes(step, graph.buffers):
+            writer_of.setdefault(name, i)
+        for r in _step_reads(step, graph.buffers):
+            for read in (r, *views.get(r, ())):
+                last_read[read] = i
+    loads_by_kernel: dict[int, dict] = {}
     plan: dict[str, str] = {}
     for target, value in graph.mutated_inputs:
         name = value.root
         if (not isinstance(value, TensorValue) or not value.is_root or name not in sched.allocated
                 or name in outputs or name in plan or sched.layouts.get(target) != sched.layouts[name]):
             continue
-        writer = next(i for i, s in enumerate(steps) if name in _step_writes(s, graph.buffers))
+        writer = writer_of[name]
         kernel = steps[writer]
-        if not isinstance(kernel, Kernel) or kernel.is_reduction:
+        if not isinstance(kernel, Kernel) or kernel.is_reduction or last_read.get(target, -1) > writer:
             continue
-        later_reads = {r for s in steps[writer + 1:] for r in _step_reads(s, graph.buffers)}
-        if target in later_reads or any(target in views.get(r, ()) for r in later_reads):
-            continue
-        if _loads_in_place(kernel, target, name):
+        if id(kernel) not in loads_by_kernel:
+            loads_by_kernel[id(kernel)] = _loads_by_buffer(kernel)
+        if _loads_in_place(kernel, loads_by_kernel[id(kernel)], target, name):
             plan[name] = target
     return plan
 
 
-def _loads_in_place(kernel: Kernel, target: str, name: str) -> bool:
-    """Whether `kernel` reads `target` by one load, at the offset where it stores `name`,
-    inside the value it stores there."""
-    stores = [s for stage in kernel.stages for s in stage.stores] + list(kernel.outer_stores)
-    store = next(s for s in stores if s.buffer == name)
-    values = [s.value for s in stores] + [a.value for stage in kernel.stages for a in stage.reductions]
-    reads = {n.key(): n for v in values for n in ir.walk(v) if n.arg == target and n.op in (Op.LOAD, Op.MASKED_LOAD)}
+def _loads_by_buffer(kernel: Kernel) -> dict[str, dict]:
+    """{buffer: {key: load}} of every load in `kernel`'s stored and accumulated values."""
+    values = [s.value for s in _stores(kernel)] + [a.value for stage in kernel.stages for a in stage.reductions]
+    loads: dict[str, dict] = {}
+    for v in values:
+        for n in ir.walk(v):
+            if n.op in (Op.LOAD, Op.MASKED_LOAD):
+                loads.setdefault(n.arg, {})[n.key()] = n
+    return loads
+
+
+def _stores(kernel: Kernel) -> list[Store]:
+    return [s for stage in kernel.stages for s in stage.stores] + list(kernel.outer_stores)
+
+
+def _loads_in_place(kernel: Kernel, loads: dict[str, dict], target: str, name: str) -> bool:
+    """Whether `kernel` (whose loads by buffer are `loads`) reads `target` by one load, at
+    the offset where it stores `name`, inside the value it stores there."""
+    store = next(s for s in _stores(kernel) if s.buffer == name)
+    reads = loads.get(target, {})
     if len(reads) != 1:
         return False
     (load,) = reads.values()
-    if load.op is not Op.LOAD or load.key() not in {n.key() for n in ir.walk(store.value)}:
+    if load.op is not Op.LOAD or not any(n is load or n.key() == load.key() for n in ir.walk(store.value)):
         return False
     (offset,) = load.args  # a kernel's loads are at flat offsets, as its stores are
     offset, stored_at = ir.affine_terms(ir.fold_unravelled(offset)), ir.affine_terms(ir.fold_unravelled(store.index))

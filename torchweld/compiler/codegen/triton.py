@@ -28,6 +28,7 @@ ROW_BLOCK_ELEMENTS = 1024
 BIG_POINTWISE = 1 << 21  # elements from which a pointwise kernel takes 2048-element blocks and 8 warps
 STREAMING = 1 << 22  # elements from which a pointwise kernel's data outgrows L2: its loads evict first
 INT32_LIMIT = 1 << 31
+CONSTANT_INDEX = re.compile(r"[\d\s()+*-]+")  # a rendered offset that names no variable
 
 
 def next_power_of_2(n: int) -> int:
@@ -263,7 +264,7 @@ def _mask_branches(e: Expr) -> Expr:
             return None
         cond, a, b = node.args
         a_every, b_every = branch_loads.below(a)[0], branch_loads.below(b)[0]
-        if not a_every and not b_every:
+        if not a_every and not b_every or _uniform(cond):
             return None
         in_cond = branch_loads.below(cond)[1]
         # a load the condition or the other branch needs anyway is read unmasked, once
@@ -273,6 +274,13 @@ def _mask_branches(e: Expr) -> Expr:
         return Expr(Op.WHERE, node.dtype, (cond, a, b))
 
     return ir.rewrite(e, leaf)
+
+
+def _uniform(e: Expr) -> bool:
+    """Whether `e` is one value for the whole kernel (it reads only scalar loads, which
+    render_load renders unmasked): no mask of a load needs it, and Triton's interpreter
+    cannot combine a scalar mask with a block's."""
+    return not any(n.op in (Op.VAR, Op.REDUCED) for n in ir.walk(e))
 
 
 def mask_branch_loads(kernel: Kernel) -> Kernel:
@@ -476,9 +484,15 @@ class TritonRenderer(KernelRenderer):
         return ""
 
     def render_load(self, buffer, index, dtype, scope, mask: str | None = None) -> str:
-        block_mask = self.mask(scope) if mask is None else f"{self.mask(scope)} & ({mask})"
-        code = (f"tl.load({self.pointer(buffer)} + ({self.as_block(index)}), {block_mask}, other=0"
-                f"{self.eviction(index)})")
+        if mask is None and CONSTANT_INDEX.fullmatch(index):
+            # one element (a 0-d input: Adam's step and betas, a batch norm's counter) loads as a
+            # scalar, always in bounds: what computes with it alone runs once a thread, not on
+            # every element of a block (Adam's bias corrections, two pows a parameter)
+            code = f"tl.load({self.pointer(buffer)} + ({index}))"
+        else:
+            block_mask = self.mask(scope) if mask is None else f"{self.mask(scope)} & ({mask})"
+            code = (f"tl.load({self.pointer(buffer)} + ({self.as_block(index)}), {block_mask}, other=0"
+                    f"{self.eviction(index)})")
         if dtype in HALF_TYPES:
             code += ".to(tl.float32)"
         return code
