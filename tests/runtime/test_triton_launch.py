@@ -183,10 +183,11 @@ def test_own_launcher_checks_its_arguments_without_a_gpu():
         own.launch(1, 1, 1, 0, 0, 128, 0, -1)  # a pointer is never negative
 
 
-def test_kernels_are_handed_to_the_compilers_as_they_are_rendered(monkeypatch):
-    """TritonCompile submits each kernel's job while the rest are still rendered (batch = the
-    graph's kernel count, which decides on worker processes), and finish() waits on the very
-    same jobs; here the ahead-of-time compile is made to fail, so the JIT lines run, and the
+def test_kernels_are_handed_to_the_compilers_once_all_are_rendered(monkeypatch):
+    """TritonCompile submits each kernel's job once the graph's kernels are rendered (all of
+    them first: which take their sizes as arguments depends on the others), with batch = the
+    graph's kernel count, which decides on worker processes; finish() waits on the very
+    same jobs. Here the ahead-of-time compile is made to fail, so the JIT lines run, and the
     result still equals eager's."""
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("the CPU variant runs Triton's interpreter")
@@ -196,9 +197,9 @@ def test_kernels_are_handed_to_the_compilers_as_they_are_rendered(monkeypatch):
     events = []
     render = triton_codegen.TritonRenderer.render
 
-    def rendering(self, kernel):
+    def rendering(self, kernel, sizes=None):
         events.append(("render", kernel.name))
-        return render(self, kernel)
+        return render(self, kernel, sizes)
 
     def submit(jobs, batch=None):
         events.append(("submit", jobs[0], batch))
@@ -220,6 +221,6 @@ def test_kernels_are_handed_to_the_compilers_as_they_are_rendered(monkeypatch):
     kinds = [e[0] for e in events]
     submitted = [e[1] for e in events if e[0] == "submit"]
     assert kinds.count("render") == len(submitted) >= 2 and kinds[-1] == "finish"
-    assert kinds[1] == "submit"  # the first kernel is submitted before the second is rendered
+    assert kinds.index("submit") == len(submitted)  # every kernel rendered, then each submitted
     assert all(e[2] == len(submitted) for e in events if e[0] == "submit")
     assert events[-1][1] == submitted and all(a is b for a, b in zip(events[-1][1], submitted))

@@ -101,6 +101,16 @@ class Schedule:
         return [s for s in self.steps if isinstance(s, Kernel)]
 
 
+def map_exprs(kernel: Kernel, value, index=lambda e: e) -> Kernel:
+    """`kernel` with `value(e)` for every accumulated or stored value and `index(e)` for every store offset."""
+    def store(st: Store) -> Store:
+        return Store(st.buffer, index(st.index), value(st.value))
+
+    stages = tuple(Stage(tuple(dataclasses.replace(a, value=value(a.value)) for a in stage.reductions),
+                         tuple(store(st) for st in stage.stores)) for stage in kernel.stages)
+    return dataclasses.replace(kernel, stages=stages, outer_stores=tuple(store(st) for st in kernel.outer_stores))
+
+
 # =============================================================================
 # Grouping
 # =============================================================================
@@ -613,7 +623,8 @@ def _loads_in_place(kernel: Kernel, loads: dict[str, dict], target: str, name: s
     if len(reads) != 1:
         return False
     (load,) = reads.values()
-    if load.op is not Op.LOAD or not any(n is load or n.key() == load.key() for n in ir.walk(store.value)):
+    inside = (n for n in ir.walk(store.value) if n.op is Op.LOAD and n.arg == target)
+    if load.op is not Op.LOAD or not any(n is load or n.key() == load.key() for n in inside):
         return False
     (offset,) = load.args  # a kernel's loads are at flat offsets, as its stores are
     offset, stored_at = ir.affine_terms(ir.fold_unravelled(offset)), ir.affine_terms(ir.fold_unravelled(store.index))

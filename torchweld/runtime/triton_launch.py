@@ -73,9 +73,9 @@ class CompileJob:
 
 def specialization_class(values: tuple[int, ...]) -> tuple[int, ...]:
     """One representative of each integer argument's class under Triton's specialization,
-    which compiles a kernel apart for an int divisible by 16 (and for 1, a constant, which
-    size-generic kernels never take): 16 or 17. Kernels of sizes in one class are one compile."""
-    return tuple(16 if v % 16 == 0 else 17 for v in values)
+    which compiles a kernel apart for an int divisible by 16 and for 1 (a constant): 16, 1
+    or 17. Kernels of sizes in one class are one compile."""
+    return tuple(1 if v == 1 else 16 if v % 16 == 0 else 17 for v in values)
 
 
 _compiled: dict[tuple, Future] = {}

@@ -11,9 +11,11 @@ import torch
 
 from torchweld import config
 from torchweld.compiler import ir
+from torchweld.compiler.codegen import size_args
 from torchweld.compiler.codegen.common import C_LIKE_OPS, KernelRenderer, Scope
 from torchweld.compiler.ir import Expr, Op
-from torchweld.compiler.schedule import Kernel, Stage, Store
+from torchweld.compiler.schedule import Kernel, Stage, map_exprs
+from torchweld.runtime import triton_launch
 from torchweld.runtime.triton_launch import CONSTEXPRS
 
 HALF_TYPES = (torch.float16, torch.bfloat16)
@@ -28,6 +30,7 @@ ROW_BLOCK_ELEMENTS = 1024
 BIG_POINTWISE = 1 << 21  # elements from which a pointwise kernel takes 2048-element blocks and 8 warps
 STREAMING = 1 << 22  # elements from which a pointwise kernel's data outgrows L2: its loads evict first
 INT32_LIMIT = 1 << 31
+INTEGER = re.compile(r"\b\d+\b")
 CONSTANT_INDEX = re.compile(r"[\d\s()+*-]+")  # a rendered offset that names no variable
 
 
@@ -71,12 +74,18 @@ def kernel_params(kernel: Kernel) -> tuple[str, ...]:
     """The names of the kernel function's parameters, in order: a pointer per argument
     (Kernel.args), the runtime_ints, then the CONSTEXPRS."""
     generic = ("xnumel",) if size_generic(kernel) else ()
-    return tuple(f"ptr{i}" for i in range(len(kernel.args))) + generic + CONSTEXPRS
+    chosen = size_args.chosen(kernel)
+    taken = chosen.params() if chosen else ()
+    return tuple(f"ptr{i}" for i in range(len(kernel.args))) + generic + taken + CONSTEXPRS
 
 
 def runtime_ints(kernel: Kernel) -> tuple[int, ...]:
     """The integer arguments `kernel` takes after its pointers: its element count where
-    it is size_generic, nothing otherwise (its sizes are in its source)."""
+    it is size_generic, its integers where it takes them as arguments (size_args.py),
+    nothing otherwise (its sizes are in its source)."""
+    chosen = size_args.chosen(kernel)
+    if chosen:
+        return chosen.values()
     return (math.prod(kernel.outer),) if size_generic(kernel) else ()
 
 
@@ -159,16 +168,6 @@ def _coalesce(e: Expr, groups) -> Expr:
     for name, c in rest.items():
         out = ir.iadd(out, ir.imul(ir.var(name), ir.const(c)))
     return out
-
-
-def map_exprs(kernel: Kernel, value, index=lambda e: e) -> Kernel:
-    """`kernel` with `value(e)` for every accumulated or stored value and `index(e)` for every store offset."""
-    def store(st: Store) -> Store:
-        return Store(st.buffer, index(st.index), value(st.value))
-
-    stages = tuple(Stage(tuple(dataclasses.replace(a, value=value(a.value)) for a in stage.reductions),
-                         tuple(store(st) for st in stage.stores)) for stage in kernel.stages)
-    return dataclasses.replace(kernel, stages=stages, outer_stores=tuple(store(st) for st in kernel.outer_stores))
 
 
 def coalesce_indices(kernel: Kernel) -> Kernel:
@@ -290,6 +289,11 @@ def mask_branch_loads(kernel: Kernel) -> Kernel:
     return map_exprs(kernel, _mask_branches)
 
 
+def prepared(kernel: Kernel) -> Kernel:
+    """`kernel` as the renderer writes it: indices coalesced, branch loads masked."""
+    return _once(kernel, "prepared", lambda k: mask_branch_loads(coalesce_indices(k)))
+
+
 def _values(kernel: Kernel) -> list[Expr]:
     values = [a.value for stage in kernel.stages for a in stage.reductions]
     values += [st.value for stage in kernel.stages for st in stage.stores]
@@ -385,6 +389,12 @@ def _tw_pow(a, b):
 
 
 @triton.jit
+def _tw_divide(n, magic, shift):
+    # n // d for 0 <= n < 2**31, from d's magic number and shift (size_args.magic_division)
+    return (tl.umulhi(n.to(tl.uint32), magic.to(tl.uint32)) >> shift).to(tl.int32)
+
+
+@triton.jit
 def _tw_max_rows(x, axis):
     return tl.reduce(x, axis, _tw_max)
 
@@ -469,8 +479,14 @@ class TritonRenderer(KernelRenderer):
         """Pointers must be blocks when masks are: a constant index gets broadcast."""
         return index if re.search(r"\b[xr]\d+\b|index", index) else f"{index} + 0 * xindex"
 
-    def render(self, kernel: Kernel) -> str:
-        return _drop_unused_index_vars(super().render(mask_branch_loads(coalesce_indices(kernel))))
+    def render(self, kernel: Kernel, sizes: size_args.SizeArgs | None = None) -> str:
+        """`kernel`'s function; with `sizes`, one that takes its integers as those arguments."""
+        self.sizes = sizes
+        return _drop_unused_index_vars(super().render(sizes.kernel if sizes else prepared(kernel)))
+
+    def size(self, value: int) -> str:
+        """An integer of the kernel's sizes: its argument's name where it takes them, else itself."""
+        return self.sizes.names.get(value, str(value)) if self.sizes else str(value)
 
     def eviction(self, index: str) -> str:
         """Pointwise kernels too big for L2 stream their operands; broadcast operands are reused."""
@@ -479,7 +495,7 @@ class TritonRenderer(KernelRenderer):
         dims = {f"x{k}" for k, size in enumerate(self.kernel.outer) if size != 1}
         if "xindex" not in index and not dims <= set(re.findall(r"\bx\d+\b", index)):
             return ", eviction_policy='evict_last'"  # a broadcast read: each element is read many times
-        if math.prod(self.kernel.outer) >= STREAMING and re.fullmatch(r"\(?xindex( \+ -?\d+)?\)?", index):
+        if math.prod(self.kernel.outer) >= STREAMING and re.fullmatch(r"\(?xindex( \+ -?\w+)?\)?", index):
             return ", eviction_policy='evict_first'"
         return ""
 
@@ -523,7 +539,7 @@ class TritonRenderer(KernelRenderer):
         self.emit(top, "@triton.jit")
         self.emit(top, f"def {kernel.name}({params}):")
         body = Scope(None, 1)
-        xnumel = "xnumel" if generic else math.prod(kernel.outer)
+        xnumel = "xnumel" if generic else self.size(math.prod(kernel.outer))
         arange = "tl.arange(0, XBLOCK)[:, None]" if kernel.is_reduction else "tl.arange(0, XBLOCK)"
         pid = "tl.program_id(0).to(tl.int64)" if needs_int64(kernel) else "tl.program_id(0)"
         self.emit(body, f"xindex = {pid} * XBLOCK + {arange}")
@@ -532,6 +548,8 @@ class TritonRenderer(KernelRenderer):
         return body
 
     def emit_unravel(self, scope: Scope, flat: str, prefix: str, sizes) -> None:
+        if self.sizes:
+            return self.emit_unravel_by_arguments(scope, flat, prefix, sizes)
         inner = math.prod(sizes)
         first = True
         for k, size in enumerate(sizes):
@@ -541,6 +559,24 @@ class TritonRenderer(KernelRenderer):
             q = flat if inner == 1 else f"({flat} // {inner})"
             self.emit(scope, f"{prefix}{k} = {q}" if first else f"{prefix}{k} = {q} % {size}")
             first = False
+
+    def emit_unravel_by_arguments(self, scope: Scope, flat: str, prefix: str, sizes) -> None:
+        """The unravelling of `flat` with sizes that are arguments: one division by magic number
+        a dimension (`{prefix}q<k>` = flat // inner), and each dimension's index that quotient
+        less the outer one's times its size (x1 = flat // 64 - flat // 2048 * 32)."""
+        inner, outer_quotient = math.prod(sizes), None
+        for k, size in enumerate(sizes):
+            inner //= max(size, 1)
+            if size == 1:
+                continue
+            quotient = flat
+            if inner != 1:
+                quotient = f"{prefix}q{k}"
+                magic, shift = self.sizes.divisors[inner]
+                self.emit(scope, f"{quotient} = _tw_divide({flat}, {magic}, {shift})")
+            index = quotient if outer_quotient is None else f"{quotient} - {outer_quotient} * {self.size(size)}"
+            self.emit(scope, f"{prefix}{k} = {index}")
+            outer_quotient = quotient
 
     def close_kernel(self, kernel: Kernel) -> None:
         pass
@@ -567,14 +603,14 @@ class TritonRenderer(KernelRenderer):
             return self.row_scope
         indent = outer.indent
         if looped:
-            self.emit(outer, f"for roffset in range(0, {rnumel}, RBLOCK):")
+            self.emit(outer, f"for roffset in range(0, {self.size(rnumel)}, RBLOCK):")
             indent += 1
             inner = Scope(outer, indent)
             self.emit(inner, "rindex = roffset + tl.arange(0, RBLOCK)[None, :]")
         else:
             inner = Scope(outer, indent)
             self.emit(inner, "rindex = tl.arange(0, RBLOCK)[None, :]")
-        self.emit(inner, f"rmask = rindex < {rnumel}")
+        self.emit(inner, f"rmask = rindex < {self.size(rnumel)}")
         self.emit_unravel(inner, "rindex", "r", self.kernel.reduced)
         self.emit(inner, "xrmask = xmask & rmask")
         self.scope_masks[id(inner)] = "xrmask"
@@ -604,20 +640,20 @@ class TritonRenderer(KernelRenderer):
         self.emit(scope, f"{name} = tl.where(xrmask, {combine}, {name})")
 
     def render_modules(self, kernels: list[Kernel], buffer_dtypes: dict) -> Iterator[tuple[Kernel, str, str | None]]:
-        """Per scheduled kernel, as it is rendered: (kernel, its function's name, the source
-        of a module holding that function alone, or None where an earlier kernel's is the same).
+        """Per scheduled kernel: (kernel, its function's name, the source of a module holding
+        that function alone, or None where an earlier kernel's is the same).
 
         Functions are named by a hash of their text, so identical kernels (the repeated
         blocks of a network) are one function, compiled once per process and found in
-        Triton's disk cache by the next. One module per function lets each kernel be loaded
-        and handed to the compilers while the next is rendered."""
+        Triton's disk cache by the next. Kernels that differ only in their integers take
+        them as arguments (share_sizes), so they are one function too. One module per
+        function lets each kernel be loaded and handed to the compilers on its own."""
         from torchweld.disk_cache import content_hash
 
         self.buffer_dtypes = buffer_dtypes
+        texts = self.share_sizes(kernels, [self.function_text(k) for k in kernels])
         done: set[str] = set()
-        for kernel in kernels:
-            # named KERNEL in the text that is hashed: the same code under another kernel's name is one function
-            text = self.render(kernel).replace(f"def {kernel.name}(", "def KERNEL(", 1)
+        for kernel, text in zip(kernels, texts):
             name = f"k_{content_hash(text)[:20]}"
             if name in done:
                 yield kernel, name, None
@@ -625,6 +661,41 @@ class TritonRenderer(KernelRenderer):
             done.add(name)
             header = ["import triton", "import triton.language as tl", ""] + ([HELPERS] if "_tw_" in text else [])
             yield kernel, name, "\n".join([*header, text.replace("def KERNEL(", f"def {name}(", 1)])
+
+    def function_text(self, kernel: Kernel, sizes: size_args.SizeArgs | None = None) -> str:
+        # named KERNEL in the text that is hashed: the same code under another kernel's name is one function
+        return self.render(kernel, sizes).replace(f"def {kernel.name}(", "def KERNEL(", 1)
+
+    def share_sizes(self, kernels: list[Kernel], texts: list[str]) -> list[str]:
+        """`texts` (each kernel's function with its integers in it), where kernels that differ
+        only in their integers take them as arguments instead: those that would then be one
+        compile (one text, one launch configuration, one specialization of the integers)."""
+        if not config.size_generic_kernels:
+            return texts
+        families: dict[str, list[int]] = {}
+        for i, (kernel, text) in enumerate(zip(kernels, texts)):
+            if not size_generic(kernel) and not needs_int64(kernel):
+                families.setdefault(INTEGER.sub("N", text), []).append(i)
+        texts = list(texts)
+        for members in families.values():
+            if len({texts[i] for i in members}) < 2:
+                continue
+            shared: dict[tuple, list[tuple[int, size_args.SizeArgs, str]]] = {}
+            for i in members:
+                sizes = size_args.parameterized(prepared(kernels[i]))
+                if sizes is None:
+                    continue
+                text = self.function_text(kernels[i], sizes)
+                key = (text, tuple(sorted(launch_config(kernels[i]).items())),
+                       triton_launch.specialization_class(sizes.values()))
+                shared.setdefault(key, []).append((i, sizes, text))
+            for group in shared.values():
+                if len({texts[i] for i, _, _ in group}) < 2:
+                    continue  # one kernel (or copies of it): its integers stay literals
+                for i, sizes, text in group:
+                    size_args.choose(kernels[i], sizes)
+                    texts[i] = text
+        return texts
 
 
 # =============================================================================

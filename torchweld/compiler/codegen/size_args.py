@@ -1,0 +1,118 @@
+"""Kernels whose sizes are arguments, where that saves Triton compiles.
+
+The kernels of one network often differ only in the integers of their source: densenet121's
+dense layers grow by 32 channels each, so its training step renders 504 distinct Triton kernels,
+about 170 once their integers are ignored. Triton compiles every distinct source apart (~0.35 s of
+a worker's CPU each on the H100 host). Where kernels differ only so, weld renders one source
+whose integers are arguments (`ks0, ks1, ...`) and compiles it once per specialization (Triton
+compiles apart an integer divisible by 16, and 1); a kernel whose integers no other kernel of
+its graph varies keeps them as literals, which cost the GPU nothing (`TritonRenderer.render_modules`
+decides, over all of a graph's kernels at once).
+
+Which integers become arguments: the element counts (masks, reduction loops), the sizes a
+flat index unravels into, and the integer constants of index arithmetic and comparisons
+(strides, offsets, a concatenation's bounds). An unravelling's divisions take their divisor's
+magic number and shift (`magic_division`, Granlund and Montgomery's division by invariant
+integers): on the H100 a runtime `%` took a memory-bound kernel of 2M elements 2.3x its time
+with constants in one configuration, the multiply-high 1.03-1.05x (bench/RESULTS.md, twenty-fifth
+measurement). Divisors inside expressions (an upsampling's `// 2`) and the operands of other
+operations stay literals.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from torchweld.compiler import ir
+from torchweld.compiler.ir import Expr, Op
+from torchweld.compiler.schedule import Kernel, map_exprs
+
+# operations whose integer operands may be arguments: index arithmetic and comparisons
+_PARAMETERIZED_IN = frozenset({Op.ADD, Op.SUB, Op.MUL, Op.LT, Op.LE, Op.GT, Op.GE, Op.EQ, Op.NE,
+                               Op.MAXIMUM, Op.MINIMUM})
+_INT32 = 1 << 31
+
+
+def magic_division(d: int) -> tuple[int, int]:
+    """(magic, shift) with n // d == umulhi(n, magic) >> shift for every 0 <= n < 2**31 and
+    d >= 2: magic = ceil(2**(31 + L) / d) with L = ceil(log2 d), below 2**32, passed as the
+    int32 of its bits (Triton types a Python int by its value)."""
+    log2 = (d - 1).bit_length()
+    magic = -(-(1 << (31 + log2)) // d)
+    return (magic - (1 << 32) if magic >= _INT32 else magic), log2 - 1
+
+
+@dataclasses.dataclass
+class SizeArgs:
+    """A kernel's integers as arguments: `kernel` is the kernel as rendered (indices coalesced,
+    branch loads masked) with its parameterized constants as variables named `ks<i>`;
+    `names` maps each integer to its argument, `divisors` each unravelling divisor to the
+    arguments of its magic number and shift."""
+
+    kernel: Kernel
+    names: dict[int, str]
+    divisors: dict[int, tuple[str, str]]
+
+    def __post_init__(self):
+        self.kernel.__dict__["_size_args"] = self  # the kernel as rendered takes them (chosen)
+
+    def params(self) -> tuple[str, ...]:
+        return (*self.names.values(), *(p for pair in self.divisors.values() for p in pair))
+
+    def values(self) -> tuple[int, ...]:
+        return (*self.names, *(v for d in self.divisors for v in magic_division(d)))
+
+
+def parameterized(prepared: Kernel) -> SizeArgs | None:
+    """`prepared` (a kernel as the renderer sees it) with its integers as arguments, or None
+    where it has none to take (or an index may pass 2**31: the division takes 32-bit indices)."""
+    names: dict[int, str] = {}
+    divisors: dict[int, tuple[str, str]] = {}
+
+    def name(value: int) -> str:
+        return names.setdefault(value, f"ks{len(names)}") if abs(value) >= 2 else str(value)
+
+    def divisor(value: int) -> None:
+        k = len(divisors)
+        divisors.setdefault(value, (f"km{k}", f"ke{k}"))
+
+    for sizes in (prepared.outer, prepared.reduced):
+        name(math.prod(sizes))
+        inner, first = math.prod(sizes), True
+        for size in sizes:
+            inner //= max(size, 1)
+            if size == 1:
+                continue
+            if inner != 1:
+                divisor(inner)
+            if not first:
+                name(size)
+            first = False
+
+    memo: dict = {}
+
+    def leaf(node: Expr):
+        if node.op not in _PARAMETERIZED_IN or not any(_takes(a) for a in node.args):
+            return None
+        args = tuple(ir.var(name(a.arg)) if _takes(a) else a for a in node.args)
+        return Expr(node.op, node.dtype, args, node.arg)
+
+    kernel = map_exprs(prepared, lambda e: ir.rewrite(e, leaf, memo), lambda e: ir.rewrite(e, leaf, memo))
+    if any(abs(v) >= _INT32 for v in names) or any(d >= _INT32 for d in divisors) or not (names or divisors):
+        return None
+    return SizeArgs(kernel, names, divisors)
+
+
+def _takes(e: Expr) -> bool:
+    return e.op is Op.CONST and e.dtype is ir.INDEX and not isinstance(e.arg, bool) and abs(e.arg) >= 2
+
+
+def chosen(kernel: Kernel) -> SizeArgs | None:
+    """The size arguments `kernel` takes (`choose`), or None where its sizes are in its source."""
+    return kernel.__dict__.get("_size_args")
+
+
+def choose(kernel: Kernel, args: SizeArgs) -> None:
+    """Make `kernel` take `args` (kernel_params and runtime_ints follow), kept in the (frozen)
+    kernel's own __dict__, beside its fields."""
+    kernel.__dict__["_size_args"] = args
