@@ -3,10 +3,10 @@
    launch(grid_x, grid_y, grid_z, stream, function, threads, shared_bytes, *parameters)
 
 calls the CUDA driver's cuLaunchKernel with blocks of `threads` threads and each
-parameter passed as a 64-bit value: weld's kernels take pointers and at most an int32
-element count (other sizes are in their source; the driver reads an int32 parameter's
+parameter passed as a 64-bit value: weld's kernels take pointers, then int32 sizes and
+int64 packed divisors (compiler/codegen/size_args.py; the driver reads an int32 parameter's
 4 bytes from the start of its 64-bit slot, its low half on the little-endian hosts CUDA
-runs on), and Triton's trailing scratch pointers come last as zeros. Triton
+runs on, negative ones too), and Triton's trailing scratch pointers come last as zeros. Triton
 builds a launcher like this per kernel signature with a C compiler, a second or more
 of compile time each; this one is built once. cuLaunchKernel is looked up in
 libcuda at first use, so no CUDA headers are needed to build it. */
@@ -109,7 +109,7 @@ static PyObject *launch(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     unsigned long threads = PyLong_AsUnsignedLong(args[5]);
     unsigned long shared_bytes = PyLong_AsUnsignedLong(args[6]);
     for (Py_ssize_t i = 0; i < count; i++) {
-        values[i] = PyLong_AsUnsignedLongLong(args[7 + i]);
+        values[i] = PyLong_AsUnsignedLongLongMask(args[7 + i]);  /* a negative int: its two's complement */
         parameters[i] = &values[i];
     }
     if (PyErr_Occurred()) {

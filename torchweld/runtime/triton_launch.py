@@ -73,9 +73,15 @@ class CompileJob:
 
 def specialization_class(values: tuple[int, ...]) -> tuple[int, ...]:
     """One representative of each integer argument's class under Triton's specialization,
-    which compiles a kernel apart for an int divisible by 16 and for 1 (a constant): 16, 1
-    or 17. Kernels of sizes in one class are one compile."""
-    return tuple(1 if v == 1 else 16 if v % 16 == 0 else 17 for v in values)
+    which compiles a kernel apart for an int divisible by 16, for 1 (a constant) and for
+    an int outside int32 (an int64): 16 or 17, 1, 2**32 + 16 or 2**32 + 17. Kernels of sizes
+    in one class are one compile."""
+    def representative(v: int) -> int:
+        if v == 1:
+            return 1
+        return (16 if v % 16 == 0 else 17) + (0 if -2**31 <= v < 2**31 else 2**32)
+
+    return tuple(map(representative, values))
 
 
 _compiled: dict[tuple, Future] = {}

@@ -13,7 +13,7 @@ Which integers become arguments: the element counts (masks, reduction loops), th
 flat index unravels into, and the integer constants of index arithmetic and comparisons
 (strides, offsets, a concatenation's bounds). An unravelling's divisions take their divisor's
 magic number and shift (`magic_division`, Granlund and Montgomery's division by invariant
-integers): on the H100 a runtime `%` took a memory-bound kernel of 2M elements 2.3x its time
+integers, one int64 argument): on the H100 a runtime `%` took a memory-bound kernel of 2M elements 2.3x its time
 with constants in one configuration, the multiply-high 1.03-1.05x (bench/RESULTS.md, twenty-fifth
 measurement). Divisors inside expressions (an upsampling's `// 2`) and the operands of other
 operations stay literals.
@@ -35,11 +35,17 @@ _INT32 = 1 << 31
 
 def magic_division(d: int) -> tuple[int, int]:
     """(magic, shift) with n // d == umulhi(n, magic) >> shift for every 0 <= n < 2**31 and
-    d >= 2: magic = ceil(2**(31 + L) / d) with L = ceil(log2 d), below 2**32, passed as the
-    int32 of its bits (Triton types a Python int by its value)."""
+    d >= 2: magic = ceil(2**(31 + L) / d) with L = ceil(log2 d), below 2**32."""
     log2 = (d - 1).bit_length()
-    magic = -(-(1 << (31 + log2)) // d)
-    return (magic - (1 << 32) if magic >= _INT32 else magic), log2 - 1
+    return -(-(1 << (31 + log2)) // d), log2 - 1
+
+
+def packed_division(d: int) -> int:
+    """d's magic number and shift as one int64 argument (`_tw_divide` unpacks it): magic in
+    the low 32 bits, shift above. Never below 2**31 (d = 2 gives magic 2**31, shift 0), so
+    Triton types it int64 whatever d is, and never 1, which Triton would make a constant."""
+    magic, shift = magic_division(d)
+    return magic | shift << 32
 
 
 @dataclasses.dataclass
@@ -47,34 +53,33 @@ class SizeArgs:
     """A kernel's integers as arguments: `kernel` is the kernel as rendered (indices coalesced,
     branch loads masked) with its parameterized constants as variables named `ks<i>`;
     `names` maps each integer to its argument, `divisors` each unravelling divisor to the
-    arguments of its magic number and shift."""
+    argument of its magic number and shift (packed_division)."""
 
     kernel: Kernel
     names: dict[int, str]
-    divisors: dict[int, tuple[str, str]]
+    divisors: dict[int, str]
 
     def __post_init__(self):
         self.kernel.__dict__["_size_args"] = self  # the kernel as rendered takes them (chosen)
 
     def params(self) -> tuple[str, ...]:
-        return (*self.names.values(), *(p for pair in self.divisors.values() for p in pair))
+        return (*self.names.values(), *self.divisors.values())
 
     def values(self) -> tuple[int, ...]:
-        return (*self.names, *(v for d in self.divisors for v in magic_division(d)))
+        return (*self.names, *map(packed_division, self.divisors))
 
 
 def parameterized(prepared: Kernel) -> SizeArgs | None:
     """`prepared` (a kernel as the renderer sees it) with its integers as arguments, or None
     where it has none to take (or an index may pass 2**31: the division takes 32-bit indices)."""
     names: dict[int, str] = {}
-    divisors: dict[int, tuple[str, str]] = {}
+    divisors: dict[int, str] = {}
 
     def name(value: int) -> str:
         return names.setdefault(value, f"ks{len(names)}") if abs(value) >= 2 else str(value)
 
     def divisor(value: int) -> None:
-        k = len(divisors)
-        divisors.setdefault(value, (f"km{k}", f"ke{k}"))
+        divisors.setdefault(value, f"kd{len(divisors)}")
 
     for sizes in (prepared.outer, prepared.reduced):
         name(math.prod(sizes))
@@ -98,7 +103,7 @@ def parameterized(prepared: Kernel) -> SizeArgs | None:
         return Expr(node.op, node.dtype, args, node.arg)
 
     kernel = map_exprs(prepared, lambda e: ir.rewrite(e, leaf, memo), lambda e: ir.rewrite(e, leaf, memo))
-    if any(abs(v) >= _INT32 for v in names) or any(d >= _INT32 for d in divisors) or not (names or divisors):
+    if any(abs(v) >= _INT32 for v in names) or not (names or divisors):
         return None
     return SizeArgs(kernel, names, divisors)
 

@@ -389,9 +389,11 @@ def _tw_pow(a, b):
 
 
 @triton.jit
-def _tw_divide(n, magic, shift):
-    # n // d for 0 <= n < 2**31, from d's magic number and shift (size_args.magic_division)
-    return (tl.umulhi(n.to(tl.uint32), magic.to(tl.uint32)) >> shift).to(tl.int32)
+def _tw_divide(n, packed):
+    # n // d for 0 <= n < 2**31, from d's magic number and shift (size_args.packed_division)
+    magic = (packed & 0xFFFFFFFF).to(tl.uint32)
+    shift = (packed >> 32).to(tl.uint32)
+    return (tl.umulhi(n.to(tl.uint32), magic) >> shift).to(tl.int32)
 
 
 @triton.jit
@@ -572,8 +574,7 @@ class TritonRenderer(KernelRenderer):
             quotient = flat
             if inner != 1:
                 quotient = f"{prefix}q{k}"
-                magic, shift = self.sizes.divisors[inner]
-                self.emit(scope, f"{quotient} = _tw_divide({flat}, {magic}, {shift})")
+                self.emit(scope, f"{quotient} = _tw_divide({flat}, {self.sizes.divisors[inner]})")
             index = quotient if outer_quotient is None else f"{quotient} - {outer_quotient} * {self.size(size)}"
             self.emit(scope, f"{prefix}{k} = {index}")
             outer_quotient = quotient
