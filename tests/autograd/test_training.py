@@ -392,8 +392,9 @@ def test_backward_launches_on_a_fresh_autograd_thread():
 
 @pytest.mark.parametrize("make,shape", MODELS, ids=[m.__name__ for m, _ in MODELS])
 def test_backward_is_compiled_ahead_for_the_layouts_it_gets(make, shape, monkeypatch):
-    """The backward compiles in a thread while the forward compiles, for the input layouts the
-    joint trace gives it; the first backward uses it: those are the layouts it gets."""
+    """The backward compiles in a thread, for the input layouts the joint trace gives it, from
+    when the forward's kernels are with the compilers (on the CPU, once the forward is
+    compiled); the first backward uses it: those are the layouts it gets."""
     import threading
 
     from torchweld.autograd import training
@@ -401,9 +402,9 @@ def test_backward_is_compiled_ahead_for_the_layouts_it_gets(make, shape, monkeyp
     compiles = []
     original = training.compile_aten
 
-    def spy(gm, example_inputs, options, what, *rest):
+    def spy(gm, example_inputs, options, what, *rest, **kwargs):
         compiles.append((what, threading.current_thread().name))
-        return original(gm, example_inputs, options, what, *rest)
+        return original(gm, example_inputs, options, what, *rest, **kwargs)
 
     monkeypatch.setattr(training, "compile_aten", spy)
     torch.manual_seed(0)
@@ -415,6 +416,7 @@ def test_backward_is_compiled_ahead_for_the_layouts_it_gets(make, shape, monkeyp
     assert_same_training_state(model, reference)
     backward = [thread for what, thread in compiles if what == "backward"]
     assert len(backward) == 1 and backward[0].startswith("torchweld-backward"), compiles
+    assert compiles[0][0] == "forward"
 
 
 def test_backward_compiled_for_other_layouts_is_compiled_again():

@@ -60,12 +60,23 @@ def compile_training(gm: torch.fx.GraphModule, example_inputs: list, options: di
               strategy, len(part.saved), part.saved_bytes)
     # gradients in their primal's layout: autograd would copy any other layout into it
     grad_strides = [tuple(primals[i].stride()) for i in joint.grad_primals]
-    # The backward compiles in a thread meanwhile, for the layouts the joint trace gives its
-    # inputs: its Python work overlaps the forward's Triton compiles and the workers stay busy.
+    # The backward compiles in a thread, for the layouts the joint trace gives its inputs, from
+    # when the forward's kernels are with the Triton compilers: its Python work overlaps their
+    # compiles (not the forward's lowering, under one GIL), and its kernels queue behind them.
+    # Started with the forward's lowering, on densenet121's step, it took the forward's
+    # lowering, scheduling and rendering from 3.2 to 6.7 s and its kernels went to the compile
+    # workers first, while the main thread waited for the forward's.
     assumed = [n.meta.get("val") for n in part.backward.graph.nodes if n.op == "placeholder"]
-    ahead = _compile_ahead(lambda: compile_aten(part.backward, assumed, options, "backward", grad_strides),
-                           assumed, options)
-    forward = compile_aten(part.forward, primals, options, "forward")
+    started: list[Future | None] = []
+
+    def start_backward() -> None:
+        if not started:
+            started.append(_compile_ahead(
+                lambda: compile_aten(part.backward, assumed, options, "backward", grad_strides), assumed, options))
+
+    forward = compile_aten(part.forward, primals, options, "forward", handed_over=start_backward)
+    start_backward()  # where the forward handed over no Triton kernels
+    ahead = started[0]
     if cudagraphs is not None:
         # Module state stays put between steps: read in place. The saved activations a
         # forward replay hands out stay valid until its backward has run ("track").
@@ -92,8 +103,9 @@ def compile_training(gm: torch.fx.GraphModule, example_inputs: list, options: di
 
 
 def compile_aten(gm: torch.fx.GraphModule, example_inputs: list, options: dict, what: str,
-                 output_strides: list | None = None):
-    """weld's inference pipeline on one aten graph; the graph itself (aten ops, eagerly) if it cannot."""
+                 output_strides: list | None = None, handed_over=None):
+    """weld's inference pipeline on one aten graph; the graph itself (aten ops, eagerly) if it
+    cannot. `handed_over`: compile_graph's."""
     from torchweld.compiler import compile_graph
     from torchweld.compiler.lowering import LoweringError
     from torchweld.runtime.cpp_loader import CppCompileError
@@ -102,7 +114,8 @@ def compile_aten(gm: torch.fx.GraphModule, example_inputs: list, options: dict, 
         return gm
     try:
         with torch.no_grad():
-            return compile_graph(gm, list(example_inputs), options, traced=True, output_strides=output_strides)
+            return compile_graph(gm, list(example_inputs), options, traced=True, output_strides=output_strides,
+                                 handed_over=handed_over)
     except (LoweringError, CppCompileError) as e:
         log.warning("weld cannot compile the %s graph of this training step, running its aten ops eagerly: %s",
                     what, e)

@@ -6,6 +6,7 @@ import dataclasses
 import logging
 import math
 import os
+from typing import Callable
 
 import torch
 import torch.utils._pytree as pytree
@@ -66,10 +67,13 @@ def renderer_for(device: torch.device, options: dict):
 
 
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: list, options: dict | None = None,
-                  traced: bool = False, output_strides: list | None = None) -> CompiledGraph:
+                  traced: bool = False, output_strides: list | None = None,
+                  handed_over: Callable[[], None] | None = None) -> CompiledGraph:
     """`traced`: `gm` is an aten graph traced already (compiled training's forward and backward).
     `output_strides`: for each output, None or the strides it must have (gradients in their
-    parameter's layout, which autograd then keeps without a copy of its own)."""
+    parameter's layout, which autograd then keeps without a copy of its own). `handed_over()`
+    is called once the graph's Triton kernels are all with the compilers, before they are
+    waited for (a training step's backward starts compiling then)."""
     options = dict(options or {})
     with timing.phase("weld.aten_graph"):
         aten = traced_aten_graph(gm) if traced else to_aten_graph(gm, example_inputs)
@@ -83,7 +87,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list, options: dict 
         log.debug("extern call: %s", line)
     with timing.phase("weld.schedule"):
         sched = schedule(lowered)
-    compiled = _codegen(sched, aten.out_spec, options)
+    compiled = _codegen(sched, aten.out_spec, options, handed_over)
     compiled.hoisted = hoisted
     return compiled
 
@@ -100,9 +104,10 @@ def _check(buf, options: dict) -> None:
         raise NotImplementedError(f"{renderer.name} has no dtype {buf.dtype}")
 
 
-def _triton_kernels(renderer, kernels: list[Kernel], sched: Schedule, buffer_dtypes: dict, options: dict):
-    """(TritonLaunches, the kernels' source, their module files): each kernel rendered, loaded and
-    handed to the compilers as it comes, so the first ones compile while the rest are rendered."""
+def _triton_kernels(renderer, kernels: list[Kernel], sched: Schedule, buffer_dtypes: dict, options: dict,
+                    handed_over: Callable[[], None] | None):
+    """(TritonLaunches, the kernels' source, their module files): the kernels rendered, each
+    handed to the compilers, then waited for."""
     from torchweld.compiler.codegen.triton_launches import TritonCompile
     from torchweld.runtime.triton_loader import GeneratedKernel
 
@@ -113,6 +118,8 @@ def _triton_kernels(renderer, kernels: list[Kernel], sched: Schedule, buffer_dty
             if module_source is not None:
                 loaded[fn_name] = GeneratedKernel(module_source, fn_name)
             compile_.add(kernel, loaded[fn_name])
+    if handed_over is not None:
+        handed_over()
     with timing.phase("weld.triton_compile"):
         launches = compile_.finish()
         for k in loaded.values():  # the files the compiled graph names are there
@@ -120,7 +127,7 @@ def _triton_kernels(renderer, kernels: list[Kernel], sched: Schedule, buffer_dty
     return launches, "\n".join(k.src for k in loaded.values()), [k.path for k in loaded.values()]
 
 
-def _codegen(sched: Schedule, out_spec, options: dict) -> CompiledGraph:
+def _codegen(sched: Schedule, out_spec, options: dict, handed_over: Callable[[], None] | None) -> CompiledGraph:
     buffer_dtypes = {name: dtype for name, (dtype, _, _) in sched.layouts.items()}
     by_renderer: dict[type, list[Kernel]] = {}
     for k in sched.kernels():
@@ -151,7 +158,7 @@ def _codegen(sched: Schedule, out_spec, options: dict) -> CompiledGraph:
                 launches[k.name] = f"_k_{k.name}({ptrs})"
         else:
             triton, sources["triton"], paths["triton"] = _triton_kernels(renderer, kernels, sched, buffer_dtypes,
-                                                                         options)
+                                                                         options, handed_over)
             launches |= triton.jit
             fast_launches |= triton.fast
             checked_inputs, stream_index = triton.checked_inputs, triton.stream_index
