@@ -273,21 +273,21 @@ def test_zero_dim_inputs_load_as_scalars():
 
 
 def test_kernels_that_differ_only_in_sizes_share_one_function():
-    """Kernels that differ only in their integers (a dense block's layers, each with more
-    channels) are one function that takes them as arguments, its divisions by magic
-    number; a kernel no other one resembles keeps its literals. Results equal eager's."""
-    def fn(a, b, c, ma, mb, mc, d):
-        return [(a - ma).relu(), (b - mb).relu(), (c - mc).relu(), torch.cat([a, b], 1), torch.cat([a, c], 1),
-                d.t() * 2]
+    """A kernel that differs from an earlier one only in its integers (a dense block's layers,
+    each with more channels) takes them as arguments, its divisions by magic number, so the
+    later ones of its family are one function; the first, handed over before the others are
+    rendered, keeps its literals, as does a kernel no other resembles. Results equal eager's."""
+    def fn(a, b, c, e, ma, mb, mc, me, d):
+        return [(a - ma).relu(), (b - mb).relu(), (c - mc).relu(), (e - me).relu(),
+                torch.cat([a, b], 1), torch.cat([a, c], 1), torch.cat([a, e], 1), d.t() * 2]
 
     # over 1024 elements each: kernels of fewer take blocks of their size, a launch of its own
-    a, b, c = torch.randn(8, 3, 64), torch.randn(8, 6, 64), torch.randn(8, 7, 64)
-    compiled = check(fn, [a, b, c, torch.randn(3, 1), torch.randn(6, 1), torch.randn(7, 1), torch.randn(6, 9)],
-                     options=TRITON)
+    a, b, c, e = (torch.randn(8, channels, 64) for channels in (3, 6, 7, 11))
+    means = [torch.randn(channels, 1) for channels in (3, 6, 7, 11)]
+    compiled = check(fn, [a, b, c, e, *means, torch.randn(6, 9)], options=TRITON)
     src = compiled.kernel_sources["triton"]
     kernels = re.findall(r"def (k_\w+)\((.*)\):", src)
     with_sizes = [name for name, params in kernels if "ks0" in params]
-    assert len(with_sizes) == 2, src  # the three relus are one function, the two cats another
+    assert len(with_sizes) == 2, src  # the last three relus are one function, the last two cats another
     assert "_tw_divide(xindex, kd0)" in src
-    assert len(kernels) == 3  # d.t() * 2 alone: its sizes stay in its source
-    assert not any("ks0" in params for name, params in kernels if name not in with_sizes)
+    assert len(kernels) == 5  # with the first relu, the first cat and d.t() * 2, sizes in their source
