@@ -273,21 +273,25 @@ def test_zero_dim_inputs_load_as_scalars():
 
 
 def test_kernels_that_differ_only_in_sizes_share_one_function():
-    """A kernel that differs from an earlier one only in its integers (a dense block's layers,
-    each with more channels) takes them as arguments, its divisions by magic number, so the
-    later ones of its family are one function; the first, handed over before the others are
-    rendered, keeps its literals, as does a kernel no other resembles. Results equal eager's."""
-    def fn(a, b, c, e, ma, mb, mc, me, d):
-        return [(a - ma).relu(), (b - mb).relu(), (c - mc).relu(), (e - me).relu(),
-                torch.cat([a, b], 1), torch.cat([a, c], 1), torch.cat([a, e], 1), d.t() * 2]
+    """A kernel that differs from two earlier ones only in its integers (a dense block's
+    layers, each with more channels) takes them as arguments, its divisions by magic number,
+    so the later ones of its family are one function; the first two, handed over before the
+    others are rendered, keep their literals, as does a kernel no other resembles. Results
+    equal eager's."""
+    from torchweld.compiler.codegen.triton import LITERAL_FAMILY_MEMBERS
+
+    channels = (3, 6, 7, 11, 13)
+
+    def fn(d, a, b, c, e, f, ma, mb, mc, me, mf):
+        xs, means = (a, b, c, e, f), (ma, mb, mc, me, mf)
+        return [*((x - m).relu() for x, m in zip(xs, means)), *(torch.cat([a, x], 1) for x in xs[1:]), d.t() * 2]
 
     # over 1024 elements each: kernels of fewer take blocks of their size, a launch of its own
-    a, b, c, e = (torch.randn(8, channels, 64) for channels in (3, 6, 7, 11))
-    means = [torch.randn(channels, 1) for channels in (3, 6, 7, 11)]
-    compiled = check(fn, [a, b, c, e, *means, torch.randn(6, 9)], options=TRITON)
+    inputs = [torch.randn(8, c, 64) for c in channels] + [torch.randn(c, 1) for c in channels]
+    compiled = check(fn, [torch.randn(6, 9), *inputs], options=TRITON)
     src = compiled.kernel_sources["triton"]
     kernels = re.findall(r"def (k_\w+)\((.*)\):", src)
     with_sizes = [name for name, params in kernels if "ks0" in params]
-    assert len(with_sizes) == 2, src  # the last three relus are one function, the last two cats another
+    assert len(with_sizes) == 2, src  # the later relus are one function, the later cats another
     assert "_tw_divide(xindex, kd0)" in src
-    assert len(kernels) == 5  # with the first relu, the first cat and d.t() * 2, sizes in their source
+    assert len(kernels) == 2 * LITERAL_FAMILY_MEMBERS + 3  # the first relus and cats, d.t() * 2: literals

@@ -3,12 +3,13 @@
 The kernels of one network often differ only in the integers of their source: densenet121's
 dense layers grow by 32 channels each, so its training step renders 504 distinct Triton kernels,
 about 170 once their integers are ignored. Triton compiles every distinct source apart (~0.35 s of
-a worker's CPU each on the H100 host). A kernel that differs from an earlier one of its graph
+a worker's CPU each on the H100 host). A kernel that differs from two earlier ones of its graph
 only so is rendered with its integers as arguments (`ks0, ks1, ...`), one source for the rest
 of its family, compiled once per specialization (Triton compiles apart an integer divisible by
-16, and 1); the first of a family, and a kernel no other resembles, keep their literals, which
-cost the GPU nothing (`TritonRenderer.render_modules` decides as it renders). densenet121's
-training step: forward 261 compiles to 116, backward 240 to 159.
+16, and 1); the first two of a family, and a kernel no other resembles, keep their literals,
+which cost the GPU nothing (`TritonRenderer.render_modules` decides as it renders, see
+LITERAL_FAMILY_MEMBERS). densenet121's training step: forward 261 compiles to 123, backward
+240 to 165.
 
 Which integers become arguments: the element counts (masks, reduction loops), the sizes a
 flat index unravels into, and the integer constants of index arithmetic and comparisons

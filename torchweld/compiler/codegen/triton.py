@@ -31,6 +31,12 @@ BIG_POINTWISE = 1 << 21  # elements from which a pointwise kernel takes 2048-ele
 STREAMING = 1 << 22  # elements from which a pointwise kernel's data outgrows L2: its loads evict first
 INT32_LIMIT = 1 << 31
 INTEGER = re.compile(r"\b\d+\b")
+# A family of kernels that differ only in their integers (size_args.py) keeps them in the source
+# of its first two: two compile twice either way, and with arguments each compile takes longer
+# (densenet121 inference: 65 kernels, 37-40 s of worker CPU, against 67 and 31-34 s with literals)
+# and the GPU divides by magic number. densenet121's training step: forward 123 compiles, backward
+# 165 (116 and 159 from the second member on, 261 and 240 with literals).
+LITERAL_FAMILY_MEMBERS = 2
 CONSTANT_INDEX = re.compile(r"[\d\s()+*-]+")  # a rendered offset that names no variable
 
 
@@ -646,24 +652,25 @@ class TritonRenderer(KernelRenderer):
 
         Functions are named by a hash of their text, so identical kernels (the repeated
         blocks of a network) are one function, compiled once per process and found in
-        Triton's disk cache by the next. A kernel that differs from an earlier one only in
-        its integers takes them as arguments (size_args.py), so that the later kernels of its
-        family are one function too; the first keeps its literals, since it is handed over
-        before any other is rendered. One module per function lets each kernel be loaded and
-        handed to the compilers while the next is rendered. (Rendering every kernel first and
-        deciding then saved 2% of densenet121's training compiles and lost the overlap: its
-        inference's first call took 8.7 s instead of 6.5.)"""
+        Triton's disk cache by the next. A kernel that differs from LITERAL_FAMILY_MEMBERS
+        earlier ones only in its integers takes them as arguments (size_args.py), so that the
+        later kernels of its family are one function too; the first ones keep their literals,
+        handed over before the later ones are rendered. One module per function lets each
+        kernel be loaded and handed to the compilers while the next is rendered. (Rendering
+        every kernel first and deciding then saved 5% of densenet121's training compiles and
+        lost that overlap: its inference's first call took 8.7 s instead of 6.5.)"""
         from torchweld.disk_cache import content_hash
 
         self.buffer_dtypes = buffer_dtypes
-        families: dict[str, str] = {}  # a function's text with its integers elided -> the first one's text
+        families: dict[str, set[str]] = {}  # a function's text with its integers elided -> its first texts
         done: set[str] = set()
         for kernel in kernels:
             text = self.function_text(kernel)
             if config.size_generic_kernels and not size_generic(kernel) and not needs_int64(kernel):
-                first = families.setdefault(INTEGER.sub("N", text), text)
-                sizes = size_args.parameterized(prepared(kernel)) if first != text else None
-                if sizes is not None:
+                family = families.setdefault(INTEGER.sub("N", text), set())
+                if len(family) < LITERAL_FAMILY_MEMBERS or text in family:
+                    family.add(text)
+                elif (sizes := size_args.parameterized(prepared(kernel))) is not None:
                     size_args.choose(kernel, sizes)
                     text = self.function_text(kernel, sizes)
             name = f"k_{content_hash(text)[:20]}"
