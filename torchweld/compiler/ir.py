@@ -140,6 +140,7 @@ class Expr:
     dtype: torch.dtype
     args: tuple["Expr", ...] = ()
     arg: object = None
+    _key: tuple | None = dataclasses.field(default=None, init=False, repr=False)  # key(), once computed
 
     def __repr__(self) -> str:
         if self.op is Op.CONST or self.op is Op.VAR:
@@ -150,7 +151,11 @@ class Expr:
 
     def key(self) -> tuple:
         """A structural key: equal keys compute the same value."""
-        return (self.op, self.dtype, self.arg, tuple(a.key() for a in self.args))
+        key = self._key
+        if key is None:
+            key = (self.op, self.dtype, self.arg, tuple(a.key() for a in self.args))
+            object.__setattr__(self, "_key", key)
+        return key
 
 
 INDEX = torch.int64

@@ -308,6 +308,10 @@ def _values(kernel: Kernel) -> list[Expr]:
 
 def needs_int64(kernel: Kernel) -> bool:
     """Whether some index of `kernel` may reach 2**31 (Triton's program ids and aranges are int32)."""
+    return _once(kernel, "needs_int64", _needs_int64)
+
+
+def _needs_int64(kernel: Kernel) -> bool:
     sizes = {f"x{k}": s for k, s in enumerate(kernel.outer)} | {f"r{k}": s for k, s in enumerate(kernel.reduced)}
     sizes |= {"xindex": math.prod(kernel.outer), "rindex": math.prod(kernel.reduced)}
     if math.prod(kernel.outer) * math.prod(kernel.reduced) >= INT32_LIMIT:
