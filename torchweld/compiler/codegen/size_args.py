@@ -15,10 +15,11 @@ Which integers become arguments: the element counts (masks, reduction loops), th
 flat index unravels into, and the integer constants of index arithmetic and comparisons
 (strides, offsets, a concatenation's bounds). An unravelling's divisions take their divisor's
 magic number and shift (`magic_division`, Granlund and Montgomery's division by invariant
-integers, one int64 argument): on the H100 a runtime `%` took a memory-bound kernel of 2M elements 2.3x its time
-with constants in one configuration, the multiply-high 1.03-1.05x (bench/RESULTS.md, twenty-fifth
-measurement). Divisors inside expressions (an upsampling's `// 2`) and the operands of other
-operations stay literals.
+integers, one int64 argument): a fixed multiply-high and shift instead of a division
+sequence. Timed on single 2M-element kernels on the H100 (`bench/divide_cost.py`), literals,
+runtime `%` and magic numbers came out within the noise of such timings (bench/RESULTS.md,
+twenty-fifth measurement). Divisors inside expressions (an upsampling's `// 2`) and the
+operands of other operations stay literals.
 """
 from __future__ import annotations
 
