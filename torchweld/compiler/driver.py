@@ -106,8 +106,9 @@ def _check(buf, options: dict) -> None:
 
 def _triton_kernels(renderer, kernels: list[Kernel], sched: Schedule, buffer_dtypes: dict, options: dict,
                     handed_over: Callable[[], None] | None):
-    """(TritonLaunches, the kernels' source, their module files): the kernels rendered, each
-    handed to the compilers, then waited for."""
+    """(TritonLaunches, the kernels' source, their module files): each kernel rendered, loaded and
+    handed to the compilers as it comes, so the first ones compile while the rest are rendered;
+    then `handed_over()`, then the wait for them."""
     from torchweld.compiler.codegen.triton_launches import TritonCompile
     from torchweld.runtime.triton_loader import GeneratedKernel
 

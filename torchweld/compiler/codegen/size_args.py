@@ -74,7 +74,8 @@ class SizeArgs:
 
 def parameterized(prepared: Kernel) -> SizeArgs | None:
     """`prepared` (a kernel as the renderer sees it) with its integers as arguments, or None
-    where it has none to take (or an index may pass 2**31: the division takes 32-bit indices)."""
+    where it has none to take or one outside int32. Its indices must stay below 2**31 (the
+    caller checks needs_int64): the divisions by magic number take 32-bit indices."""
     names: dict[int, str] = {}
     divisors: dict[int, str] = {}
 
