@@ -295,3 +295,20 @@ def test_kernels_that_differ_only_in_sizes_share_one_function():
     assert len(with_sizes) == 2, src  # the later relus are one function, the later cats another
     assert "_tw_divide(xindex, kd0)" in src
     assert len(kernels) == 2 * LITERAL_FAMILY_MEMBERS + 3  # the first relus and cats, d.t() * 2: literals
+
+
+def test_reductions_that_differ_only_in_sizes_share_one_function():
+    """Reductions of one family (column sums of tensors with more and more columns, rows
+    long enough to loop) take their sizes as arguments from the third on: the row's
+    unravelling divides by magic number too. Results equal eager's."""
+    widths = (3, 5, 6, 7, 9)
+
+    def fn(a, b, c, d, e):
+        return [t.sum(dim=(0, 2)) for t in (a, b, c, d, e)] + [(t * t).sum(dim=1) for t in (a, b, c, d, e)]
+
+    inputs = [torch.randn(40, w, 70) for w in widths]  # rows of 2800: looped
+    compiled = check(fn, inputs, options=TRITON, atol=1e-4, rtol=1e-4)
+    src = compiled.kernel_sources["triton"]
+    assert "_tw_divide(rindex" in src, src  # the column sums unravel their rows by magic number
+    shared = [name for name, params in re.findall(r"def (k_\w+)\((.*)\):", src) if "ks0" in params]
+    assert len(shared) == 2  # one function for the later column sums, one for the later row sums
