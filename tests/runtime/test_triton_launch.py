@@ -131,7 +131,8 @@ def test_launch_handles_call_a_c_launcher_only_where_its_convention_is_known(mon
     if own is not None:  # weld's own launcher: the binary loaded here, the pointers then two null scratch pointers
         monkeypatch.setattr(triton_launch, "_load_binary", lambda name, cubin, metadata, device: 1234)
         handle = triton_launch.launch_handle(_FakeKernel(_FakeLauncher(), shared=512), constexprs, cpu)
-        assert handle == triton_launch.LaunchHandle(own.launch, 1234, (128, 512), (0, 0))
+        assert handle == triton_launch.LaunchHandle(own.launch, 1234, (128, 512), (0, 0), takes_constants=False)
+        assert handle.passed((16, 1, 5)) == (16, 5)  # Triton made the 1 a constant: the binary takes no value for it
     pdl = _FakeKernel(_FakeLauncher(), launch_pdl=True)  # not a plain launch: Triton's C launcher, called directly
     handle = triton_launch.launch_handle(pdl, constexprs, cpu)
     assert handle.launch is pdl.run.launch and handle.function == 7 and handle.trailing == constexprs
@@ -141,6 +142,7 @@ def test_launch_handles_call_a_c_launcher_only_where_its_convention_is_known(mon
     monkeypatch.setattr(triton_launch, "_direct_launch_form", lambda: None)  # another Triton
     handle = triton_launch.launch_handle(pdl, constexprs, cpu)
     assert handle.launch is pdl.run and handle.leading == (("packed",), None, None, None)
+    assert handle.passed((16, 1, 5)) == (16, 1, 5)  # Triton's launcher takes a value for each constant
 
 
 def test_a_workers_binary_is_launched_by_weld_only_where_a_plain_launch_does(monkeypatch):
@@ -159,7 +161,8 @@ def test_a_workers_binary_is_launched_by_weld_only_where_a_plain_launch_does(mon
                         lambda name, cubin, metadata, device: loaded.append((name, cubin)) or 99)
     plain = {"name": "k_abc", "cubin": b"\x7fELF", **{k: v for k, v in vars(_FakeMetadata).items()
                                                       if not k.startswith("_")}, "shared": 256}
-    assert triton_launch.handle_from_binary(plain, cpu) == triton_launch.LaunchHandle(own.launch, 99, (128, 256), (0, 0))
+    assert triton_launch.handle_from_binary(plain, cpu) == triton_launch.LaunchHandle(own.launch, 99, (128, 256), (0, 0),
+                                                                                      takes_constants=False)
     assert loaded == [("k_abc", b"\x7fELF")]
     assert triton_launch.handle_from_binary({**plain, "launch_pdl": True}, cpu) is None
     assert triton_launch.handle_from_binary({**plain, "global_scratch_size": 64}, cpu) is None

@@ -14,7 +14,7 @@ an input is misaligned).
     handles = compile_kernels(jobs)          # in worker processes and threads; identical jobs compile once
     futures = submit_kernels(jobs)           # the same, without waiting
     h = handles[0]
-    h.launch(grid, 1, 1, stream, h.function, *h.leading, *pointers, *ints, *h.trailing)
+    h.launch(grid, 1, 1, stream, h.function, *h.leading, *pointers, *h.passed(ints), *h.trailing)
 
 Where Triton allows it and a graph brings many new kernels (WORKERS_FROM), worker
 processes (triton_workers.py) compile each kernel into Triton's disk cache first:
@@ -254,12 +254,21 @@ def _compile(job: CompileJob, ahead: Future | None = None) -> "LaunchHandle":
 @dataclasses.dataclass(frozen=True)
 class LaunchHandle:
     """How the wrapper launches one loaded kernel:
-    `launch(grid_x, 1, 1, stream, function, *leading, *pointers, *ints, *trailing)`."""
+    `launch(grid_x, 1, 1, stream, function, *leading, *pointers, *handle.passed(ints), *trailing)`.
+
+    Triton makes an integer argument of value 1 a constant of the compiled kernel. Its own
+    launchers still take a value in that place (and ignore it, as they do the trailing
+    constexprs); weld's launcher passes the binary's parameters alone, so `passed` drops it."""
 
     launch: object
     function: object
     leading: tuple
     trailing: tuple
+    takes_constants: bool = True
+
+    def passed(self, ints: tuple[int, ...]) -> tuple[int, ...]:
+        """The integer arguments this launcher is handed: without Triton's constants where it takes none."""
+        return ints if self.takes_constants else tuple(v for v in ints if v != 1)
 
 
 SCRATCH_POINTERS = 2  # Triton 3.6 kernels take a global and a profile scratch pointer after their own
@@ -307,7 +316,7 @@ def _own_launch(name: str, cubin: bytes, metadata, device: torch.device) -> Laun
     if function is None:
         return None
     return LaunchHandle(extension.launch, function, (metadata.num_warps * 32, metadata.shared),
-                        (0,) * SCRATCH_POINTERS)
+                        (0,) * SCRATCH_POINTERS, takes_constants=False)
 
 
 def _plain_launch(metadata) -> bool:

@@ -126,7 +126,7 @@ class TritonCompile:
                 else:
                     launches.objects[f"_lead{i}_{name}"] = value
                     lead.append(f"_lead{i}_{name}")
-            arguments = lead + [f"{a}.data_ptr()" for a in e.args] + [str(v) for v in ints[name]]
+            arguments = lead + [f"{a}.data_ptr()" for a in e.args] + [str(v) for v in handle.passed(ints[name])]
             arguments += [str(v) for v in handle.trailing]
             launches.fast[name] = f"_run_{name}({grids[name]}, 1, 1, _stream, _fn_{name}, {', '.join(arguments)})"
             launches.checked_inputs += [a for a in e.args if a in inputs and a not in launches.checked_inputs]
