@@ -1,7 +1,7 @@
 """Fusion decisions: how many kernels, what is stored, what is freed."""
 import torch
 
-from torchweld.compiler.schedule import Free
+from torchweld.compiler.schedule import ExternCall, Free
 from weld_helpers import check
 
 
@@ -304,3 +304,35 @@ def test_mutated_inputs_are_written_in_place_where_nothing_reads_them_later():
     torch.testing.assert_close(compiled(*inputs), expected)
     for a, b in zip(inputs, expected_inputs):
         torch.testing.assert_close(a, b)
+
+
+def test_output_is_stored_over_the_buffer_its_kernel_reads_last():
+    """As inductor's in-place reuse: a matmul's result, read for the last time by the
+    kernel after it at the offsets it stores, gives that kernel's output its memory."""
+    a, b = torch.randn(16, 8), torch.randn(8, 16)
+    c = check(lambda a, b: (torch.mm(a, b) * 2).relu() + 1, [a, b])
+    (mm,) = [s.name for s in c.schedule.steps if isinstance(s, ExternCall)]
+    assert list(c.schedule.stored_over.values()) == [mm]
+    assert "torch.empty" not in c.wrapper_source.split("def call", 1)[1]  # nothing newly allocated
+
+
+def test_nothing_is_stored_over_a_buffer_read_elsewhere_than_where_the_output_goes():
+    def transposed(a, b):
+        t = torch.mm(a, b)
+        return t * t.t()  # t[j, i] would be read after out[j, i] overwrote it
+
+    def two_outputs(a, b):
+        t = torch.mm(a, b)
+        return [t.sin(), t.cos() * 3]  # one C++ kernel: its __restrict__ pointers rule out either
+
+    def read_later(a, b):
+        t = torch.mm(a, b)
+        return ((t * 2).relu() @ b) + t  # t is not dying in the first kernel
+
+    a, b = torch.randn(16, 16), torch.randn(16, 16)
+    assert not check(transposed, [a, b]).schedule.stored_over
+    assert not check(two_outputs, [a, b]).schedule.stored_over
+    later = check(read_later, [a, b]).schedule
+    first, last = later.kernels()
+    assert not set(first.writes) & set(later.stored_over)
+    assert set(last.writes) == set(later.stored_over)  # where t and the second matmul die

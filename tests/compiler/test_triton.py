@@ -312,3 +312,13 @@ def test_reductions_that_differ_only_in_sizes_share_one_function():
     assert "_tw_divide(rindex" in src, src  # the column sums unravel their rows by magic number
     shared = [name for name, params in re.findall(r"def (k_\w+)\((.*)\):", src) if "ks0" in params]
     assert len(shared) == 2  # one function for the later column sums, one for the later row sums
+
+
+def test_output_stored_over_the_convolution_it_reads_last():
+    def fn(x, w, scale, shift):
+        y = torch.nn.functional.conv2d(x, w, padding=1)
+        return torch.relu(y * scale[:, None, None] + shift[:, None, None])
+
+    c = check(fn, [torch.randn(2, 3, 8, 8), torch.randn(4, 3, 3, 3), torch.randn(4), torch.randn(4)],
+              options=TRITON)
+    assert len(c.schedule.stored_over) == 1  # the batch norm and ReLU write over the convolution's output

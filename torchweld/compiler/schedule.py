@@ -96,6 +96,7 @@ class Schedule:
     allocated: tuple[str, ...]  # buffers the wrapper allocates (kernel outputs)
     graph: LoweredGraph
     in_place: dict = dataclasses.field(default_factory=dict)  # buffer -> the input it is stored into
+    stored_over: dict = dataclasses.field(default_factory=dict)  # buffer -> the dying buffer whose memory it takes
 
     def kernels(self) -> list[Kernel]:
         return [s for s in self.steps if isinstance(s, Kernel)]
@@ -505,7 +506,9 @@ def schedule(graph: LoweredGraph) -> Schedule:
     allocated = tuple(n for n in buffers if n in stored and not isinstance(buffers[n], (ir.InputBuffer, ir.Extern)))
     steps = tuple(_with_frees(out_steps, graph, buffers))
     in_place = in_place_updates(Schedule(steps, layouts, allocated, graph))
-    return Schedule(steps, layouts, tuple(n for n in allocated if n not in in_place), graph, in_place)
+    allocated = tuple(n for n in allocated if n not in in_place)
+    stored_over = stored_over_dying(Schedule(steps, layouts, allocated, graph))
+    return Schedule(steps, layouts, allocated, graph, in_place, stored_over)
 
 
 def _step_reads(step, buffers) -> Iterable[str]:
@@ -598,6 +601,56 @@ def in_place_updates(sched: Schedule) -> dict[str, str]:
         if _loads_in_place(kernel, loads_by_kernel[id(kernel)], target, name):
             plan[name] = target
     return plan
+
+
+def stored_over_dying(sched: Schedule) -> dict[str, str]:
+    """{buffer: the intermediate whose memory it is stored over} (`Schedule.stored_over`,
+    which the wrapper gives the buffer instead of new memory): a pointwise kernel's output
+    written over a buffer that the same kernel reads for the last time, as inductor's
+    in-place reuse does (a convolution's output and the batch norm and ReLU after it are
+    one buffer, not two). Only where no element is overwritten before it is read: the
+    kernel loads the dying buffer once, at the offset where it stores the output, inside
+    the stored value (`_loads_in_place`). The dying buffer is a kernel's output or a new
+    tensor from an extern (a schema that returns no alias, at storage offset 0), in the
+    output's dtype and on its device, and neither a view nor viewed. On the CPU only
+    kernels with one output qualify: the C++ kernels take `__restrict__` pointers, so a
+    second store's value must not load what the first overwrote."""
+    graph = sched.graph
+    allocated = set(sched.allocated)
+    views = _views_of([s for s in sched.steps if not isinstance(s, Free)], graph.buffers)
+    viewed = set(views) | {b for bases in views.values() for b in bases}
+    taken: dict[str, str] = {}
+    for kernel, after in zip(sched.steps, sched.steps[1:]):
+        if not isinstance(kernel, Kernel) or kernel.is_reduction or not isinstance(after, Free):
+            continue
+        outputs = [n for n in kernel.writes if n in allocated]
+        if str(kernel.device).startswith("cpu") and len(kernel.writes) > 1:
+            continue
+        dying = [n for n in after.names if n in kernel.reads and n not in viewed and _fresh(n, sched)]
+        if not outputs or not dying:
+            continue
+        loads = _loads_by_buffer(kernel)
+        for name in outputs:
+            dtype, _, device = sched.layouts[name]
+            for old in dying:
+                if (old not in taken.values() and sched.layouts[old][0] == dtype and sched.layouts[old][2] == device
+                        and _loads_in_place(kernel, loads, old, name)):
+                    taken[name] = old
+                    break
+    return taken
+
+
+def _fresh(name: str, sched: Schedule) -> bool:
+    """Whether buffer `name` is memory of its own: a kernel's output, or an extern's result
+    that the op's schema says is not an alias, at storage offset 0."""
+    if name in sched.allocated:
+        return True
+    buf, index = ir.producer_of(name, sched.graph.buffers)
+    if not isinstance(buf, ir.Extern) or index >= len(buf.outputs):
+        return False
+    if getattr(buf.target, "_schema", None) is None or ir.returns_alias(buf.target):
+        return False
+    return buf.outputs[index][1].offset == 0
 
 
 def _loads_by_buffer(kernel: Kernel) -> dict[str, dict]:

@@ -108,6 +108,7 @@ class WrapperRenderer:
         allocated = set(self.sched.allocated)
         takes_over = self.reuse_plan()
         reused = set(takes_over.values())
+        stored_over_dying = set(self.sched.stored_over.values())
         first = self.first_of_chains(takes_over)
         in_place = self.sched.in_place
         for step in self.sched.steps:
@@ -124,8 +125,11 @@ class WrapperRenderer:
                 self.extern(g.buffers[step.name])
             elif isinstance(step, Free):
                 for name in step.names:
-                    if name in reused:
+                    if name in stored_over_dying:  # its memory lives on as the buffer stored over it
+                        self.emit(f"del {name}")
                         continue
+                    if name in reused:
+                        continue  # its name went where a new buffer took its memory
                     if name in first:  # its memory waits in the workspace for the next call
                         origin = first[name]
                         _, layout, _ = self.sched.layouts[origin]
@@ -158,20 +162,25 @@ class WrapperRenderer:
         return read | {v.root for v in values if isinstance(v, TensorValue)}
 
     def reuse_plan(self) -> dict[str, str]:
-        """{new buffer: the dead buffer whose memory it takes over}: same dtype, device and
-        storage size, the last freed first. A dead buffer no allocation takes is deleted
-        where it dies (kept for later, it would hold its memory until the call returns)."""
+        """{new buffer: the buffer whose memory it takes over}: the one dying in the kernel
+        that writes it (`Schedule.stored_over`), or else a dead one of the same dtype, device
+        and storage size, the last freed first. A dead buffer no allocation takes is
+        deleted where it dies (kept for later, it would hold its memory until the call returns)."""
         pool: dict[tuple, list[str]] = {}
         plan: dict[str, str] = {}
         allocated = set(self.sched.allocated)
+        stored_over = self.sched.stored_over
+        dying_taken = set(stored_over.values())
         for step in self.sched.steps:
             if isinstance(step, Kernel):
                 for name in step.writes:
-                    if name in allocated and pool.get(self.pool_key(name)):
+                    if name in stored_over:
+                        plan[name] = stored_over[name]
+                    elif name in allocated and pool.get(self.pool_key(name)):
                         plan[name] = pool[self.pool_key(name)].pop()
             elif isinstance(step, Free):
                 for name in step.names:
-                    if name in allocated:
+                    if name in allocated and name not in dying_taken:
                         pool.setdefault(self.pool_key(name), []).append(name)
         return plan
 
@@ -183,10 +192,12 @@ class WrapperRenderer:
             if isinstance(step, Kernel):
                 for name in step.writes:
                     if name in self.sched.allocated and str(self.sched.layouts[name][2]).startswith("cpu"):
-                        first[name] = first.get(takes_over.get(name), name)
+                        old = takes_over.get(name)
+                        # a chain that begins in an extern's result is that result's memory, not the workspace's
+                        first[name] = name if old is None else first.get(old)
         freed = {n for step in self.sched.steps if isinstance(step, Free) for n in step.names}
         kept = {origin for name, origin in first.items() if name in freed and name not in takes_over.values()}
-        return {name: origin for name, origin in first.items() if origin in kept}
+        return {name: origin for name, origin in first.items() if origin is not None and origin in kept}
 
     def pool_key(self, name: str) -> tuple:
         dtype, layout, device = self.sched.layouts[name]
@@ -197,10 +208,12 @@ class WrapperRenderer:
         the workspace where `name` begins a chain in `first`)."""
         dtype, layout, device = self.sched.layouts[name]
         if old is not None:
+            # a buffer dying in this kernel is still read by it: its name goes at its Free
+            drop = "" if self.sched.stored_over.get(name) == old else f"; del {old}"
             if self.sched.layouts[old][1] == layout:
-                self.emit(f"{name} = {old}; del {old}  # reuse")
+                self.emit(f"{name} = {old}{drop}  # reuse")
             else:
-                self.emit(f"{name} = {old}.as_strided({layout.shape}, {layout.stride}); del {old}  # reuse")
+                self.emit(f"{name} = {old}.as_strided({layout.shape}, {layout.stride}){drop}  # reuse")
             return
         if first.get(name) == name:
             self.constants.setdefault(f"_workspace_{name}", [])
