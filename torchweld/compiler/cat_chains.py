@@ -21,17 +21,20 @@ import torch
 aten = torch.ops.aten
 
 
+CATS = (torch.cat, aten.cat.default)
+
+
 def chain_concatenations(gm: torch.fx.GraphModule) -> int:
     seen: dict[tuple, torch.fx.Node] = {}  # (inputs, dim) -> the cat node of those inputs
     rewritten = 0
     for node in gm.graph.nodes:
-        if node.op != "call_function" or node.target is not aten.cat.default:
+        if node.op != "call_function" or node.target not in CATS or not isinstance(node.args[0], (list, tuple)):
             continue
         tensors = list(node.args[0])
         dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
-        if not _chainable(node, tensors):
+        if not isinstance(dim, int) or not _chainable(node, tensors):
             continue
-        dim %= node.meta["val"].dim()
+        dim %= _value(node).dim()
         for end in range(len(tensors) - 1, 1, -1):
             prefix = seen.get((tuple(tensors[:end]), dim))
             if prefix is not None:
@@ -45,13 +48,20 @@ def chain_concatenations(gm: torch.fx.GraphModule) -> int:
     return rewritten
 
 
+def _value(node) -> object:
+    """A node's example value: "val" in aten graphs, "example_value" in captured ones."""
+    if not isinstance(node, torch.fx.Node):
+        return None
+    return node.meta.get("val", node.meta.get("example_value"))
+
+
 def _chainable(node: torch.fx.Node, tensors: list) -> bool:
     """Inputs all nodes of the output's dtype and rank (no type promotion, no legacy empty 1-d inputs)."""
-    out = node.meta.get("val")
+    out = _value(node)
     if not isinstance(out, torch.Tensor) or len(tensors) < 2:
         return False
     for t in tensors:
-        val = t.meta.get("val") if isinstance(t, torch.fx.Node) else None
+        val = _value(t)
         if not isinstance(val, torch.Tensor) or val.dtype != out.dtype or val.dim() != out.dim():
             return False
     return True

@@ -14,7 +14,6 @@ import torch.utils._pytree as pytree
 from torchweld import timing
 from torchweld.compiler import ir
 from torchweld.compiler.aten_graph import to_aten_graph, traced_aten_graph
-from torchweld.compiler.cat_chains import chain_concatenations
 from torchweld.compiler.codegen.cpp import CppRenderer
 from torchweld.compiler.codegen.wrapper import PRELUDE, WrapperRenderer
 from torchweld.compiler.constant_folding import HoistedConstants, hoist_constants
@@ -79,7 +78,6 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list, options: dict 
     with timing.phase("weld.aten_graph"):
         aten = traced_aten_graph(gm) if traced else to_aten_graph(gm, example_inputs)
         aten_gm, hoisted = hoist_constants(aten.gm) if options.get("freeze") else (aten.gm, None)
-        chain_concatenations(aten_gm)
     triton = lambda device: renderer_for(device, options) is not CppRenderer  # noqa: E731
     lowering = GraphLowering(aten_gm, check=lambda buf: _check(buf, options), bias_in_kernel=triton,
                              split_reductions=lambda device: triton(device) and options.get("split_reductions", True))
