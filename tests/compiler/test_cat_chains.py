@@ -47,7 +47,7 @@ def test_chained_block_equals_eager_and_its_kernels_read_two_features():
     assert max(len(k.reads) for k in c.schedule.kernels()) <= 3
 
 
-@pytest.mark.parametrize("case", ["dim", "dtype", "order"])
+@pytest.mark.parametrize("case", ["dim", "dtype", "order", "axis"])
 def test_concatenations_that_do_not_extend_one_are_left(case):
     def fn(a, b, c):
         first = torch.cat([a, b], 1)
@@ -55,11 +55,15 @@ def test_concatenations_that_do_not_extend_one_are_left(case):
             second = torch.cat([a, b, c], 0)
         elif case == "dtype":
             second = torch.cat([a, b, c.double()], 1)
+        elif case == "axis":  # numpy's spelling of dim, which the rewrite must not drop
+            second = torch.cat([a, b, c], axis=1)
         else:
             second = torch.cat([b, a, c], 1)
         return first * 2, second * 3
 
     inputs = [torch.randn(3, 3) for _ in range(3)]
-    aten_graph = to_aten_graph(torch.fx.symbolic_trace(fn), inputs)
-    assert chain_concatenations(aten_graph.gm) == 0
-    check(fn, inputs)
+    captured = []
+    torchweld.compile(fn, backend=lambda gm, example_inputs: captured.append(gm) or gm.forward)(*inputs)
+    (gm,) = captured
+    assert chain_concatenations(gm) == 0
+    check(gm, inputs)

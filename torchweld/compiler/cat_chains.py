@@ -10,17 +10,18 @@ This pass rewrites `cat([x0, ..., xk+1])` as `cat([c, xk+1])` where the graph al
 computes `c = cat([x0, ..., xk])`, the longest such prefix. Then `c` is read twice and is
 stored (as eager stores every concatenation), in the kernel that computes it anyway, and
 every layer's kernel has the same inputs, differing only in sizes: the kernels of a block
-are one family (compiler/codegen/size_args.py), compiled once.
+are a family (compiler/codegen/size_args.py) that compiles a few times, not once a layer.
+The weld backend runs it on the captured graph (`torch.cat`), so that in training the
+backward slices one gradient after another instead of summing a slice of every later
+layer's; it works on aten graphs (`aten.cat`) too.
 
-    n = chain_concatenations(aten_gm)   # the number of concatenations rewritten
+    n = chain_concatenations(gm)   # the number of concatenations rewritten, in place
 """
 from __future__ import annotations
 
 import torch
 
 aten = torch.ops.aten
-
-
 CATS = (torch.cat, aten.cat.default)
 
 
@@ -30,6 +31,8 @@ def chain_concatenations(gm: torch.fx.GraphModule) -> int:
     for node in gm.graph.nodes:
         if node.op != "call_function" or node.target not in CATS or not isinstance(node.args[0], (list, tuple)):
             continue
+        if set(node.kwargs) - {"dim"}:
+            continue  # `out=`, or the `axis=` spelling: left as written
         tensors = list(node.args[0])
         dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
         if not isinstance(dim, int) or not _chainable(node, tensors):

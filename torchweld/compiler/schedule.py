@@ -620,6 +620,7 @@ def stored_over_dying(sched: Schedule) -> dict[str, str]:
     views = _views_of([s for s in sched.steps if not isinstance(s, Free)], graph.buffers)
     viewed = set(views) | {b for bases in views.values() for b in bases}
     taken: dict[str, str] = {}
+    given: set[str] = set()  # the dying buffers taken
     for kernel, after in zip(sched.steps, sched.steps[1:]):
         if not isinstance(kernel, Kernel) or kernel.is_reduction or not isinstance(after, Free):
             continue
@@ -633,9 +634,10 @@ def stored_over_dying(sched: Schedule) -> dict[str, str]:
         for name in outputs:
             dtype, _, device = sched.layouts[name]
             for old in dying:
-                if (old not in taken.values() and sched.layouts[old][0] == dtype and sched.layouts[old][2] == device
+                if (old not in given and sched.layouts[old][0] == dtype and sched.layouts[old][2] == device
                         and _loads_in_place(kernel, loads, old, name)):
                     taken[name] = old
+                    given.add(old)
                     break
     return taken
 
