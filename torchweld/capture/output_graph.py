@@ -17,6 +17,7 @@ from torch.nn.utils.stateless import _reparametrize_module
 from torch.utils import _pytree as pytree
 
 from torchweld.capture.guards import GuardSet, autocast_state
+from torchweld.capture.module_fakes import batch_norm_example
 from torchweld.capture.side_effects import SideEffects
 from torchweld.capture.number_inputs import NumberTensor
 from torchweld.capture.sources import NumberTensorSource, Source
@@ -136,6 +137,10 @@ class OutputGraph:
         """Run `module` on fake copies of its parameters and buffers: a fake run must never
         change the real ones (BatchNorm's running statistics, num_batches_tracked)."""
         def run(*args, **kwargs):
+            if not self.autocast_regions:
+                example = batch_norm_example(module, list(args), kwargs, self.grad_enabled)
+                if example is not None:
+                    return example
             state = {name: self._fake_of(t) for name, t in
                      [*module.named_parameters(), *module.named_buffers()]}
             with _reparametrize_module(module, state):
