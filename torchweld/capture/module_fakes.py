@@ -23,14 +23,14 @@ def batch_norm_example(module: nn.Module, args: list, kwargs: dict, grad_enabled
     """The example result of a plain `nn.BatchNorm{1,2,3}d` call on a contiguous or
     channels-last fake input of the parameters' dtype, or None where the call must run on
     fakes: a subclass with its own forward, an input whose layout or dtype makes the result's
-    layout a question, sizes of 1 (whose strides implementations choose differently), a call
+    layout a question, sizes of 1 or none (whose strides implementations choose differently), a call
     eager would reject (wrong rank or channel count, one value per channel in training),
     hooks, or parameters that require grad when the input does not (the result's grad_fn
     would be missing). Call it inside the capture's fake mode, outside autocast."""
     if type(module) not in _BATCH_NORMS or kwargs or len(args) != 1 or _hooked(module):
         return None
     (x,) = args
-    if not isinstance(x, FakeTensor) or not x.is_floating_point() or 1 in x.shape[1:]:
+    if not isinstance(x, FakeTensor) or not x.is_floating_point() or x.numel() == 0 or 1 in x.shape[1:]:
         return None
     try:
         module._check_input_dim(x)
