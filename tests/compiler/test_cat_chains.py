@@ -67,3 +67,16 @@ def test_concatenations_that_do_not_extend_one_are_left(case):
     (gm,) = captured
     assert chain_concatenations(gm) == 0
     check(gm, inputs)
+
+
+def test_the_weld_backend_chains_unless_told_not_to():
+    from torchweld.backends.weld import prepare
+
+    for option, lengths in ((True, [1, 2, 2, 2]), (False, [1, 2, 3, 4])):
+        captured = []
+        torchweld.compile(dense_block, backend=lambda gm, example_inputs: captured.append(gm) or gm.forward)(
+            *block_inputs())
+        gm = prepare(captured[0], {"chain_concatenations": option, "channels_last": False}, inference=True)
+        cats = [n for n in gm.graph.nodes if n.target is torch.cat]
+        assert [len(n.args[0]) for n in cats] == lengths
+        torchweld.reset()

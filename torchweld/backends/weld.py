@@ -158,7 +158,8 @@ def prepare(gm: torch.fx.GraphModule, options: dict, inference: bool) -> torch.f
     training too: the joint graph differentiates it into aten's fused backward) unless
     options={"fuse_attention": False} (passes/fuse_attention.py). A concatenation that
     extends an earlier one reads it instead of all its inputs again (compiler/cat_chains.py;
-    in training the backward then slices one gradient after another)."""
+    in training the backward then slices one gradient after another) unless
+    options={"chain_concatenations": False}."""
     from torchweld.compiler.cat_chains import chain_concatenations
     from torchweld.passes.channels_last import to_channels_last
     from torchweld.passes.fuse_attention import fuse_attention
@@ -166,7 +167,8 @@ def prepare(gm: torch.fx.GraphModule, options: dict, inference: bool) -> torch.f
 
     if options.get("fuse_attention", True):
         gm = fuse_attention(gm)
-    chain_concatenations(gm)
+    if options.get("chain_concatenations", True):
+        chain_concatenations(gm)
     freeze = inference and options.get("freeze", False)
     if freeze:
         gm = fuse_conv_bn(gm, live=True)

@@ -62,9 +62,6 @@ class SizeArgs:
     names: dict[int, str]
     divisors: dict[int, str]
 
-    def __post_init__(self):
-        self.kernel.__dict__["_size_args"] = self  # the kernel as rendered takes them (chosen)
-
     def params(self) -> tuple[str, ...]:
         return (*self.names.values(), *self.divisors.values())
 
@@ -109,7 +106,9 @@ def parameterized(prepared: Kernel) -> SizeArgs | None:
     kernel = map_exprs(prepared, lambda e: ir.rewrite(e, leaf, memo), lambda e: ir.rewrite(e, leaf, memo))
     if any(abs(v) >= _INT32 for v in names) or not (names or divisors):
         return None
-    return SizeArgs(kernel, names, divisors)
+    sizes = SizeArgs(kernel, names, divisors)
+    choose(kernel, sizes)  # the kernel as rendered takes them: its kernel_params name them
+    return sizes
 
 
 def _takes(e: Expr) -> bool:

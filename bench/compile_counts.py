@@ -1,0 +1,82 @@
+"""What a torchvision model's cold compile has to do, counted on any machine (no GPU needed):
+the Triton compiles each graph needs (distinct function, launch configuration and integer
+specialization: what the compile workers get), with and without chained concatenations
+(compiler/cat_chains.py, options={"chain_concatenations": False}).
+
+    python3 bench/compile_counts.py densenet121 [--train]
+
+Inference: the model in eval under no_grad, one graph. --train: the model in train mode, its
+joint graph partitioned (min-cut) into the forward and backward graphs weld compiles. The
+Triton kernels are rendered for the CPU tensors of the example (the same kernels as on CUDA
+but for the device in their launch); nothing is compiled or run.
+"""
+from __future__ import annotations
+
+import argparse
+
+import torch
+import torchvision
+
+import torchweld
+from torchweld.autograd.joint import module_state, trace_joint
+from torchweld.autograd.partition import partition
+from torchweld.backends.weld import prepare
+from torchweld.compiler.aten_graph import to_aten_graph, traced_aten_graph
+from torchweld.compiler.codegen.triton import TritonRenderer, launch_config, runtime_ints
+from torchweld.compiler.lowering import GraphLowering
+from torchweld.compiler.schedule import schedule
+from torchweld.runtime.triton_launch import specialization_class
+
+
+def captured(model: torch.nn.Module, x: torch.Tensor, train: bool):
+    """(graph, example inputs) of the model's one graph."""
+    graphs = []
+    with torch.set_grad_enabled(train):
+        torchweld.compile(model, backend=lambda gm, example_inputs: graphs.append((gm, example_inputs)) or gm.forward)(x)
+    (gm, example_inputs), = graphs
+    return gm, example_inputs
+
+
+def compile_keys(aten_gm: torch.fx.GraphModule, inputs: list) -> tuple[int, int, int]:
+    """(kernel launches, distinct Triton compiles, most buffers one kernel reads) of an aten graph."""
+    lowering = GraphLowering(aten_gm, check=lambda buf: None, bias_in_kernel=lambda d: True,
+                             split_reductions=lambda d: True)
+    sched = schedule(lowering.run(list(inputs), None))
+    kernels = sched.kernels()
+    dtypes = {name: dtype for name, (dtype, _, _) in sched.layouts.items()}
+    keys = {(fn, tuple(sorted(launch_config(k).items())), specialization_class(runtime_ints(k)))
+            for k, fn, _ in TritonRenderer().render_modules(kernels, dtypes)}
+    return len(kernels), len(keys), max(len(k.reads) for k in kernels)
+
+
+def graphs(gm, example_inputs, train: bool, chain: bool) -> dict:
+    """{"inference" | "forward" | "backward": (aten graph, its inputs)}, as the weld backend builds them."""
+    gm = prepare(gm, {"chain_concatenations": chain}, inference=not train)
+    if not train:
+        return {"inference": (to_aten_graph(gm, example_inputs).gm, example_inputs)}
+    state = module_state(gm)
+    primals = [s.read(gm) for s in state] + [a for a in example_inputs if isinstance(a, torch.Tensor)]
+    part = partition(trace_joint(gm, state, primals), "min_cut")
+    backward_inputs = [n.meta["val"] for n in part.backward.graph.nodes if n.op == "placeholder"]
+    return {"forward": (traced_aten_graph(part.forward).gm, primals),
+            "backward": (traced_aten_graph(part.backward).gm, backward_inputs)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("model", help="a torchvision.models constructor, e.g. densenet121")
+    parser.add_argument("--train", action="store_true")
+    args = parser.parse_args()
+    model = getattr(torchvision.models, args.model)().train(args.train)
+    x = torch.randn(16, 3, 128, 128)
+    for chain in (False, True):
+        gm, example_inputs = captured(model, x, args.train)
+        print(f"{args.model} {'train' if args.train else 'eval'}, concatenations {'chained' if chain else 'as written'}:")
+        for name, (aten_gm, inputs) in graphs(gm, example_inputs, args.train, chain).items():
+            launches, keys, reads = compile_keys(aten_gm, inputs)
+            print(f"  {name:9s} {launches:4d} launches, {keys:4d} Triton compiles, at most {reads} inputs a kernel")
+        torchweld.reset()
+
+
+if __name__ == "__main__":
+    main()
