@@ -22,10 +22,9 @@ from torchweld.autograd.joint import module_state, trace_joint
 from torchweld.autograd.partition import partition
 from torchweld.backends.weld import prepare
 from torchweld.compiler.aten_graph import to_aten_graph, traced_aten_graph
-from torchweld.compiler.codegen.triton import TritonRenderer, launch_config, runtime_ints
+from torchweld.compiler.codegen.triton import TritonRenderer, int_classes, launch_config
 from torchweld.compiler.lowering import GraphLowering
 from torchweld.compiler.schedule import schedule
-from torchweld.runtime.triton_launch import specialization_class
 
 
 def captured(model: torch.nn.Module, x: torch.Tensor, train: bool):
@@ -44,7 +43,7 @@ def compile_keys(aten_gm: torch.fx.GraphModule, inputs: list) -> tuple[int, int,
     sched = schedule(lowering.run(list(inputs), None))
     kernels = sched.kernels()
     dtypes = {name: dtype for name, (dtype, _, _) in sched.layouts.items()}
-    keys = {(fn, tuple(sorted(launch_config(k).items())), specialization_class(runtime_ints(k)))
+    keys = {(fn, tuple(sorted(launch_config(k).items())), int_classes(k))
             for k, fn, _ in TritonRenderer().render_modules(kernels, dtypes)}
     return len(kernels), len(keys), max(len(k.reads) for k in kernels)
 

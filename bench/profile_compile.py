@@ -11,7 +11,10 @@ cProfile sees only the main thread waiting for them (`Future.result`). With --th
 each phase is listed per kind of thread (main, backward, Triton loading) with its wall time and
 that thread's CPU time in it: wall well above CPU is time spent waiting (on the GIL, a lock, a
 worker), CPU near wall is work done there; the CPU column of all threads together is what
-the GIL serializes. With --train, the case is a training row of
+the GIL serializes. With --cpu-timeline, every 0.25 s of the call gets a row: the CPU
+seconds each thread of this process used in it and the whole machine's busy cores (from
+/proc/stat), which shows what competes with the main thread when its wall time exceeds its CPU
+time (another thread holding the GIL, or every core busy). With --train, the case is a training row of
 bench/compare.py (densenet121, resnet50, BERT, GPT-2) and the first call is its first
 step: the model compiled, forward, loss, backward (the backward's compile included), Adam.
 """
@@ -23,6 +26,7 @@ import cProfile
 import io
 import os
 import pstats
+import sys
 import tempfile
 import threading
 import time
@@ -60,6 +64,72 @@ def thread_cpu() -> dict[tuple[str, str], list]:
     return rows
 
 
+class CpuTimeline:
+    """Samples, every `step` seconds in a thread of its own, each Python thread's CPU clock and the
+    machine's busy time (/proc/stat), until stop()."""
+
+    def __init__(self, step: float = 0.25):
+        self.step = step
+        self.rows: list[tuple[float, dict[str, float], float, str]] = []  # (t, {thread: cpu s}, busy cores, main's frames)
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="cpu-timeline")
+        self._thread.start()
+
+    @staticmethod
+    def _busy_seconds() -> float:
+        with open("/proc/stat") as f:
+            fields = [int(v) for v in f.readline().split()[1:]]
+        idle = fields[3] + fields[4]  # idle, iowait
+        return (sum(fields) - idle) / os.sysconf("SC_CLK_TCK")
+
+    def _sample(self) -> tuple[float, dict[str, float], float]:
+        clocks = {}
+        for t in threading.enumerate():
+            if t is self._thread or t.native_id is None:
+                continue
+            try:
+                clocks[f"{t.name}:{t.native_id}"] = time.clock_gettime(time.pthread_getcpuclockid(t.ident))
+            except (OSError, ProcessLookupError):
+                pass
+        return time.perf_counter(), clocks, self._busy_seconds(), self._main_frames()
+
+    @staticmethod
+    def _main_frames() -> str:
+        """The main thread's innermost frames now, innermost first: where it is, for a row where it used no CPU."""
+        frame = sys._current_frames().get(threading.main_thread().ident)
+        where = []
+        while frame is not None and len(where) < 4:
+            code = frame.f_code
+            where.append(f"{os.path.basename(code.co_filename)}:{frame.f_lineno}:{code.co_name}")
+            frame = frame.f_back
+        return " < ".join(where)
+
+    def _run(self) -> None:
+        last = self._sample()
+        while not self._done.wait(self.step):
+            now = self._sample()
+            cpu = {k: v - last[1].get(k, 0.0) for k, v in now[1].items()}
+            self.rows.append((now[0], cpu, (now[2] - last[2]) / (now[0] - last[0]), now[3]))
+            last = now
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def print(self) -> None:
+        if not self.rows:
+            return
+        main = f"MainThread:{threading.main_thread().native_id}"
+        names = sorted({main} | {k for _, cpu, _, _ in self.rows for k, v in cpu.items() if v > 0.01})
+        t0 = self.rows[0][0] - self.step
+        print(f"\nCPU seconds per {self.step} s, per thread of this process, and the machine's busy cores")
+        print(f"{'t s':>6s} {'busy':>5s} " + " ".join(f"{n.split(':')[0][:16]:>16s}" for n in names))
+        for t, cpu, busy, frames in self.rows:
+            idle = cpu.get(main, 0.0) < 0.3 * self.step
+            print(f"{t - t0:6.2f} {busy:5.1f} " + " ".join(f"{cpu.get(n, 0.0):16.3f}" for n in names)
+                  + (f"  main at {frames}" if idle else ""))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("case", help="first word of a gpu_inference.py row, e.g. densenet121")
@@ -68,6 +138,7 @@ def main() -> None:
     parser.add_argument("--cprofile", action="store_true")
     parser.add_argument("--thread-cpu", action="store_true", help="each thread's CPU time next to wall time per phase")
     parser.add_argument("--train", action="store_true", help="the first training step of compare.py's row")
+    parser.add_argument("--cpu-timeline", action="store_true", help="CPU per thread and busy cores, per 0.25 s")
     args = parser.parse_args()
     cpu_rows = thread_cpu() if args.thread_cpu else None
     from triton import knobs
@@ -78,6 +149,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp, config.patch(cache_dir=tmp):
         torch.cuda.synchronize()
         profiler = cProfile.Profile() if args.cprofile else None
+        timeline = CpuTimeline() if args.cpu_timeline else None
         t0 = time.perf_counter()
         if profiler:
             profiler.enable()
@@ -86,6 +158,9 @@ def main() -> None:
         if profiler:
             profiler.disable()
         print(f"{name}: cold first call {time.perf_counter() - t0:.2f} s{' (under cProfile)' if profiler else ''}")
+        if timeline:
+            timeline.stop()
+            timeline.print()
     print(torchweld.compile_times())
     hits = sum(compiles)
     print(f"Triton compiles in this process: {len(compiles)}, of which cache hits {hits}")

@@ -294,6 +294,7 @@ def test_kernels_that_differ_only_in_sizes_share_one_function():
     with_sizes = [name for name, params in kernels if "ks0" in params]
     assert len(with_sizes) == 2, src  # the later relus are one function, the later cats another
     assert "_tw_divide(xindex, kd0)" in src
+    assert "@triton.jit(do_not_specialize=['kd0'" in src  # a magic number's divisibility splits no compile
     assert len(kernels) == 2 * LITERAL_FAMILY_MEMBERS + 3  # the first relus and cats, d.t() * 2: literals
 
 

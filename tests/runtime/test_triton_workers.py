@@ -180,6 +180,45 @@ def kernel(ptr0, ptr1, xnumel, XBLOCK: tl.constexpr, RBLOCK: tl.constexpr):
 '''
 
 
+UNSPECIALIZED = SPECIALIZED.replace("@triton.jit", "@triton.jit(do_not_specialize=['kd0'])").replace(
+    "xnumel, XBLOCK", "xnumel, kd0, XBLOCK")
+
+
+def test_specialization_classes():
+    """Triton compiles apart an int of 1, one divisible by 16 and an int64; an argument it
+    does not specialize on (a magic number, size_args.packed_division) has its type alone."""
+    from torchweld.runtime.triton_launch import specialization_class
+
+    assert specialization_class((1, 32, 33, 2**33, 2**33 + 1)) == (1, 16, 17, 2**32 + 16, 2**32 + 17)
+    assert specialization_class((32, 2**33, 2**33 + 1), (False, True, True)) == (16, 2**32 + 17, 2**32 + 17)
+
+
+@cuda
+@pytest.mark.parametrize("source, params, values, unspecialized", [
+    (SPECIALIZED, ("ptr0", "ptr1", "xnumel", "XBLOCK", "RBLOCK"), (32,), ()),
+    (UNSPECIALIZED, ("ptr0", "ptr1", "xnumel", "kd0", "XBLOCK", "RBLOCK"), (32, 2**32 + 48), (False, True)),
+])
+def test_the_written_specialization_of_an_unspecialized_argument(tmp_path, source, params, values, unspecialized):
+    """A magic-number argument under do_not_specialize: the JIT, called with a value divisible
+    by 16, specializes on nothing but its type, as the specialization written from its class."""
+    from torchweld.runtime import triton_launch, triton_workers
+    from torchweld.runtime.triton_loader import GeneratedKernel
+
+    dtypes, aligned, config = (torch.float32, torch.float32), (True, True), {"XBLOCK": 128, "RBLOCK": 1}
+    ints = triton_launch.specialization_class(values, unspecialized)
+    written = triton_workers.written_specialization(params, dtypes, aligned, ints, config)
+    if written is None:
+        pytest.skip("this Triton's specialization format is not written by weld")
+    fn = GeneratedKernel(source.replace("kernel(", f"kernel_{tmp_path.name}("), f"kernel_{tmp_path.name}")
+    job = triton_launch.CompileJob(fn.src, fn, dtypes, aligned, tuple(sorted(config.items())),
+                                   torch.device("cuda"), values, params)  # the JIT sees the values themselves
+    jit = json.loads(triton_workers.specialization_data(fn, triton_launch._dummy_arguments(job), dict(config)))
+    written = json.loads(written)
+    assert written["signature"] == jit["signature"]
+    assert (dict(zip(map(tuple, written["attrs_keys"]), written["attrs_vals"]))
+            == dict(zip(map(tuple, jit["attrs_keys"]), jit["attrs_vals"])))
+
+
 @cuda
 @pytest.mark.parametrize("dtypes, aligned, ints, config", [
     ((torch.float32, torch.float32), (True, True), (16,), {"XBLOCK": 128, "RBLOCK": 1, "num_warps": 4}),

@@ -71,17 +71,19 @@ class CompileJob:
         return (self.source, self.arg_dtypes, self.aligned, self.config, str(self.device), self.ints)
 
 
-def specialization_class(values: tuple[int, ...]) -> tuple[int, ...]:
+def specialization_class(values: tuple[int, ...], unspecialized: tuple[bool, ...] = ()) -> tuple[int, ...]:
     """One representative of each integer argument's class under Triton's specialization,
     which compiles a kernel apart for an int divisible by 16, for 1 (a constant) and for
-    an int outside int32 (an int64): 16 or 17, 1, 2**32 + 16 or 2**32 + 17. Kernels of sizes
-    in one class are one compile."""
-    def representative(v: int) -> int:
-        if v == 1:
+    an int outside int32 (an int64): 16 or 17, 1, 2**32 + 16 or 2**32 + 17. An argument
+    flagged in `unspecialized` (the kernel's `do_not_specialize`) has its type alone: 17 or
+    2**32 + 17. Kernels of sizes in one class are one compile."""
+    def representative(v: int, plain: bool) -> int:
+        if v == 1 and not plain:
             return 1
-        return (16 if v % 16 == 0 else 17) + (0 if -2**31 <= v < 2**31 else 2**32)
+        return (16 if v % 16 == 0 and not plain else 17) + (0 if -2**31 <= v < 2**31 else 2**32)
 
-    return tuple(map(representative, values))
+    flags = tuple(unspecialized) + (False,) * (len(values) - len(unspecialized))
+    return tuple(map(representative, values, flags))
 
 
 _compiled: dict[tuple, Future] = {}

@@ -25,7 +25,8 @@ import math
 import torch
 
 from torchweld.compiler import ir
-from torchweld.compiler.codegen.triton import kernel_params, launch_candidates, launch_config, runtime_ints, tune_launch
+from torchweld.compiler.codegen.triton import (int_classes, kernel_params, launch_candidates, launch_config, runtime_ints,
+                                               tune_launch)
 from torchweld.compiler.schedule import Kernel, Schedule
 from torchweld.runtime import triton_launch
 
@@ -86,7 +87,7 @@ class TritonCompile:
             entry.job = triton_launch.CompileJob(
                 entry.fn.src, entry.fn, tuple(sched.layouts[a][0] for a in entry.args),
                 tuple(_aligned(a, sched) for a in entry.args), tuple(sorted(entry.config.items())),
-                entry.kernel.device, triton_launch.specialization_class(runtime_ints(entry.kernel)),
+                entry.kernel.device, int_classes(entry.kernel),
                 kernel_params(entry.kernel))
         return entry.job
 
@@ -161,7 +162,7 @@ def _precompile_candidates(entries: list[_Kernel], sched: Schedule) -> None:
         args = [synthetic_tensor(*sched.layouts[a]) for a in e.args]
         aligned = tuple(triton_launch.is_aligned(t) for t in args)
         dtypes = tuple(t.dtype for t in args)
-        ints = triton_launch.specialization_class(runtime_ints(e.kernel))
+        ints = int_classes(e.kernel)
         for config in launch_candidates(e.kernel):
             jobs.append(triton_launch.CompileJob(e.fn.src, e.fn, dtypes, aligned, tuple(sorted(config.items())),
                                                  e.kernel.device, ints, kernel_params(e.kernel)))
