@@ -376,3 +376,28 @@ def test_the_garbage_collector_is_held_off_while_compiling():
         assert seen == [False, False] and not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_the_garbage_collector_stays_off_until_the_last_concurrent_compile_is_done():
+    """A compile in another thread (the backward's, started by capture) keeps the collector
+    off after capture's own pause ends; it comes back on when that one is done."""
+    import gc
+    import threading
+
+    from torchweld import gc_pause
+
+    started, release = threading.Event(), threading.Event()
+
+    def backward_compile():
+        with gc_pause.paused():
+            started.set()
+            release.wait(10)
+
+    with gc_pause.paused():
+        thread = threading.Thread(target=backward_compile)
+        thread.start()
+        started.wait(10)
+    assert not gc.isenabled()  # capture is done, the other compile is not
+    release.set()
+    thread.join()
+    assert gc.isenabled()

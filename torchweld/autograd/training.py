@@ -134,7 +134,13 @@ def _compile_ahead(compile_fn, assumed: list, options: dict) -> Future | None:
         return None
     if _ahead_pool is None:
         _ahead_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="torchweld-backward")
-    return _ahead_pool.submit(compile_fn)
+    return _ahead_pool.submit(_paused, compile_fn)
+
+
+def _paused(fn):
+    """`fn()` with the garbage collector held off, also once capture, which started it, is done."""
+    with gc_pause.paused():
+        return fn()
 
 
 def _result_if_layouts_match(ahead: Future | None, assumed: list, example: list):
