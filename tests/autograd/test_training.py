@@ -264,6 +264,23 @@ def test_double_backward_is_a_clear_error():
         torch.autograd.grad(out, x, create_graph=True)
 
 
+def test_backward_with_retain_graph_runs_twice():
+    """The compiled backward frees saved activations as it goes, but not under retain_graph:
+    a second backward through the same graph adds the same gradients as eager's, and a third,
+    after one without retain_graph, raises eager's error."""
+    model = CNN()
+    reference = copy.deepcopy(model)
+    compiled = torchweld.compile(model, backend="weld")
+    x = torch.randn(2, 3, 12, 12)
+    out, expected = compiled(x).square().sum(), reference(x).square().sum()
+    for retain in (True, False):
+        out.backward(retain_graph=retain)
+        expected.backward(retain_graph=retain)
+        assert_same_training_state(model, reference)
+    with pytest.raises(RuntimeError, match="second time"):
+        out.backward()
+
+
 def test_save_all_and_min_cut_agree():
     model = Block()
     x = torch.randn(2, 8, 32, requires_grad=True)

@@ -336,3 +336,58 @@ def test_nothing_is_stored_over_a_buffer_read_elsewhere_than_where_the_output_go
     first, last = later.kernels()
     assert not set(first.writes) & set(later.stored_over)
     assert set(last.writes) == set(later.stored_over)  # where t and the second matmul die
+
+
+_probe_saw_alive: list[bool] = []
+_probe_watched = None  # a weakref.ref to the input the probe asks about
+
+
+@torch.library.custom_op("torchweld_test::alive_probe", mutates_args=())
+def alive_probe(x: torch.Tensor) -> torch.Tensor:
+    """An extern call (an op weld has no lowering for) that records whether the watched input still lives."""
+    if _probe_watched is not None:
+        _probe_saw_alive.append(_probe_watched() is not None)
+    return x.clone()
+
+
+@alive_probe.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+def test_a_graph_that_frees_inputs_lets_each_go_after_its_last_reader():
+    """A backward's saved activations: compiled with frees_inputs and called through
+    call_boxed, the graph empties the list it is handed and drops each input after the
+    kernel that reads it last, so one the caller no longer holds is freed mid-call."""
+    import weakref
+
+    from torchweld.compiler import compile_graph
+    from torchweld.compiler.aten_graph import to_aten_graph
+
+    global _probe_watched
+
+    def fn(a, b, unused):
+        return [torch.ops.torchweld_test.alive_probe(b + a.sin()) * 2]
+
+    def make():
+        return [torch.randn(64), torch.randn(64), torch.randn(3)]
+
+    for frees in (False, True):
+        torch.manual_seed(0)
+        inputs = make()
+        expected = fn(*inputs)
+        aten = to_aten_graph(torch.fx.symbolic_trace(fn), inputs).gm
+        compiled = compile_graph(aten, inputs, traced=True, frees_inputs=frees)
+        assert any(isinstance(s, ExternCall) for s in compiled.schedule.steps)
+        watched, unused = weakref.ref(inputs[0]), weakref.ref(inputs[2])
+        _probe_watched = watched
+        _probe_saw_alive.clear()
+        torch.testing.assert_close(compiled.call_boxed(inputs)[0], expected[0])
+        _probe_watched = None
+        assert inputs == []
+        assert _probe_saw_alive == [not frees]  # freed by the probe's time only when the graph frees inputs
+        assert watched() is None and unused() is None
+        torch.manual_seed(0)
+        again = make()
+        torch.testing.assert_close(compiled(*again)[0], expected[0])  # a plain call leaves the caller's inputs be
+        assert len(again) == 3

@@ -106,7 +106,9 @@ def compile_training(gm: torch.fx.GraphModule, example_inputs: list, options: di
 def compile_aten(gm: torch.fx.GraphModule, example_inputs: list, options: dict, what: str,
                  output_strides: list | None = None, handed_over=None):
     """weld's inference pipeline on one aten graph; the graph itself (aten ops, eagerly) if it
-    cannot. `handed_over`: compile_graph's."""
+    cannot. `handed_over`: compile_graph's. The backward frees each input (saved activation,
+    tangent) after its last reader (compile_graph's frees_inputs; runtime.py hands it its
+    inputs through `call_boxed`)."""
     from torchweld.compiler import compile_graph
     from torchweld.compiler.lowering import LoweringError
     from torchweld.runtime.cpp_loader import CppCompileError
@@ -116,7 +118,7 @@ def compile_aten(gm: torch.fx.GraphModule, example_inputs: list, options: dict, 
     try:
         with torch.no_grad():
             return compile_graph(gm, list(example_inputs), options, traced=True, output_strides=output_strides,
-                                 handed_over=handed_over)
+                                 handed_over=handed_over, frees_inputs=what == "backward")
     except (LoweringError, CppCompileError) as e:
         log.warning("weld cannot compile the %s graph of this training step, running its aten ops eagerly: %s",
                     what, e)

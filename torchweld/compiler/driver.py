@@ -40,7 +40,19 @@ class CompiledGraph:
 
     def __call__(self, *args):
         self.refresh_constants()
-        return pytree.tree_unflatten(list(self.fn(*args)), self.out_spec)
+        outputs = self.fn(list(args)) if self.schedule.frees_inputs else self.fn(*args)
+        return pytree.tree_unflatten(list(outputs), self.out_spec)
+
+    def call_boxed(self, args: list):
+        """The outputs for the inputs in `args`, which it empties: with the schedule's
+        frees_inputs, an input nothing else holds goes back at its last reader."""
+        self.refresh_constants()
+        if self.schedule.frees_inputs:
+            outputs = self.fn(args)
+        else:
+            outputs = self.fn(*args)
+            args.clear()
+        return pytree.tree_unflatten(list(outputs), self.out_spec)
 
     def refresh_constants(self) -> None:
         """Recompute the hoisted constants if a parameter they come from changed (before a CUDA graph replay)."""
@@ -68,12 +80,14 @@ def renderer_for(device: torch.device, options: dict):
 
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: list, options: dict | None = None,
                   traced: bool = False, output_strides: list | None = None,
-                  handed_over: Callable[[], None] | None = None) -> CompiledGraph:
+                  handed_over: Callable[[], None] | None = None, frees_inputs: bool = False) -> CompiledGraph:
     """`traced`: `gm` is an aten graph traced already (compiled training's forward and backward).
     `output_strides`: for each output, None or the strides it must have (gradients in their
     parameter's layout, which autograd then keeps without a copy of its own). `handed_over()`
     is called once the graph's Triton kernels are all with the compilers, before they are
-    waited for (a training step's backward starts compiling then)."""
+    waited for (a training step's backward starts compiling then). `frees_inputs`: the
+    compiled graph frees each input after its last reader when called through
+    `call_boxed` (schedule's frees_inputs; a training step's backward)."""
     options = dict(options or {})
     with timing.phase("weld.aten_graph"):
         aten = traced_aten_graph(gm) if traced else to_aten_graph(gm, example_inputs)
@@ -86,7 +100,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list, options: dict 
     for line in lowered.externs:
         log.debug("extern call: %s", line)
     with timing.phase("weld.schedule"):
-        sched = schedule(lowered)
+        sched = schedule(lowered, frees_inputs)
     compiled = _codegen(sched, aten.out_spec, options, handed_over)
     compiled.hoisted = hoisted
     return compiled
@@ -177,9 +191,9 @@ def _codegen(sched: Schedule, out_spec, options: dict, handed_over: Callable[[],
     if fast_launches:  # the JIT launches run when an input is misaligned for the compiled kernels
         wrapper_source += wrapper.render("call_jit", lambda k: launches.get(k.name)) + "\n" + wrapper.render(
             "call", lambda k: fast_launches.get(k.name) or launches.get(k.name),
-            check_alignment=checked_inputs, stream_index=stream_index)
+            check_alignment=checked_inputs, stream_index=stream_index, boxed=sched.frees_inputs)
     else:
-        wrapper_source += wrapper.render("call", lambda k: launches.get(k.name))
+        wrapper_source += wrapper.render("call", lambda k: launches.get(k.name), boxed=sched.frees_inputs)
     wrapper_path = write_once(os.path.join(cache_dir("wrappers"), f"w{content_hash(wrapper_source)}.py"),
                               wrapper_source)
     paths["wrapper"] = wrapper_path

@@ -97,6 +97,7 @@ class Schedule:
     graph: LoweredGraph
     in_place: dict = dataclasses.field(default_factory=dict)  # buffer -> the input it is stored into
     stored_over: dict = dataclasses.field(default_factory=dict)  # buffer -> the dying buffer whose memory it takes
+    frees_inputs: bool = False  # whether inputs are freed after their last reader too (schedule's frees_inputs)
 
     def kernels(self) -> list[Kernel]:
         return [s for s in self.steps if isinstance(s, Kernel)]
@@ -472,7 +473,12 @@ def inline_pointwise(graph: LoweredGraph) -> None:
         del buffers[name]
 
 
-def schedule(graph: LoweredGraph) -> Schedule:
+def schedule(graph: LoweredGraph, frees_inputs: bool = False) -> Schedule:
+    """The graph's buffers grouped into kernels and extern calls, in order, each intermediate
+    freed after its last reader. With `frees_inputs`, inputs too: the wrapper then takes its
+    inputs in a list that it empties (wrapper.WrapperRenderer.render), so that where the
+    caller keeps no other reference an input's memory goes back at its last reader: a
+    backward's saved activations, as eager's autograd frees each after its node's backward."""
     inline_pointwise(graph)
     grouper = _Grouper(graph)
     steps = grouper.run()
@@ -504,11 +510,11 @@ def schedule(graph: LoweredGraph) -> Schedule:
         out_steps.append(kernel)
 
     allocated = tuple(n for n in buffers if n in stored and not isinstance(buffers[n], (ir.InputBuffer, ir.Extern)))
-    steps = tuple(_with_frees(out_steps, graph, buffers))
+    steps = tuple(_with_frees(out_steps, graph, buffers, frees_inputs))
     in_place = in_place_updates(Schedule(steps, layouts, allocated, graph))
     allocated = tuple(n for n in allocated if n not in in_place)
     stored_over = stored_over_dying(Schedule(steps, layouts, allocated, graph))
-    return Schedule(steps, layouts, allocated, graph, in_place, stored_over)
+    return Schedule(steps, layouts, allocated, graph, in_place, stored_over, frees_inputs)
 
 
 def _step_reads(step, buffers) -> Iterable[str]:
@@ -538,13 +544,16 @@ def _views_of(steps: list, buffers) -> dict[str, set[str]]:
     return views
 
 
-def _with_frees(steps: list, graph: LoweredGraph, buffers) -> list:
-    """Insert a Free after the last reader of every intermediate buffer, or of the last
-    view of it an extern made (a buffer freed while a view of it lives would have its
-    memory taken over by a later buffer: the view would read that one's values)."""
+def _with_frees(steps: list, graph: LoweredGraph, buffers, frees_inputs: bool = False) -> list:
+    """Insert a Free after the last reader of every intermediate buffer (and input, with
+    `frees_inputs`), or of the last view of it an extern made (a buffer freed while a view
+    of it lives would have its memory taken over by a later buffer: the view would read
+    that one's values). An input's Free only drops the wrapper's reference: its memory is
+    never reused in the call (reuse takes allocated buffers alone), as the caller may hold it."""
     keep = {v.root for v in graph.outputs if isinstance(v, TensorValue)}
     keep |= {v.root for _, v in graph.mutated_inputs}
-    keep |= {n for n, b in buffers.items() if isinstance(b, ir.InputBuffer)}
+    if not frees_inputs:
+        keep |= {n for n, b in buffers.items() if isinstance(b, ir.InputBuffer)}
     last_use: dict[str, int] = {}
     for i, step in enumerate(steps):
         for name in list(_step_writes(step, buffers)) + list(_step_reads(step, buffers)):

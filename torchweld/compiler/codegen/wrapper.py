@@ -83,28 +83,41 @@ class WrapperRenderer:
     def emit(self, line: str) -> None:
         self.lines.append("    " + line)
 
-    def render(self, name: str, kernel_launch, check_alignment=(), stream_index: int | None = None) -> str:
+    def render(self, name: str, kernel_launch, check_alignment=(), stream_index: int | None = None,
+               boxed: bool = False) -> str:
         """Source of `def <name>(*inputs)`. `kernel_launch(kernel)` is a kernel's line (None: no work).
 
         With `check_alignment`, the function first hands the call to `call_jit`
         when one of those inputs is not 16-byte aligned; with `stream_index`, it
-        reads that device's current CUDA stream into `_stream` for the launches."""
+        reads that device's current CUDA stream into `_stream` for the launches.
+        `boxed`: `def <name>(inputs)`, taking the inputs in a list that it empties, so
+        that, where the caller keeps no other reference, each input's memory goes back at
+        its last reader (the schedule's frees_inputs) or at once if nothing reads it."""
         g = self.graph
         params = [n if n is not None else f"_unused{i}" for i, n in enumerate(g.input_names)]
-        self.lines = [f"def {name}({', '.join(params)}):"]
+        self.read = self.buffers_read()
+        if boxed:
+            self.lines = [f"def {name}(_inputs):"]
+            if params:
+                self.emit(f"{', '.join(params)}{',' if len(params) == 1 else ''} = _inputs")
+            self.emit("_inputs.clear()")
+        else:
+            self.lines = [f"def {name}({', '.join(params)}):"]
         if check_alignment:
             pointers = " | ".join(f"{n}.data_ptr()" for n in check_alignment)
             self.emit(f"if ({pointers}) & 15: return call_jit({', '.join(params)})")
+        unread = [p for p in params if p not in self.read] if boxed else []
+        if unread:
+            self.emit(f"del {', '.join(unread)}")
         if stream_index is not None:
             self.emit(f"_ensure_context({stream_index})")
             self.emit(f"_stream = _raw_stream({stream_index})")
         for name in params:
-            if name in self.sched.layouts:
+            if name in self.sched.layouts and name not in unread:
                 dtype, layout, _ = self.sched.layouts[name]
                 self.emit(f"if {name}.stride() != {layout.stride}: {name} = _restride({name}, {layout.shape}, {layout.stride})")
         for name in g.constants:
             self.constants[name] = g.constants[name]
-        self.read = self.buffers_read()
         allocated = set(self.sched.allocated)
         takes_over = self.reuse_plan()
         reused = set(takes_over.values())
