@@ -206,7 +206,8 @@ def test_the_written_specialization_of_an_unspecialized_argument(tmp_path, sourc
 
     dtypes, aligned, config = (torch.float32, torch.float32), (True, True), {"XBLOCK": 128, "RBLOCK": 1}
     ints = triton_launch.specialization_class(values, unspecialized)
-    written = triton_workers.written_specialization(params, dtypes, aligned, ints, config)
+    names = tuple(p for p, flag in zip(params[len(dtypes):], unspecialized) if flag)
+    written = triton_workers.written_specialization(params, dtypes, aligned, ints, config, names)
     if written is None:
         pytest.skip("this Triton's specialization format is not written by weld")
     fn = GeneratedKernel(source.replace("kernel(", f"kernel_{tmp_path.name}("), f"kernel_{tmp_path.name}")
@@ -362,5 +363,9 @@ def test_the_written_specialization_of_each_argument_kind(monkeypatch):
         (0,): divisible, (1,): [], (2,): divisible, (3,): divisible}
     assert dict(zip(map(tuple, data["constant_keys"]), data["constant_vals"])) == {(4,): 1024, (5,): 1}
     assert data["options"]["num_warps"] == 8 and "XBLOCK" not in data["options"]
+    unspecialized = json.loads(triton_workers.written_specialization(*args, ("xnumel",)))  # do_not_specialize
+    assert unspecialized["signature"] == data["signature"]
+    assert dict(zip(map(tuple, unspecialized["attrs_keys"]), unspecialized["attrs_vals"])) == {
+        (0,): divisible, (1,): [], (2,): divisible}
     assert triton_workers.written_specialization(params[:-1], *args[1:]) is None  # parameters that do not match
     assert triton_workers.written_specialization(params, (torch.complex64,) + args[1][1:], *args[2:]) is None

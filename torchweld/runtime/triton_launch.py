@@ -54,8 +54,9 @@ class CompileJob:
     """One kernel to compile: its source text (the dedupe key), its JIT function (a
     triton_loader.GeneratedKernel, which imports it when first used), the dtype and alignment
     of each pointer argument, the launch config (XBLOCK, RBLOCK, num_warps, ...), the device,
-    a value of each integer argument's specialization class (specialization_class), and the
-    names of the function's parameters (pointers, integers, then CONSTEXPRS)."""
+    a value of each integer argument's specialization class (specialization_class), the
+    names of the function's parameters (pointers, integers, then CONSTEXPRS), and those of
+    its integers under do_not_specialize."""
 
     source: str
     fn: object = dataclasses.field(compare=False, hash=False)
@@ -65,6 +66,7 @@ class CompileJob:
     device: torch.device
     ints: tuple = ()
     params: tuple = dataclasses.field(default=(), compare=False, hash=False)
+    unspecialized: tuple = dataclasses.field(default=(), compare=False, hash=False)  # do_not_specialize's names
 
     @property
     def key(self) -> tuple:
@@ -205,7 +207,7 @@ def _compile_in_worker(job: CompileJob) -> Future | None:
         with torch.cuda.device(job.device), timing.phase("weld.triton_compile.specialize"):
             target = triton_driver().get_current_target()
             data = triton_workers.written_specialization(job.params, job.arg_dtypes, job.aligned, job.ints,
-                                                         dict(job.config))
+                                                         dict(job.config), job.unspecialized)
             if data is None:
                 data = triton_workers.specialization_data(job.fn, _dummy_arguments(job), dict(job.config))
     except Exception as e:  # noqa: BLE001 - the thread compiles it as before

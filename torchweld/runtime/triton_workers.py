@@ -225,9 +225,11 @@ POINTER_TYPES = {"float32": "*fp32", "float16": "*fp16", "bfloat16": "*bf16", "f
 WRITTEN_FORMAT = ("3", "6")  # the Triton whose serialized specialization written_specialization writes
 
 
-def written_specialization(params: tuple, dtypes: tuple, aligned: tuple, ints: tuple, config: dict) -> str | None:
+def written_specialization(params: tuple, dtypes: tuple, aligned: tuple, ints: tuple, config: dict,
+                           unspecialized: tuple = ()) -> str | None:
     """The serialized specialization that Triton's JIT would make of a weld kernel called with
-    pointers of `dtypes` (16-byte `aligned` or not), then the integers `ints`, then the
+    pointers of `dtypes` (16-byte `aligned` or not), then the integers `ints` (those named in
+    `unspecialized` under the kernel's do_not_specialize: typed, with no attributes), then the
     constexprs of `config` (its other entries are compile options, num_warps...): what
     `specialization_data` finds by running the JIT, written here without importing the kernel's
     module or running Triton's JIT (whose first use in a process imported Triton's Gluon
@@ -251,6 +253,9 @@ def written_specialization(params: tuple, dtypes: tuple, aligned: tuple, ints: t
         signature[params[i]] = type_name
         attrs[i] = divisible if is_aligned else []  # the JIT lists every argument it does not make a constant
     for i, value in enumerate(ints, start=len(dtypes)):
+        if params[i] in unspecialized:
+            signature[params[i]] = "i32" if -2**31 <= value < 2**31 else "i64"
+            continue
         if value == 1:  # Triton makes an int of value 1 a constant
             signature[params[i]], constants[i] = "constexpr", 1
             continue

@@ -26,7 +26,7 @@ import torch
 
 from torchweld.compiler import ir
 from torchweld.compiler.codegen.triton import (int_classes, kernel_params, launch_candidates, launch_config, runtime_ints,
-                                               tune_launch)
+                                               tune_launch, unspecialized_params)
 from torchweld.compiler.schedule import Kernel, Schedule
 from torchweld.runtime import triton_launch
 
@@ -88,7 +88,7 @@ class TritonCompile:
                 entry.fn.src, entry.fn, tuple(sched.layouts[a][0] for a in entry.args),
                 tuple(_aligned(a, sched) for a in entry.args), tuple(sorted(entry.config.items())),
                 entry.kernel.device, int_classes(entry.kernel),
-                kernel_params(entry.kernel))
+                kernel_params(entry.kernel), unspecialized_params(entry.kernel))
         return entry.job
 
     def finish(self) -> TritonLaunches:
@@ -165,7 +165,8 @@ def _precompile_candidates(entries: list[_Kernel], sched: Schedule) -> None:
         ints = int_classes(e.kernel)
         for config in launch_candidates(e.kernel):
             jobs.append(triton_launch.CompileJob(e.fn.src, e.fn, dtypes, aligned, tuple(sorted(config.items())),
-                                                 e.kernel.device, ints, kernel_params(e.kernel)))
+                                                 e.kernel.device, ints, kernel_params(e.kernel),
+                                                 unspecialized_params(e.kernel)))
     for job, future in zip(jobs, triton_launch.submit_kernels(jobs)):
         try:
             future.result()
