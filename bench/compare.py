@@ -237,6 +237,7 @@ def _cuda_run(make_compiled, make, train: bool, iters: int):
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()  # what earlier rows left: not this variant's
     model, args = make()
     t0 = time.perf_counter()
     compiled = make_compiled(model)
@@ -254,7 +255,7 @@ def _cuda_run(make_compiled, make, train: bool, iters: int):
             out = fn(*args)
         torch.cuda.synchronize()
         ms = (time.perf_counter() - t0) / iters * 1e3
-    peak = torch.cuda.max_memory_allocated() / 2 ** 20
+    peak = (torch.cuda.max_memory_allocated() - before) / 2 ** 20
     out = out.detach().float().clone() if isinstance(out, torch.Tensor) else out
     return ms, cold, peak, out
 
@@ -264,7 +265,8 @@ def cuda_mode_rows(q: bool, modes=("reduce-overhead", "max-autotune")):
         print("no CUDA: the reduce-overhead / max-autotune rows need a GPU")
         return
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}; cold = first 3 calls "
-          "(compile, warm-up, CUDA-graph recording); peak = max_memory_allocated")
+          "(compile, warm-up, CUDA-graph recording); peak = max_memory_allocated over what was "
+          "allocated before the row")
     header = f"{'case':28s} {'mode':22s} {'variant':10s} {'ms':>9s} {'x eager':>8s} {'cold s':>8s} " \
              f"{'peak MiB':>9s} {'max |diff|':>10s}"
     print(header)
@@ -360,10 +362,11 @@ class SavedActivations:
         return sum(self.storages.values()) / 2 ** 20
 
 
-def _train_setup(model, batch, loss_fn, compiled, device: str, compile_step=None):
+def _train_setup(model, batch, loss_fn, compiled, device: str, compile_step=None, before: int = 0):
     """(step, first step s, saved MiB, peak MiB or nan, first loss): the step run once cold and
     three times warm. With `compile_step`, the step function is compiled by it (the model is
-    then `compiled` uncompiled)."""
+    then `compiled` uncompiled). The peak counts from `before`, the bytes allocated before this
+    variant's copy of the model: the variants run before it keep their models and Adam states."""
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
 
     def step(x, y):
@@ -391,7 +394,7 @@ def _train_setup(model, batch, loss_fn, compiled, device: str, compile_step=None
     for _ in range(3):
         step(*batch)
     sync()
-    peak = torch.cuda.max_memory_allocated() / 2 ** 20 if device == "cuda" else float("nan")
+    peak = (torch.cuda.max_memory_allocated() - before) / 2 ** 20 if device == "cuda" else float("nan")
     return step, cold, saved.mib, peak, first_loss
 
 
@@ -399,7 +402,8 @@ def training_rows(q: bool, whole_step: bool = False, mode: str | None = None):
     device = "cuda" if torch.cuda.is_available() else "cpu"
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {device}; a step = zero_grad, "
           "forward, loss, backward, Adam; cold = first step incl. compile; saved = activations kept for "
-          "backward (saved_tensors_hooks, parameters excluded); peak = max_memory_allocated (CUDA)")
+          "backward (saved_tensors_hooks, parameters excluded); peak = max_memory_allocated (CUDA) over "
+          "what was allocated before the variant's copy of the model")
     header = f"{'case':28s} {'variant':10s} {'ms/step':>9s} {'x eager':>8s} {'cold s':>8s} {'saved MiB':>10s} " \
              f"{'peak MiB':>9s} {'loss diff':>10s}"
     print(header)
@@ -423,11 +427,13 @@ def training_rows(q: bool, whole_step: bool = False, mode: str | None = None):
         # all of them timed in turns (compare.steady), so load swings hit every variant alike
         runs = {}
         for variant, make_compiled in selected(variants):
+            before = torch.cuda.memory_allocated() if device == "cuda" else 0
             model = copy.deepcopy(base)
             with tempfile.TemporaryDirectory() as tmp, config.patch(cache_dir=tmp):
                 try:
                     compile_step = step_compilers.get(variant) if whole_step else None
-                    runs[variant] = _train_setup(model, batch, loss_fn, make_compiled(model), device, compile_step)
+                    runs[variant] = _train_setup(model, batch, loss_fn, make_compiled(model), device, compile_step,
+                                                 before)
                 except Exception as e:  # noqa: BLE001 - one failing row should not end the bench
                     print(f"{name:28s} {variant:10s} failed: {type(e).__name__}: {e}"[:200])
         sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
