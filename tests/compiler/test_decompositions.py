@@ -76,3 +76,40 @@ def test_batch_norm_with_running_statistics(dtype, device, affine):
             tol = {} if atol is None else {"atol": atol, "rtol": rtol}
             torch.testing.assert_close(traced.gm(x)[0], gm(x), **tol)
             check(gm, [x], atol=atol, rtol=rtol)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("shape", [(4, 3), (4, 3, 5), (2, 3, 4, 5), (2, 3, 2, 3, 2)])
+@pytest.mark.parametrize("affine,running", [(True, True), (False, True), (True, False)])
+def test_training_batch_norm_and_its_backward_match_torchs_decompositions(device, dtype, shape, affine, running):
+    """The batch's statistics, the running statistics' update and the three gradients, as
+    torch's decompositions compute them (the same arithmetic in fewer ops), for every rank,
+    without weight and bias, without running statistics, and in half precision."""
+    from torch._decomp import get_decompositions
+
+    from torchweld.compiler import decompositions
+
+    torch_ = get_decompositions([aten.native_batch_norm.default, aten.native_batch_norm_backward.default])
+    c = shape[1]
+    x = torch.randn(shape, device=device).to(dtype)
+    weight, bias = (torch.rand(c, device=device) + 0.5, torch.randn(c, device=device)) if affine else (None, None)
+    stats = (torch.randn(c, device=device), torch.rand(c, device=device) + 0.5) if running else (None, None)
+    ours_stats = [s.clone() if s is not None else None for s in stats]
+    ours = decompositions.native_batch_norm(x, weight, bias, *ours_stats, True, 0.1, 1e-5)
+    expected = torch_[aten.native_batch_norm.default](x, weight, bias, *stats, True, 0.1, 1e-5)
+    atol, rtol = tolerances(dtype)
+    for got, want in [*zip(ours, expected), *zip(ours_stats, stats)]:
+        if want is not None:
+            assert got.dtype == want.dtype and got.shape == want.shape
+            torch.testing.assert_close(got, want, atol=atol, rtol=rtol)
+    grad = torch.randn_like(x)
+    _, mean, invstd = expected
+    for mask in ([True, True, True], [True, False, False]):
+        args = (grad, x, weight, *stats, mean, invstd, True, 1e-5, mask)
+        for got, want in zip(decompositions.native_batch_norm_backward(*args),
+                             torch_[aten.native_batch_norm_backward.default](*args)):
+            assert (got is None) == (want is None)
+            if want is not None:
+                assert got.dtype == want.dtype
+                torch.testing.assert_close(got, want, atol=atol, rtol=rtol)

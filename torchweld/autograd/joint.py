@@ -15,6 +15,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.nn.utils.stateless import _reparametrize_module
 
 from torchweld.autograd.functionalize import functionalize
+from torchweld.compiler import decompositions
 from torchweld.compiler.aten_graph import DECOMPOSITIONS
 from torchweld.compiler.aten_trace import AtenRecorder
 from torchweld.fake_tensors import fake_copy
@@ -39,7 +40,7 @@ BACKWARD_DECOMPOSITIONS = get_decompositions([
     aten.nll_loss_backward,
     aten.mse_loss_backward,
 ])
-JOINT_DECOMPOSITIONS = {**DECOMPOSITIONS, **BACKWARD_DECOMPOSITIONS}
+JOINT_DECOMPOSITIONS = {**DECOMPOSITIONS, **BACKWARD_DECOMPOSITIONS, **decompositions.OWN_BACKWARD}
 
 
 @dataclasses.dataclass

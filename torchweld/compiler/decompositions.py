@@ -10,7 +10,8 @@ whole weld folds the two back into one aten.addmm (lowering.fold_addmm). It also
 the two multiplications by 1 torch's traces for alpha and beta: a 12-layer GPT-2's aten graph
 traced in 0.38-0.40 s instead of 0.46 on the development CPU.
 
-Batch norm in inference (running statistics): see `_normalized`.
+Batch norm in inference (running statistics): see `_normalized`. In training: see
+`_batch_norm_training` and `native_batch_norm_backward`.
 """
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ from torch._decomp import get_decompositions
 
 aten = torch.ops.aten
 
-_TORCH = get_decompositions([aten.addmm.default, aten.native_batch_norm.default, aten.cudnn_batch_norm.default])
+_TORCH = get_decompositions([aten.addmm.default, aten.native_batch_norm.default, aten.cudnn_batch_norm.default,
+                             aten.native_batch_norm_backward.default])
 
 
 def addmm(self, mat1, mat2, *, beta=1, alpha=1):
@@ -49,8 +51,76 @@ def _normalized(x, weight, bias, mean, var, eps: float):
     return out.to(x.dtype), mean, invstd
 
 
+def _opmath(dtype: torch.dtype) -> torch.dtype:
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def _batch_norm_training(x, weight, bias, running_mean, running_var, momentum: float, eps: float):
+    """Batch norm over the batch's statistics: (out, mean, invstd) per channel (dim 1), the
+    running statistics updated in place (functionalization makes that an output). The same
+    arithmetic as torch's decomposition (native_batch_norm_helper) in fewer ops: the mean
+    once (torch's var_mean takes it twice), views instead of squeezes and unsqueezes."""
+    opmath = _opmath(x.dtype)
+    dims = [0] + list(range(2, x.dim()))
+    shape = [1, -1] + [1] * (x.dim() - 2)
+    n = x.numel() / x.shape[1]
+    xc = x.to(opmath)
+    mean = aten.sum.dim_IntList(xc, dims, True) / n
+    centered = xc - mean  # computed again below: one node read by the reduction and the output would be stored
+    var = aten.sum.dim_IntList(centered * centered, dims, True) / n
+    invstd = torch.rsqrt(var + eps)
+    out = (xc - mean) * invstd
+    if weight is not None:
+        out = out * weight.view(shape)
+    if bias is not None:
+        out = out + bias.view(shape)
+    save_mean, save_invstd = mean.view(-1), invstd.view(-1)
+    if running_mean is not None:
+        running_mean.copy_(momentum * save_mean + (1 - momentum) * running_mean)
+    if running_var is not None:
+        running_var.copy_(momentum * (var.view(-1) * (n / (n - 1))) + (1 - momentum) * running_var)
+    if x.device.type == "cpu":  # aten's CPU kernel returns the statistics in the input's dtype
+        save_mean, save_invstd = save_mean.to(x.dtype), save_invstd.to(x.dtype)
+    return out.to(x.dtype), save_mean, save_invstd
+
+
+def native_batch_norm_backward(grad_out, x, weight, running_mean, running_var, save_mean, save_invstd,
+                               train, eps, output_mask):
+    """(grad_input, grad_weight, grad_bias) of batch norm over the batch's statistics, with
+    torch's decomposition's arithmetic in fewer ops (views for its unsqueezes); torch's
+    outside training."""
+    if not train or save_mean is None or save_invstd is None:
+        return _TORCH[aten.native_batch_norm_backward.default](
+            grad_out, x, weight, running_mean, running_var, save_mean, save_invstd, train, eps, output_mask)
+    input_dtype, opmath = x.dtype, _opmath(x.dtype)
+    dims = [0] + list(range(2, x.dim()))
+    shape = [1, -1] + [1] * (x.dim() - 2)
+    norm = 1.0 / (x.numel() / x.shape[1])
+    g = grad_out.to(opmath)
+    invstd = save_invstd.to(opmath)
+    x, mean = x.to(opmath), save_mean.to(opmath).view(shape)
+    grad_sum = aten.sum.dim_IntList(g, dims)
+    dot = aten.sum.dim_IntList(g * (x - mean), dims)  # x - mean again below (one node would be stored)
+    grad_mean = (grad_sum * norm).view(shape)
+    proj_scale = ((dot * norm) * (invstd * invstd)).view(shape)
+    grad_scale = (invstd * weight.to(opmath) if weight is not None else invstd * 1.0).view(shape)
+    grad_input = ((g - (x - mean) * proj_scale) - grad_mean) * grad_scale
+    weight_dtype = weight.dtype if weight is not None else input_dtype
+    grad_weight = (dot * invstd).to(weight_dtype) if output_mask[1] else None
+    grad_bias = grad_sum.to(weight_dtype) if output_mask[2] else None
+    return grad_input.to(input_dtype), grad_weight, grad_bias
+
+
+def cudnn_batch_norm_backward(x, grad_out, weight, running_mean, running_var, save_mean, save_var, eps, reserve):
+    # cuDNN's saved "var" is the inverse standard deviation
+    return native_batch_norm_backward(grad_out, x, weight, running_mean, running_var, save_mean, save_var, True,
+                                      eps, [True, True, True])
+
+
 def native_batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps):
-    if training or running_mean is None or running_var is None:
+    if training:
+        return _batch_norm_training(x, weight, bias, running_mean, running_var, momentum, eps)
+    if running_mean is None or running_var is None:
         return _TORCH[aten.native_batch_norm.default](x, weight, bias, running_mean, running_var, training,
                                                       momentum, eps)
     out, mean, invstd = _normalized(x, weight, bias, running_mean, running_var, eps)
@@ -64,12 +134,21 @@ def native_batch_norm_no_training(x, weight, bias, running_mean, running_var, mo
 
 
 def cudnn_batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps):
-    if training or running_mean is None or running_var is None:
+    if training:
+        out, mean, invstd = _batch_norm_training(x, weight, bias, running_mean, running_var, momentum, eps)
+        return out, mean, invstd, x.new_zeros((0,), dtype=torch.uint8)
+    if running_mean is None or running_var is None:
         return _TORCH[aten.cudnn_batch_norm.default](x, weight, bias, running_mean, running_var, training,
                                                      momentum, eps)
     out, _, _ = _normalized(x, weight, bias, running_mean, running_var, eps)
     return out, weight.new_zeros((0,)), weight.new_zeros((0,)), x.new_zeros((0,), dtype=torch.uint8)
 
+
+# backward ops, for the joint trace (autograd/joint.py)
+OWN_BACKWARD = {
+    aten.native_batch_norm_backward.default: native_batch_norm_backward,
+    aten.cudnn_batch_norm_backward.default: cudnn_batch_norm_backward,
+}
 
 OWN = {
     aten.addmm.default: addmm,
