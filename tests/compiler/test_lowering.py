@@ -223,3 +223,29 @@ def test_an_extern_returning_numbers_and_none_among_its_tensors():
     x = torch.randn(5, 3)
     compiled = check(fn, [x])
     assert compiled.externs == ["torchweld_test.scaled_and_count.default"]
+
+
+def test_dense_layouts_as_torch_judges_them():
+    """meta_layout's own test of a dense layout (torch's took 88 us on a channels-last shape)
+    agrees with torch's on permuted, sliced, expanded, size-1 and empty tensors."""
+    import random
+
+    from torch._prims_common import is_non_overlapping_and_dense_or_false
+
+    from torchweld.compiler.lowering import non_overlapping_and_dense
+
+    rng = random.Random(0)
+    for _ in range(500):
+        shape = tuple(rng.choice([0, 1, 1, 2, 3, 4]) for _ in range(rng.randrange(5)))
+        base = torch.empty(shape)
+        perm = list(range(len(shape)))
+        rng.shuffle(perm)
+        tensors = [base, base.permute(perm)]
+        if len(shape) == 4:
+            tensors.append(base.contiguous(memory_format=torch.channels_last))
+        if shape and shape[0] > 1:
+            tensors.append(base[::2])
+        if len(shape) >= 2:
+            tensors.append(torch.empty(shape[0], 1, *shape[1:]).expand(shape[0], 3, *shape[1:]))
+        for t in tensors:
+            assert non_overlapping_and_dense(tuple(t.shape), t.stride()) == is_non_overlapping_and_dense_or_false(t)

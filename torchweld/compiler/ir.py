@@ -141,6 +141,8 @@ class Expr:
     args: tuple["Expr", ...] = ()
     arg: object = None
     _key: tuple | None = dataclasses.field(default=None, init=False, repr=False)  # key(), once computed
+    _loads: tuple | None = dataclasses.field(default=None, init=False, repr=False)  # loads(), once computed
+    _variables: frozenset | None = dataclasses.field(default=None, init=False, repr=False)  # variables()
 
     def __repr__(self) -> str:
         if self.op is Op.CONST or self.op is Op.VAR:
@@ -337,7 +339,7 @@ def linear_coefficient(e: Expr, name: str) -> int | None:
             if inner is None:
                 return None
             total += inner * c
-        elif any(n.op is Op.VAR and n.arg == name for n in walk(t)):
+        elif name in variables(t):
             return None
     return total
 
@@ -451,7 +453,35 @@ def walk(e: Expr) -> Iterable[Expr]:
 
 
 def loads(e: Expr) -> list[Expr]:
-    return [n for n in walk(e) if n.op is Op.LOAD]
+    """The LOAD nodes of `e`, each once, in walk's order; kept on each node (expressions are
+    immutable and share subtrees, and the scheduler and the renderers ask again and again:
+    resnet50's training graphs asked 9,500 times, each a walk of the whole tree)."""
+    found = e._loads
+    if found is None:
+        seen: set[int] = set()
+        collected = []
+        for a in reversed(e.args):  # walk visits the last argument's subtree first
+            for n in loads(a):
+                if id(n) not in seen:
+                    seen.add(id(n))
+                    collected.append(n)
+        if e.op is Op.LOAD:
+            collected.append(e)
+        found = tuple(collected)
+        object.__setattr__(e, "_loads", found)
+    return list(found)
+
+
+def variables(e: Expr) -> frozenset:
+    """The names of the index variables (VAR nodes) in `e`, kept on each node as loads() is."""
+    found = e._variables
+    if found is None:
+        if e.op is Op.VAR:
+            found = frozenset((e.arg,))
+        else:
+            found = frozenset().union(*map(variables, e.args)) if e.args else frozenset()
+        object.__setattr__(e, "_variables", found)
+    return found
 
 
 # =============================================================================

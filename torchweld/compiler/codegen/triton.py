@@ -74,7 +74,7 @@ def _size_generic(kernel: Kernel) -> bool:
     coalesced = coalesce_indices(kernel)
     exprs = [st.index for st in coalesced.outer_stores] + _values(coalesced)
     exprs += [st.index for stage in coalesced.stages for st in stage.stores]
-    return not any(n.op is Op.VAR and n.arg != "xindex" for e in exprs for n in ir.walk(e))
+    return all(ir.variables(e) <= {"xindex"} for e in exprs)
 
 
 def kernel_params(kernel: Kernel) -> tuple[str, ...]:
