@@ -90,7 +90,7 @@ class WrapperRenderer:
         With `check_alignment`, the function first hands the call to `call_jit`
         when one of those inputs is not 16-byte aligned; with `stream_index`, it
         reads that device's current CUDA stream into `_stream` for the launches.
-        `boxed`: `def <name>(inputs)`, taking the inputs in a list that it empties, so
+        `boxed`: `def <name>(_inputs)`, taking the inputs in a list that it empties, so
         that, where the caller keeps no other reference, each input's memory goes back at
         its last reader (the schedule's frees_inputs) or at once if nothing reads it."""
         g = self.graph
