@@ -281,6 +281,18 @@ def test_backward_with_retain_graph_runs_twice():
         out.backward()
 
 
+def test_a_backward_run_as_aten_ops_takes_its_inputs_in_the_list_too():
+    """options={"training_codegen": False}: the partitioned graphs run their aten ops eagerly,
+    a backward that takes its inputs positionally; gradients still equal eager's."""
+    model = CNN()
+    reference = copy.deepcopy(model)
+    compiled = torchweld.compile(model, backend="weld", options={"training_codegen": False})
+    x = torch.randn(2, 3, 12, 12)
+    compiled(x).square().sum().backward()
+    reference(x).square().sum().backward()
+    assert_same_training_state(model, reference)
+
+
 def test_save_all_and_min_cut_agree():
     model = Block()
     x = torch.randn(2, 8, 32, requires_grad=True)

@@ -32,7 +32,7 @@ class TrainingGraph:
     grad_primals: list[int]
     saved: list[tuple[str, int]]
     write_back: Callable[[list, list], None]  # (mutated primals, new values): runtime/write_back.py
-    backward: Callable | None = None
+    backward: Callable | None = None  # [*saved, *tangents] -> grads, emptying the list (_boxed)
 
     def __post_init__(self) -> None:
         # worked out once, not per call: which saved values are primals that the write-back
@@ -74,19 +74,32 @@ class CompiledFunction(torch.autograd.Function):
         tangents = [_dense(grad_outputs[i]) for i in graph.diff_outputs]
         args = [*ctx.saved_tensors, *tangents]
         if graph.backward is None:
-            graph.backward = graph.compile_backward(args)
+            graph.backward = _boxed(graph.compile_backward(args))
         # ctx lets go of the saved tensors (unless retain_graph) and the compiled backward
         # empties `args`: each saved activation is freed after its last reader, as eager's
         # autograd frees it after its node (resnet50's step peaked ~750 MiB higher otherwise)
-        release = getattr(ctx, "maybe_clear_saved_tensors", None)
-        if release is not None:
-            release()
-        call_boxed = getattr(graph.backward, "call_boxed", None)
-        grads = list(call_boxed(args) if call_boxed is not None else graph.backward(*args))
+        ctx.maybe_clear_saved_tensors()
+        grads = list(graph.backward(args))
         result = [None] * (len(ctx.needs_input_grad) - 1)
         for i, g in zip(graph.grad_primals, grads):
             result[i] = g
         return (None, *result)
+
+
+def _boxed(backward: Callable) -> Callable[[list], object]:
+    """The compiled backward as a callable of one list of inputs, which it empties: weld's
+    compiled graph frees each input after its last reader (CompiledGraph.call_boxed); a
+    CUDA-graph replay or an aten graph run eagerly takes them positionally."""
+    call_boxed = getattr(backward, "call_boxed", None)
+    if call_boxed is not None:
+        return call_boxed
+
+    def call(args: list):
+        inputs = tuple(args)
+        args.clear()
+        return backward(*inputs)
+
+    return call
 
 
 def _dense(t: torch.Tensor) -> torch.Tensor:

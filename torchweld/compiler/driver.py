@@ -37,22 +37,22 @@ class CompiledGraph:
     kernel_sources: dict[str, str]  # "cpp" / "triton" -> source
     paths: dict[str, str | list[str]]  # "cpp" -> its source file; "triton" -> one file per kernel function
     hoisted: HoistedConstants | None = None  # constant work done once (constant_folding.py)
+    # the wrapper taking its inputs in a list it empties, where the schedule frees inputs
+    fn_boxed: object = None
 
     def __call__(self, *args):
         self.refresh_constants()
-        outputs = self.fn(list(args)) if self.schedule.frees_inputs else self.fn(*args)
-        return pytree.tree_unflatten(list(outputs), self.out_spec)
+        return pytree.tree_unflatten(list(self.fn(*args)), self.out_spec)
 
     def call_boxed(self, args: list):
         """The outputs for the inputs in `args`, which it empties: with the schedule's
         frees_inputs, an input nothing else holds goes back at its last reader."""
-        self.refresh_constants()
-        if self.schedule.frees_inputs:
-            outputs = self.fn(args)
-        else:
-            outputs = self.fn(*args)
+        if self.fn_boxed is None:
+            outputs = self(*args)
             args.clear()
-        return pytree.tree_unflatten(list(outputs), self.out_spec)
+            return outputs
+        self.refresh_constants()
+        return pytree.tree_unflatten(list(self.fn_boxed(args)), self.out_spec)
 
     def refresh_constants(self) -> None:
         """Recompute the hoisted constants if a parameter they come from changed (before a CUDA graph replay)."""
@@ -188,12 +188,15 @@ def _codegen(sched: Schedule, out_spec, options: dict, handed_over: Callable[[],
 
     wrapper = WrapperRenderer(sched)
     wrapper_source = PRELUDE
+    entry = "call_boxed" if sched.frees_inputs else "call"
     if fast_launches:  # the JIT launches run when an input is misaligned for the compiled kernels
         wrapper_source += wrapper.render("call_jit", lambda k: launches.get(k.name)) + "\n" + wrapper.render(
-            "call", lambda k: fast_launches.get(k.name) or launches.get(k.name),
+            entry, lambda k: fast_launches.get(k.name) or launches.get(k.name),
             check_alignment=checked_inputs, stream_index=stream_index, boxed=sched.frees_inputs)
     else:
-        wrapper_source += wrapper.render("call", lambda k: launches.get(k.name), boxed=sched.frees_inputs)
+        wrapper_source += wrapper.render(entry, lambda k: launches.get(k.name), boxed=sched.frees_inputs)
+    if sched.frees_inputs:  # called with positional inputs (tools, tests), it frees nothing the caller holds
+        wrapper_source += "\ndef call(*inputs):\n    return call_boxed(list(inputs))\n"
     wrapper_path = write_once(os.path.join(cache_dir("wrappers"), f"w{content_hash(wrapper_source)}.py"),
                               wrapper_source)
     paths["wrapper"] = wrapper_path
@@ -207,4 +210,5 @@ def _codegen(sched: Schedule, out_spec, options: dict, handed_over: Callable[[],
         for kind, src in sources.items():
             text += [f"{kind} kernels: {paths[kind]}", src]
         output_code_log.info("\n".join(text))
-    return CompiledGraph(namespace["call"], out_spec, sched, wrapper_source, sources, paths)
+    return CompiledGraph(namespace["call"], out_spec, sched, wrapper_source, sources, paths,
+                         fn_boxed=namespace.get("call_boxed"))
