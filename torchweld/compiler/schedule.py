@@ -103,6 +103,40 @@ class Schedule:
         return [s for s in self.steps if isinstance(s, Kernel)]
 
 
+def structure(kernel: Kernel) -> tuple:
+    """What `kernel` computes, with its buffers named by their place in `args` and its
+    reductions by their place in its stages: kernels with equal structures (one block of a
+    network repeated, its buffers named apart) differ only in the names of their arguments,
+    so a renderer's text for one is the other's. Each distinct subexpression is numbered in
+    the order a walk first meets it, and the structure lists them (op, dtype, arg, argument
+    numbers): its size is the expressions', however much they share."""
+    position = {name: i for i, name in enumerate(kernel.args)}
+    accumulator = {acc.name: (s, r) for s, stage in enumerate(kernel.stages) for r, acc in enumerate(stage.reductions)}
+    nodes: dict[tuple, int] = {}  # (op, dtype, arg, argument numbers) -> number
+    numbered: dict[int, tuple[Expr, int]] = {}  # id(expression) -> (expression, number)
+
+    def number(e: Expr) -> int:
+        got = numbered.get(id(e))
+        if got is not None:
+            return got[1]
+        arg = e.arg
+        if e.op is Op.LOAD or e.op is Op.MASKED_LOAD:
+            arg = position[arg]
+        elif e.op is Op.REDUCED:
+            arg = accumulator[arg]
+        n = nodes.setdefault((e.op, e.dtype, arg, tuple([number(a) for a in e.args])), len(nodes))
+        numbered[id(e)] = (e, n)
+        return n
+
+    def store(st: Store) -> tuple:
+        return position[st.buffer], number(st.index), number(st.value)
+
+    stages = tuple((tuple((a.reduce_op, a.dtype, number(a.value)) for a in stage.reductions),
+                    tuple(store(st) for st in stage.stores)) for stage in kernel.stages)
+    outer_stores = tuple(store(st) for st in kernel.outer_stores)
+    return kernel.device.type, kernel.outer, kernel.reduced, len(kernel.args), stages, outer_stores, tuple(nodes)
+
+
 def map_exprs(kernel: Kernel, value, index=lambda e: e) -> Kernel:
     """`kernel` with `value(e)` for every accumulated or stored value and `index(e)` for every store offset."""
     def store(st: Store) -> Store:
@@ -563,12 +597,15 @@ def _with_frees(steps: list, graph: LoweredGraph, buffers, frees_inputs: bool = 
             last_use[base] = max(last_use[base], last_use[view])
             if view in keep:
                 keep.add(base)
+    dying: dict[int, list[str]] = {}  # step -> the buffers it is the last to use, in last_use's order
+    for name, last in last_use.items():
+        if name not in keep:
+            dying.setdefault(last, []).append(name)
     out = []
     for i, step in enumerate(steps):
         out.append(step)
-        dead = tuple(n for n, last in last_use.items() if last == i and n not in keep)
-        if dead:
-            out.append(Free(dead))
+        if i in dying:
+            out.append(Free(tuple(dying[i])))
     return out
 
 

@@ -13,7 +13,7 @@ from torchweld.compiler import ir
 from torchweld.compiler.codegen import size_args
 from torchweld.compiler.codegen.common import C_LIKE_OPS, KernelRenderer, Scope
 from torchweld.compiler.ir import Expr, Op
-from torchweld.compiler.schedule import Kernel, Stage, map_exprs
+from torchweld.compiler.schedule import Kernel, Stage, map_exprs, structure
 from torchweld.runtime.triton_launch import CONSTEXPRS, specialization_class
 
 HALF_TYPES = (torch.float16, torch.bfloat16)
@@ -687,15 +687,23 @@ class TritonRenderer(KernelRenderer):
         self.buffer_dtypes = buffer_dtypes
         families: dict[str, set[str]] = {}  # a function's text with its integers elided -> its first texts
         done: set[str] = set()
+        rendered: dict[tuple, tuple[str, size_args.SizeArgs | None]] = {}  # schedule.structure -> (text, sizes)
         for kernel in kernels:
-            text = self.function_text(kernel)
-            if config.size_generic_kernels and not size_generic(kernel) and not needs_int64(kernel):
-                family = families.setdefault(INTEGER.sub("N", text), set())
-                if len(family) < LITERAL_FAMILY_MEMBERS or text in family:
-                    family.add(text)
-                elif (sizes := size_args.parameterized(prepared(kernel))) is not None:
+            shape = structure(kernel)
+            if shape in rendered:  # the same kernel as an earlier one but for its buffers' names
+                text, sizes = rendered[shape]
+                if sizes is not None:
                     size_args.choose(kernel, sizes)
-                    text = self.function_text(kernel, sizes)
+            else:
+                text, sizes = self.function_text(kernel), None
+                if config.size_generic_kernels and not size_generic(kernel) and not needs_int64(kernel):
+                    family = families.setdefault(INTEGER.sub("N", text), set())
+                    if len(family) < LITERAL_FAMILY_MEMBERS or text in family:
+                        family.add(text)
+                    elif (sizes := size_args.parameterized(prepared(kernel))) is not None:
+                        size_args.choose(kernel, sizes)
+                        text = self.function_text(kernel, sizes)
+                rendered[shape] = text, sizes
             name = f"k_{content_hash(text)[:20]}"
             if name in done:
                 yield kernel, name, None
