@@ -344,8 +344,11 @@ def test_compile_trace_shows_each_phase_on_its_thread(tmp_path):
         x = torch.randn(4, 8)
         model = nn.Sequential(nn.Linear(8, 8), nn.GELU())
         torch.testing.assert_close(torchweld.compile(model, backend="weld")(x), model(x))
+        timing.record("weld.triton_compile.workers.kernel", 0.25, "kernel_0")  # as a worker's reply is recorded
         timing.write_trace()
     events = json.loads(path.read_text())["traceEvents"]
+    [worker] = [e for e in events if e["name"] == "weld.triton_compile.workers.kernel"]
+    assert worker["args"] == {"detail": "kernel_0"} and worker["dur"] == 0.25e6
     spans = {e["name"]: e for e in events if e["ph"] == "X"}
     assert {"capture", "backend", "weld.lower", "weld.schedule"} <= set(spans)
     capture, lower = spans["capture"], spans["weld.lower"]  # nested phases lie inside their parent

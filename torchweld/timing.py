@@ -26,7 +26,7 @@ from torchweld import config, logs
 
 _lock = threading.Lock()
 _totals: dict[str, list] = {}  # phase -> [calls, seconds], in the order phases were first seen
-_events: list[tuple[str, str, float, float]] = []  # (phase, thread, start, seconds) while config.compile_trace
+_events: list[tuple[str, str, float, float, str | None]] = []  # (phase, thread, start, seconds, detail) while config.compile_trace
 
 
 @contextlib.contextmanager
@@ -40,15 +40,16 @@ def phase(name: str) -> Iterator[None]:
         record(name, time.perf_counter() - start)
 
 
-def record(name: str, seconds: float) -> None:
+def record(name: str, seconds: float, detail: str | None = None) -> None:
     """Add one call of `seconds`, ending now, to phase `name` (also for time measured
-    elsewhere, in a worker process)."""
+    elsewhere, in a worker process); `detail` (what the call worked on, a kernel's name)
+    goes into the compile trace alone."""
     with _lock:
         row = _totals.setdefault(name, [0, 0.0])
         row[0] += 1
         row[1] += seconds
         if config.compile_trace:
-            _events.append((name, threading.current_thread().name, time.perf_counter() - seconds, seconds))
+            _events.append((name, threading.current_thread().name, time.perf_counter() - seconds, seconds, detail))
 
 
 def write_trace(path: str | None = None) -> None:
@@ -59,10 +60,11 @@ def write_trace(path: str | None = None) -> None:
         return
     with _lock:
         events = list(_events)
-    origin = min((start for _, _, start, _ in events), default=0.0)
-    threads = {thread: i for i, thread in enumerate(dict.fromkeys(t for _, t, _, _ in events))}
+    origin = min((event[2] for event in events), default=0.0)
+    threads = {thread: i for i, thread in enumerate(dict.fromkeys(event[1] for event in events))}
     trace = [{"name": name, "ph": "X", "pid": 0, "tid": threads[thread], "ts": (start - origin) * 1e6,
-              "dur": seconds * 1e6} for name, thread, start, seconds in events]
+              "dur": seconds * 1e6, **({"args": {"detail": detail}} if detail else {})}
+             for name, thread, start, seconds, detail in events]
     trace += [{"name": "thread_name", "ph": "M", "pid": 0, "tid": i, "args": {"name": thread}}
               for thread, i in threads.items()]
     with open(path, "w") as f:

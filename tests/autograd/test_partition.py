@@ -178,3 +178,60 @@ def test_what_a_backward_matmul_reads_is_saved_not_recomputed():
     torch.testing.assert_close(outs[0], expected)
     for got, want in zip(grads, torch.autograd.grad(expected, [x, w1, w2], tangent)):
         torch.testing.assert_close(got, want)
+
+
+def gelu_layers(x, w1, w2, w3):
+    for w in (w1, w2, w3):
+        x = torch.nn.functional.gelu(x @ w)
+    return x
+
+
+def test_what_only_the_backward_needs_is_computed_beside_its_inputs():
+    """The cut saves GELU's derivative instead of its input: ops of the backward that the
+    forward now runs. They run just after their inputs, where the kernel computing GELU reads
+    the same input, not at the forward's end (which held every layer's input until then,
+    and fused the layers' derivatives into one kernel)."""
+    x = torch.randn(8, 16, requires_grad=True)
+    weights = [nn.Parameter(torch.randn(16, 16) / 4) for _ in range(3)]
+    joint = joint_of(gelu_layers, x, *weights)
+    part = partition(joint, "min_cut")
+    nodes = list(part.forward.graph.nodes)
+    output = nodes[-1]
+    needed, stack = set(), [o for o in output.args[0][:joint.num_outputs] if isinstance(o, torch.fx.Node)]
+    while stack:
+        n = stack.pop()
+        if n not in needed:
+            needed.add(n)
+            stack.extend(n.all_input_nodes)
+    moved = [n for n in nodes if n.op == "call_function" and n not in needed and n.all_input_nodes]
+    assert len(moved) >= 3 * 5, [n.name for n in moved]  # each layer's erf, exp and their arithmetic
+    position = {n: i for i, n in enumerate(nodes)}
+    for n in moved:
+        last_input = max(position[a] for a in n.all_input_nodes)
+        between = nodes[max(last_input, len([p for p in nodes if p.op == "placeholder"]) - 1) + 1:position[n]]
+        assert all(b in moved for b in between), f"{n.name} waits behind {[b.name for b in between if b not in moved]}"
+    tangent = torch.randn(8, 16)
+    outs, grads = run_partition(part, joint, [x, *weights], [tangent])
+    expected = gelu_layers(x, *weights)
+    torch.testing.assert_close(outs[0], expected)
+    for got, want in zip(grads, torch.autograd.grad(expected, [x, *weights], tangent)):
+        torch.testing.assert_close(got, want)
+
+
+def test_dropout_saves_its_mask_as_bools():
+    """torch.nn.functional.dropout draws its mask with bernoulli into a float tensor; the
+    joint graph draws `rand_like(x) < p` instead, so the saved mask is a byte an element, as
+    eager's native_dropout keeps it, not four."""
+    def fn(x, w):
+        return torch.nn.functional.dropout(x @ w, 0.25, training=True)
+
+    x, w = torch.randn(32, 16, requires_grad=True), torch.randn(16, 16, requires_grad=True)
+    joint = joint_of(fn, x, w)
+    assert not any(n.target is torch.ops.aten.bernoulli.p for n in joint.gm.graph.nodes)
+    part = partition(joint, "min_cut")
+    saved = [n for n in joint.gm.graph.nodes if n.name in part.saved_nodes and not is_view(n)]  # x.t(), w.t()
+    assert [n.meta["val"].dtype for n in saved] == [torch.bool], [n.name for n in saved]
+    outs, (gx, gw) = run_partition(part, joint, [x, w], [torch.ones(32, 16)])
+    kept = outs[0] != 0  # where the mask kept an element, the gradient flows scaled by 1 / 0.75
+    torch.testing.assert_close(outs[0][kept], (x @ w)[kept] / 0.75)
+    torch.testing.assert_close(gw, x.t() @ (kept.float() / 0.75))

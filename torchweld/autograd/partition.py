@@ -141,6 +141,7 @@ def partition(joint: JointGraph, strategy: str = "min_cut") -> Partition:
     primal_index = {p: i for i, p in enumerate(primals)}
     saved_intermediates = [n for n in saved if n not in primal_index]
     forward = extract(joint.gm, primals, [*forward_outputs, *saved_intermediates])
+    compute_early(forward.graph, first_saved=len(forward_outputs))
     backward = extract(joint.gm, [*saved, *tangents], grads)
     recompute_late(backward.graph, first_tangent=len(saved))
     spec, j = [], 0
@@ -187,6 +188,43 @@ def _min_cut_saved(joint: JointGraph, frontier: set, tangent_side: set, forward_
                 flow.add_edge((n, "out"), (user, "in"), INF)
     _, source_side = flow.min_cut("source", "sink")
     return {n for n in candidates if (n, "in") in source_side and (n, "out") not in source_side}
+
+
+def compute_early(graph: torch.fx.Graph, first_saved: int) -> None:
+    """Move each op of the forward that only saved values need (ops of the backward that the
+    cut moved over, such as GELU's derivative, saved instead of its input) to just after the
+    last of its inputs. Copied in joint order they would all run at the forward's end:
+    each input lived until then, and kernels fused across the network's layers there (BERT's
+    twelve GELU derivatives were one kernel, its slowest compile) rather than beside the
+    ops that read the same inputs."""
+    nodes = list(graph.nodes)
+    output = nodes[-1]
+    needed = _ancestors([o for o in output.args[0][:first_saved] if isinstance(o, torch.fx.Node)])
+    movable = [n for n in nodes if n not in needed and n.op == "call_function" and n.all_input_nodes]
+    waiting = {n: len(set(n.all_input_nodes)) for n in movable}
+    order: list[torch.fx.Node] = []
+    ready: list[torch.fx.Node] = []
+
+    def emit(node: torch.fx.Node) -> None:
+        order.append(node)
+        for user in node.users:  # in the order the graph has them
+            if user in waiting:
+                waiting[user] -= 1
+                if waiting[user] == 0:
+                    ready.append(user)
+
+    placeholders = [n for n in nodes if n.op == "placeholder"]
+    for node in placeholders + [n for n in nodes if n.op != "placeholder" and n not in waiting]:
+        emit(node)
+        if node.op != "placeholder" or node is placeholders[-1]:
+            while ready:  # each moved op as soon as its inputs are, those it releases next
+                emit(ready.pop(0))
+    previous = order[0]
+    for node in order[1:]:
+        if previous.next is not node:
+            previous.append(node)
+        previous = node
+    graph.lint()
 
 
 def recompute_late(graph: torch.fx.Graph, first_tangent: int) -> None:

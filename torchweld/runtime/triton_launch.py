@@ -230,11 +230,11 @@ def _compile(job: CompileJob, ahead: Future | None = None) -> "LaunchHandle":
         try:
             reply = ahead.result(timeout=WORKER_TIMEOUT_S)
             for part, s in reply["seconds"].items():
-                timing.record(f"weld.triton_compile.workers.{part}", s)
+                timing.record(f"weld.triton_compile.workers.{part}", s, job.fn.name)
             binary = reply.get("binary")
         except Exception as e:  # noqa: BLE001 - compiled here instead
             log.debug("a Triton compile worker failed, compiling in this process: %s", e)
-        timing.record("weld.triton_compile.threads.wait_for_worker", time.perf_counter() - start)
+        timing.record("weld.triton_compile.threads.wait_for_worker", time.perf_counter() - start, job.fn.name)
         if binary is not None:
             try:
                 with torch.cuda.device(job.device), timing.phase("weld.triton_compile.threads.load_binary"):
