@@ -784,7 +784,7 @@ def embedding_dense_backward(L, node, grad, indices, num_weights, padding_idx, s
     val = out_val(node)
     if val.device.type != "cuda" or val.dtype != torch.float32 or scale_grad_by_freq:
         raise NotImplementedError("aten's own kernel")
-    from torchweld.runtime import embedding_backward  # registering the op takes ~40 ms, once: CUDA only
+    from torchweld.runtime import embedding_backward  # registers the op, once: CUDA only
 
     return L.extern(embedding_backward.embedding_dense_backward,
                     (grad, indices, num_weights, padding_idx, scale_grad_by_freq), {}, node)
