@@ -70,6 +70,37 @@ def test_max_pool_is_a_pointwise_window_max(codegen, pool):
         assert len(compiled.schedule.kernels()) == 1
 
 
+def _pair(v):
+    return [v, v] if isinstance(v, int) else list(v)
+
+
+@pytest.mark.parametrize("codegen", ["cpp", "triton"])
+@pytest.mark.parametrize("pool", POOLS, ids=str)
+def test_max_pool_offsets_and_the_backward_from_them_are_kernels(codegen, pool):
+    """What training saves of a max pool (runtime/pool_offsets.py): each window's argmax as a
+    byte, chosen as aten's kernels choose (NaN, windows of -inf, windows half in the
+    padding), and the input's gradient from those bytes, both computed by kernels and equal
+    to the aten-built implementations."""
+    if codegen == "triton" and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("the Triton path runs on CPU through the interpreter")
+    from torchweld.runtime.pool_offsets import max_pool2d_backward_from_offsets, max_pool2d_offsets
+
+    kernel, stride, padding, dilation, ceil_mode = pool
+    window = (_pair(kernel), _pair(stride), _pair(padding), _pair(dilation))
+    x = torch.randn(2, 3, 9, 10)
+    x[0, 0, 4, 4] = x[0, 0, 4, 5] = float("nan")  # the last NaN of a window is its argmax
+    x[1, 1, :4, :4] = float("-inf")  # windows of -inf name their first position inside the input
+    x[1, 2, 2:6, 2:6] = 1.0  # ties: the first maximum
+    for inp in (x, x.to(memory_format=torch.channels_last)):
+        compiled = check(lambda t: max_pool2d_offsets(t, *window, ceil_mode), [inp], options={"cpu_codegen": codegen})
+        assert compiled.externs == []
+        offsets = max_pool2d_offsets(inp, *window, ceil_mode)
+        grad = torch.randn(offsets.shape).to(memory_format=torch.channels_last if inp is not x else torch.contiguous_format)
+        compiled = check(lambda g, o: max_pool2d_backward_from_offsets(g, o, list(x.shape), *window, ceil_mode),
+                         [grad, offsets], options={"cpu_codegen": codegen})
+        assert compiled.externs == []
+
+
 def test_max_pool_of_half_and_with_indices():
     x = torch.randn(2, 4, 8, 8).half()
     compiled = check(lambda t: F.max_pool2d(t, 3, 2, 1), [x])

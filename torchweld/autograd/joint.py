@@ -15,12 +15,13 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.nn.utils.stateless import _reparametrize_module
 
 from torchweld.autograd.functionalize import functionalize
+from torchweld.autograd.smaller_saves import smaller_saves
 from torchweld.compiler import decompositions
 from torchweld.compiler.aten_graph import DECOMPOSITIONS
 from torchweld.compiler.aten_trace import AtenRecorder
 from torchweld.fake_tensors import fake_copy
 
-aten, prims = torch.ops.aten, torch.ops.prims
+aten = torch.ops.aten
 
 # Backward ops taken apart into pointwise math and reductions, so they fuse.
 BACKWARD_DECOMPOSITIONS = get_decompositions([
@@ -144,7 +145,7 @@ def trace_joint(gm: torch.fx.GraphModule, state: list[ModuleState], primals: lis
     traced = recorder.graph_module([*flat_out, *grads])
     # functionalize appends new values after all outputs; move them before the grads.
     fn = functionalize(traced)
-    masks_of_comparisons(fn.gm.graph)
+    smaller_saves(fn.gm.graph)
     output = next(n for n in fn.gm.graph.nodes if n.op == "output")
     flat = list(output.args[0])
     k, g = len(flat_out), len(grad_primals)
@@ -155,23 +156,3 @@ def trace_joint(gm: torch.fx.GraphModule, state: list[ModuleState], primals: lis
     return JointGraph(fn.gm, len(primals), k, out_spec, diff_outputs, fn.mutated_placeholders, grad_primals,
                       resident)
 
-
-def masks_of_comparisons(graph: torch.fx.Graph) -> None:
-    """`bernoulli(x, p)` (dropout's mask, as `torch.nn.functional.dropout` draws it) as
-    `rand_like(x) < p` converted to x's dtype: the same numbers, drawn by the same kernels,
-    but the partition may now save the comparison's bool mask, a byte an element, rather
-    than the float mask (BERT's twelve layers: 113 MB fewer saved bytes a step)."""
-    for node in list(graph.nodes):
-        if node.op != "call_function" or node.target is not aten.bernoulli.p or node.kwargs.get("generator"):
-            continue
-        x, p = node.args[0], node.args[1] if len(node.args) > 1 else node.kwargs.get("p", 0.5)
-        val = node.meta["val"]
-        with graph.inserting_before(node):
-            drawn = graph.call_function(aten.rand_like.default, (x,), {"dtype": torch.float32})
-            drawn.meta["val"] = aten.rand_like.default(val, dtype=torch.float32)
-            mask = graph.call_function(aten.lt.Scalar, (drawn, p))
-            mask.meta["val"] = aten.lt.Scalar(drawn.meta["val"], p)
-            values = graph.call_function(prims.convert_element_type.default, (mask, val.dtype))
-            values.meta["val"] = prims.convert_element_type.default(mask.meta["val"], val.dtype)
-        node.replace_all_uses_with(values)
-        graph.erase_node(node)

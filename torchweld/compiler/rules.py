@@ -14,6 +14,7 @@ import torch
 from torchweld.compiler import ir
 from torchweld.compiler.ir import Expr, Layout, Op
 from torchweld.compiler.lowering import GraphLowering, RuleNode, TensorValue, meta_layout
+from torchweld.runtime import pool_offsets
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -790,24 +791,19 @@ def embedding_dense_backward(L, node, grad, indices, num_weights, padding_idx, s
                     (grad, indices, num_weights, padding_idx, scale_grad_by_freq), {}, node)
 
 
-def window_max(L, node, x: TensorValue, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
-    """Max pooling as a pointwise computation over the output: the maximum of the window's
-    loads, positions in the padding masked to -inf. What produces `x` (batch norm and ReLU
-    after a convolution) inlines into it, so that tensor is never stored. None where
-    this does not apply (integer dtypes, more than 16 positions per window)."""
-    val = out_val(node)[0]
-    if not val.is_floating_point() or len(x.shape) not in (3, 4):
-        return None
+def _pool_window(kernel_size, stride=(), padding=0, dilation=1) -> tuple[list[int], ...]:
+    """(kernel, stride, padding, dilation) as pairs; an empty stride is the kernel's."""
     pair = lambda v: [v, v] if isinstance(v, int) else list(v) * (2 if len(v) == 1 else 1)  # noqa: E731
-    kernel, padding, dilation = pair(kernel_size), pair(padding), pair(dilation)
-    stride = pair(stride) if stride else kernel
-    if kernel[0] * kernel[1] > 16:
-        return None
-    shape = tuple(val.shape)
+    kernel = pair(kernel_size)
+    return kernel, pair(stride) if stride else kernel, pair(padding), pair(dilation)
+
+
+def _window_reads(x: TensorValue, shape, kernel, stride, padding, dilation):
+    """For each position (kh, kw) of the pooling window at the output index d0..dN-1, in row
+    order: (its number kh * kernel_w + kw, the input's value there (clamped into bounds),
+    whether it lies inside the input: None where every output position has it inside)."""
     index = ir.dim_vars(len(shape))
-    compute = upcast(val.dtype)
     h_dim, w_dim = len(shape) - 2, len(shape) - 1
-    body = None
     for kh in range(kernel[0]):
         for kw in range(kernel[1]):
             idx, inside = list(index), None
@@ -823,10 +819,101 @@ def window_max(L, node, x: TensorValue, kernel_size, stride=(), padding=0, dilat
                 for ok in checks:
                     inside = ok if inside is None else Expr(Op.LOGICAL_AND, torch.bool, (inside, ok))
                 idx[d] = clamp_index(pos, 0, x.shape[d] - 1) if checks else pos
-            value = cast(x.read(idx), compute)
-            if inside is not None:
-                value = Expr(Op.WHERE, compute, (inside, value, ir.const(float("-inf"), compute)))
-            body = value if body is None else Expr(Op.MAXIMUM, compute, (body, value))
+            yield kh * kernel[1] + kw, x.read(idx), inside
+
+
+def window_max(L, node, x: TensorValue, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+    """Max pooling as a pointwise computation over the output: the maximum of the window's
+    loads, positions in the padding masked to -inf. What produces `x` (batch norm and ReLU
+    after a convolution) inlines into it, so that tensor is never stored. None where
+    this does not apply (integer dtypes, more than 16 positions per window)."""
+    val = out_val(node)[0]
+    if not val.is_floating_point() or len(x.shape) not in (3, 4):
+        return None
+    kernel, stride, padding, dilation = _pool_window(kernel_size, stride, padding, dilation)
+    if kernel[0] * kernel[1] > 16:
+        return None
+    shape = tuple(val.shape)
+    compute = upcast(val.dtype)
+    body = None
+    for _, value, inside in _window_reads(x, shape, kernel, stride, padding, dilation):
+        value = cast(value, compute)
+        if inside is not None:
+            value = Expr(Op.WHERE, compute, (inside, value, ir.const(float("-inf"), compute)))
+        body = value if body is None else Expr(Op.MAXIMUM, compute, (body, value))
+    return L.add_pointwise(cast(body, val.dtype), val.dtype, shape, val.device, meta_layout(val))
+
+
+@lowers(pool_offsets.max_pool2d_offsets)
+def max_pool2d_offsets(L, node, x, kernel_size, stride, padding, dilation, ceil_mode):
+    """Each window's argmax as its position in the window, as aten's kernels pick it: a
+    position replaces the best so far where its value is greater or NaN; the first position
+    inside the input starts it (so a window of -inf names its first). Fused with the
+    window maximum that reads the same input (runtime/pool_offsets.py)."""
+    val = out_val(node)
+    kernel, stride, padding, dilation = _pool_window(kernel_size, stride, padding, dilation)
+    if len(x.shape) not in (3, 4) or kernel[0] * kernel[1] > 16:
+        raise NotImplementedError("windows of more than 16 positions")
+    compute = upcast(x.dtype)
+    best = offset = started = None
+    for number, value, inside in _window_reads(x, tuple(val.shape), kernel, stride, padding, dilation):
+        value = cast(value, compute)
+        if best is None:  # the first position: inside the input wherever a window has it inside
+            best, offset, started = value, ir.const(number, torch.int8), inside
+            continue
+        better = Expr(Op.LOGICAL_OR, torch.bool, (Expr(Op.GT, torch.bool, (value, best)),
+                                                  Expr(Op.ISNAN, torch.bool, (value,))))
+        if started is not None:  # no position inside yet: this one starts the window
+            better = Expr(Op.LOGICAL_OR, torch.bool, (better, Expr(Op.LOGICAL_NOT, torch.bool, (started,))))
+        if inside is not None:
+            better = Expr(Op.LOGICAL_AND, torch.bool, (better, inside))
+        best = Expr(Op.WHERE, compute, (better, value, best))
+        offset = Expr(Op.WHERE, torch.int8, (better, ir.const(number, torch.int8), offset))
+        if started is not None:
+            started = None if inside is None else Expr(Op.LOGICAL_OR, torch.bool, (started, inside))
+    return L.add_pointwise(offset, torch.int8, tuple(val.shape), val.device, meta_layout(val))
+
+
+@lowers(pool_offsets.max_pool2d_backward_from_offsets)
+def max_pool2d_backward_from_offsets(L, node, grad, offsets, input_size, kernel_size, stride, padding, dilation,
+                                     ceil_mode):
+    """The input's gradient as a pointwise computation over the input: at (h, w), the sum of
+    the gradients of the outputs whose window has (h, w) at position (kh, kw) and whose
+    argmax offset is that position. Such an output row is (h + padding - kh * dilation) /
+    stride where that divides, inside the output (columns alike)."""
+    val = out_val(node)
+    kernel, stride, padding, dilation = _pool_window(kernel_size, stride, padding, dilation)
+    if len(val.shape) not in (3, 4) or kernel[0] * kernel[1] > 16:
+        raise NotImplementedError("windows of more than 16 positions")
+    shape = tuple(val.shape)
+    out_shape = tuple(grad.shape)
+    index = ir.dim_vars(len(shape))
+    h_dim, w_dim = len(shape) - 2, len(shape) - 1
+    compute = upcast(val.dtype)
+    body = None
+    for kh in range(kernel[0]):
+        for kw in range(kernel[1]):
+            idx, ok = list(index), None
+            for d, k in ((h_dim, kh), (w_dim, kw)):
+                j = d - h_dim
+                shift = padding[j] - k * dilation[j]
+                shifted = ir.iadd(index[d], ir.const(shift))  # the output row times the stride
+                row = ir.idiv(shifted, stride[j])
+                checks = []  # only those some input position can fail
+                if shift < 0:
+                    checks.append(Expr(Op.GE, torch.bool, (shifted, ir.const(0))))
+                if (shape[d] - 1 + shift) // stride[j] >= out_shape[d]:
+                    checks.append(Expr(Op.LT, torch.bool, (row, ir.const(out_shape[d]))))
+                idx[d] = clamp_index(row, 0, out_shape[d] - 1) if checks else row
+                if stride[j] > 1:
+                    checks.append(Expr(Op.EQ, torch.bool, (ir.imod(shifted, stride[j]), ir.const(0))))
+                for check in checks:
+                    ok = check if ok is None else Expr(Op.LOGICAL_AND, torch.bool, (ok, check))
+            taken = Expr(Op.EQ, torch.bool, (offsets.read(idx), ir.const(kh * kernel[1] + kw, torch.int8)))
+            if ok is not None:
+                taken = Expr(Op.LOGICAL_AND, torch.bool, (ok, taken))
+            term = Expr(Op.WHERE, compute, (taken, cast(grad.read(idx), compute), ir.const(0.0, compute)))
+            body = term if body is None else Expr(Op.ADD, compute, (body, term))
     return L.add_pointwise(cast(body, val.dtype), val.dtype, shape, val.device, meta_layout(val))
 
 
