@@ -155,4 +155,3 @@ def trace_joint(gm: torch.fx.GraphModule, state: list[ModuleState], primals: lis
     resident = frozenset(i for i, p in enumerate(primals) if i < n_state or isinstance(p, torch.nn.Parameter))
     return JointGraph(fn.gm, len(primals), k, out_spec, diff_outputs, fn.mutated_placeholders, grad_primals,
                       resident)
-

@@ -49,11 +49,9 @@ def max_pool_offsets(graph: torch.fx.Graph) -> None:
         pool = indices.args[0] if indices.op == "call_function" and indices.target is operator.getitem else None
         if pool is None or pool.target is not aten.max_pool2d_with_indices.default or pool.args[0] is not x:
             continue
-        kernel, padding, dilation = _pair(kernel), _pair(padding), _pair(dilation)
-        stride = _pair(stride) if stride else kernel
-        if kernel[0] * kernel[1] > pool_offsets.MAX_WINDOW or not x.meta["val"].is_floating_point():
+        window = pool_offsets.pool_window(kernel, stride, padding, dilation)
+        if window[0][0] * window[0][1] > pool_offsets.MAX_WINDOW or not x.meta["val"].is_floating_point():
             continue
-        window = (kernel, stride, padding, dilation)
         with graph.inserting_after(pool):
             offsets = _call(graph, pool_offsets.max_pool2d_offsets, (x, *window, ceil_mode))
         with graph.inserting_before(node):
@@ -72,7 +70,3 @@ def _call(graph: torch.fx.Graph, target, args: tuple, kwargs: dict | None = None
     values = [a.meta["val"] if isinstance(a, torch.fx.Node) else a for a in args]
     node.meta["val"] = target(*values, **(kwargs or {}))
     return node
-
-
-def _pair(v) -> list[int]:
-    return [v, v] if isinstance(v, int) else list(v) * (2 if len(v) == 1 else 1)

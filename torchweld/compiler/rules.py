@@ -791,13 +791,6 @@ def embedding_dense_backward(L, node, grad, indices, num_weights, padding_idx, s
                     (grad, indices, num_weights, padding_idx, scale_grad_by_freq), {}, node)
 
 
-def _pool_window(kernel_size, stride=(), padding=0, dilation=1) -> tuple[list[int], ...]:
-    """(kernel, stride, padding, dilation) as pairs; an empty stride is the kernel's."""
-    pair = lambda v: [v, v] if isinstance(v, int) else list(v) * (2 if len(v) == 1 else 1)  # noqa: E731
-    kernel = pair(kernel_size)
-    return kernel, pair(stride) if stride else kernel, pair(padding), pair(dilation)
-
-
 def _window_reads(x: TensorValue, shape, kernel, stride, padding, dilation):
     """For each position (kh, kw) of the pooling window at the output index d0..dN-1, in row
     order: (its number kh * kernel_w + kw, the input's value there (clamped into bounds),
@@ -830,7 +823,7 @@ def window_max(L, node, x: TensorValue, kernel_size, stride=(), padding=0, dilat
     val = out_val(node)[0]
     if not val.is_floating_point() or len(x.shape) not in (3, 4):
         return None
-    kernel, stride, padding, dilation = _pool_window(kernel_size, stride, padding, dilation)
+    kernel, stride, padding, dilation = pool_offsets.pool_window(kernel_size, stride, padding, dilation)
     if kernel[0] * kernel[1] > 16:
         return None
     shape = tuple(val.shape)
@@ -851,7 +844,7 @@ def max_pool2d_offsets(L, node, x, kernel_size, stride, padding, dilation, ceil_
     inside the input starts it (so a window of -inf names its first). Fused with the
     window maximum that reads the same input (runtime/pool_offsets.py)."""
     val = out_val(node)
-    kernel, stride, padding, dilation = _pool_window(kernel_size, stride, padding, dilation)
+    kernel, stride, padding, dilation = pool_offsets.pool_window(kernel_size, stride, padding, dilation)
     if len(x.shape) not in (3, 4) or kernel[0] * kernel[1] > 16:
         raise NotImplementedError("windows of more than 16 positions")
     compute = upcast(x.dtype)
@@ -882,7 +875,7 @@ def max_pool2d_backward_from_offsets(L, node, grad, offsets, input_size, kernel_
     argmax offset is that position. Such an output row is (h + padding - kh * dilation) /
     stride where that divides, inside the output (columns alike)."""
     val = out_val(node)
-    kernel, stride, padding, dilation = _pool_window(kernel_size, stride, padding, dilation)
+    kernel, stride, padding, dilation = pool_offsets.pool_window(kernel_size, stride, padding, dilation)
     if len(val.shape) not in (3, 4) or kernel[0] * kernel[1] > 16:
         raise NotImplementedError("windows of more than 16 positions")
     shape = tuple(val.shape)

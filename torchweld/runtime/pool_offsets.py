@@ -29,6 +29,13 @@ _LIBRARY.define("max_pool2d_backward_from_offsets(Tensor grad_output, Tensor off
 MAX_WINDOW = 127  # positions a window may have: an int8 holds each one's number
 
 
+def pool_window(kernel_size, stride=(), padding=0, dilation=1) -> tuple[list[int], ...]:
+    """max_pool2d's (kernel, stride, padding, dilation) as pairs; an empty stride is the kernel's."""
+    pair = lambda v: [v, v] if isinstance(v, int) else list(v) * (2 if len(v) == 1 else 1)  # noqa: E731
+    kernel = pair(kernel_size)
+    return kernel, pair(stride) if stride else kernel, pair(padding), pair(dilation)
+
+
 def window_starts(out_shape, stride, padding, device) -> tuple[torch.Tensor, torch.Tensor]:
     """Each output row's first input row and each output column's first input column
     (broadcastable over the output's last two dims)."""
