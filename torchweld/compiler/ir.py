@@ -277,9 +277,11 @@ def fold_unravelled(e: Expr) -> Expr:
     """`e` with the div/mod terms of an index unravelled over several dims and raveled again
     with matching strides folded back (a reshape of a contiguous tensor read through its
     view): ((y // 256) * 196608 + (y % 256) * 768) + x is y * 768 + x."""
-    if e.op is not Op.ADD or not any(n.op is Op.IMOD for n in walk(e)):
+    if e.op is not Op.ADD:
         return e
     terms = _scaled_terms(e)
+    if not any(t.op is Op.IMOD for t, _ in terms):  # only a sum's own % terms merge (_merge_pair)
+        return e
     count = len(terms)
     merged = True
     while merged:
