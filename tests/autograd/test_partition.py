@@ -22,6 +22,18 @@ def run_partition(part, joint, primals, tangents):
     return outs, list(part.backward(*saved, *tangents))
 
 
+def assert_partition_matches_autograd(part, joint, fn, primals, tangent, wrt=None):
+    """The forward's output and the backward's gradients equal eager's and autograd's for
+    `fn(*primals)` (gradients with respect to `wrt`, the primals by default)."""
+    outs, grads = run_partition(part, joint, primals, [tangent])
+    expected = fn(*primals)
+    torch.testing.assert_close(outs[0], expected)
+    wanted = torch.autograd.grad(expected, wrt or primals, tangent)
+    assert len(grads) == len(wanted)
+    for got, want in zip(grads, wanted):
+        torch.testing.assert_close(got, want)
+
+
 def pointwise_chain(x, w):
     y = torch.sin(x * w)
     z = torch.cos(y) * torch.tanh(y) + y.exp()
@@ -140,12 +152,7 @@ def test_residual_stream_is_saved_and_parameter_inputs_cost_nothing():
     assert not any("mm" in str(n.target) for n in saved), [str(n.target) for n in saved]
     plain = joint_of(residual_stream, h, *[w.detach().clone().requires_grad_() for w in weights])
     assert part.saved_bytes <= partition(plain, "min_cut").saved_bytes
-    tangent = torch.randn(8, 16)
-    outs, grads = run_partition(part, joint, [h, *weights], [tangent])
-    expected = residual_stream(h, *weights)
-    torch.testing.assert_close(outs[0], expected)
-    for got, want in zip(grads, torch.autograd.grad(expected, [h, *weights], tangent)):
-        torch.testing.assert_close(got, want)
+    assert_partition_matches_autograd(part, joint, residual_stream, [h, *weights], torch.randn(8, 16))
 
 
 def mlp_block(x, w1, w2):
@@ -172,12 +179,7 @@ def test_what_a_backward_matmul_reads_is_saved_not_recomputed():
             while is_view(arg):
                 arg = arg.args[0]
             assert arg.op == "placeholder" or arg in on_tangents, f"{mm.name} reads {arg.name}, recomputed"
-    tangent = torch.randn(32, 16)
-    outs, grads = run_partition(part, joint, [x, w1, w2], [tangent])
-    expected = mlp_block(x, w1, w2)
-    torch.testing.assert_close(outs[0], expected)
-    for got, want in zip(grads, torch.autograd.grad(expected, [x, w1, w2], tangent)):
-        torch.testing.assert_close(got, want)
+    assert_partition_matches_autograd(part, joint, mlp_block, [x, w1, w2], torch.randn(32, 16))
 
 
 def gelu_layers(x, w1, w2, w3):
@@ -210,12 +212,7 @@ def test_what_only_the_backward_needs_is_computed_beside_its_inputs():
         last_input = max(position[a] for a in n.all_input_nodes)
         between = nodes[max(last_input, len([p for p in nodes if p.op == "placeholder"]) - 1) + 1:position[n]]
         assert all(b in moved for b in between), f"{n.name} waits behind {[b.name for b in between if b not in moved]}"
-    tangent = torch.randn(8, 16)
-    outs, grads = run_partition(part, joint, [x, *weights], [tangent])
-    expected = gelu_layers(x, *weights)
-    torch.testing.assert_close(outs[0], expected)
-    for got, want in zip(grads, torch.autograd.grad(expected, [x, *weights], tangent)):
-        torch.testing.assert_close(got, want)
+    assert_partition_matches_autograd(part, joint, gelu_layers, [x, *weights], torch.randn(8, 16))
 
 
 def test_dropout_saves_its_mask_as_bools():
@@ -250,11 +247,19 @@ def test_a_max_pool_saves_its_argmax_as_bytes():
     assert torch.int8 in saved and torch.int64 not in saved, saved
     backward_ops = {n.target for n in part.backward.graph.nodes}
     assert torch.ops.aten.max_pool2d_with_indices_backward.default not in backward_ops
-    params = [s.read(torch.fx.symbolic_trace(stem)) for s in module_state(torch.fx.symbolic_trace(stem))]
-    tangent = torch.randn(2, 4, 6, 6)
-    outs, grads = run_partition(part, joint, [*params, x], [tangent])
-    expected = stem(x)
-    torch.testing.assert_close(outs[0], expected)
-    wanted = torch.autograd.grad(expected, [*stem.parameters(), x], tangent)
-    for got, want in zip([g for g in grads if g is not None], wanted):
-        torch.testing.assert_close(got, want)
+    traced = torch.fx.symbolic_trace(stem)
+    state = [s.read(traced) for s in module_state(traced)]  # parameters, then the running statistics
+    assert_partition_matches_autograd(part, joint, lambda *primals: stem(primals[-1]), [*state, x],
+                                      torch.randn(2, 4, 6, 6), wrt=[*stem.parameters(), x])
+
+
+def test_a_max_pool_of_wider_windows_keeps_aten_indices():
+    """Windows of more positions than weld's kernels unroll (pool_offsets.MAX_WINDOW) keep
+    aten's pool and backward: offsets there would pool a second time, eagerly."""
+    pool = nn.MaxPool2d(5, 2, 2)
+    x = torch.randn(2, 3, 11, 11, requires_grad=True)
+    joint = joint_of(pool, x)
+    part = partition(joint, "min_cut")
+    saved = [n.meta["val"].dtype for n in joint.gm.graph.nodes if n.name in part.saved_nodes]
+    assert torch.int64 in saved and torch.int8 not in saved, saved
+    assert_partition_matches_autograd(part, joint, pool, [x], torch.randn(2, 3, 6, 6))

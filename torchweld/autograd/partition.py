@@ -15,6 +15,7 @@ Two strategies choose what crosses over:
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 import operator
@@ -201,9 +202,9 @@ def compute_early(graph: torch.fx.Graph, first_saved: int) -> None:
     output = nodes[-1]
     needed = _ancestors([o for o in output.args[0][:first_saved] if isinstance(o, torch.fx.Node)])
     movable = [n for n in nodes if n not in needed and n.op == "call_function" and n.all_input_nodes]
-    waiting = {n: len(set(n.all_input_nodes)) for n in movable}
+    waiting = {n: len(n.all_input_nodes) for n in movable}  # each input once
     order: list[torch.fx.Node] = []
-    ready: list[torch.fx.Node] = []
+    ready: collections.deque[torch.fx.Node] = collections.deque()
 
     def emit(node: torch.fx.Node) -> None:
         order.append(node)
@@ -218,7 +219,7 @@ def compute_early(graph: torch.fx.Graph, first_saved: int) -> None:
         emit(node)
         if node.op != "placeholder" or node is placeholders[-1]:
             while ready:  # each moved op as soon as its inputs are, those it releases next
-                emit(ready.pop(0))
+                emit(ready.popleft())
     previous = order[0]
     for node in order[1:]:
         if previous.next is not node:

@@ -7,9 +7,11 @@ takes fewer bytes.
   `rand_like(x) < p` converted to x's dtype: the same numbers drawn by the same kernels,
   and the partition may save the comparison's bools, a byte an element, rather than the
   float mask (BERT's training step on the CPU: 870 -> 760 MiB saved).
-- `max_pool2d_with_indices` whose indices feed its backward: the backward reads each
-  window's argmax as an int8 offset within the window (runtime/pool_offsets.py) instead
-  of the int64 index, and needs the input's sizes alone, not the input.
+- `max_pool2d_with_indices` whose indices feed its backward, over a floating-point input
+  with windows weld's kernels compute (pool_offsets.MAX_WINDOW positions at most): the
+  backward reads each window's argmax as an int8 offset within the window
+  (runtime/pool_offsets.py) instead of the int64 index, and needs the input's sizes
+  alone, not the input.
 """
 from __future__ import annotations
 

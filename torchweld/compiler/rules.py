@@ -819,12 +819,12 @@ def window_max(L, node, x: TensorValue, kernel_size, stride=(), padding=0, dilat
     """Max pooling as a pointwise computation over the output: the maximum of the window's
     loads, positions in the padding masked to -inf. What produces `x` (batch norm and ReLU
     after a convolution) inlines into it, so that tensor is never stored. None where
-    this does not apply (integer dtypes, more than 16 positions per window)."""
+    this does not apply (integer dtypes, windows of more than pool_offsets.MAX_WINDOW positions)."""
     val = out_val(node)[0]
     if not val.is_floating_point() or len(x.shape) not in (3, 4):
         return None
     kernel, stride, padding, dilation = pool_offsets.pool_window(kernel_size, stride, padding, dilation)
-    if kernel[0] * kernel[1] > 16:
+    if kernel[0] * kernel[1] > pool_offsets.MAX_WINDOW:
         return None
     shape = tuple(val.shape)
     compute = upcast(val.dtype)
@@ -845,8 +845,8 @@ def max_pool2d_offsets(L, node, x, kernel_size, stride, padding, dilation, ceil_
     window maximum that reads the same input (runtime/pool_offsets.py)."""
     val = out_val(node)
     kernel, stride, padding, dilation = pool_offsets.pool_window(kernel_size, stride, padding, dilation)
-    if len(x.shape) not in (3, 4) or kernel[0] * kernel[1] > 16:
-        raise NotImplementedError("windows of more than 16 positions")
+    if len(x.shape) not in (3, 4) or kernel[0] * kernel[1] > pool_offsets.MAX_WINDOW:
+        raise NotImplementedError(f"windows of more than {pool_offsets.MAX_WINDOW} positions")
     compute = upcast(x.dtype)
     best = offset = started = None
     for number, value, inside in _window_reads(x, tuple(val.shape), kernel, stride, padding, dilation):
@@ -876,8 +876,8 @@ def max_pool2d_backward_from_offsets(L, node, grad, offsets, input_size, kernel_
     stride where that divides, inside the output (columns alike)."""
     val = out_val(node)
     kernel, stride, padding, dilation = pool_offsets.pool_window(kernel_size, stride, padding, dilation)
-    if len(val.shape) not in (3, 4) or kernel[0] * kernel[1] > 16:
-        raise NotImplementedError("windows of more than 16 positions")
+    if len(val.shape) not in (3, 4) or kernel[0] * kernel[1] > pool_offsets.MAX_WINDOW:
+        raise NotImplementedError(f"windows of more than {pool_offsets.MAX_WINDOW} positions")
     shape = tuple(val.shape)
     out_shape = tuple(grad.shape)
     index = ir.dim_vars(len(shape))
