@@ -30,7 +30,10 @@ if [ ! -x "$venv/bin/python" ]; then
     "$python" -m venv "$venv"
   fi
 fi
-pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
+# --no-cache-dir: the CUDA build of torch that a Python without a CPU wheel gets
+# is several GB of wheels; caching them too doubled the disk CI needs (a CI run
+# ran out of space on a host with little free).
+pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check --no-cache-dir)
 if ! has_torch "$venv/bin/python"; then
   echo "ensure_venv: installing torch==2.13.0 into $venv"
   "${pip[@]}" "torch==2.13.0"
