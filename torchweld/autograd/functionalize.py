@@ -9,6 +9,7 @@ import operator
 
 import torch
 
+from torchweld.compiler.op_effects import is_view, mutates
 from torchweld.compiler.aten_graph import pure_overload
 
 aten = torch.ops.aten
@@ -25,20 +26,11 @@ def functional_variant(target: torch._ops.OpOverload) -> torch._ops.OpOverload:
     return overload
 
 
-def is_view(node: torch.fx.Node) -> bool:
-    """Does `node` return an alias of its first input (view, detach, transpose, ...)?"""
-    t = node.target
-    if node.op != "call_function" or not isinstance(t, torch._ops.OpOverload) or t._schema.is_mutable:
-        return False
-    returns = t._schema.returns
-    return bool(returns) and returns[0].alias_info is not None
-
-
 def mutated_argument(node: torch.fx.Node) -> torch.fx.Node | None:
     """The node an in-place op writes, or None for a pure op; refuses ops writing anything else."""
-    t = node.target
-    if node.op != "call_function" or not isinstance(t, torch._ops.OpOverload) or not t._schema.is_mutable:
+    if not mutates(node):
         return None
+    t = node.target
     written = [i for i, a in enumerate(t._schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
     if written != [0] or not isinstance(node.args[0], torch.fx.Node):
         raise FunctionalizationError(f"{t} writes arguments {written}; only in-place ops on `self` are supported")

@@ -19,6 +19,7 @@ from torchweld.autograd.smaller_saves import smaller_saves
 from torchweld.compiler import decompositions
 from torchweld.compiler.aten_graph import DECOMPOSITIONS
 from torchweld.compiler.aten_trace import AtenRecorder
+from torchweld.compiler.cse import eliminate_common_subexpressions
 from torchweld.fake_tensors import fake_copy
 
 aten = torch.ops.aten
@@ -146,6 +147,7 @@ def trace_joint(gm: torch.fx.GraphModule, state: list[ModuleState], primals: lis
     # functionalize appends new values after all outputs; move them before the grads.
     fn = functionalize(traced)
     smaller_saves(fn.gm.graph)
+    eliminate_common_subexpressions(fn.gm.graph)
     output = next(n for n in fn.gm.graph.nodes if n.op == "output")
     flat = list(output.args[0])
     k, g = len(flat_out), len(grad_primals)

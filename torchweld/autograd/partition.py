@@ -22,10 +22,10 @@ import operator
 
 import torch
 
-from torchweld.autograd.functionalize import is_view
 from torchweld.autograd.joint import JointGraph
 from torchweld.autograd.mincut import INF, FlowGraph
 from torchweld.compiler.graph_modules import graph_module
+from torchweld.compiler.op_effects import is_random, is_view
 
 aten, prims = torch.ops.aten, torch.ops.prims
 
@@ -55,11 +55,6 @@ class Partition:
     saved: list[tuple[str, int]]
     saved_nodes: list[str]
     saved_bytes: int  # of saved intermediates (primals are alive anyway)
-
-
-def is_random(node: torch.fx.Node) -> bool:
-    t = node.target
-    return isinstance(t, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in t.tags
 
 
 def is_recomputable(node: torch.fx.Node) -> bool:

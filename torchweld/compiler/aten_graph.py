@@ -13,6 +13,7 @@ from torch.nn.utils.stateless import _reparametrize_module
 
 from torchweld.compiler import decompositions
 from torchweld.compiler.aten_trace import AtenRecorder
+from torchweld.compiler.cse import eliminate_common_subexpressions
 from torchweld.compiler.graph_modules import graph_module
 from torchweld.fake_tensors import fake_copy
 
@@ -134,4 +135,6 @@ def to_aten_graph(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) 
             state[name] = fake
         with recorder, _reparametrize_module(gm, state):
             flat, spec = pytree.tree_flatten(gm(*fake_inputs))
-    return AtenGraph(recorder.graph_module(flat), spec)
+    aten_gm = recorder.graph_module(flat)
+    eliminate_common_subexpressions(aten_gm.graph)
+    return AtenGraph(aten_gm, spec)

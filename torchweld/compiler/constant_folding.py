@@ -25,6 +25,7 @@ import logging
 import torch
 
 from torchweld.compiler import ir
+from torchweld.compiler.op_effects import is_random, mutates
 
 log = logging.getLogger("torchweld.weld")
 
@@ -57,7 +58,7 @@ def _foldable(node: torch.fx.Node, constant: set) -> bool:
     target = node.target
     if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
         return False
-    if target._schema.is_mutable or torch.Tag.nondeterministic_seeded in target.tags:
+    if mutates(node) or is_random(node):
         return False
     inputs = node.all_input_nodes
     return bool(inputs) and all(n in constant for n in inputs) and isinstance(node.meta.get("val"), torch.Tensor)

@@ -1,0 +1,94 @@
+"""Common subexpression elimination on a pure aten graph.
+
+Models repeat work that eager mode cannot share: every attention layer of GPT-2
+turns the same boolean causal mask into the same float bias inside
+`scaled_dot_product_attention`, and autograd's backward rebuilds the same
+constants and broadcasts once per use. Traced into one graph, such nodes have the
+same target and the same arguments; this pass keeps the first and points the
+others' readers at it. In a training graph that is one saved tensor where there
+were twelve (GPT-2: 22 MiB), and fewer kernels to generate and launch anywhere.
+
+What never merges:
+- ops drawing random numbers (`nondeterministic_seeded`: `rand_like`, `bernoulli`):
+  two draws are two different tensors;
+- graphs with any in-place op: a write to one of two merged tensors would show
+  through the other, so such graphs are left as they are (a training graph is
+  functionalized first);
+- a node the graph returns, or a base a returned view reads: two outputs of the
+  graph stay two tensors, as eager returned them (one would be written through
+  the other, `.grad` accumulation among them). Such a node may still be the one
+  kept, for later equal nodes that are not returned.
+"""
+from __future__ import annotations
+
+import operator
+
+import torch
+
+from torchweld.compiler.op_effects import is_random, is_view, mutates
+
+
+def eliminate_common_subexpressions(graph: torch.fx.Graph) -> int:
+    """Merge equal pure nodes of `graph` in place (see the module docstring); returns how many
+    nodes were removed (0 where the graph has in-place ops)."""
+    if any(mutates(node) for node in graph.nodes):
+        return 0
+    returned = _returned_storage(graph)
+    first: dict[tuple, torch.fx.Node] = {}
+    removed = 0
+    for node in list(graph.nodes):
+        key = _key(node)
+        if key is None:
+            continue
+        kept = first.get(key)
+        if kept is None:
+            first[key] = node
+        elif node not in returned:
+            node.replace_all_uses_with(kept)
+            graph.erase_node(node)
+            removed += 1
+    return removed
+
+
+def _returned_storage(graph: torch.fx.Graph) -> set[torch.fx.Node]:
+    """The nodes whose tensors the graph returns: the outputs, and the bases their views read."""
+    output = next(n for n in reversed(graph.nodes) if n.op == "output")
+    stack = [a for a in output.all_input_nodes]
+    seen: set[torch.fx.Node] = set()
+    while stack:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        if is_view(node) or node.target is operator.getitem:
+            stack.extend(a for a in node.args[:1] if isinstance(a, torch.fx.Node))
+    return seen
+
+
+def _key(node: torch.fx.Node) -> tuple | None:
+    """What makes two nodes equal (target, arguments), or None where `node` may not merge."""
+    if node.op != "call_function":
+        return None
+    t = node.target
+    if is_random(node) or not (isinstance(t, torch._ops.OpOverload) or t is operator.getitem):
+        return None
+    try:
+        key = (t, _literal(node.args), _literal(tuple(sorted(node.kwargs.items()))))
+        hash(key)
+    except TypeError:  # an argument without a value identity (a tensor literal, a list of them)
+        return None
+    return key
+
+
+def _literal(value) -> object:
+    """`value` as a hashable key in which 1, 1.0, True and -0.0, 0.0 stay apart (they hash and
+    compare equal in Python, but `add(x, 1)` and `add(x, 1.0)` differ in their result type)."""
+    if isinstance(value, (tuple, list)):
+        return (type(value) is tuple, tuple(_literal(v) for v in value))
+    if isinstance(value, float):
+        return (float, repr(value))
+    if isinstance(value, (bool, int)):
+        return (type(value), value)
+    if isinstance(value, torch.Tensor):
+        raise TypeError("a tensor literal")
+    return value
