@@ -280,3 +280,16 @@ def test_dense_layouts_as_torch_judges_them():
             tensors.append(torch.empty(shape[0], 1, *shape[1:]).expand(shape[0], 3, *shape[1:]))
         for t in tensors:
             assert non_overlapping_and_dense(tuple(t.shape), t.stride()) == is_non_overlapping_and_dense_or_false(t)
+
+
+def test_equal_reductions_are_lowered_once():
+    # var_mean decomposes into a mean and a variance that sums x again: one sum of x
+    def fn(x):
+        var, mean = torch.var_mean(x, dim=-1, keepdim=True)
+        return (x - mean) * torch.rsqrt(var + 1e-5), x.sum(-1) + x.sum(-1)
+
+    x = torch.randn(4, 48)
+    compiled = check(fn, [x], atol=1e-5, rtol=1e-5)
+    (kernel,) = compiled.schedule.kernels()
+    sums = [acc for stage in kernel.stages for acc in stage.reductions]
+    assert len(sums) == 2  # sum(x), then sum((x - mean)^2)

@@ -128,6 +128,10 @@ class GraphLowering:
         self.stands_for: dict[str, str] = {}  # buffer -> the input it is the new value of
         self.externs: list[str] = []
         self.addmm_folds: dict[str, tuple[ir.Pointwise, str]] = {}  # addmm -> (the sum it was, its mm)
+        # equal reductions lowered once: buffers are never written after they are computed
+        # (mutations rebind), so equal bodies are equal values (`var_mean` decomposes into a
+        # mean and a variance that computes the same mean again)
+        self.reductions: dict[tuple, TensorValue] = {}
         self._count = 0
         self.node: torch.fx.Node | None = None  # the node being lowered
 
@@ -202,11 +206,15 @@ class GraphLowering:
         return getattr(buf, "layout", None)
 
     def _reduction(self, full_shape, reduced, reduce_op: ir.Op, body: Expr, dtype, device) -> TensorValue:
-        name = self.new_name()
-        red = ir.Reduction(name, dtype, tuple(full_shape), tuple(reduced), reduce_op, body, device)
-        red.layout = Layout.contiguous(red.shape)
-        self.buffers[name] = red
-        return self.value_of_buffer(name, dtype, red.layout, device)
+        key = (tuple(full_shape), tuple(reduced), reduce_op, body.key(), dtype, device)
+        value = self.reductions.get(key)
+        if value is None:
+            name = self.new_name()
+            red = ir.Reduction(name, dtype, tuple(full_shape), tuple(reduced), reduce_op, body, device)
+            red.layout = Layout.contiguous(red.shape)
+            self.buffers[name] = red
+            value = self.reductions[key] = self.value_of_buffer(name, dtype, red.layout, device)
+        return value
 
     # -- random numbers -----------------------------------------------------------
     def draw_seeds(self) -> None:
