@@ -63,6 +63,23 @@ def test_random_draws_stay_apart():
     assert run(gm, torch.zeros(1000))[0].abs().max() > 0
 
 
+def test_calls_returning_no_tensors_stay_apart():
+    # two profiler ranges of one name are two ranges, each entered and exited once
+    enter, exit_ = torch.ops.profiler._record_function_enter_new.default, torch.ops.profiler._record_function_exit._RecordFunction
+
+    def build(g, x):
+        for _ in range(2):
+            handle = g.call_function(enter, ("range", None))
+            g.call_function(exit_, (handle,))
+        return [g.call_function(aten.cos.default, (x,))]
+    gm = graph_of(build)
+    assert eliminate_common_subexpressions(gm.graph) == 0
+    x = torch.randn(3)
+    with torch.profiler.profile() as prof:
+        torch.testing.assert_close(run(gm, x)[0], x.cos())
+    assert sum(e.name == "range" for e in prof.events()) == 2
+
+
 def test_graphs_with_in_place_ops_are_left_alone():
     def build(g, x):
         a, b = g.call_function(aten.cos.default, (x,)), g.call_function(aten.cos.default, (x,))

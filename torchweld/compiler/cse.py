@@ -9,6 +9,8 @@ others' readers at it. In a training graph that is one saved tensor where there
 were twelve (GPT-2: 22 MiB), and fewer kernels to generate and launch anywhere.
 
 What never merges:
+- ops that return anything but tensors (a profiler range's handle, `.item()`'s number)
+  or nothing (`_assert_async`): two calls there are two events;
 - ops drawing random numbers (`nondeterministic_seeded`: `rand_like`, `bernoulli`):
   two draws are two different tensors;
 - graphs with any in-place op: a write to one of two merged tensors would show
@@ -70,7 +72,10 @@ def _key(node: torch.fx.Node) -> tuple | None:
     if node.op != "call_function":
         return None
     t = node.target
-    if is_random(node) or not (isinstance(t, torch._ops.OpOverload) or t is operator.getitem):
+    if isinstance(t, torch._ops.OpOverload):
+        if is_random(node) or not _returns_tensors(t):
+            return None
+    elif t is not operator.getitem:
         return None
     try:
         key = (t, _literal(node.args), _literal(tuple(sorted(node.kwargs.items()))))
@@ -78,6 +83,14 @@ def _key(node: torch.fx.Node) -> tuple | None:
     except TypeError:  # an argument without a value identity (a tensor literal, a list of them)
         return None
     return key
+
+
+def _returns_tensors(op: torch._ops.OpOverload) -> bool:
+    returns = op._schema.returns
+    return bool(returns) and all(str(r.type) in _TENSOR_TYPES for r in returns)
+
+
+_TENSOR_TYPES = frozenset({"Tensor", "List[Tensor]", "Optional[Tensor]"})
 
 
 def _literal(value) -> object:
