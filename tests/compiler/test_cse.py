@@ -11,7 +11,7 @@ from torchweld.autograd import module_state, trace_joint
 from torchweld.compiler.aten_graph import to_aten_graph
 from torchweld.compiler.cse import eliminate_common_subexpressions
 
-from tests.compiler.weld_helpers import check
+from weld_helpers import check
 
 aten = torch.ops.aten
 
