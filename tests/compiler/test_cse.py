@@ -149,8 +149,8 @@ def test_model_graph_shrinks_and_weld_matches_eager():
     x, mask = model_inputs()
     gm = torch.fx.symbolic_trace(model)
     aten_gm = to_aten_graph(gm, [x, mask]).gm
-    gelus = [n for n in aten_gm.graph.nodes if n.op == "call_function" and n.target is aten.erf.default]
-    assert len(gelus) == 3  # one erf per layer, not two
+    erfs = [n for n in aten_gm.graph.nodes if n.op == "call_function" and n.target is aten.erf.default]
+    assert len(erfs) == 3  # one erf per layer, not two
     check(model, [x, mask], atol=1e-5, rtol=1e-5)
 
 

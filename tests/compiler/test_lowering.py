@@ -293,3 +293,17 @@ def test_equal_reductions_are_lowered_once():
     (kernel,) = compiled.schedule.kernels()
     sums = [acc for stage in kernel.stages for acc in stage.reductions]
     assert len(sums) == 2  # sum(x), then sum((x - mean)^2)
+
+
+def test_equal_reductions_the_graph_returns_stay_two_tensors():
+    # two outputs are two tensors, as eager returns them, not one buffer returned twice
+    def fn(x):
+        return x.sum(-1), x.sum(-1), x.mean(-1)
+
+    x = torch.randn(4, 48)
+    compiled = check(fn, [x], atol=1e-5, rtol=1e-5)
+    with torch.no_grad():
+        a, b, _ = compiled(x)
+    assert a.data_ptr() != b.data_ptr()
+    a.add_(1)
+    torch.testing.assert_close(b, x.sum(-1), atol=1e-5, rtol=1e-5)

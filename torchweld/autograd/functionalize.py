@@ -9,8 +9,8 @@ import operator
 
 import torch
 
-from torchweld.compiler.op_effects import is_view, mutates
 from torchweld.compiler.aten_graph import pure_overload
+from torchweld.compiler.op_effects import is_view, mutates
 
 aten = torch.ops.aten
 

@@ -27,7 +27,7 @@ import operator
 
 import torch
 
-from torchweld.compiler.op_effects import is_random, is_view, mutates
+from torchweld.compiler.op_effects import is_random, mutates, returned_storage
 
 
 def eliminate_common_subexpressions(graph: torch.fx.Graph) -> int:
@@ -35,7 +35,7 @@ def eliminate_common_subexpressions(graph: torch.fx.Graph) -> int:
     nodes were removed (0 where the graph has in-place ops)."""
     if any(mutates(node) for node in graph.nodes):
         return 0
-    returned = _returned_storage(graph)
+    returned = returned_storage(graph)
     first: dict[tuple, torch.fx.Node] = {}
     removed = 0
     for node in list(graph.nodes):
@@ -50,21 +50,6 @@ def eliminate_common_subexpressions(graph: torch.fx.Graph) -> int:
             graph.erase_node(node)
             removed += 1
     return removed
-
-
-def _returned_storage(graph: torch.fx.Graph) -> set[torch.fx.Node]:
-    """The nodes whose tensors the graph returns: the outputs, and the bases their views read."""
-    output = next(n for n in reversed(graph.nodes) if n.op == "output")
-    stack = [a for a in output.all_input_nodes]
-    seen: set[torch.fx.Node] = set()
-    while stack:
-        node = stack.pop()
-        if node in seen:
-            continue
-        seen.add(node)
-        if is_view(node) or node.target is operator.getitem:
-            stack.extend(a for a in node.args[:1] if isinstance(a, torch.fx.Node))
-    return seen
 
 
 def _key(node: torch.fx.Node) -> tuple | None:

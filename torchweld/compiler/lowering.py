@@ -15,6 +15,7 @@ from torch._prims_common import (make_channels_last_strides_for,
 from torchweld.compiler import ir
 from torchweld.compiler.aten_graph import pure_overload
 from torchweld.compiler.ir import Expr, Layout
+from torchweld.compiler.op_effects import returned_storage
 
 log = logging.getLogger("torchweld.weld")
 aten = torch.ops.aten
@@ -130,8 +131,10 @@ class GraphLowering:
         self.addmm_folds: dict[str, tuple[ir.Pointwise, str]] = {}  # addmm -> (the sum it was, its mm)
         # equal reductions lowered once: buffers are never written after they are computed
         # (mutations rebind), so equal bodies are equal values (`var_mean` decomposes into a
-        # mean and a variance that computes the same mean again)
+        # mean and a variance that computes the same mean again). A node the graph returns
+        # takes a reduction of its own: two outputs stay two tensors (op_effects.returned_storage).
         self.reductions: dict[tuple, TensorValue] = {}
+        self.returned = returned_storage(gm.graph)
         self._count = 0
         self.node: torch.fx.Node | None = None  # the node being lowered
 
@@ -207,7 +210,7 @@ class GraphLowering:
 
     def _reduction(self, full_shape, reduced, reduce_op: ir.Op, body: Expr, dtype, device) -> TensorValue:
         key = (tuple(full_shape), tuple(reduced), reduce_op, body.key(), dtype, device)
-        value = self.reductions.get(key)
+        value = None if self.node in self.returned else self.reductions.get(key)
         if value is None:
             name = self.new_name()
             red = ir.Reduction(name, dtype, tuple(full_shape), tuple(reduced), reduce_op, body, device)
