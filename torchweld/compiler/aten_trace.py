@@ -26,8 +26,10 @@ import operator
 
 import torch
 import torch.utils._pytree as pytree
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from torchweld.compiler import fake_memo
 from torchweld.compiler.graph_modules import graph_module
 
 aten = torch.ops.aten
@@ -116,6 +118,13 @@ class AtenRecorder(TorchDispatchMode):
         self.graph.eliminate_dead_code()
         return graph_module(self.root, self.graph)
 
+    def _argument(self, value):
+        """An op's argument as a node's: tensors become their nodes, in lists and tuples too
+        (an aten op's arguments hold no other containers)."""
+        if type(value) in (list, tuple):
+            return type(value)(self._argument(v) for v in value)
+        return self.node_of(value)
+
     def _bind(self, tensor: torch.Tensor, node: torch.fx.Node) -> None:
         self._nodes[id(tensor)] = (tensor, node)  # the tensor is kept alive, so its id stays its own
 
@@ -124,6 +133,9 @@ class AtenRecorder(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is torch.ops.prim.device.default:  # a tensor's device: nothing to record
+            tensor = args[0]
+            if type(tensor) is FakeTensor and not tensor.fake_mode.in_kernel_invocation:
+                return tensor.fake_device  # what FakeTensor's own dispatch answers, without its way there
             return func(*args, **kwargs)
         if func is aten.detach.default:  # below autograd an alias of its input: the same node
             out = func(*args, **kwargs)
@@ -142,9 +154,10 @@ class AtenRecorder(TorchDispatchMode):
                 return out
         if func is aten.lift_fresh.default:  # a tensor literal: a copy, so that writes to it stay in the graph
             func = aten.lift_fresh_copy.default
-        out = func(*args, **kwargs)  # on the fake tensors, by the FakeTensorMode below this one
-        node_args, node_kwargs = pytree.tree_map(self.node_of, (args, kwargs))
-        node = self.graph.create_node("call_function", func, tuple(node_args), node_kwargs,
+        out = fake_memo.run(func, args, kwargs)  # on the fake tensors, by the FakeTensorMode below this one
+        node_args = tuple(self._argument(a) for a in args)
+        node_kwargs = {k: self._argument(v) for k, v in kwargs.items()}
+        node = self.graph.create_node("call_function", func, node_args, node_kwargs,
                                       name=func.overloadpacket.__name__)
         node.meta["val"] = out
         if isinstance(out, torch.Tensor):

@@ -1,0 +1,93 @@
+"""fake_memo replays fake-tensor results from their metadata: what it returns, on a first
+call and on a repeat, is what FakeTensorMode returns, views alias their base, and calls it
+cannot describe go through FakeTensorMode unchanged."""
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+from torchweld.compiler import fake_memo
+
+aten = torch.ops.aten
+
+
+def metadata(t):
+    return (tuple(t.shape), t.stride(), t.storage_offset(), t.dtype, t.device, type(t))
+
+
+def same_storage(a, b):
+    return a.untyped_storage()._cdata == b.untyped_storage()._cdata
+
+
+def fake(mode, *shape, dtype=torch.float32, device="cpu"):
+    return FakeTensor(mode, torch.empty(*shape, dtype=dtype, device="meta"), torch.device(device))
+
+
+CALLS = [
+    ("add broadcast", aten.add.Tensor, lambda m: (fake(m, 4, 6), fake(m, 6)), {}),
+    ("mul int scalar", aten.mul.Tensor, lambda m: (fake(m, 4, 6, dtype=torch.int64), 2), {}),
+    ("mul float scalar", aten.mul.Tensor, lambda m: (fake(m, 4, 6, dtype=torch.int64), 2.0), {}),
+    ("mul bool scalar", aten.mul.Tensor, lambda m: (fake(m, 4, 6, dtype=torch.int64), True), {}),
+    ("sum dims", aten.sum.dim_IntList, lambda m: (fake(m, 4, 6, 8), [0, 2], True), {}),
+    ("var_mean tuple", aten.var_mean.correction, lambda m: (fake(m, 4, 6), [1]), {"correction": 0, "keepdim": True}),
+    ("cat list", aten.cat.default, lambda m: ([fake(m, 2, 3), fake(m, 5, 3)],), {}),
+    ("to dtype", aten._to_copy.default, lambda m: (fake(m, 3, 3),), {"dtype": torch.float16}),
+    ("cuda device", aten.exp.default, lambda m: (fake(m, 3, 5, device="cuda"),), {}),
+    ("mm of transposed", aten.mm.default, lambda m: (fake(m, 6, 4).t(), fake(m, 6, 3)), {}),
+]
+
+
+@pytest.mark.parametrize("name,func,make_args,kwargs", CALLS, ids=[c[0] for c in CALLS])
+def test_fresh_results_match_fake_tensor_mode(name, func, make_args, kwargs):
+    with FakeTensorMode() as mode:
+        args = make_args(mode)
+        expected = func(*args, **kwargs)
+        first = fake_memo.run(func, args, kwargs)
+        repeat = fake_memo.run(func, args, kwargs)
+    flat = lambda out: out if isinstance(out, tuple) else (out,)  # noqa: E731
+    for want, got_first, got_repeat in zip(flat(expected), flat(first), flat(repeat)):
+        assert metadata(got_first) == metadata(want) == metadata(got_repeat)
+        assert got_repeat.fake_mode is mode
+        assert not same_storage(got_repeat, got_first)  # a fresh tensor each call
+
+
+VIEWS = [
+    ("transpose", aten.t.default, lambda x: (x,)),
+    ("slice", aten.slice.Tensor, lambda x: (x, 1, 2, 5)),
+    ("select", aten.select.int, lambda x: (x, 0, 3)),
+    ("expand", aten.expand.default, lambda x: (x[:, :1], [3, 8, 6])),
+    ("view", aten.view.default, lambda x: (x, [2, 4, 6])),
+]
+
+
+@pytest.mark.parametrize("name,func,make_args", VIEWS, ids=[v[0] for v in VIEWS])
+def test_views_alias_their_base(name, func, make_args):
+    with FakeTensorMode() as mode:
+        base = fake(mode, 8, 6)
+        args = make_args(base)
+        expected = func(*args)
+        fake_memo.run(func, args, {})
+        repeat = fake_memo.run(func, args, {})
+        assert metadata(repeat) == metadata(expected)
+        assert same_storage(repeat, args[0])
+
+
+def test_calls_it_cannot_describe_go_through_fake_tensor_mode():
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        x = fake(mode, 4, 4)
+        for _ in range(2):
+            assert fake_memo.run(aten.add_.Tensor, (x, 1.0), {}) is x  # in place: the input itself
+            real = torch.ones(4)  # a real tensor argument is not described
+            assert metadata(fake_memo.run(aten.mul.Tensor, (x, real), {})) == metadata(aten.mul.Tensor(x, real))
+
+
+def test_a_repeat_skips_fake_tensor_mode(monkeypatch):
+    """The point of the memo: a call seen before is not dispatched again."""
+    with FakeTensorMode() as mode:
+        x = fake(mode, 16, 32)
+        fake_memo.run(aten.relu.default, (x,), {})
+        calls = []
+        original = FakeTensorMode.__torch_dispatch__
+        monkeypatch.setattr(FakeTensorMode, "__torch_dispatch__",
+                            lambda self, *a, **k: calls.append(a[0]) or original(self, *a, **k))
+        out = fake_memo.run(aten.relu.default, (x,), {})
+        assert calls == [] and metadata(out) == metadata(x)

@@ -1,0 +1,138 @@
+"""Results of aten ops on fake tensors, replayed from their metadata.
+
+An op on fake tensors computes no data, only the result's size, strides, dtype and
+device, which depend on nothing but the same of its inputs and its other arguments.
+FakeTensorMode caches that (its dispatch cache), but a hit still costs ~80 us on the
+development CPU: it describes every argument in full (memory format, storage bytes,
+sparsity, symbolic sizes) and checks the result again. A traced training graph
+dispatches thousands of ops, most of them repeats (GPT-2's 12 layers are one layer
+twelve times, forward and backward), so weld's joint trace spends a quarter of its
+time there. This memo keys an op by what its result can depend on for the dense,
+static-shaped fake tensors weld traces with, and builds the result directly (~15 us):
+
+    out = fake_memo.run(func, args, kwargs)   # in place of func(*args, **kwargs)
+
+Only ops whose schema promises a fresh result, or a view of their first argument,
+take part: no in-place or out= ops, no ops whose result shape depends on data, no
+composite views (which may or may not alias), no arguments that are real tensors or
+fakes standing for constants. Anything else, and every first sight of a key, runs
+through FakeTensorMode as before, and its result is remembered only where it is plain:
+tensors of static sizes, not one of the inputs.
+"""
+from __future__ import annotations
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensor
+from torch.utils._mode_utils import no_dispatch
+
+_FRESH, _VIEW = 1, 2
+_kinds: dict[torch._ops.OpOverload, int | None] = {}  # op -> _FRESH, _VIEW or None (not memoized)
+_results: dict[tuple, tuple] = {}  # key -> (is a tuple, then (size, stride, offset, dtype, device) per output)
+_MAX_ENTRIES = 200_000  # forgotten all at once beyond this (a long-running process tracing many models)
+_SKIP_TAGS = (torch.Tag.data_dependent_output, torch.Tag.dynamic_output_shape, torch.Tag.inplace_view)
+
+
+def run(func, args: tuple, kwargs: dict):
+    """`func(*args, **kwargs)` on fake tensors, from memory where the same call was seen."""
+    kind = _kinds.get(func, 0)
+    if kind == 0:
+        kind = _kinds[func] = _kind(func)
+    if kind is None:
+        return func(*args, **kwargs)
+    parts = [func, torch.get_default_dtype(), torch.is_inference_mode_enabled()]
+    modes: list = []
+    if not (_describe(args, parts, modes) and _describe(kwargs.values(), parts, modes)) or not modes:
+        return func(*args, **kwargs)
+    key = (*parts, *kwargs)
+    known = _results.get(key)
+    if known is not None:
+        return _rebuild(known, modes[0], args[0] if kind == _VIEW else None)
+    out = func(*args, **kwargs)
+    outputs = _remember(out, modes[0], args, kind)
+    if outputs is not None:
+        if len(_results) >= _MAX_ENTRIES:
+            _results.clear()
+        _results[key] = outputs
+    return out
+
+
+def _kind(func) -> int | None:
+    """Whether calls of `func` are memoized: as fresh results, as views of the first
+    argument, or not at all."""
+    if not isinstance(func, torch._ops.OpOverload) or func.namespace not in ("aten", "prims"):
+        return None
+    schema = func._schema
+    returns = schema.returns
+    if schema.is_mutable or not returns or any(tag in func.tags for tag in _SKIP_TAGS):
+        return None
+    if func is torch.ops.aten._unsafe_view.default or any(str(r.type) != "Tensor" for r in returns):
+        return None
+    aliases = [r.alias_info for r in returns]
+    if not any(aliases):
+        return _FRESH
+    first = schema.arguments[0].alias_info if schema.arguments else None
+    if (len(returns) == 1 and first is not None and aliases[0].before_set == first.before_set
+            and not torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd")):
+        return _VIEW
+    return None
+
+
+def _describe(values, parts: list, modes: list) -> bool:
+    """Append to `parts` what each of `values` contributes to a result's metadata; False
+    where one cannot be described (a real tensor, a constant's fake, an unknown object)."""
+    for value in values:
+        kind = type(value)
+        if kind is FakeTensor:
+            if value.constant is not None or value.layout is not torch.strided:
+                return False
+            if not modes:
+                modes.append(value.fake_mode)
+            elif value.fake_mode is not modes[0]:
+                return False
+            parts.append((value.dtype, value.shape, value.stride(), value.storage_offset(), value.fake_device,
+                          value.requires_grad, value.is_conj(), value.is_neg()))
+        elif kind in (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout,
+                      torch.memory_format):
+            parts.append(kind)  # 1, 1.0 and True are equal keys but give different dtypes
+            parts.append(value)
+        elif kind in (list, tuple):
+            parts.append(len(value))
+            if not _describe(value, parts, modes):
+                return False
+        else:
+            return False
+    return True
+
+
+def _remember(out, mode, args: tuple, kind: int) -> tuple | None:
+    """The metadata of `out` (a fake tensor or a tuple of them) to rebuild it from, or None
+    where it is not plain (symbolic sizes, an input returned, another mode's tensor, a
+    result that requires grad or a fresh one that does not start its storage)."""
+    outs = out if isinstance(out, tuple) else (out,)
+    infos = []
+    for t in outs:
+        if type(t) is not FakeTensor or t.fake_mode is not mode or t.constant is not None or t.is_conj() or t.is_neg():
+            return None
+        if t.layout is not torch.strided or t.requires_grad or any(t is a for a in args):
+            return None
+        if kind == _FRESH and t.storage_offset() != 0:
+            return None
+        size, stride = tuple(t.shape), t.stride()
+        if not all(type(n) is int for n in (*size, *stride)):
+            return None
+        infos.append((size, stride, t.storage_offset(), t.dtype, t.fake_device))
+    return (isinstance(out, tuple), *infos)
+
+
+def _rebuild(known: tuple, mode, base: FakeTensor | None):
+    """New fake tensors of `mode` with the remembered metadata; views of `base`'s storage
+    where given."""
+    is_tuple, *infos = known
+    outs = []
+    for size, stride, offset, dtype, device in infos:
+        with no_dispatch():
+            meta = torch.empty_strided(size, stride, dtype=dtype, device="meta")
+            if base is not None:
+                meta.set_(base.untyped_storage(), offset, size, stride)
+        outs.append(FakeTensor(mode, meta, device))
+    return tuple(outs) if is_tuple else outs[0]
