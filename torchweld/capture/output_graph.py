@@ -16,6 +16,7 @@ from torch._subclasses.fake_tensor import (
 from torch.nn.utils.stateless import _reparametrize_module
 from torch.utils import _pytree as pytree
 
+from torchweld import fake_memo
 from torchweld.capture.guards import GuardSet, autocast_state
 from torchweld.capture.module_fakes import batch_norm_example
 from torchweld.capture.side_effects import SideEffects
@@ -210,7 +211,8 @@ class OutputGraph:
 
     def _run_fake(self, target: object, run: Callable, args: list, kwargs: dict) -> object:
         try:
-            with self.fake_mode, torch.set_grad_enabled(self.grad_enabled), self.in_autocast_regions():
+            with self.fake_mode, fake_memo.Memo(), torch.set_grad_enabled(self.grad_enabled), \
+                    self.in_autocast_regions():
                 return run(*args, **kwargs)
         except (DataDependentOutputException, DynamicOutputShapeException) as e:
             raise Unsupported(f"data-dependent: {_describe(target)} has an output whose value or shape depends on tensor data ({type(e).__name__})") from None

@@ -26,10 +26,9 @@ import operator
 
 import torch
 import torch.utils._pytree as pytree
-from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from torchweld.compiler import fake_memo
+from torchweld import fake_memo
 from torchweld.compiler.graph_modules import graph_module
 
 aten = torch.ops.aten
@@ -133,10 +132,7 @@ class AtenRecorder(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is torch.ops.prim.device.default:  # a tensor's device: nothing to record
-            tensor = args[0]
-            if type(tensor) is FakeTensor and not tensor.fake_mode.in_kernel_invocation:
-                return tensor.fake_device  # what FakeTensor's own dispatch answers, without its way there
-            return func(*args, **kwargs)
+            return fake_memo.run(func, args, kwargs)
         if func is aten.detach.default:  # below autograd an alias of its input: the same node
             out = func(*args, **kwargs)
             self._bind(out, self.node_of(args[0]))

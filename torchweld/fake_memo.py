@@ -10,7 +10,9 @@ twelve times, forward and backward), so weld's joint trace spends a quarter of i
 time there. This memo keys an op by what its result can depend on for the dense,
 static-shaped fake tensors weld traces with, and builds the result directly (~15 us):
 
-    out = fake_memo.run(func, args, kwargs)   # in place of func(*args, **kwargs)
+    out = fake_memo.run(func, args, kwargs)   # in place of func(*args, **kwargs), in a dispatch mode
+    with fake_mode, fake_memo.Memo():         # or a mode of its own above a FakeTensorMode
+        ...
 
 Only ops whose schema promises a fresh result, or a view of their first argument,
 take part: no in-place or out= ops, no ops whose result shape depends on data, no
@@ -24,7 +26,9 @@ from __future__ import annotations
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._mode_utils import no_dispatch
+from torch.utils._python_dispatch import TorchDispatchMode
 
+_DEVICE = torch.ops.prim.device.default
 _FRESH, _VIEW = 1, 2
 _kinds: dict[torch._ops.OpOverload, int | None] = {}  # op -> _FRESH, _VIEW or None (not memoized)
 _results: dict[tuple, tuple] = {}  # key -> (is a tuple, then (size, stride, offset, dtype, device) per output)
@@ -32,8 +36,20 @@ _MAX_ENTRIES = 200_000  # forgotten all at once beyond this (a long-running proc
 _SKIP_TAGS = (torch.Tag.data_dependent_output, torch.Tag.dynamic_output_shape, torch.Tag.inplace_view)
 
 
+class Memo(TorchDispatchMode):
+    """A dispatch mode that runs each op through `run`, for use above a FakeTensorMode."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return run(func, args, kwargs or {})
+
+
 def run(func, args: tuple, kwargs: dict):
     """`func(*args, **kwargs)` on fake tensors, from memory where the same call was seen."""
+    if func is _DEVICE:  # a fake's device, asked by C++ code for every op: FakeTensor's own answer, directly
+        tensor = args[0]
+        if type(tensor) is FakeTensor and not tensor.fake_mode.in_kernel_invocation:
+            return tensor.fake_device
+        return func(*args, **kwargs)
     kind = _kinds.get(func, 0)
     if kind == 0:
         kind = _kinds[func] = _kind(func)

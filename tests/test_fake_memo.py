@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
-from torchweld.compiler import fake_memo
+from torchweld import fake_memo
 
 aten = torch.ops.aten
 
