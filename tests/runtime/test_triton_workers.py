@@ -54,6 +54,18 @@ def test_killed_workers_are_replaced(pool):
     assert not set(map(id, pool._processes)) & set(map(id, killed))
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads a process's parent from /proc")
+def test_workers_are_forked_from_one_process_that_imports_triton_once(pool):
+    assert [f.result(timeout=60) for f in [pool.submit(("ping",)) for _ in range(4)]] == ["pong"] * 4
+    pids = [worker._pids[slot] for slot, worker in enumerate(pool._processes)]
+
+    def parent(pid):
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rpartition(")")[2].split()[1])
+
+    assert len(set(pids)) == 2 and {parent(pid) for pid in pids} == {pool._first.pid}
+
+
 TRUNCATING_WORKER = """
 import struct, sys
 sys.stdin.buffer.read(4)  # the start of the sys.path message: enough to know the parent is there

@@ -5,10 +5,15 @@ torchweld: it imports Triton and the standard library only (no torch, no CUDA
 context), so it starts in well under a second. Triton's front end is Python, so
 threads in one process compile one kernel at a time; processes compile many.
 
-Protocol, over stdin/stdout: each message is a 4-byte little-endian length and a
-pickle. The first request is `sys.path` (a list); then each request is
-`(job_id, request)` and each reply `(job_id, ok, value)`, where a failed
-request's value is its error as text. A request:
+Started as `python <this file> --fork FD,FD,...`, the process imports Triton once and forks
+one worker per pair of descriptors (triton_workers.WorkerPool does this: sixteen processes
+each importing Triton at once took CPU time from the parent's capture on the H100 host).
+
+Protocol, over stdin/stdout (a forked worker's pair of descriptors): each message is a
+4-byte little-endian length and a pickle. The first request is `sys.path` (a list; the
+first process's only one where it forks); then each request is `(job_id, request)` and
+each reply `(job_id, ok, value)`, where a failed request's value is its error as text.
+A request:
 
     ("compile", module_name, module_path, fn_name, specialization_data, target, triton_env, install_key)
 
@@ -180,6 +185,33 @@ def _lower_priority() -> None:
         pass
 
 
+def fork_workers(fds: list[int], stdout) -> tuple:
+    """In the first process (`--fork`), after its imports: fork one worker per pair of
+    descriptors the parent passed (its request pipe's read end, its reply pipe's write end),
+    which serves on them; this process tells the parent their pids (a list, on `stdout`),
+    reaps them as they exit and exits. Returns, in each worker, its (requests, replies) streams."""
+    pairs = list(zip(fds[::2], fds[1::2]))
+    pids = []
+    for requests, replies in pairs:
+        pid = os.fork()
+        if pid == 0:
+            os.dup2(requests, 0)
+            os.dup2(replies, 1)
+            for fd in fds:  # every other worker's pipes too: a dead worker's reply pipe must reach EOF
+                os.close(fd)
+            return os.fdopen(0, "rb", closefd=False), os.fdopen(1, "wb", closefd=False)
+        pids.append(pid)
+    for fd in fds:
+        os.close(fd)
+    write_message(stdout, pids)
+    for _ in pids:
+        try:
+            os.wait()
+        except ChildProcessError:
+            break
+    sys.exit(0)
+
+
 def main() -> None:
     _lower_priority()
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
@@ -190,6 +222,8 @@ def main() -> None:
         return
     sys.path[:] = path
     _import_compiler()  # now, while the parent is still lowering its graph, not on the first request
+    if sys.argv[1:2] == ["--fork"]:
+        stdin, stdout = fork_workers([int(fd) for fd in sys.argv[2].split(",")], stdout)
     while True:
         message = read_message(stdin)
         if message is None:

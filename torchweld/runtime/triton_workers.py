@@ -20,14 +20,17 @@ would re-run the user's script in every worker.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import itertools
 import json
 import logging
 import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
+import time
 from concurrent.futures import Future
 
 from torchweld.c_extension import loaded_once
@@ -62,14 +65,40 @@ class WorkerPool:
         self._lock = threading.Lock()
         self._restarts_left = count
         self._serving = count  # threads still serving requests
+        self._first: subprocess.Popen | None = None  # the process the workers were forked from
+        forked = self._fork(count) if count > 1 and hasattr(os, "fork") else []
         for slot in range(count):
-            self._processes.append(self._start())
+            self._processes.append(forked[slot] if forked else self._start())
             threading.Thread(target=self._serve, args=(slot,), daemon=True, name="torchweld-triton-worker").start()
 
     def _start(self) -> subprocess.Popen:
         process = subprocess.Popen([sys.executable, self._script], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         write_message(process.stdin, list(sys.path))
         return process
+
+    def _fork(self, count: int) -> list[ForkedWorker]:
+        """`count` workers forked from one process after it has imported Triton (one import,
+        not `count` at once), each with a request and a reply pipe; [] where that process
+        cannot start (the pool then starts each worker on its own)."""
+        ends, passed = [], []
+        for _ in range(count):
+            request_read, request_write = os.pipe()
+            reply_read, reply_write = os.pipe()
+            ends.append((request_write, reply_read))
+            passed += [request_read, reply_write]
+        try:
+            self._first = subprocess.Popen([sys.executable, self._script, "--fork", ",".join(map(str, passed))],
+                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, pass_fds=passed)
+        except OSError as e:
+            log.debug("cannot start the Triton compile workers' first process: %s", e)
+            for fd in passed + [fd for pair in ends for fd in pair]:
+                os.close(fd)
+            return []
+        for fd in passed:
+            os.close(fd)
+        write_message(self._first.stdin, list(sys.path))
+        pids = _Pids(self._first)
+        return [ForkedWorker(os.fdopen(w, "wb"), os.fdopen(r, "rb"), pids, slot) for slot, (w, r) in enumerate(ends)]
 
     def submit(self, request: tuple) -> Future:
         future: Future = Future()
@@ -129,12 +158,65 @@ class WorkerPool:
         self._closed = True
         for _ in self._processes:
             self._requests.put(None)
-        for process in self._processes:
+        for process in [*self._processes, *([self._first] if self._first else [])]:
             try:
                 process.stdin.close()  # the worker exits at the end of its input
                 process.wait(timeout=5)
             except (OSError, subprocess.TimeoutExpired):
                 process.kill()
+
+
+class _Pids:
+    """The forked workers' pids, which their first process writes once it has forked them
+    (read when first asked: only killing or waiting for a worker needs them)."""
+
+    def __init__(self, first: subprocess.Popen):
+        self._first = first
+        self._lock = threading.Lock()
+        self._pids: list[int] | None = None
+
+    def __getitem__(self, slot: int) -> int | None:
+        with self._lock:
+            if self._pids is None:
+                try:
+                    self._pids = read_message(self._first.stdout) or []
+                except Exception:  # noqa: BLE001 - the first process died before forking
+                    self._pids = []
+        return self._pids[slot] if slot < len(self._pids) else None
+
+
+class ForkedWorker:
+    """A worker forked by the pool's first process: its pipes, and what the pool asks of a
+    subprocess.Popen (kill, poll, wait) done through its pid."""
+
+    def __init__(self, stdin, stdout, pids: _Pids, slot: int):
+        self.stdin, self.stdout = stdin, stdout
+        self._pids, self._slot = pids, slot
+
+    def kill(self) -> None:
+        pid = self._pids[self._slot]
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+    def poll(self) -> int | None:
+        """None while the worker runs, else 0 (its exit status belongs to the process that reaps it)."""
+        pid = self._pids[self._slot]
+        try:
+            if pid is not None:
+                os.kill(pid, 0)
+                return None
+        except ProcessLookupError:
+            pass
+        return 0
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while (code := self.poll()) is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired("torchweld Triton compile worker", timeout)
+            time.sleep(0.01)
+        return code
 
 
 _pool: WorkerPool | None = None
