@@ -7,7 +7,7 @@ import re
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from weld_helpers import check  # noqa: E402
+from weld_helpers import check, weld_compile  # noqa: E402
 
 triton = pytest.importorskip("triton")
 
@@ -109,6 +109,20 @@ def test_big_pointwise_launch_and_int64_choice():
     assert launch_config(kernel(1 << 26)) == {"XBLOCK": 2048, "RBLOCK": 1, "num_warps": 8}
     assert launch_config(kernel(100)) == {"XBLOCK": 1024, "RBLOCK": 1}  # size-generic: a size class's blocks
     assert needs_int64(kernel(1 << 31)) and not needs_int64(kernel(1 << 26))
+
+
+def test_row_kernels_drawing_random_numbers_take_eight_warps():
+    """Philox is unrolled for each element a thread holds: a dropout + residual + layer norm
+    row kernel takes 8 warps (4 elements a thread), the same rows without the draw 4."""
+    from torchweld.compiler.codegen.triton import draws_random, launch_config
+
+    def rows(p):
+        fn = lambda x, r: torch.nn.functional.layer_norm(torch.nn.functional.dropout(x, p, training=True) + r, (768,))  # noqa: E731
+        c = weld_compile(fn, [torch.randn(16, 768), torch.randn(16, 768)], TRITON)
+        return [(draws_random(k), launch_config(k).get("num_warps", 4)) for k in c.schedule.kernels() if k.is_reduction]
+
+    assert rows(0.1) == [(True, 8)]
+    assert rows(0.0) == [(False, 4)]  # p=0: no draw
 
 
 def test_contiguous_pointwise_kernels_of_any_size_are_one_kernel():
