@@ -3,7 +3,8 @@
     .venv/bin/python bench/compare.py [--quick]
 
 Reports steady-state time per call, speedup over eager, and the cold compile
-time (first call, with an empty torchweld kernel cache and inductor's caches off).
+time (first call, with an empty torchweld kernel cache and inductor's caches off;
+training rows (--train) time each compiler's cold step in a fresh process of its own).
 On the CPU, eager, torch.compile and weld are timed in turns (see `steady`), so that
 the load of a shared machine weighs on all three alike; torch.compile runs first,
 so its compile() call imports torch._dynamo, which weld then finds imported.
@@ -138,6 +139,10 @@ def main():
                         help="--train: the mode both compilers compile with (e.g. reduce-overhead)")
     parser.add_argument("--only", default="", help="comma-separated parts of row names to run")
     parser.add_argument("--modes", default="reduce-overhead,max-autotune", help="comma-separated modes for --cuda-modes")
+    parser.add_argument("--cold-here", action="store_true",
+                        help="--train: time each compiler's cold step in this process, after the variants "
+                             "before it, rather than in a fresh process of its own")
+    parser.add_argument("--cold-only", default=None, help=argparse.SUPPRESS)  # a fresh process's one cold step
     args = parser.parse_args()
     ONLY_ROWS.extend(p.strip() for p in args.only.split(",") if p.strip())
     q = args.quick
@@ -146,7 +151,7 @@ def main():
     if args.cuda_modes:
         return cuda_mode_rows(q, tuple(m.strip() for m in args.modes.split(",") if m.strip()))
     if args.train:
-        return training_rows(q, args.whole_step, args.train_mode)
+        return training_rows(q, args.whole_step, args.train_mode, args.cold_only, not args.cold_here)
     cases = [
         ("elementwise chain 4M f32", Chain(), torch.randn(1 << 20 if q else 1 << 22)),
         ("MLP 4x1024 LN+GELU b64", mlp(256 if q else 1024), torch.randn(64, 256 if q else 1024)),
@@ -398,10 +403,14 @@ def _train_setup(model, batch, loss_fn, compiled, device: str, compile_step=None
     return step, cold, saved.mib, peak, first_loss
 
 
-def training_rows(q: bool, whole_step: bool = False, mode: str | None = None):
+def training_rows(q: bool, whole_step: bool = False, mode: str | None = None, cold_only: str | None = None,
+                  fresh_cold: bool = True):
+    """With `cold_only`, only that variant's setup runs, and its cold step's seconds are printed
+    (`COLD <s>`) for the process that started this one (`_cold_in_fresh_process`)."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    where = "each compiler in a fresh process, eager here" if fresh_cold else "in this process, variants in turn"
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {device}; a step = zero_grad, "
-          "forward, loss, backward, Adam; cold = first step incl. compile; saved = activations kept for "
+          f"forward, loss, backward, Adam; cold = first step incl. compile ({where}); saved = activations kept for "
           "backward (saved_tensors_hooks, parameters excluded); peak = max_memory_allocated (CUDA) over "
           "what was allocated before the variant's copy of the model")
     header = f"{'case':28s} {'variant':10s} {'ms/step':>9s} {'x eager':>8s} {'cold s':>8s} {'saved MiB':>10s} " \
@@ -427,6 +436,8 @@ def training_rows(q: bool, whole_step: bool = False, mode: str | None = None):
         # all of them timed in turns (compare.steady), so load swings hit every variant alike
         runs = {}
         for variant, make_compiled in selected(variants):
+            if cold_only is not None and variant != cold_only:
+                continue
             before = torch.cuda.memory_allocated() if device == "cuda" else 0
             model = copy.deepcopy(base)
             with tempfile.TemporaryDirectory() as tmp, config.patch(cache_dir=tmp):
@@ -436,6 +447,14 @@ def training_rows(q: bool, whole_step: bool = False, mode: str | None = None):
                                                  before)
                 except Exception as e:  # noqa: BLE001 - one failing row should not end the bench
                     print(f"{name:28s} {variant:10s} failed: {type(e).__name__}: {e}"[:200])
+        if cold_only is not None:
+            for _, cold, *_ in runs.values():
+                print(f"COLD {cold:.6f}")
+            continue
+        if fresh_cold:
+            for variant in [v for v in runs if v != "eager"]:
+                runs[variant] = (runs[variant][0], _cold_in_fresh_process(name, variant, q, whole_step, mode),
+                                 *runs[variant][2:])
         sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
         seconds = steady({variant: (lambda _, step=run[0]: (step(*batch), sync())) for variant, run in runs.items()},
                          None, min_time=min_time * len(runs))
@@ -450,6 +469,22 @@ def training_rows(q: bool, whole_step: bool = False, mode: str | None = None):
         runs.clear()
         if name == "transformer block":
             _partition_report(base, batch[0])
+
+
+def _cold_in_fresh_process(name: str, variant: str, q: bool, whole_step: bool, mode: str | None) -> float:
+    """`variant`'s cold step of row `name`, timed in a process of its own with empty Triton
+    and torchweld caches (this process's runs filled them and warmed the libraries up)."""
+    import subprocess
+
+    cmd = [sys.executable, os.path.abspath(__file__), "--train", "--only", name, "--cold-only", variant]
+    cmd += ["--quick"] * q + ["--whole-step"] * whole_step + (["--train-mode", mode] if mode else [])
+    with tempfile.TemporaryDirectory() as triton_cache:
+        proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "TRITON_CACHE_DIR": triton_cache})
+    colds = [float(line.split()[1]) for line in proc.stdout.splitlines() if line.startswith("COLD ")]
+    if proc.returncode != 0 or len(colds) != 1:
+        print(f"  ({variant}'s cold step in a fresh process failed: {(proc.stderr or proc.stdout)[-300:]})")
+        return float("nan")
+    return colds[0]
 
 
 def _partition_report(model: nn.Module, x: torch.Tensor) -> None:
