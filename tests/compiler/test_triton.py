@@ -114,18 +114,15 @@ def test_big_pointwise_launch_and_int64_choice():
 def test_row_kernels_drawing_random_numbers_take_eight_warps():
     """Philox is unrolled for each element a thread holds: a dropout + residual + layer norm
     row kernel takes 8 warps (4 elements a thread), the same rows without the draw 4."""
-    from torchweld.compiler.codegen.triton import compile_cost, draws_random, launch_config
+    from torchweld.compiler.codegen.triton import draws_random, launch_config
 
     def rows(p):
         fn = lambda x, r: torch.nn.functional.layer_norm(torch.nn.functional.dropout(x, p, training=True) + r, (768,))  # noqa: E731
         c = weld_compile(fn, [torch.randn(16, 768), torch.randn(16, 768)], TRITON)
-        return [(draws_random(k), launch_config(k).get("num_warps", 4), compile_cost(k))
-                for k in c.schedule.kernels() if k.is_reduction]
+        return [(draws_random(k), launch_config(k).get("num_warps", 4)) for k in c.schedule.kernels() if k.is_reduction]
 
-    [(draws, warps, cost)] = rows(0.1)
-    [(no_draw, no_draw_warps, no_draw_cost)] = rows(0.0)  # p=0: no draw
-    assert (draws, warps, no_draw, no_draw_warps) == (True, 8, False, 4)
-    assert cost > no_draw_cost + 30  # rendered, and handed to the compilers, before kernels without a draw
+    assert rows(0.1) == [(True, 8)]
+    assert rows(0.0) == [(False, 4)]  # p=0: no draw
 
 
 def test_contiguous_pointwise_kernels_of_any_size_are_one_kernel():

@@ -123,15 +123,13 @@ def _triton_kernels(renderer, kernels: list[Kernel], sched: Schedule, buffer_dty
     """(TritonLaunches, the kernels' source, their module files): each kernel rendered, loaded and
     handed to the compilers as it comes, so the first ones compile while the rest are rendered;
     then `handed_over()`, then the wait for them."""
-    from torchweld.compiler.codegen.triton import compile_cost
     from torchweld.compiler.codegen.triton_launches import TritonCompile
     from torchweld.runtime.triton_loader import GeneratedKernel
 
     compile_ = TritonCompile(kernels, sched, options)
     loaded: dict[str, GeneratedKernel] = {}  # function name -> its kernel (imported when first used)
-    costliest_first = sorted(kernels, key=compile_cost, reverse=True)  # the compilers' queue is first come first served
     with timing.phase("weld.render"):
-        for kernel, fn_name, module_source in renderer.render_modules(costliest_first, buffer_dtypes):
+        for kernel, fn_name, module_source in renderer.render_modules(kernels, buffer_dtypes):
             if module_source is not None:
                 loaded[fn_name] = GeneratedKernel(module_source, fn_name)
             compile_.add(kernel, loaded[fn_name])

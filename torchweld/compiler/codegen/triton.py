@@ -164,17 +164,6 @@ def launch_config(kernel: Kernel) -> dict:
     return config
 
 
-RAND_COMPILE_COST = 40  # a random draw unrolls into Philox's ten rounds: half its kernel's compile
-
-
-def compile_cost(kernel: Kernel) -> int:
-    """A guess at how long Triton takes to compile `kernel`: its expression nodes, a random
-    draw counting as the Philox rounds it unrolls into. The costliest kernels of a graph are
-    rendered first (driver._triton_kernels), so that the longest compiles start first."""
-    return _once(kernel, "compile_cost", lambda k: sum(
-        RAND_COMPILE_COST if n.op is Op.RAND else 1 for value in _values(k) for n in ir.walk(value)))
-
-
 def draws_random(kernel: Kernel) -> bool:
     return _once(kernel, "draws_random",
                  lambda k: any(n.op is Op.RAND for value in _values(k) for n in ir.walk(value)))
