@@ -57,7 +57,7 @@ def test_killed_workers_are_replaced(pool):
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads a process's parent from /proc")
 def test_workers_are_forked_from_one_process_that_imports_triton_once(pool):
     assert [f.result(timeout=60) for f in [pool.submit(("ping",)) for _ in range(4)]] == ["pong"] * 4
-    pids = [worker._pids[slot] for slot, worker in enumerate(pool._processes)]
+    pids = [worker.pid for worker in pool._processes]
 
     def parent(pid):
         with open(f"/proc/{pid}/stat") as f:

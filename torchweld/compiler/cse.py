@@ -29,6 +29,8 @@ import torch
 
 from torchweld.compiler.op_effects import is_random, mutates, returned_storage
 
+_TENSOR_TYPES = frozenset({"Tensor", "List[Tensor]", "Optional[Tensor]"})  # what a mergeable op returns
+
 
 def eliminate_common_subexpressions(graph: torch.fx.Graph) -> int:
     """Merge equal pure nodes of `graph` in place (see the module docstring); returns how many
@@ -73,9 +75,6 @@ def _key(node: torch.fx.Node) -> tuple | None:
 def _returns_tensors(op: torch._ops.OpOverload) -> bool:
     returns = op._schema.returns
     return bool(returns) and all(str(r.type) in _TENSOR_TYPES for r in returns)
-
-
-_TENSOR_TYPES = frozenset({"Tensor", "List[Tensor]", "Optional[Tensor]"})
 
 
 def _literal(value) -> object:

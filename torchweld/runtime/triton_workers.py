@@ -193,22 +193,25 @@ class ForkedWorker:
         self.stdin, self.stdout = stdin, stdout
         self._pids, self._slot = pids, slot
 
+    @property
+    def pid(self) -> int | None:
+        """The worker's pid (None where its first process died before forking it)."""
+        return self._pids[self._slot]
+
     def kill(self) -> None:
-        pid = self._pids[self._slot]
-        if pid is not None:
+        if self.pid is not None:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+                os.kill(self.pid, signal.SIGKILL)
 
     def poll(self) -> int | None:
         """None while the worker runs, else 0 (its exit status belongs to the process that reaps it)."""
-        pid = self._pids[self._slot]
+        if self.pid is None:
+            return 0
         try:
-            if pid is not None:
-                os.kill(pid, 0)
-                return None
+            os.kill(self.pid, 0)
         except ProcessLookupError:
-            pass
-        return 0
+            return 0
+        return None
 
     def wait(self, timeout: float | None = None) -> int:
         deadline = None if timeout is None else time.monotonic() + timeout
