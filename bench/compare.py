@@ -4,7 +4,8 @@
 
 Reports steady-state time per call, speedup over eager, and the cold compile
 time (first call, with an empty torchweld kernel cache and inductor's caches off;
-training rows (--train) time each compiler's cold step in a fresh process of its own).
+training rows (--train) time each compiler's cold step in a fresh process of its own;
+the CUDA-mode rows (--cuda-modes) run each compiler's whole row in a fresh process).
 On the CPU, eager, torch.compile and weld are timed in turns (see `steady`), so that
 the load of a shared machine weighs on all three alike; torch.compile runs first,
 so its compile() call imports torch._dynamo, which weld then finds imported.
@@ -143,13 +144,19 @@ def main():
                         help="--train: time each compiler's cold step in this process, after the variants "
                              "before it, rather than in a fresh process of its own")
     parser.add_argument("--cold-only", default=None, help=argparse.SUPPRESS)  # a fresh process's one cold step
+    parser.add_argument("--cuda-here", action="store_true",
+                        help="--cuda-modes: run every compiler's row in this process, in turn, rather than "
+                             "each in a fresh process of its own")
+    parser.add_argument("--variant-only", default=None, help=argparse.SUPPRESS)  # a fresh process's one row
+    parser.add_argument("--out-file", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     ONLY_ROWS.extend(p.strip() for p in args.only.split(",") if p.strip())
     q = args.quick
     if args.skip_inductor:
         SKIPPED_VARIANTS.add("inductor")
     if args.cuda_modes:
-        return cuda_mode_rows(q, tuple(m.strip() for m in args.modes.split(",") if m.strip()))
+        return cuda_mode_rows(q, tuple(m.strip() for m in args.modes.split(",") if m.strip()), not args.cuda_here,
+                              args.variant_only, args.out_file)
     if args.train:
         return training_rows(q, args.whole_step, args.train_mode, args.cold_only, not args.cold_here)
     cases = [
@@ -265,39 +272,82 @@ def _cuda_run(make_compiled, make, train: bool, iters: int):
     return ms, cold, peak, out
 
 
-def cuda_mode_rows(q: bool, modes=("reduce-overhead", "max-autotune")):
+def cuda_mode_rows(q: bool, modes=("reduce-overhead", "max-autotune"), fresh: bool = True,
+                   variant_only: str | None = None, out_file: str | None = None):
+    """Eager runs here; each compiler's row runs in a fresh process of its own (`fresh`), with
+    empty caches, so that neither its cold time nor its steady state depends on what ran
+    before it in this process (torch.compile's compile leaves a heap of Python objects and
+    threads behind). With `variant_only`, this process is such a child: it runs that variant
+    alone, saves its output to `out_file` and prints `RESULT <ms> <cold s> <peak MiB>`."""
     if not torch.cuda.is_available():
         print("no CUDA: the reduce-overhead / max-autotune rows need a GPU")
         return
-    print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}; cold = first 3 calls "
-          "(compile, warm-up, CUDA-graph recording); peak = max_memory_allocated over what was "
-          "allocated before the row")
-    header = f"{'case':28s} {'mode':22s} {'variant':10s} {'ms':>9s} {'x eager':>8s} {'cold s':>8s} " \
-             f"{'peak MiB':>9s} {'max |diff|':>10s}"
-    print(header)
-    print("-" * len(header))
+    if variant_only is None:
+        where = "each compiler in a fresh process" if fresh else "in this process, variants in turn"
+        print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}; cold = first 3 calls "
+              f"(compile, warm-up, CUDA-graph recording; {where}); peak = max_memory_allocated over what "
+              "was allocated before the row")
+        header = f"{'case':28s} {'mode':22s} {'variant':10s} {'ms':>9s} {'x eager':>8s} {'cold s':>8s} " \
+                 f"{'peak MiB':>9s} {'max |diff|':>10s}"
+        print(header)
+        print("-" * len(header))
     iters = 10 if q else 50
     for name, make, train in cuda_mode_cases(q):
         if not wanted(name):
             continue
-        torch.manual_seed(0)
-        eager_ms, eager_cold, eager_peak, expected = _cuda_run(lambda m: m, make, train, iters)
-        print(f"{name:28s} {'-':22s} {'eager':10s} {eager_ms:9.3f} {1.0:8.2f} {eager_cold:8.2f} {eager_peak:9.0f}")
+        if variant_only is None:
+            torch.manual_seed(0)
+            eager_ms, eager_cold, eager_peak, expected = _cuda_run(lambda m: m, make, train, iters)
+            print(f"{name:28s} {'-':22s} {'eager':10s} {eager_ms:9.3f} {1.0:8.2f} {eager_cold:8.2f} {eager_peak:9.0f}")
         for mode in modes[:1] if train else modes:
             variants = [("inductor", lambda m, mode=mode: (torch._dynamo.reset(), torch.compile(m, mode=mode))[1]),
                         ("torchweld", lambda m, mode=mode: (torchweld.reset(),
                                                             torchweld.compile(m, backend="weld", mode=mode))[1])]
             for variant, make_compiled in selected(variants):
-                with tempfile.TemporaryDirectory() as tmp, config.patch(cache_dir=tmp):
-                    torch.manual_seed(0)
-                    try:
-                        ms, cold, peak, out = _cuda_run(make_compiled, make, train, iters)
-                    except Exception as e:  # noqa: BLE001 - one failing row should not end the bench
-                        print(f"{name:28s} {mode:22s} {variant:10s} failed: {type(e).__name__}: {e}"[:200])
-                        continue
+                if variant_only is not None and variant != variant_only:
+                    continue
+                if fresh and variant_only is None:
+                    result = _cuda_row_in_fresh_process(name, mode, variant, q)
+                else:
+                    with tempfile.TemporaryDirectory() as tmp, config.patch(cache_dir=tmp):
+                        torch.manual_seed(0)
+                        try:
+                            result = _cuda_run(make_compiled, make, train, iters)
+                        except Exception as e:  # noqa: BLE001 - one failing row should not end the bench
+                            result = f"{type(e).__name__}: {e}"
+                if variant_only is not None:
+                    if isinstance(result, str):
+                        print(f"FAILED {result}"[:300])
+                    else:
+                        torch.save(result[3], out_file)
+                        print(f"RESULT {result[0]:.6f} {result[1]:.6f} {result[2]:.3f}")
+                    continue
+                if isinstance(result, str):
+                    print(f"{name:28s} {mode:22s} {variant:10s} failed: {result}"[:200])
+                    continue
+                ms, cold, peak, out = result
                 diff = (out - expected).abs().max().item() if isinstance(out, torch.Tensor) else float("nan")
                 print(f"{name:28s} {mode:22s} {variant:10s} {ms:9.3f} {eager_ms / ms:8.2f} {cold:8.2f} "
                       f"{peak:9.0f} {diff:10.2e}")
+
+
+def _cuda_row_in_fresh_process(name: str, mode: str, variant: str, q: bool):
+    """(ms, cold s, peak MiB, output) of one compiler's row, run in a process of its own with
+    empty Triton and torchweld caches; a string saying why where it failed."""
+    import subprocess
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out_file = os.path.join(tmp, "out.pt")
+        cmd = [sys.executable, os.path.abspath(__file__), "--cuda-modes", "--only", name, "--modes", mode,
+               "--variant-only", variant, "--out-file", out_file] + ["--quick"] * q
+        env = {**os.environ, "TRITON_CACHE_DIR": os.path.join(tmp, "triton"),
+               "TORCHINDUCTOR_CACHE_DIR": os.path.join(tmp, "inductor")}
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        lines = [line.split() for line in proc.stdout.splitlines() if line.startswith(("RESULT ", "FAILED "))]
+        if proc.returncode != 0 or len(lines) != 1 or lines[0][0] != "RESULT":
+            return " ".join(lines[0][1:]) if lines else (proc.stderr or proc.stdout)[-200:]
+        ms, cold, peak = map(float, lines[0][1:])
+        return ms, cold, peak, torch.load(out_file)
 
 
 # =============================================================================

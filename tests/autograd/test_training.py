@@ -486,3 +486,35 @@ def test_backward_compiled_ahead_takes_inputs_on_another_device_that_only_extern
         ahead = Future()
         ahead.set_result(Compiled(read))
         assert (_result_if_layouts_match(ahead, assumed, example) is not None) is served
+
+
+def test_state_reader_sees_replaced_state():
+    """Module state is read afresh at each call, from the dict that holds it: a parameter
+    or buffer replaced on its module is seen; one deleted and set again as a plain
+    attribute (it leaves `_parameters`) is read by getattr."""
+    from torchweld.autograd.joint import ModuleState, StateReader
+
+    model = nn.Sequential(nn.Linear(3, 2), nn.BatchNorm1d(2))
+    state = [ModuleState("0.weight", "parameter"), ModuleState("1.running_mean", "buffer")]
+    reader = StateReader(model, state)
+    assert reader.read()[0] is model[0].weight and reader.read()[1] is model[1].running_mean
+    model[0].weight = nn.Parameter(torch.randn(2, 3))
+    model[1].running_mean = torch.ones(2)
+    weight, mean = reader.read()
+    assert weight is model[0].weight and mean is model[1].running_mean
+    del model[0].weight
+    model[0].weight = torch.zeros(2, 3)  # a plain tensor attribute now
+    assert reader.read()[0] is model[0].weight
+
+
+def test_replaced_parameter_is_trained_through_a_compiled_graph():
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+    compiled = torchweld.compile(model, backend="weld")
+    x = torch.randn(3, 4)
+    compiled(x).sum().backward()
+    model[2].weight = nn.Parameter(torch.randn(2, 4))  # the module's next call reads the new one
+    model.zero_grad()
+    out = compiled(x)
+    torch.testing.assert_close(out, model(x))
+    out.sum().backward()
+    assert model[2].weight.grad is not None

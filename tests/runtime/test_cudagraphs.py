@@ -421,3 +421,72 @@ def test_compiled_training_replays_forward_and_backward_like_eager():
     for (name, a), b in zip([*model.named_parameters(), *model.named_buffers()], [*ref.parameters(), *ref.buffers()]):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=name)
     assert len(rec.records) == 2 and rec.replays == 10  # forward + backward, each recorded once
+
+
+def test_lent_outputs_are_the_recordings_own_until_the_lease_goes():
+    """With lent_from, outputs past it are handed out as the static tensors themselves
+    (no alias to make, no use count to read); the lease says whether they are in use."""
+    g = graphed(lambda x: (x + 1, x * 2, x * 3), outputs="track", lent_from=1)
+    x = torch.randn(4)
+    (out, lent2, lent3), lease = g(x)
+    torch.testing.assert_close((out, lent2, lent3), (x + 1, x * 2, x * 3))
+    instance = g.layouts[next(iter(g.layouts))].instances[0]
+    assert lent2 is instance.outputs[1] and out is not instance.outputs[0]
+    y = torch.randn(4)
+    (_, other2, _), other_lease = g(y)  # the first lease is held: a second recording
+    assert other2 is not lent2 and len(g.pool.recorder.records) == 2
+    torch.testing.assert_close(lent2, x * 2)  # the first call's lent outputs are intact
+    del lease, out
+    (_, again, _), _ = g(x)  # the first recording is free again
+    assert again is lent2 and len(g.pool.recorder.records) == 2
+
+
+def test_lending_without_a_recording_returns_no_lease():
+    g = graphed(lambda x: (x + 1, x * 2), FakeRecorder(device_type="cuda"), outputs="track", lent_from=1)
+    for _ in range(2):
+        x = torch.randn(3)
+        (a, b), lease = g(x)  # a CPU tensor cannot be recorded: the function runs as it is
+        assert lease is None
+        torch.testing.assert_close(b, x * 2)
+    with pytest.raises(ValueError, match="lent_from"):
+        graphed(lambda x: x, lent_from=0)
+
+
+def _training_pair(rec):
+    import copy
+
+    from torchweld.autograd import compile_training
+    from torchweld.backends.weld import cudagraph_wrapper
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.Tanh(), nn.Linear(8, 2)).train()
+    ref = copy.deepcopy(model)
+    wrap = cudagraph_wrapper("reduce-overhead", {"cudagraph_pool": CudaGraphPool(rec)})
+    return model, ref, compile_training(torch.fx.symbolic_trace(model), [torch.randn(4, 6)], cudagraphs=wrap)
+
+
+def test_two_forwards_before_one_backward_keep_their_saved_activations():
+    """The first forward's saved activations are lent to its graph until its backward has
+    run: the second forward must not replay over them (it records a copy of its own)."""
+    rec = FakeRecorder()
+    model, ref, compiled = _training_pair(rec)
+    x1, x2 = torch.randn(4, 6), torch.randn(4, 6)
+    (compiled(x1).tanh().sum() + compiled(x2).square().sum()).backward()
+    (ref(x1).tanh().sum() + ref(x2).square().sum()).backward()
+    for (name, a), b in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-5, msg=name)
+    # two forward recordings, and a backward recording for the activations of each
+    assert len(rec.records) == 4
+
+
+def test_retained_graph_keeps_its_activations_across_a_later_forward():
+    rec = FakeRecorder()
+    model, ref, compiled = _training_pair(rec)
+    x1, x2 = torch.randn(4, 6), torch.randn(4, 6)
+    for fn in (compiled, ref):
+        loss = fn(x1).sum()  # sum's backward saves nothing: the graph alone holds x1's activations
+        loss.backward(retain_graph=True)
+        fn(x2).sum().backward()  # a step between the two backwards of the retained graph
+        loss.backward()
+    for (name, a), b in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-5, msg=name)

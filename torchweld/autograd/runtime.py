@@ -33,6 +33,10 @@ class TrainingGraph:
     saved: list[tuple[str, int]]
     write_back: Callable[[list, list], None]  # (mutated primals, new values): runtime/write_back.py
     backward: Callable | None = None  # [*saved, *tangents] -> grads, emptying the list (_boxed)
+    # The forward is a CUDA-graph replay that lends what follows the outputs (runtime/cudagraphs.py,
+    # lent_from): it returns (results, lease), and the lease is saved with the activations, so
+    # that the recording counts as busy until the backward has let go of them
+    forward_lends: bool = False
 
     def __post_init__(self) -> None:
         # worked out once, not per call: which saved values are primals that the write-back
@@ -48,7 +52,11 @@ class CompiledFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, graph: TrainingGraph, *primals):
-        results = list(graph.forward(*primals))
+        results = graph.forward(*primals)
+        lease = None
+        if graph.forward_lends:
+            results, lease = results
+        results = list(results)
         k, m = graph.num_outputs, len(graph.mutated_primals)
         outputs, new_values, intermediates = results[:k], results[k:k + m], results[k + m:]
         saved = [primals[i] if kind == "primal" else intermediates[i] for kind, i in graph.saved]
@@ -58,7 +66,8 @@ class CompiledFunction(torch.autograd.Function):
             # a multi-tensor kernel per dtype, not a copy per buffer (batch norm's statistics)
             graph.write_back([primals[i] for i in graph.mutated_primals], new_values)
         ctx.graph = graph
-        ctx.save_for_backward(*saved)
+        ctx.leased = lease is not None
+        ctx.save_for_backward(*saved, *([lease] if ctx.leased else []))
         ctx.mark_non_differentiable(*[outputs[i] for i in graph.non_diff_outputs
                                       if isinstance(outputs[i], torch.Tensor)])
         return tuple(outputs)
@@ -72,7 +81,9 @@ class CompiledFunction(torch.autograd.Function):
                 "this part without torchweld.compile.")
         graph: TrainingGraph = ctx.graph
         tangents = [_dense(grad_outputs[i]) for i in graph.diff_outputs]
-        args = [*ctx.saved_tensors, *tangents]
+        saved = ctx.saved_tensors
+        args = [*(saved[:-1] if ctx.leased else saved), *tangents]
+        del saved
         if graph.backward is None:
             graph.backward = _boxed(graph.compile_backward(args))
         # ctx lets go of the saved tensors (unless retain_graph) and the compiled backward

@@ -10,7 +10,7 @@ import torch
 
 from torchweld import gc_pause, timing
 from torchweld.autograd.functionalize import FunctionalizationError
-from torchweld.autograd.joint import JointGraph, ModuleState, module_state, trace_joint
+from torchweld.autograd.joint import JointGraph, ModuleState, StateReader, module_state, trace_joint
 from torchweld.autograd.partition import Partition, partition
 from torchweld.autograd.runtime import TrainingGraph, run
 from torchweld.compiler.graph_modules import graph_module
@@ -30,10 +30,11 @@ class CompiledTrainingGraph:
                  joint: JointGraph, part: Partition, graph: TrainingGraph):
         self.gm, self.state, self.tensor_positions = gm, state, tensor_positions
         self.joint, self.partition, self.graph = joint, part, graph
-        self.readers = [s.reader(gm) for s in state]
+        self.state_reader = StateReader(gm, state)
 
     def __call__(self, *args):
-        primals = [read() for read in self.readers] + [args[i] for i in self.tensor_positions]
+        primals = self.state_reader.read()
+        primals += [args[i] for i in self.tensor_positions]
         return run(self.graph, primals)
 
 
@@ -79,9 +80,10 @@ def compile_training(gm: torch.fx.GraphModule, example_inputs: list, options: di
     start_backward()  # where the forward handed over no Triton kernels
     ahead = started[0]
     if cudagraphs is not None:
-        # Module state stays put between steps: read in place. The saved activations a
-        # forward replay hands out stay valid until its backward has run ("track").
-        forward = cudagraphs(forward, "forward", static_input_indices=range(len(state)), outputs="track")
+        # Module state stays put between steps: read in place. The saved activations (and
+        # new buffer values) a forward replay lends stay valid until its backward has run.
+        forward = cudagraphs(forward, "forward", static_input_indices=range(len(state)), outputs="track",
+                             lent_from=joint.num_outputs)
 
     def compile_backward(example):
         # waited for on the first backward, not at capture
@@ -99,7 +101,8 @@ def compile_training(gm: torch.fx.GraphModule, example_inputs: list, options: di
 
     write_back = WriteBack([primals[i].dtype for i in joint.mutated_primals])
     graph = TrainingGraph(forward, compile_backward, joint.num_outputs, joint.out_spec, joint.diff_outputs,
-                          joint.mutated_primals, joint.grad_primals, part.saved, write_back)
+                          joint.mutated_primals, joint.grad_primals, part.saved, write_back,
+                          forward_lends=cudagraphs is not None)
     return CompiledTrainingGraph(gm, state, tensor_positions, joint, part, graph)
 
 

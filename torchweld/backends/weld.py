@@ -203,7 +203,7 @@ def compile_options(mode: str | None, options: dict | None) -> dict:
 def cudagraph_wrapper(mode: str | None, options: dict | None, gm: torch.fx.GraphModule | None = None):
     """For compiled training (torchweld/autograd): None when mode/options ask for no
     CUDA graphs, else `wrap(fn, name, static_input_indices=(), mutated_input_indices=(),
-    outputs="copy")` recording `fn` into this model's pool; with `gm`, the captured graph,
+    outputs="copy", lent_from=None)` recording `fn` into this model's pool; with `gm`, the captured graph,
     nothing is recorded when it holds what cannot be (CPU tensors, synchronizing ops).
     Call it on the options dict the backend received (not a copy), e.g. for a forward
     over (params..., inputs...):
@@ -220,11 +220,13 @@ def cudagraph_wrapper(mode: str | None, options: dict | None, gm: torch.fx.Graph
     pool = pool_for(options)
     reason = graph_reason(gm, pool.recorder.device_type) if gm is not None else None
 
-    def wrap(fn, name: str, static_input_indices=(), mutated_input_indices=(), outputs: str | None = None):
+    def wrap(fn, name: str, static_input_indices=(), mutated_input_indices=(), outputs: str | None = None,
+             lent_from: int | None = None):
         return CudaGraphed(fn, pool=pool, name=pool.next_name(f"weld {name}"),
                            static_input_indices=tuple(static_input_indices),
                            mutated_input_indices=tuple(mutated_input_indices),
-                           outputs=outputs or options.get("cudagraph_outputs", "copy"), graph_reason=reason)
+                           outputs=outputs or options.get("cudagraph_outputs", "copy"), graph_reason=reason,
+                           lent_from=lent_from)
 
     return wrap
 

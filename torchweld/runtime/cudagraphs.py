@@ -32,7 +32,17 @@ Outputs. A replay overwrites the tensors the previous replay produced, so:
     references to their storage; if any output of the last replay is still
     alive when the graph must run again, a further copy of the graph is
     recorded (into a pool of its own, see Memory) and replayed instead; past
-    `max_instances` copies per layout it falls back to copying.
+    `max_instances` copies per layout it falls back to copying;
+  - with outputs="track", `lent_from=k` hands out the outputs from position k on
+    as the static tensors themselves, lent rather than aliased, for a caller that
+    passes them on only to something whose lifetime it knows (compiled training
+    saves them for its backward). A call then returns `(result, lease)`: the lent
+    outputs are the caller's while it holds `lease` (a tiny tensor), and a replay
+    that finds a lease still held records a further copy, as for a held output.
+    densenet121's training forward hands out ~850 outputs, one of them the user's:
+    lent, the others cost no tensor and no use count a replay. `lease` is None
+    where the outputs are not a recording's (the graph ran without CUDA graphs,
+    or copied its outputs out).
 
 Memory. The graphs of one compiled model that copy their outputs out record into
 one pool (`CudaGraphPool`). That is safe in any replay order: every static output
@@ -54,6 +64,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import operator
 from typing import Callable, Protocol, Sequence
 
 import torch
@@ -258,14 +269,23 @@ def mutated_placeholders(gm: torch.fx.GraphModule) -> list[int]:
 
 @dataclasses.dataclass(eq=False)
 class _Instance:
-    """One recorded graph: its static inputs, static outputs and replay."""
+    """One recorded graph: its static inputs, static outputs and replay.
+
+    A replay of densenet121's training forward reads ~730 inputs in place and hands out
+    ~850 outputs, its backward ~680 and ~360: what a replay does per tensor is kept to a
+    C-level `map` over lists worked out here, at recording."""
 
     replay: Callable[[], None]
     inputs: list  # static buffers the inputs are copied into (None: not a tensor, or read in place)
+    copied: list[int]  # positions of the inputs copied into `inputs` before each replay
     outputs: list  # flat static outputs
-    static_ptrs: dict[int, int]  # input position -> data_ptr recorded in place
-    baseline_uses: list | None  # storage use counts of the outputs after recording; None: copy out
-    out_spec: pytree.TreeSpec
+    in_place: Callable[[tuple], tuple]  # the inputs read in place, picked out of a call's arguments
+    in_place_ptrs: list[int]  # their data_ptr when recorded
+    storages: list | None  # "track": the handed-out outputs' storages (and the lease's), whose use counts say who holds them; None: copy out
+    storage_handles: list[int]  # their `_cdata`, what torch._C._storage_Use_Count reads
+    baseline_uses: int  # the storages' summed use count right after recording
+    lease: torch.Tensor | None  # with lent outputs: an alias of this is handed out with them
+    rebuild: Callable[[list], object]  # flat outputs -> the callable's result
     # The arguments the recorded function sees; set only around a replay, and only for
     # recorders that run the function again (GraphRecorder.replays_by_address is False).
     bound: list
@@ -276,7 +296,6 @@ class _Layout:
     """The graphs recorded for one input layout."""
 
     instances: list
-    out_spec: pytree.TreeSpec
     recordings: int = 1
     replays: int = 0
 
@@ -290,34 +309,49 @@ class CudaGraphed:
     def __init__(self, fn: Callable, *, pool: CudaGraphPool, name: str = "graph",
                  static_input_indices: Sequence[int] = (), mutated_input_indices: Sequence[int] = (),
                  outputs: str = "copy", max_instances: int = 4, graph_reason: str | None = None,
-                 before_replay: Callable[[], None] | None = None):
+                 before_replay: Callable[[], None] | None = None, lent_from: int | None = None):
         if outputs not in OUTPUT_POLICIES:
             raise ValueError(f"outputs must be one of {OUTPUT_POLICIES}, got {outputs!r}")
+        if lent_from is not None and outputs != "track":
+            raise ValueError("lent_from needs outputs='track'")
         self.fn = fn
         self.pool = pool
         self.name = name
         self.static_input_indices = frozenset(static_input_indices)
         self.mutated_input_indices = tuple(mutated_input_indices)
         self.outputs = outputs
+        self.lent_from = lent_from
         self.max_instances = max_instances
         self.graph_reason = graph_reason  # known up front (from the FX graph): never record
         # Python work a replay skips but must still do (weld's refresh of folded constants)
         self.before_replay = before_replay
         self.layouts: dict[tuple, object] = {}
         self.replays = 0
+        self._keyed_by_count: dict[int, tuple[int, ...]] = {}
+
+    def _keyed(self, count: int) -> tuple[int, ...]:
+        """Positions of a call's `count` arguments that select its recording (not the static ones)."""
+        keyed = self._keyed_by_count.get(count)
+        if keyed is None:
+            keyed = self._keyed_by_count[count] = tuple(i for i in range(count) if i not in self.static_input_indices)
+        return keyed
 
     # -- the call ----------------------------------------------------------------
     def __call__(self, *args):
         if self.graph_reason is not None:
             self.pool.log_fallback(self.name, self.graph_reason)
-            return self.fn(*args)
-        key = _layout_key(args, self.static_input_indices)
+            return self._unrecorded(self.fn(*args))
+        key = _layout_key(args, self._keyed(len(args)))
         entry = self.layouts.get(key)
         if entry is None:
             return self._first_call(key, args)
         if entry is _EAGER:
-            return self.fn(*args)
+            return self._unrecorded(self.fn(*args))
         return self._replay(entry, args)
+
+    def _unrecorded(self, result):
+        """A result computed outside any recording, as a replay would return it."""
+        return result if self.lent_from is None else (result, None)
 
     def _first_call(self, key: tuple, args: tuple):
         reason = input_reason(args, self.pool.recorder.device_type)
@@ -325,16 +359,16 @@ class CudaGraphed:
             reason = f"more than {MAX_LAYOUTS} input layouts (dynamic sizes)"
         if reason is not None:
             self._run_eagerly(key, reason)
-            return self.fn(*args)
+            return self._unrecorded(self.fn(*args))
         result = self.pool.recorder.warm_up(lambda: self.fn(*args), _device_of(args))
         try:
             instance = self._record(args, track=self.outputs == "track")
         except CannotRecord as e:
             self._run_eagerly(key, str(e))
-            return result
-        self.layouts[key] = _Layout([instance], instance.out_spec)
+            return self._unrecorded(result)
+        self.layouts[key] = _Layout([instance])
         if self.mutated_input_indices:  # the warm-up did the call's writes: a replay would repeat them
-            return result
+            return self._unrecorded(result)
         # Replayed at once, so that even the first call's outputs are the recording's: a
         # compiled backward recorded next reads those saved activations where later
         # replays will have them (the warm-up's results lie elsewhere and are dropped).
@@ -349,10 +383,11 @@ class CudaGraphed:
         try:
             instance = self._pick_instance(entry, args)
         except CannotRecord as e:
-            self._run_eagerly(_layout_key(args, self.static_input_indices), str(e))
-            return self.fn(*args)
-        for static, arg in zip(instance.inputs, args):
-            if static is not None and static is not arg:
+            self._run_eagerly(_layout_key(args, self._keyed(len(args))), str(e))
+            return self._unrecorded(self.fn(*args))
+        for i in instance.copied:
+            static, arg = instance.inputs[i], args[i]
+            if static is not arg:
                 static.copy_(arg)
         if self.before_replay is not None:
             self.before_replay()
@@ -367,11 +402,15 @@ class CudaGraphed:
         for i in self.mutated_input_indices:
             if i < len(args) and instance.inputs[i] is not None:
                 args[i].copy_(instance.inputs[i])
-        if instance.baseline_uses is None:  # "copy", or "track" past max_instances
+        if instance.storages is None:  # "copy", or "track" past max_instances
             flat = [o.clone() if isinstance(o, torch.Tensor) else o for o in instance.outputs]
-        else:  # fresh aliases: each adds a use of the storage while the user holds it
-            flat = [o.detach() if isinstance(o, torch.Tensor) else o for o in instance.outputs]
-        return pytree.tree_unflatten(flat, entry.out_spec)
+            return self._unrecorded(instance.rebuild(flat))
+        # fresh aliases: each adds a use of the storage while the user holds it
+        handed = instance.outputs if self.lent_from is None else instance.outputs[:self.lent_from]
+        flat = [o.detach() if isinstance(o, torch.Tensor) else o for o in handed]
+        if self.lent_from is None:
+            return instance.rebuild(flat)
+        return instance.rebuild(flat + instance.outputs[self.lent_from:]), instance.lease.detach()
 
     def _pick_instance(self, entry: _Layout, args: tuple) -> _Instance:
         """A recording this call can replay: its static inputs where `args` has them and,
@@ -379,7 +418,7 @@ class CudaGraphed:
         matching = [inst for inst in entry.instances if not _moved(inst, args)]
         if self.outputs == "copy":
             return matching[0] if matching else self._add(entry, args, track=False)
-        tracked = [inst for inst in matching if inst.baseline_uses is not None]
+        tracked = [inst for inst in matching if inst.storages is not None]
         for inst in tracked:
             if not _outputs_alive(inst):
                 return inst
@@ -387,7 +426,7 @@ class CudaGraphed:
             return self._add(entry, args, track=True)
         # the user holds outputs of every copy: copy out from now on
         log.debug("%s: outputs of %d recordings are all alive; copying outputs", self.name, len(tracked))
-        copying = [inst for inst in matching if inst.baseline_uses is None]
+        copying = [inst for inst in matching if inst.storages is None]
         return copying[0] if copying else self._add(entry, args, track=False)
 
     def _add(self, entry: _Layout, args: tuple, track: bool) -> _Instance:
@@ -406,14 +445,14 @@ class CudaGraphed:
 
     # -- recording -----------------------------------------------------------------
     def _record(self, args: tuple, track: bool) -> _Instance:
-        static_ptrs = {}
+        in_place = []
         inputs = []
         for i, a in enumerate(args):
             if not isinstance(a, torch.Tensor):
                 inputs.append(None)
             elif i in self.static_input_indices or isinstance(a, torch.nn.Parameter):
                 inputs.append(a)
-                static_ptrs[i] = a.data_ptr()
+                in_place.append(i)
             else:
                 buf = torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=a.device)
                 buf.copy_(a)
@@ -440,22 +479,48 @@ class CudaGraphed:
             raise CannotRecord(f"recording failed: {first}") from e
         self.pool.graphs_recorded += 1
         bound[0] = static_args = None  # static inputs are read by address: hold no reference to them
-        inputs = [None if i in static_ptrs else buf for i, buf in enumerate(inputs)]
+        for i in in_place:
+            inputs[i] = None
         outputs = list(outputs)
-        baseline = [_storage_uses(o) for o in outputs] if track else None
+        storages = lease = None
+        if track:
+            lease = torch.empty(1) if self.lent_from is not None else None
+            handed = outputs if lease is None else [*outputs[:self.lent_from], lease]
+            storages = [o.untyped_storage() for o in handed if isinstance(o, torch.Tensor)]
         # a recording computes nothing: the outputs hold garbage until the first replay
-        return _Instance(replay, inputs, outputs, static_ptrs, baseline, spec_box[-1], bound)
+        instance = _Instance(replay, inputs, [i for i, buf in enumerate(inputs) if buf is not None], outputs,
+                             _picker(in_place), [], storages, [s._cdata for s in storages or ()], 0, lease,
+                             _rebuilder(spec_box[-1]), bound)
+        instance.in_place_ptrs = _data_ptrs(instance, args)
+        instance.baseline_uses = _storage_uses(instance)
+        return instance
 
 
-def _layout_key(args: tuple, static: frozenset = frozenset()) -> tuple:
-    """What selects a recording: the layout of every argument copied into a static
-    buffer. Static inputs (module state, saved activations) are left out: their
-    callers' guards or the forward's layout fix their layout, and a static input
-    that moves is caught by `_moved` (densenet121's train step has ~1200 of them)."""
+def _picker(positions: list[int]) -> Callable[[tuple], tuple]:
+    """args -> the tuple of args at `positions` (one C call, as operator.itemgetter does)."""
+    if len(positions) == 1:
+        only = positions[0]
+        return lambda args: (args[only],)
+    return operator.itemgetter(*positions) if positions else (lambda args: ())
+
+
+def _rebuilder(spec: pytree.TreeSpec) -> Callable[[list], object]:
+    """flat outputs -> the result `spec` describes; a flat tuple or list without pytree's walk."""
+    children = spec.children() if callable(getattr(spec, "children", None)) else spec.children_specs
+    if spec.type in (tuple, list) and all(child.is_leaf() for child in children):
+        return spec.type
+    return lambda flat: pytree.tree_unflatten(flat, spec)
+
+
+def _layout_key(args: tuple, keyed: Sequence[int]) -> tuple:
+    """What selects a recording: the layout of every argument at `keyed`, those copied
+    into a static buffer (`CudaGraphed._keyed`). Static inputs (module state, saved
+    activations) are left out: their callers' guards or the forward's layout fix their
+    layout, and a static input that moves is caught by `_moved` (densenet121's train
+    step has ~1400 of them)."""
     key = []
-    for i, a in enumerate(args):
-        if i in static:
-            continue
+    for i in keyed:
+        a = args[i]
         if isinstance(a, torch.Tensor):
             key.append((a.shape, a.stride(), a.dtype, a.device, a.requires_grad))
         else:
@@ -467,16 +532,26 @@ def _device_of(args: tuple) -> torch.device | None:
     return next((a.device for a in args if isinstance(a, torch.Tensor)), None)
 
 
+def _data_ptrs(instance: _Instance, args: tuple) -> list[int]:
+    return list(map(_DATA_PTR, instance.in_place(args)))
+
+
 def _moved(instance: _Instance, args: tuple) -> bool:
-    return any(args[i].data_ptr() != ptr for i, ptr in instance.static_ptrs.items())
+    """Whether an input the recording reads in place lies elsewhere in this call."""
+    return _data_ptrs(instance, args) != instance.in_place_ptrs
 
 
-def _storage_uses(t: object) -> int:
-    if not isinstance(t, torch.Tensor):
-        return 0
-    return torch._C._storage_Use_Count(t.untyped_storage()._cdata)
+def _storage_uses(instance: _Instance) -> int:
+    """The summed use counts of the outputs' storages: tensors (and storage objects) sharing them."""
+    return sum(map(_USE_COUNT, instance.storage_handles))
 
 
 def _outputs_alive(instance: _Instance) -> bool:
-    """Whether the user still holds (a view of) an output of this graph's last replay."""
-    return any(_storage_uses(o) > base for o, base in zip(instance.outputs, instance.baseline_uses))
+    """Whether the user still holds (a view of) an output of this graph's last replay.
+    The recording holds each output and its storage, so no count falls below its baseline
+    and any count above it is a tensor held elsewhere."""
+    return _storage_uses(instance) > instance.baseline_uses
+
+
+_DATA_PTR = torch.Tensor.data_ptr
+_USE_COUNT = torch._C._storage_Use_Count
