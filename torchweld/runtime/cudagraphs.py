@@ -281,9 +281,11 @@ class _Instance:
     outputs: list  # flat static outputs
     in_place: Callable[[tuple], tuple]  # the inputs read in place, picked out of a call's arguments
     in_place_ptrs: list[int]  # their data_ptr when recorded
-    storages: list | None  # "track": the handed-out outputs' storages (and the lease's), whose use counts say who holds them; None: copy out
+    # "track": the storages of the outputs handed out (and of the lease), whose use counts
+    # say who holds them; None: outputs are copied out
+    storages: list | None
     storage_handles: list[int]  # their `_cdata`, what torch._C._storage_Use_Count reads
-    baseline_uses: int  # the storages' summed use count right after recording
+    baseline_uses: list[int]  # each one's use count right after recording
     lease: torch.Tensor | None  # with lent outputs: an alias of this is handed out with them
     rebuild: Callable[[list], object]  # flat outputs -> the callable's result
     # The arguments the recorded function sees; set only around a replay, and only for
@@ -489,7 +491,7 @@ class CudaGraphed:
             storages = [o.untyped_storage() for o in handed if isinstance(o, torch.Tensor)]
         # a recording computes nothing: the outputs hold garbage until the first replay
         instance = _Instance(replay, inputs, [i for i, buf in enumerate(inputs) if buf is not None], outputs,
-                             _picker(in_place), [], storages, [s._cdata for s in storages or ()], 0, lease,
+                             _picker(in_place), [], storages, [s._cdata for s in storages or ()], [], lease,
                              _rebuilder(spec_box[-1]), bound)
         instance.in_place_ptrs = _data_ptrs(instance, args)
         instance.baseline_uses = _storage_uses(instance)
@@ -541,16 +543,15 @@ def _moved(instance: _Instance, args: tuple) -> bool:
     return _data_ptrs(instance, args) != instance.in_place_ptrs
 
 
-def _storage_uses(instance: _Instance) -> int:
-    """The summed use counts of the outputs' storages: tensors (and storage objects) sharing them."""
-    return sum(map(_USE_COUNT, instance.storage_handles))
+def _storage_uses(instance: _Instance) -> list[int]:
+    """The use counts of the handed-out outputs' storages: tensors (and storage objects) sharing them."""
+    return list(map(_USE_COUNT, instance.storage_handles))
 
 
 def _outputs_alive(instance: _Instance) -> bool:
-    """Whether the user still holds (a view of) an output of this graph's last replay.
-    The recording holds each output and its storage, so no count falls below its baseline
-    and any count above it is a tensor held elsewhere."""
-    return _storage_uses(instance) > instance.baseline_uses
+    """Whether the user still holds (a view of) an output of this graph's last replay (or
+    the lease of its lent outputs): a storage used more than when it was recorded."""
+    return any(map(operator.gt, _storage_uses(instance), instance.baseline_uses))
 
 
 _DATA_PTR = torch.Tensor.data_ptr
