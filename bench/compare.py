@@ -341,20 +341,30 @@ def cuda_mode_rows(q: bool, modes=("reduce-overhead", "max-autotune"), fresh: bo
 def _cuda_row_in_fresh_process(name: str, mode: str, variant: str, q: bool):
     """(ms, cold s, peak MiB, output) of one compiler's row, run in a process of its own with
     empty Triton and torchweld caches; a string saying why where it failed."""
-    import subprocess
-
     with tempfile.TemporaryDirectory() as tmp:
         out_file = os.path.join(tmp, "out.pt")
-        cmd = [sys.executable, os.path.abspath(__file__), "--cuda-modes", "--only", name, "--modes", mode,
-               "--variant-only", variant, "--out-file", out_file] + ["--quick"] * q
-        env = {**os.environ, "TRITON_CACHE_DIR": os.path.join(tmp, "triton"),
-               "TORCHINDUCTOR_CACHE_DIR": os.path.join(tmp, "inductor")}
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-        lines = [line.split() for line in proc.stdout.splitlines() if line.startswith(("RESULT ", "FAILED "))]
-        if proc.returncode != 0 or len(lines) != 1 or lines[0][0] != "RESULT":
-            return " ".join(lines[0][1:]) if lines else (proc.stderr or proc.stdout)[-200:]
+        args = ["--cuda-modes", "--only", name, "--modes", mode, "--variant-only", variant, "--out-file", out_file]
+        lines, failure = _in_fresh_process(args + ["--quick"] * q, ("RESULT", "FAILED"))
+        if failure or lines[0][0] != "RESULT":
+            return failure or " ".join(lines[0][1:])
         ms, cold, peak = map(float, lines[0][1:])
         return ms, cold, peak, torch.load(out_file)
+
+
+def _in_fresh_process(args: list[str], markers: tuple[str, ...]) -> tuple[list[list[str]], str | None]:
+    """Run this script with `args` in a process of its own with an empty Triton cache (this
+    process's runs filled it and warmed the libraries up; torchweld's cache is a temporary
+    folder per row anyway): (its one output line that starts with a marker, split into words;
+    None) or ([], the tail of what it printed) where it failed."""
+    import subprocess
+
+    with tempfile.TemporaryDirectory() as triton_cache:
+        proc = subprocess.run([sys.executable, os.path.abspath(__file__), *args], capture_output=True, text=True,
+                              env={**os.environ, "TRITON_CACHE_DIR": triton_cache})
+    lines = [line.split() for line in proc.stdout.splitlines() if line.split()[:1] and line.split()[0] in markers]
+    if proc.returncode != 0 or len(lines) != 1:
+        return [], (proc.stderr or proc.stdout)[-300:]
+    return lines, None
 
 
 # =============================================================================
@@ -529,19 +539,14 @@ def training_rows(q: bool, whole_step: bool = False, mode: str | None = None, co
 
 
 def _cold_in_fresh_process(name: str, variant: str, q: bool, whole_step: bool, mode: str | None) -> float:
-    """`variant`'s cold step of row `name`, timed in a process of its own with empty Triton
-    and torchweld caches (this process's runs filled them and warmed the libraries up)."""
-    import subprocess
-
-    cmd = [sys.executable, os.path.abspath(__file__), "--train", "--only", name, "--cold-only", variant]
-    cmd += ["--quick"] * q + ["--whole-step"] * whole_step + (["--train-mode", mode] if mode else [])
-    with tempfile.TemporaryDirectory() as triton_cache:
-        proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "TRITON_CACHE_DIR": triton_cache})
-    colds = [float(line.split()[1]) for line in proc.stdout.splitlines() if line.startswith("COLD ")]
-    if proc.returncode != 0 or len(colds) != 1:
-        print(f"  ({variant}'s cold step in a fresh process failed: {(proc.stderr or proc.stdout)[-300:]})")
+    """`variant`'s cold step of row `name`, timed in a process of its own (`_in_fresh_process`)."""
+    args = ["--train", "--only", name, "--cold-only", variant]
+    args += ["--quick"] * q + ["--whole-step"] * whole_step + (["--train-mode", mode] if mode else [])
+    lines, failure = _in_fresh_process(args, ("COLD",))
+    if failure:
+        print(f"  ({variant}'s cold step in a fresh process failed: {failure})")
         return float("nan")
-    return colds[0]
+    return float(lines[0][1])
 
 
 def _partition_report(model: nn.Module, x: torch.Tensor) -> None:

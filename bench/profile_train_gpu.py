@@ -17,7 +17,8 @@ torchweld.compile(backend="weld", mode=MODE); the optimizer runs natively, or wi
     with counts, and the top kernels, so "CPU-bound" and "GPU-bound" read off at once;
   - weld: what its forward and backward wrappers contain, and the top Python functions
     of 5 steps by own time (cProfile).
---inductor profiles torch.compile's step (the model compiled, Adam native) the same way.
+--inductor profiles torch.compile's step (the model compiled with the same --mode, Adam native) the
+same way.
 --compile-profile runs weld's first step (capture, joint trace, partition, code
 generation, Triton compiles) under cProfile and prints where the cold compile goes.
 """
@@ -294,7 +295,7 @@ def main() -> None:
         del model
     if args.inductor:
         model = make_model(args.model)
-        step = Step(model, torch.compile(model), x, y, loss_fn)
+        step = Step(model, torch.compile(model, mode=args.mode), x, y, loss_fn)
         t0 = time.perf_counter()
         step()
         torch.cuda.synchronize()

@@ -506,6 +506,15 @@ def test_state_reader_sees_replaced_state():
     model[0].weight = torch.zeros(2, 3)  # a plain tensor attribute now
     assert reader.read()[0] is model[0].weight
 
+    class Shadowed(nn.Linear):
+        pass
+
+    shadowed = Shadowed(3, 2)
+    # a class attribute of the parameter's name, a property here, wins under getattr
+    Shadowed.bias = property(lambda self: self._parameters["bias"] * 0)
+    (bias,) = StateReader(shadowed, [ModuleState("bias", "parameter")]).read()
+    assert torch.equal(bias, torch.zeros(2))
+
 
 def test_replaced_parameter_is_trained_through_a_compiled_graph():
     model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
@@ -518,3 +527,8 @@ def test_replaced_parameter_is_trained_through_a_compiled_graph():
     torch.testing.assert_close(out, model(x))
     out.sum().backward()
     assert model[2].weight.grad is not None
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    model(x).sum().backward()  # eager's gradients for the replaced weight and the rest
+    for g, p in zip(grads, model.parameters()):
+        torch.testing.assert_close(g, p.grad)

@@ -51,9 +51,16 @@ class ModuleState:
     name: str
     kind: str  # "parameter", "buffer" or "attribute"
 
-    def read(self, gm: torch.nn.Module) -> torch.Tensor:
+    def owner(self, gm: torch.nn.Module) -> tuple[torch.nn.Module, str]:
+        """(the module that holds this tensor, its attribute name there)."""
         owner, _, attr = self.name.rpartition(".")
-        return getattr(gm.get_submodule(owner) if owner else gm, attr)
+        return gm.get_submodule(owner) if owner else gm, attr
+
+    def read(self, gm: torch.nn.Module) -> torch.Tensor:
+        return getattr(*self.owner(gm))
+
+    def write(self, gm: torch.nn.Module, value: torch.Tensor) -> None:
+        setattr(*self.owner(gm), value)
 
 
 class StateReader:
@@ -62,17 +69,17 @@ class StateReader:
     Each is looked up in the dict that holds it on its owning module (`_parameters`,
     `_buffers` or `__dict__`), found once, here: one dict lookup per tensor at each call
     instead of nn.Module.__getattr__ (densenet121 reads ~730 a step). A tensor that has
-    left its dict since (deleted, set as another kind of attribute) is read by getattr."""
+    left its dict since (deleted, set as another kind of attribute) is read by getattr, as is
+    one whose module class defines `__getattr__` or an attribute of that name itself."""
 
     def __init__(self, gm: torch.nn.Module, state: list[ModuleState]):
         self.gm, self.state = gm, state
         self.places = []
         for s in state:
-            owner_name, _, attr = s.name.rpartition(".")
-            owner = gm.get_submodule(owner_name) if owner_name else gm
+            owner, attr = s.owner(gm)
             held = next((d for d in (owner._parameters, owner._buffers, owner.__dict__) if attr in d), None)
-            self.places.append((held if held is not None and type(owner).__getattr__ is torch.nn.Module.__getattr__
-                                else _Getattr(owner), attr))
+            plain = type(owner).__getattr__ is torch.nn.Module.__getattr__ and not hasattr(type(owner), attr)
+            self.places.append((held if held is not None and plain else _Getattr(owner), attr))
 
     def read(self) -> list[torch.Tensor]:
         try:
@@ -113,14 +120,12 @@ def substituted(gm: torch.nn.Module, state: list[ModuleState], values: list[torc
     saved = [(s, s.read(gm)) for s, _ in attributes]
     try:
         for s, v in attributes:
-            owner, _, attr = s.name.rpartition(".")
-            setattr(gm.get_submodule(owner) if owner else gm, attr, v)
+            s.write(gm, v)
         with _reparametrize_module(gm, tensors, tie_weights=True):
             yield
     finally:
         for s, v in saved:
-            owner, _, attr = s.name.rpartition(".")
-            setattr(gm.get_submodule(owner) if owner else gm, attr, v)
+            s.write(gm, v)
 
 
 @dataclasses.dataclass
