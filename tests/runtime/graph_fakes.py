@@ -3,7 +3,10 @@ keeps its results as the static outputs; each replay runs it again on the static
 inputs and overwrites those outputs in place, as a CUDA graph replay does."""
 from __future__ import annotations
 
+import weakref
+
 import torch
+import torch.utils._pytree as pytree
 
 
 class FakeRecorder:
@@ -16,6 +19,8 @@ class FakeRecorder:
         self.records: list[object] = []  # the pool of each recording
         self.warm_ups = 0
         self.replays = 0
+        self.warm_up_outputs: list[weakref.ref] = []  # the tensors each warm-up returned
+        self.warm_up_outputs_alive: list[int] = []  # how many of them were alive at each recording
 
     def new_pool(self) -> object:
         self.pools.append(object())
@@ -23,11 +28,14 @@ class FakeRecorder:
 
     def warm_up(self, fn, device):
         self.warm_ups += 1
-        return fn()
+        out = fn()
+        self.warm_up_outputs += [weakref.ref(t) for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+        return out
 
     def record(self, fn, pool, device):
         if self.fail_with is not None:
             raise self.fail_with
+        self.warm_up_outputs_alive.append(sum(ref() is not None for ref in self.warm_up_outputs))
         static = list(fn())
         self.records.append(pool)
 

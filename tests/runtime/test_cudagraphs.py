@@ -31,6 +31,14 @@ def test_warm_up_then_record_then_replay():
     assert (rec.warm_ups, len(rec.records), rec.replays) == (1, 1, 4)  # the first call replays too
 
 
+def test_warm_up_results_are_dropped_before_recording():
+    # held, they would sit beside the recording's own outputs: the first call's peak memory
+    g = graphed(f, outputs="track")
+    x, y = torch.randn(4), torch.randn(4)
+    torch.testing.assert_close(g(x, y), f(x, y))
+    assert g.pool.recorder.warm_up_outputs_alive == [0]
+
+
 def test_copied_outputs_stay_valid():
     g = graphed(f)
     x1, x2, y = torch.randn(4), torch.randn(4), torch.randn(4)
@@ -210,6 +218,23 @@ def test_recording_failure_runs_eagerly(caplog):
             x = torch.randn(3)
             torch.testing.assert_close(g(x), x + 1)
     assert sum("operation not permitted" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_recording_failure_after_a_mutating_warm_up_returns_its_result():
+    # the warm-up did the call's writes: its result is returned, not a second run's
+    rec = FakeRecorder(fail_with=RuntimeError("recording failed"))
+    calls = []
+
+    def bump(x):
+        calls.append(1)
+        x.add_(1)
+        return x * 2
+
+    g = graphed(bump, rec, mutated_input_indices=[0])
+    x = torch.zeros(3)
+    torch.testing.assert_close(g(x), torch.full((3,), 2.0))
+    torch.testing.assert_close(x, torch.ones(3))
+    assert len(calls) == 1
 
 
 def test_too_many_layouts_is_dynamic(caplog):

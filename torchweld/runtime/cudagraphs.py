@@ -117,9 +117,20 @@ class CudaGraphRecorder:
     def new_pool(self) -> object:
         return torch.cuda.graph_pool_handle()
 
+    @staticmethod
+    def _side_stream(device: torch.device | None) -> torch.cuda.Stream:
+        """The one stream of `device` that every warm-up and recording runs on: cuBLAS keeps a
+        workspace per stream it has run on, allocated on first use and never freed, so a
+        fresh stream per warm-up cost densenet121's train step a workspace per graph."""
+        index = torch.cuda.current_device() if device is None or device.index is None else device.index
+        stream = _SIDE_STREAMS.get(index)
+        if stream is None:
+            stream = _SIDE_STREAMS[index] = torch.cuda.Stream(index)
+        return stream
+
     def warm_up(self, fn: Callable[[], object], device: torch.device | None) -> object:
         with torch.cuda.device(device):
-            stream = torch.cuda.Stream()
+            stream = self._side_stream(device)
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):
                 out = fn()
@@ -132,9 +143,13 @@ class CudaGraphRecorder:
         # thread_local: weld's own threads go on meanwhile (a backward compiled ahead allocates
         # its kernels' dummy arguments and loads binaries), and in the default "global" mode
         # such a call from another thread invalidated this recording, which was then made again
-        with torch.cuda.device(device), torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
+        with torch.cuda.device(device), torch.cuda.graph(graph, pool=pool, stream=self._side_stream(device),
+                                                         capture_error_mode="thread_local"):
             out = fn()
         return graph.replay, out
+
+
+_SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}  # device index -> CudaGraphRecorder._side_stream
 
 
 class CannotRecord(Exception):
@@ -363,18 +378,23 @@ class CudaGraphed:
             self._run_eagerly(key, reason)
             return self._unrecorded(self.fn(*args))
         result = self.pool.recorder.warm_up(lambda: self.fn(*args), _device_of(args))
+        kept = bool(self.mutated_input_indices)  # then a second run would repeat its writes
+        if not kept:
+            # The call's result is the first replay's (below), so the warm-up's is dropped
+            # before recording: held, it would sit beside the recording's own outputs, and
+            # densenet121's training forward peaked 300 MiB higher on its first call.
+            result = None
         try:
             instance = self._record(args, track=self.outputs == "track")
         except CannotRecord as e:
             self._run_eagerly(key, str(e))
-            return self._unrecorded(result)
+            return self._unrecorded(result if kept else self.fn(*args))
         self.layouts[key] = _Layout([instance])
-        if self.mutated_input_indices:  # the warm-up did the call's writes: a replay would repeat them
+        if kept:  # the warm-up did the call's writes: a replay would repeat them
             return self._unrecorded(result)
         # Replayed at once, so that even the first call's outputs are the recording's: a
         # compiled backward recorded next reads those saved activations where later
-        # replays will have them (the warm-up's results lie elsewhere and are dropped).
-        del result
+        # replays will have them (the warm-up's results lay elsewhere).
         return self._replay(self.layouts[key], args)
 
     def _run_eagerly(self, key: tuple, reason: str) -> None:
