@@ -109,7 +109,7 @@ class GraphRecorder(Protocol):
 
 
 class CudaGraphRecorder:
-    """torch.cuda.CUDAGraph: warm-up on a side stream, recording with a shared pool."""
+    """torch.cuda.CUDAGraph: warm-ups and recordings on one side stream per device, into the pool given."""
 
     device_type = "cuda"
     replays_by_address = True
