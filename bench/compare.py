@@ -247,11 +247,12 @@ def _train_step(model):
 
 def _cuda_run(make_compiled, make, train: bool, iters: int):
     """(ms per call: the median of 3 rounds of `iters` calls, cold s for the first 3 calls: compile +
-    warm-up + recording, peak MiB, output)."""
+    warm-up + recording, peak MiB allocated, peak MiB reserved, output)."""
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()  # what earlier rows left: not this variant's
+    reserved_before = torch.cuda.memory_reserved()
     model, args = make()
     t0 = time.perf_counter()
     compiled = make_compiled(model)
@@ -275,8 +276,9 @@ def _cuda_run(make_compiled, make, train: bool, iters: int):
             rounds.append((time.perf_counter() - t0) / iters * 1e3)
         ms = statistics.median(rounds)
     peak = (torch.cuda.max_memory_allocated() - before) / 2 ** 20
+    reserved = (torch.cuda.max_memory_reserved() - reserved_before) / 2 ** 20
     out = out.detach().float().clone() if isinstance(out, torch.Tensor) else out
-    return ms, cold, peak, out
+    return ms, cold, peak, reserved, out
 
 
 def cuda_mode_rows(q: bool, modes=("reduce-overhead", "max-autotune"), fresh: bool = True,
@@ -285,7 +287,7 @@ def cuda_mode_rows(q: bool, modes=("reduce-overhead", "max-autotune"), fresh: bo
     empty caches, so that neither its cold time nor its steady state depends on what ran
     before it in this process (torch.compile's compile leaves a heap of Python objects and
     threads behind). With `variant_only`, this process is such a child: it runs that variant
-    alone, saves its output to `out_file` and prints `RESULT <ms> <cold s> <peak MiB>`."""
+    alone, saves its output to `out_file` and prints `RESULT <ms> <cold s> <peak MiB> <reserved MiB>`."""
     if not torch.cuda.is_available():
         print("no CUDA: the reduce-overhead / max-autotune rows need a GPU")
         return
@@ -293,9 +295,10 @@ def cuda_mode_rows(q: bool, modes=("reduce-overhead", "max-autotune"), fresh: bo
         where = "each compiler in a fresh process" if fresh else "in this process, variants in turn"
         print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}; cold = first 3 calls "
               f"(compile, warm-up, CUDA-graph recording; {where}); peak = max_memory_allocated over what "
-              "was allocated before the row")
+              "was allocated before the row; reserved = max_memory_reserved likewise (CUDA graph trees do "
+              "not count their outputs as allocated, and a graph's scratch is reserved, not allocated)")
         header = f"{'case':28s} {'mode':22s} {'variant':10s} {'ms':>9s} {'x eager':>8s} {'cold s':>8s} " \
-                 f"{'peak MiB':>9s} {'max |diff|':>10s}"
+                 f"{'peak MiB':>9s} {'reserved':>9s} {'max |diff|':>10s}"
         print(header)
         print("-" * len(header))
     iters = 10 if q else 50
@@ -304,8 +307,9 @@ def cuda_mode_rows(q: bool, modes=("reduce-overhead", "max-autotune"), fresh: bo
             continue
         if variant_only is None:
             torch.manual_seed(0)
-            eager_ms, eager_cold, eager_peak, expected = _cuda_run(lambda m: m, make, train, iters)
-            print(f"{name:28s} {'-':22s} {'eager':10s} {eager_ms:9.3f} {1.0:8.2f} {eager_cold:8.2f} {eager_peak:9.0f}")
+            eager_ms, eager_cold, eager_peak, eager_reserved, expected = _cuda_run(lambda m: m, make, train, iters)
+            print(f"{name:28s} {'-':22s} {'eager':10s} {eager_ms:9.3f} {1.0:8.2f} {eager_cold:8.2f} {eager_peak:9.0f} "
+                  f"{eager_reserved:9.0f}")
         for mode in modes[:1] if train else modes:
             variants = [("inductor", lambda m, mode=mode: (torch._dynamo.reset(), torch.compile(m, mode=mode))[1]),
                         ("torchweld", lambda m, mode=mode: (torchweld.reset(),
@@ -326,20 +330,20 @@ def cuda_mode_rows(q: bool, modes=("reduce-overhead", "max-autotune"), fresh: bo
                     if isinstance(result, str):
                         print(f"FAILED {result}"[:300])
                     else:
-                        torch.save(result[3], out_file)
-                        print(f"RESULT {result[0]:.6f} {result[1]:.6f} {result[2]:.3f}")
+                        torch.save(result[-1], out_file)
+                        print(f"RESULT {result[0]:.6f} {result[1]:.6f} {result[2]:.3f} {result[3]:.3f}")
                     continue
                 if isinstance(result, str):
                     print(f"{name:28s} {mode:22s} {variant:10s} failed: {result}"[:200])
                     continue
-                ms, cold, peak, out = result
+                ms, cold, peak, reserved, out = result
                 diff = (out - expected).abs().max().item() if isinstance(out, torch.Tensor) else float("nan")
                 print(f"{name:28s} {mode:22s} {variant:10s} {ms:9.3f} {eager_ms / ms:8.2f} {cold:8.2f} "
-                      f"{peak:9.0f} {diff:10.2e}")
+                      f"{peak:9.0f} {reserved:9.0f} {diff:10.2e}")
 
 
 def _cuda_row_in_fresh_process(name: str, mode: str, variant: str, q: bool):
-    """(ms, cold s, peak MiB, output) of one compiler's row, run in a process of its own with
+    """(ms, cold s, peak MiB, reserved MiB, output) of one compiler's row, run in a process of its own with
     empty Triton and torchweld caches; a string saying why where it failed."""
     with tempfile.TemporaryDirectory() as tmp:
         out_file = os.path.join(tmp, "out.pt")
@@ -347,8 +351,8 @@ def _cuda_row_in_fresh_process(name: str, mode: str, variant: str, q: bool):
         lines, failure = _in_fresh_process(args + ["--quick"] * q, ("RESULT", "FAILED"))
         if failure or lines[0][0] != "RESULT":
             return failure or " ".join(lines[0][1:])
-        ms, cold, peak = map(float, lines[0][1:])
-        return ms, cold, peak, torch.load(out_file)
+        ms, cold, peak, reserved = map(float, lines[0][1:])
+        return ms, cold, peak, reserved, torch.load(out_file)
 
 
 def _in_fresh_process(args: list[str], markers: tuple[str, ...]) -> tuple[list[list[str]], str | None]:
