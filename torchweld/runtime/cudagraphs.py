@@ -388,8 +388,8 @@ class CudaGraphed:
         kept = bool(self.mutated_input_indices)  # then a second run would repeat its writes
         if not kept:
             # The call's result is the first replay's (below), so the warm-up's is dropped
-            # before recording: held, it would sit beside the recording's own outputs, and
-            # densenet121's training forward peaked 300 MiB higher on its first call.
+            # before recording: held, it would sit beside the recording's own outputs
+            # (densenet121's training forward held its 453 MiB of saved activations twice).
             result = None
         try:
             instance = self._record(args, track=self.outputs == "track")
@@ -516,13 +516,13 @@ class CudaGraphed:
             lease = torch.empty(1) if self.lent_from is not None else None
             handed = outputs if lease is None else [*outputs[:self.lent_from], lease]
             storages = [o.untyped_storage() for o in handed if isinstance(o, torch.Tensor)]
+        picker = _picker(in_place)
+        handles = [s._cdata for s in storages or ()]
         # a recording computes nothing: the outputs hold garbage until the first replay
-        instance = _Instance(replay, inputs, [i for i, buf in enumerate(inputs) if buf is not None], outputs,
-                             _picker(in_place), [], storages, [s._cdata for s in storages or ()], [], lease,
-                             _rebuilder(spec_box[-1]), bound)
-        instance.in_place_ptrs = _data_ptrs(instance, args)
-        instance.baseline_uses = _storage_uses(instance)
-        return instance
+        return _Instance(replay, inputs, copied=[i for i, buf in enumerate(inputs) if buf is not None],
+                         outputs=outputs, in_place=picker, in_place_ptrs=list(map(_DATA_PTR, picker(args))),
+                         storages=storages, storage_handles=handles, baseline_uses=list(map(_USE_COUNT, handles)),
+                         lease=lease, rebuild=_rebuilder(spec_box[-1]), bound=bound)
 
 
 def _picker(positions: list[int]) -> Callable[[tuple], tuple]:
