@@ -218,6 +218,39 @@ def test_mixed_outputs_and_inputs():
     assert unused.grad is None
 
 
+def test_detached_views_of_inputs_do_not_require_grad():
+    """weld makes `t.view(-1).detach()` a view of `t`; eager's does not require grad, and
+    neither may ours (an autograd.Function's output that views an input kept requiring it)."""
+    fns = [lambda t, w: (t * w, t.view(-1).detach()), lambda t, w: (t.detach(), w[0].detach() + t),
+           lambda t, w: t.view(-1).detach()]
+    t, w = torch.randn(3, 4, requires_grad=True), torch.randn(3, 4, requires_grad=True)
+    for fn in fns:
+        got, expected = torchweld.compile(fn, backend="weld")(t, w), fn(t, w)
+        got, expected = (got, expected) if isinstance(got, tuple) else ((got,), (expected,))
+        for a, b in zip(got, expected):
+            torch.testing.assert_close(a, b)
+            assert (a.requires_grad, a.grad_fn is None) == (b.requires_grad, b.grad_fn is None)
+
+
+def test_whole_step_returns_a_detached_loss():
+    """The tutorial's step returning `loss.detach()`: eager's has no grad_fn; the graph after
+    the break at `loss.backward()` made it a view of `loss`, which kept `loss`'s."""
+    model = MLP()
+    opt = torch.optim.Adam(model.parameters())
+
+    def step(x, y):
+        opt.zero_grad(True)
+        loss = nn.CrossEntropyLoss()(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    compiled = torchweld.compile(step, backend="weld")
+    for _ in range(3):
+        loss = compiled(torch.randn(8, 16), torch.randint(0, 4, (8,)))
+        assert not loss.requires_grad and loss.grad_fn is None
+
+
 def test_output_that_is_an_input_passes_gradients():
     def fn(x, w):
         return x, x * w

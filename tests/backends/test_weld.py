@@ -95,3 +95,22 @@ def test_mutated_input_is_written_back():
         out = compiled(x)
     torch.testing.assert_close(x, expected_x)
     torch.testing.assert_close(out, expected_x * 2)
+
+
+def test_detached_views_do_not_require_grad_without_autograd():
+    """A graph that records no autograd (under no_grad, or only detached values) returns
+    `x.detach()` as a view of `x`; eager's does not require grad, and neither may ours, while
+    a view made under no_grad still does, as eager's."""
+    import torchweld
+
+    loss = (torch.randn(3, requires_grad=True) * 2).sum()
+    w = nn.Parameter(torch.randn(2, 3))
+    cases = [(lambda t: t.detach(), True), (lambda t: (t.detach(), t.detach() + 1), True),
+             (lambda t: (w, w.detach()[0], w.t()), False), (lambda t: t.view(-1).detach(), False)]
+    for fn, grad_mode in cases:
+        with torch.set_grad_enabled(grad_mode):
+            got, expected = torchweld.compile(fn, backend="weld")(loss), fn(loss)
+        got, expected = (got, expected) if isinstance(got, tuple) else ((got,), (expected,))
+        for a, b in zip(got, expected):
+            torch.testing.assert_close(a, b)
+            assert (a.requires_grad, a.grad_fn is None) == (b.requires_grad, b.grad_fn is None)

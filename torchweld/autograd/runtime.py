@@ -68,6 +68,11 @@ class CompiledFunction(torch.autograd.Function):
         ctx.graph = graph
         ctx.leased = lease is not None
         ctx.save_for_backward(*saved, *([lease] if ctx.leased else []))
+        for i in graph.non_diff_outputs:
+            if isinstance(outputs[i], torch.Tensor) and outputs[i].requires_grad:
+                # a view of an input that requires grad (`t.view(-1).detach()`, made a view of
+                # `t`) would keep requiring grad, marked non-differentiable or not
+                outputs[i] = outputs[i].detach()
         ctx.mark_non_differentiable(*[outputs[i] for i in graph.non_diff_outputs
                                       if isinstance(outputs[i], torch.Tensor)])
         return tuple(outputs)

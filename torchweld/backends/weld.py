@@ -87,7 +87,8 @@ def weld(gm: torch.fx.GraphModule, example_inputs: list, mode=None, options=None
         log.warning("weld cannot compile this graph, running it eagerly: %s", e)
         compiled = gm.forward
     compiled = with_cudagraphs(compiled, gm, mode, options)
-    return _without_grad(compiled) if grad_tensors else compiled
+    compiled = _without_grad(compiled) if grad_tensors else compiled
+    return _detaching_views(compiled, gm, example_inputs)
 
 
 def _start_cuda_helpers(workers: bool) -> None:
@@ -144,6 +145,46 @@ def _without_grad(compiled):
             return compiled(*args)
 
     return call
+
+
+def _detaching_views(compiled, gm: torch.fx.GraphModule, example_inputs: list):
+    """`compiled`, with each output that eager gives as not requiring grad detached where
+    compiled's requires it. The wrapper makes `loss.detach()` a view of `loss`, and a view of a
+    tensor that requires grad requires grad too, even under no_grad; kernels' outputs never
+    do. So only graphs with a detach need this, and only outputs whose example value (the
+    capture's) does not require grad."""
+    if not any(_target_name(n) == "detach" for n in gm.graph.nodes):
+        return compiled
+    tensors = [x for x in example_inputs if isinstance(x, torch.Tensor)] + list(gm.parameters())
+    if not any(t.requires_grad for t in tensors):
+        return compiled
+    output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    flat = pytree.tree_leaves(output.args[0])
+    detached = frozenset(i for i, node in enumerate(flat) if isinstance(node, torch.fx.Node)
+                         and isinstance(node.meta.get("example_value"), torch.Tensor)
+                         and not node.meta["example_value"].requires_grad)
+    if not detached:
+        return compiled
+
+    def call(*args):
+        out = compiled(*args)
+        if isinstance(out, (tuple, list)) and len(out) == len(flat):
+            if any(isinstance(t, torch.Tensor) and t.requires_grad for t in out):
+                out = type(out)(t.detach() if i in detached and isinstance(t, torch.Tensor) else t
+                                for i, t in enumerate(out))
+        elif isinstance(out, torch.Tensor) and out.requires_grad and detached == {0} and len(flat) == 1:
+            out = out.detach()
+        return out
+
+    return call
+
+
+def _target_name(node: torch.fx.Node) -> str:
+    if node.op == "call_method":
+        return node.target
+    if node.op == "call_function":
+        return getattr(node.target, "__name__", "")
+    return ""
 
 
 def prepare(gm: torch.fx.GraphModule, options: dict, inference: bool) -> torch.fx.GraphModule:
