@@ -1,6 +1,7 @@
 """Training through the weld backend: outputs, gradients, buffers and optimizer
 steps equal eager's, on the CPU (GPU variants where CUDA is there)."""
 import copy
+import gc
 import warnings
 
 import pytest
@@ -167,6 +168,34 @@ def test_tutorial_train_step():
         torch.testing.assert_close(loss, expected, **TOL)
         assert "CompiledFunctionBackward" in repr(loss)
     assert_same_training_state(tutorial_model, reference)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_whole_step_under_reduce_overhead_matches_eager_on_cuda():
+    """The tutorial's step compiled whole under reduce-overhead: forward, backward and Adam's
+    graph replay as CUDA graphs; Adam's reads the gradients where the backward's replay left
+    them (no copy into static buffers), and parameters track eager's step after step."""
+    global tutorial_model, tutorial_opt
+    from torchweld.runtime.cudagraphs import CudaGraphed, CudaGraphPool, CudaGraphRecorder
+
+    tutorial_model = MLP().cuda()
+    tutorial_opt = torch.optim.Adam(tutorial_model.parameters(), lr=1e-2)
+    reference = copy.deepcopy(tutorial_model)
+    opt_ref = torch.optim.Adam(reference.parameters(), lr=1e-2)
+    pool = CudaGraphPool(CudaGraphRecorder())
+    train = torchweld.compile(tutorial_train, mode="reduce-overhead", options={"cudagraph_pool": pool})
+    for _ in range(5):
+        x, y = torch.randn(8, 16, device="cuda"), torch.randint(0, 4, (8,), device="cuda")
+        loss = train(x, y)
+        opt_ref.zero_grad(True)
+        expected = nn.CrossEntropyLoss()(reference(x), y)
+        expected.backward()
+        opt_ref.step()
+        torch.testing.assert_close(loss, expected, **TOL)
+    assert_same_training_state(tutorial_model, reference)
+    graphed = [o for o in gc.get_objects() if isinstance(o, CudaGraphed) and o.pool is pool]
+    optimizer = [g for g in graphed if g.adopted]
+    assert optimizer and len(optimizer[0].adopted) >= len(list(tutorial_model.parameters()))
 
 
 def compile_fn(fn, *inputs):

@@ -38,11 +38,14 @@ class FakeRecorder:
         self.warm_up_outputs_alive.append(sum(ref() is not None for ref in self.warm_up_outputs))
         static = list(fn())
         self.records.append(pool)
+        # as a CUDA graph holds no tensor: an output CudaGraphed lets go of is not kept alive here
+        refs = [weakref.ref(t) if isinstance(t, torch.Tensor) else None for t in static]
 
         def replay():
             self.replays += 1
-            for out, new in zip(static, fn()):
-                if isinstance(out, torch.Tensor):
+            for ref, new in zip(refs, fn()):
+                out = ref() if ref is not None else None
+                if out is not None:
                     out.copy_(new)
 
         return replay, static

@@ -405,8 +405,48 @@ def test_training_plug_in_wrapper_records_into_the_models_pools():
         out, saved = fwd(w, x)
         torch.testing.assert_close(out, x * w)
         torch.testing.assert_close(bwd(torch.ones(3), saved), x.sin())
-    shared = options["cudagraph_pool"].handle  # the backward's; each tracked forward recording has its own
-    assert rec.records.count(shared) == 1 and len(set(map(id, rec.records))) == len(rec.records)
+    # the backward's pool; each tracked forward recording has its own. The previous `saved` is
+    # alive at the second forward: two forward recordings, and the backward reads the output of
+    # each in place (an output another recording handed out), so it records once for each
+    shared = options["cudagraph_pool"].handle
+    forward_pools = [p for p in rec.records if p is not shared]
+    assert len(forward_pools) == len(set(map(id, forward_pools))) == 2 and rec.records.count(shared) == 2
+
+
+def test_outputs_another_recording_hands_out_are_read_in_place():
+    """A graph fed the outputs another recording handed out (a compiled step's optimizer
+    reading the gradients its backward handed out) reads them where they lie: no static copy,
+    no place in the layout key where the capture's guards check layouts, and an output that
+    is a view of one does not keep the other recording busy."""
+    pool = CudaGraphPool(FakeRecorder())
+    grads = CudaGraphed(lambda x: (x * 2, x + 1), pool=pool, name="backward", outputs="track")
+    step = CudaGraphed(lambda g, h, lr: (g * lr + h, g.view(-1)[:2]), pool=pool, name="optimizer", guarded=True)
+    for i in range(4):
+        x = torch.randn(3, 2) + i
+        g, h = grads(x)
+        out, view = step(g, h, torch.tensor(0.5))
+        torch.testing.assert_close(out, x * 2 * 0.5 + x + 1)
+        torch.testing.assert_close(view, (x * 2).view(-1)[:2])
+        del g, h, out, view
+    (instance,) = [inst for layout in step.layouts.values() for inst in layout.instances]
+    assert step.adopted == {0, 1} and instance.copied == [2]
+    assert step._keyed(3) == (2,)
+    assert pool.graphs_recorded == 2  # each graph once: the view handed out is not held by the recording
+
+
+def test_an_adopted_input_that_moves_is_recorded_for_its_new_place():
+    pool = CudaGraphPool(FakeRecorder())
+    first = CudaGraphed(lambda x: (x * 2,), pool=pool, outputs="track")
+    second = CudaGraphed(lambda x: (x * 2,), pool=pool, outputs="track")
+    step = CudaGraphed(lambda g: (g + 1,), pool=pool, guarded=True)
+    x = torch.randn(4)
+    (g,) = first(x)
+    torch.testing.assert_close(step(g)[0], x * 2 + 1)
+    (g,) = second(x + 1)  # lies elsewhere: the step records again, for that place
+    torch.testing.assert_close(step(g)[0], (x + 1) * 2 + 1)
+    (g,) = first(x - 1)
+    torch.testing.assert_close(step(g)[0], (x - 1) * 2 + 1)
+    assert sum(len(layout.instances) for layout in step.layouts.values()) == 2
 
 
 def test_misaligned_input_warms_up_the_static_variant_too():

@@ -24,4 +24,4 @@ def cudagraphs(gm: torch.fx.GraphModule, example_inputs: list, mode=None, option
     return CudaGraphed(gm.forward, pool=pool, name=name, static_input_indices=resident_placeholders(gm),
                        mutated_input_indices=mutated_placeholders(gm),
                        outputs=options.get("cudagraph_outputs", "copy"),
-                       graph_reason=graph_reason(gm, pool.recorder.device_type))
+                       graph_reason=graph_reason(gm, pool.recorder.device_type), guarded=True)

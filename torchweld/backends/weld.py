@@ -276,7 +276,8 @@ def with_cudagraphs(compiled, gm: torch.fx.GraphModule, mode: str | None, option
     """`compiled` recorded as CUDA graphs when the mode or options ask for it (runtime/cudagraphs.py).
 
     The pool lives in `options`, the dict torchweld.compile hands every backend
-    call of one compiled model, so all graphs of that model share it."""
+    call of one compiled model, so all graphs of that model share it. The graph's inputs
+    are the captured frame's, whose guards check each tensor's layout (`guarded`)."""
     if not cudagraphs_enabled(mode, options) or options is None:
         return compiled
     from torchweld.compiler.driver import CompiledGraph
@@ -293,4 +294,4 @@ def with_cudagraphs(compiled, gm: torch.fx.GraphModule, mode: str | None, option
                        static_input_indices=resident_placeholders(gm), mutated_input_indices=sorted(mutated),
                        outputs=options.get("cudagraph_outputs", "copy"),
                        graph_reason=graph_reason(gm, pool.recorder.device_type),
-                       before_replay=getattr(compiled, "refresh_constants", None))
+                       before_replay=getattr(compiled, "refresh_constants", None), guarded=True)

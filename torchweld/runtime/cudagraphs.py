@@ -22,8 +22,13 @@ a replay needs them at the addresses they had when it was recorded, so a call
 whose static inputs lie elsewhere replays the recording made for those addresses
 or records one (a replaced parameter; a compiled backward reading the activations
 that one of several forward recordings saved). No reference to them is kept.
+So are the tensors that, at the first call, lie in an output another recording
+handed out (outputs="track" below): those stay put from replay to replay, as a
+compiled step's gradients do between its backward's graph and its optimizer's.
 Every other tensor is copied into a static buffer before each replay, and inputs
 the callable mutates (`mutated_input_indices`) are copied back after it.
+`guarded=True` says the capture's guards check every tensor argument's layout
+before each call, so the adopted inputs need no place in the layout key either.
 
 Outputs. A replay overwrites the tensors the previous replay produced, so:
   - outputs="copy" (the default) hands out a fresh copy of each output: always
@@ -65,6 +70,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import operator
+import weakref
 from typing import Callable, Protocol, Sequence
 
 import torch
@@ -313,6 +319,10 @@ class _Instance:
     # The arguments the recorded function sees; set only around a replay, and only for
     # recorders that run the function again (GraphRecorder.replays_by_address is False).
     bound: list
+    # (output position, input position, size, stride, storage offset) of each output that is a
+    # view of an adopted input (CudaGraphed._adopt), made from the call's argument at each
+    # replay: kept here, it would count as a use of the other recording's output for good
+    input_views: list = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass(eq=False)
@@ -333,7 +343,8 @@ class CudaGraphed:
     def __init__(self, fn: Callable, *, pool: CudaGraphPool, name: str = "graph",
                  static_input_indices: Sequence[int] = (), mutated_input_indices: Sequence[int] = (),
                  outputs: str = "copy", max_instances: int = 4, graph_reason: str | None = None,
-                 before_replay: Callable[[], None] | None = None, lent_from: int | None = None):
+                 before_replay: Callable[[], None] | None = None, lent_from: int | None = None,
+                 guarded: bool = False):
         if outputs not in OUTPUT_POLICIES:
             raise ValueError(f"outputs must be one of {OUTPUT_POLICIES}, got {outputs!r}")
         if lent_from is not None and outputs != "track":
@@ -342,6 +353,11 @@ class CudaGraphed:
         self.pool = pool
         self.name = name
         self.static_input_indices = frozenset(static_input_indices)
+        # inputs that were outputs another recording handed out, at the first call: read in
+        # place too (_adopt); `guarded`: the capture's guards check every tensor argument's
+        # layout before a call, so these need no place in the layout key either
+        self.adopted: frozenset[int] = frozenset()
+        self.guarded = guarded
         self.mutated_input_indices = tuple(mutated_input_indices)
         self.outputs = outputs
         self.lent_from = lent_from
@@ -357,8 +373,23 @@ class CudaGraphed:
         """Positions of a call's `count` arguments that select its recording (not the static ones)."""
         keyed = self._keyed_by_count.get(count)
         if keyed is None:
-            keyed = self._keyed_by_count[count] = tuple(i for i in range(count) if i not in self.static_input_indices)
+            unkeyed = self.static_input_indices | (self.adopted if self.guarded else frozenset())
+            keyed = self._keyed_by_count[count] = tuple(i for i in range(count) if i not in unkeyed)
         return keyed
+
+    def _adopt(self, args: tuple) -> None:
+        """Read in place every tensor argument of this first call that lies in an output a
+        recording handed out (`_HANDED_OUT`), instead of copying it in before each replay:
+        such an output stays where it is from replay to replay. A compiled train step's
+        optimizer graph reads the gradients its backward's recording handed out (densenet121:
+        364 copies a step otherwise). Where one later lies elsewhere, `_moved` sees it."""
+        adopted = frozenset(i for i, a in enumerate(args)
+                            if isinstance(a, torch.Tensor) and i not in self.static_input_indices
+                            and _handed_out(a))
+        if adopted:
+            log.debug("%s reads %d inputs in place: outputs of other recordings", self.name, len(adopted))
+            self.adopted = adopted
+            self._keyed_by_count.clear()
 
     # -- the call ----------------------------------------------------------------
     def __call__(self, *args):
@@ -378,6 +409,9 @@ class CudaGraphed:
         return result if self.lent_from is None else (result, None)
 
     def _first_call(self, key: tuple, args: tuple):
+        if not self.layouts:
+            self._adopt(args)
+            key = _layout_key(args, self._keyed(len(args)))
         reason = input_reason(args, self.pool.recorder.device_type)
         if reason is None and len(self.layouts) >= MAX_LAYOUTS:
             reason = f"more than {MAX_LAYOUTS} input layouts (dynamic sizes)"
@@ -431,15 +465,16 @@ class CudaGraphed:
         for i in self.mutated_input_indices:
             if i < len(args) and instance.inputs[i] is not None:
                 args[i].copy_(instance.inputs[i])
+        outputs = instance.outputs if not instance.input_views else _with_input_views(instance, args)
         if instance.storages is None:  # "copy", or "track" past max_instances
-            flat = [o.clone() if isinstance(o, torch.Tensor) else o for o in instance.outputs]
+            flat = [o.clone() if isinstance(o, torch.Tensor) else o for o in outputs]
             return self._unrecorded(instance.rebuild(flat))
         # fresh aliases: each adds a use of the storage while the user holds it
-        handed = instance.outputs if self.lent_from is None else instance.outputs[:self.lent_from]
+        handed = outputs if self.lent_from is None else outputs[:self.lent_from]
         flat = [o.detach() if isinstance(o, torch.Tensor) else o for o in handed]
         if self.lent_from is None:
             return instance.rebuild(flat)
-        return instance.rebuild(flat + instance.outputs[self.lent_from:]), instance.lease.detach()
+        return instance.rebuild(flat + outputs[self.lent_from:]), instance.lease.detach()
 
     def _pick_instance(self, entry: _Layout, args: tuple) -> _Instance:
         """A recording this call can replay: its static inputs where `args` has them and,
@@ -479,7 +514,7 @@ class CudaGraphed:
         for i, a in enumerate(args):
             if not isinstance(a, torch.Tensor):
                 inputs.append(None)
-            elif i in self.static_input_indices or isinstance(a, torch.nn.Parameter):
+            elif i in self.static_input_indices or i in self.adopted or isinstance(a, torch.nn.Parameter):
                 inputs.append(a)
                 in_place.append(i)
             else:
@@ -511,6 +546,7 @@ class CudaGraphed:
         for i in in_place:
             inputs[i] = None
         outputs = list(outputs)
+        input_views = _input_views(outputs, args, self.adopted)
         storages = lease = None
         if track:
             lease = torch.empty(1) if self.lent_from is not None else None
@@ -519,10 +555,37 @@ class CudaGraphed:
         picker = _picker(in_place)
         handles = [s._cdata for s in storages or ()]
         # a recording computes nothing: the outputs hold garbage until the first replay
-        return _Instance(replay, inputs, copied=[i for i, buf in enumerate(inputs) if buf is not None],
-                         outputs=outputs, in_place=picker, in_place_ptrs=list(map(_DATA_PTR, picker(args))),
-                         storages=storages, storage_handles=handles, baseline_uses=list(map(_USE_COUNT, handles)),
-                         lease=lease, rebuild=_rebuilder(spec_box[-1]), bound=bound)
+        instance = _Instance(replay, inputs, copied=[i for i, buf in enumerate(inputs) if buf is not None],
+                             outputs=outputs, in_place=picker, in_place_ptrs=list(map(_DATA_PTR, picker(args))),
+                             storages=storages, storage_handles=handles,
+                             baseline_uses=list(map(_USE_COUNT, handles)), lease=lease,
+                             rebuild=_rebuilder(spec_box[-1]), bound=bound, input_views=input_views)
+        for storage in (storages or ())[:len(storages or ()) - (lease is not None)]:
+            _HANDED_OUT[storage.data_ptr()] = weakref.ref(instance)
+        return instance
+
+
+def _input_views(outputs: list, args: tuple, adopted: frozenset[int]) -> list[tuple]:
+    """The outputs that are views of adopted inputs (`_Instance.input_views`); each is replaced
+    by None in `outputs`."""
+    if not adopted:
+        return []
+    storage_of = {args[i].untyped_storage().data_ptr(): i for i in adopted}
+    views = []
+    for j, o in enumerate(outputs):
+        i = storage_of.get(o.untyped_storage().data_ptr()) if isinstance(o, torch.Tensor) else None
+        if i is not None:
+            views.append((j, i, tuple(o.shape), o.stride(), o.storage_offset()))
+            outputs[j] = None
+    return views
+
+
+def _with_input_views(instance: _Instance, args: tuple) -> list:
+    """The instance's static outputs with its views of adopted inputs made from `args`."""
+    outputs = list(instance.outputs)
+    for j, i, size, stride, offset in instance.input_views:
+        outputs[j] = args[i].as_strided(size, stride, offset)
+    return outputs
 
 
 def _picker(positions: list[int]) -> Callable[[tuple], tuple]:
@@ -534,9 +597,11 @@ def _picker(positions: list[int]) -> Callable[[tuple], tuple]:
 
 
 def _rebuilder(spec: pytree.TreeSpec) -> Callable[[list], object]:
-    """flat outputs -> the result `spec` describes; a flat tuple or list without pytree's walk."""
+    """flat outputs -> the result `spec` describes; a flat tuple or list (or list subclass: a
+    compiled graph returns torch.fx's immutable_list) without pytree's walk."""
     children = spec.children() if callable(getattr(spec, "children", None)) else spec.children_specs
-    if spec.type in (tuple, list) and all(child.is_leaf() for child in children):
+    flat_sequence = spec.type is tuple or (isinstance(spec.type, type) and issubclass(spec.type, list))
+    if flat_sequence and all(child.is_leaf() for child in children):
         return spec.type
     return lambda flat: pytree.tree_unflatten(flat, spec)
 
@@ -583,3 +648,19 @@ def _outputs_alive(instance: _Instance) -> bool:
 
 _DATA_PTR = torch.Tensor.data_ptr
 _USE_COUNT = torch._C._storage_Use_Count
+
+
+# data_ptr of each storage a tracked recording hands out -> that recording (_Instance), while it lives
+_HANDED_OUT: dict[int, weakref.ref] = {}
+
+
+def _handed_out(t: torch.Tensor) -> bool:
+    """Whether `t` lies in an output that a live recording hands out (CudaGraphed._adopt)."""
+    ptr = t.untyped_storage().data_ptr()
+    ref = _HANDED_OUT.get(ptr)
+    if ref is None:
+        return False
+    if ref() is None:  # that recording is gone; its memory may be anything's now
+        del _HANDED_OUT[ptr]
+        return False
+    return True
