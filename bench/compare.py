@@ -461,7 +461,9 @@ def _train_setup(model, batch, loss_fn, compiled, device: str, compile_step=None
         torch.cuda.reset_peak_memory_stats()
     sync()
     t0 = time.perf_counter()
-    first_loss = step(*batch)
+    # a copy: under reduce-overhead, torch.compile's CUDA graph trees overwrite the tensor a
+    # replay returned at the next replay, and reading it then is an error
+    first_loss = step(*batch).detach().clone()
     sync()
     cold = time.perf_counter() - t0
     for _ in range(3):
