@@ -561,7 +561,8 @@ class CudaGraphed:
                              baseline_uses=list(map(_USE_COUNT, handles)), lease=lease,
                              rebuild=_rebuilder(spec_box[-1]), bound=bound, input_views=input_views)
         for storage in (storages or ())[:len(storages or ()) - (lease is not None)]:
-            _HANDED_OUT[storage.data_ptr()] = weakref.ref(instance)
+            if storage.nbytes():  # an empty one has no address of its own
+                _HANDED_OUT[storage.data_ptr()] = weakref.ref(instance)
         return instance
 
 
@@ -573,8 +574,8 @@ def _input_views(outputs: list, args: tuple, adopted: frozenset[int]) -> list[tu
     storage_of = {args[i].untyped_storage().data_ptr(): i for i in adopted}
     views = []
     for j, o in enumerate(outputs):
-        i = storage_of.get(o.untyped_storage().data_ptr()) if isinstance(o, torch.Tensor) else None
-        if i is not None:
+        i = storage_of.get(o.untyped_storage().data_ptr()) if isinstance(o, torch.Tensor) and o.numel() else None
+        if i is not None and o.dtype == args[i].dtype:
             views.append((j, i, tuple(o.shape), o.stride(), o.storage_offset()))
             outputs[j] = None
     return views
