@@ -150,24 +150,33 @@ def tutorial_train(x, y):
     return loss
 
 
-def test_tutorial_train_step():
-    global tutorial_model, tutorial_opt
-    tutorial_model = MLP()
-    tutorial_opt = torch.optim.Adam(tutorial_model.parameters(), lr=1e-2)
+def _tutorial_steps_match_eager(train, device: str = "cpu", check=lambda loss: None) -> None:
+    """Five steps of `train` (the tutorial's step over the globals) beside eager's on a copy of
+    the model and optimizer: each loss, then the parameters and optimizer state, equal."""
     reference = copy.deepcopy(tutorial_model)
     opt_ref = torch.optim.Adam(reference.parameters(), lr=1e-2)
     opt_ref.load_state_dict(tutorial_opt.state_dict())
-    train = torchweld.compile(tutorial_train)
     for _ in range(5):
-        x, y = torch.randn(8, 16), torch.randint(0, 4, (8,))
+        x, y = torch.randn(8, 16, device=device), torch.randint(0, 4, (8,), device=device)
         loss = train(x, y)
         opt_ref.zero_grad(True)
         expected = nn.CrossEntropyLoss()(reference(x), y)
         expected.backward()
         opt_ref.step()
         torch.testing.assert_close(loss, expected, **TOL)
-        assert "CompiledFunctionBackward" in repr(loss)
+        check(loss)
     assert_same_training_state(tutorial_model, reference)
+
+
+def test_tutorial_train_step():
+    global tutorial_model, tutorial_opt
+    tutorial_model = MLP()
+    tutorial_opt = torch.optim.Adam(tutorial_model.parameters(), lr=1e-2)
+
+    def check(loss):
+        assert "CompiledFunctionBackward" in repr(loss)
+
+    _tutorial_steps_match_eager(torchweld.compile(tutorial_train), check=check)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
@@ -180,19 +189,9 @@ def test_whole_step_under_reduce_overhead_matches_eager_on_cuda():
 
     tutorial_model = MLP().cuda()
     tutorial_opt = torch.optim.Adam(tutorial_model.parameters(), lr=1e-2)
-    reference = copy.deepcopy(tutorial_model)
-    opt_ref = torch.optim.Adam(reference.parameters(), lr=1e-2)
     pool = CudaGraphPool(CudaGraphRecorder())
     train = torchweld.compile(tutorial_train, mode="reduce-overhead", options={"cudagraph_pool": pool})
-    for _ in range(5):
-        x, y = torch.randn(8, 16, device="cuda"), torch.randint(0, 4, (8,), device="cuda")
-        loss = train(x, y)
-        opt_ref.zero_grad(True)
-        expected = nn.CrossEntropyLoss()(reference(x), y)
-        expected.backward()
-        opt_ref.step()
-        torch.testing.assert_close(loss, expected, **TOL)
-    assert_same_training_state(tutorial_model, reference)
+    _tutorial_steps_match_eager(train, device="cuda")
     graphed = [o for o in gc.get_objects() if isinstance(o, CudaGraphed) and o.pool is pool]
     optimizer = [g for g in graphed if g.adopted]
     assert optimizer and len(optimizer[0].adopted) >= len(list(tutorial_model.parameters()))

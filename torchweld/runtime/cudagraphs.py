@@ -377,7 +377,7 @@ class CudaGraphed:
             keyed = self._keyed_by_count[count] = tuple(i for i in range(count) if i not in unkeyed)
         return keyed
 
-    def _adopt(self, args: tuple) -> None:
+    def _adopt(self, args: tuple) -> bool:
         """Read in place every tensor argument of this first call that lies in an output a
         recording handed out (`_HANDED_OUT`), instead of copying it in before each replay:
         such an output stays where it is from replay to replay. A compiled train step's
@@ -390,6 +390,7 @@ class CudaGraphed:
             log.debug("%s reads %d inputs in place: outputs of other recordings", self.name, len(adopted))
             self.adopted = adopted
             self._keyed_by_count.clear()
+        return bool(adopted)
 
     # -- the call ----------------------------------------------------------------
     def __call__(self, *args):
@@ -409,9 +410,8 @@ class CudaGraphed:
         return result if self.lent_from is None else (result, None)
 
     def _first_call(self, key: tuple, args: tuple):
-        if not self.layouts:
-            self._adopt(args)
-            key = _layout_key(args, self._keyed(len(args)))
+        if not self.layouts and self._adopt(args):
+            key = _layout_key(args, self._keyed(len(args)))  # the adopted inputs may leave the key
         reason = input_reason(args, self.pool.recorder.device_type)
         if reason is None and len(self.layouts) >= MAX_LAYOUTS:
             reason = f"more than {MAX_LAYOUTS} input layouts (dynamic sizes)"
