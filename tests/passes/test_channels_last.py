@@ -50,10 +50,9 @@ def test_rewrites_cuda_convs_and_computes_the_same(model, shape, n_convs):
     model.eval()
     gm = traced_as_if_on_cuda(model, shape)
     assert len(conv_nodes(gm)) == n_convs
-    for weights, per_conv in ((True, 2), (False, 1)):  # the input and the weight, or the input alone
+    for weights in (True, False):  # CUDA convolutions: the input and the weight, either way
         out = to_channels_last(gm, weights=weights)
-        formats = [n.kwargs.get("memory_format") for n in out.graph.nodes if n.target == "contiguous"]
-        assert formats.count(torch.channels_last) == per_conv * n_convs
+        assert _channels_last_conversions(out) == 2 * n_convs
     assert not [n for n in out.graph.nodes if n.op == "call_module" and isinstance(out.get_submodule(n.target), nn.Conv2d)]
     x = torch.randn(shape)
     with torch.no_grad():
@@ -69,9 +68,16 @@ def test_outputs_keep_eager_layout():
     assert last.kwargs["memory_format"] == torch.contiguous_format and last.users
 
 
+def _channels_last_conversions(gm: torch.fx.GraphModule) -> int:
+    return [n.kwargs.get("memory_format") for n in gm.graph.nodes if n.target == "contiguous"].count(torch.channels_last)
+
+
 def test_cpu_float32_convs_are_rewritten_where_onednn_runs_them():
     gm = traced(CNN(), torch.randn(2, 3, 12, 12), "cpu")
     assert len(conv_nodes(gm)) == (2 if torch.backends.mkldnn.is_available() else 0)
+    if torch.backends.mkldnn.is_available():  # the inputs; the weights too only when asked (else oneDNN's)
+        assert _channels_last_conversions(to_channels_last(gm)) == 2
+        assert _channels_last_conversions(to_channels_last(gm, weights=True)) == 4
 
 
 def test_cpu_float64_convs_are_left_alone():  # oneDNN has no float64 convolution: aten's own NCHW one runs

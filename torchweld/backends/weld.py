@@ -192,9 +192,10 @@ def prepare(gm: torch.fx.GraphModule, options: dict, inference: bool) -> torch.f
     the CPU's oneDNN ones; passes/channels_last.py) unless
     options={"channels_last": False}. With options={"freeze": True}, for inference, each
     batch norm is folded into the convolution before it and the folded (channels-last)
-    weights are computed once, not per call (compiler/constant_folding.py). For training
-    the weights are converted in the graph too: once per step, where cuDNN would convert
-    each one again in the forward and in the backward. Attention written out as
+    weights are computed once, not per call (compiler/constant_folding.py). CUDA weights,
+    and in training all, are converted in the graph too: by weld's kernels, faster than
+    cuDNN's own copies, and in training once per step, where cuDNN would convert each
+    one again in the forward and in the backward. Attention written out as
     softmax(q @ k^T * scale) @ v becomes one scaled_dot_product_attention call (in
     training too: the joint graph differentiates it into aten's fused backward) unless
     options={"fuse_attention": False} (passes/fuse_attention.py). A concatenation that

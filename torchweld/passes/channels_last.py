@@ -59,8 +59,11 @@ def conv_nodes(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
 def to_channels_last(gm: torch.fx.GraphModule, weights: bool = False) -> torch.fx.GraphModule:
     """A GraphModule computing the same as `gm` with its convolutions in channels-last.
 
-    The weights are converted in the graph with `weights=True` (for a compiler that
-    then computes that once); otherwise cuDNN or oneDNN converts them itself, from C++."""
+    The weights of CUDA convolutions are converted in the graph, and so are all of them
+    with `weights=True` (for a compiler that then computes that once); otherwise oneDNN
+    converts them itself, from C++. cuDNN's own conversion is a strided aten copy per
+    weight: resnet50's 17 took 82 us of a 3 ms call on the H100, weld's kernels for the
+    same 69 us (a scratch profile, bench/RESULTS.md, thirty-fourth measurement)."""
     convs = conv_nodes(gm)
     if not convs:
         return gm
@@ -70,19 +73,20 @@ def to_channels_last(gm: torch.fx.GraphModule, weights: bool = False) -> torch.f
     by_name = {n.name: n for n in graph.nodes}
     for original in convs:
         node = by_name[original.name]
+        convert_weight = weights or _example(original.args[0]).is_cuda
         with graph.inserting_before(node):
             if node.op == "call_module":
                 conv = modules[node.target]
                 weight = graph.get_attr(f"{node.target}.weight")
                 bias = graph.get_attr(f"{node.target}.bias") if conv.bias is not None else None
                 x = _channels_last(graph, node.args[0])
-                weight = _channels_last(graph, weight) if weights else weight
+                weight = _channels_last(graph, weight) if convert_weight else weight
                 args = (x, weight, bias, conv.stride, conv.padding, conv.dilation, conv.groups)
                 new = graph.call_function(F.conv2d, args)
             else:
                 args = list(node.args)
                 args[0] = _channels_last(graph, args[0])
-                args[1] = _channels_last(graph, args[1]) if weights else args[1]
+                args[1] = _channels_last(graph, args[1]) if convert_weight else args[1]
                 new = graph.call_function(node.target, tuple(args), node.kwargs)
         new.meta = dict(node.meta)
         node.replace_all_uses_with(new)

@@ -25,7 +25,11 @@ OUTER_XBLOCK, OUTER_PROGRAMS = 64, 128  # reductions read across rows (reads_acr
 # (4096) took GPT-2's training step 170 us longer in its generated kernels, BERT's 120 us;
 # inference was level (bench/RESULTS.md, nineteenth measurement).
 ROW_BLOCK_ELEMENTS = 1024
-BIG_POINTWISE = 1 << 21  # elements from which a pointwise kernel takes 2048-element blocks and 8 warps
+# A pointwise kernel's block, with Triton's default 4 warps (8 elements a thread). On the H100,
+# 2048-element blocks with 8 warps took 3-7% longer on memory-bound kernels of 4M-64M floats
+# (batch norm + add + ReLU, an add/mul chain) and 1-2% less on the 12-op transcendental chain
+# (bench/RESULTS.md, thirty-fourth measurement).
+POINTWISE_XBLOCK = 1024
 STREAMING = 1 << 22  # elements from which a pointwise kernel's data outgrows L2: its loads evict first
 INT32_LIMIT = 1 << 31
 # the digits of a kernel's text (floats' too: kernels that differ in a size's mean, 1/N, are one
@@ -120,10 +124,10 @@ def block_sizes(kernel: Kernel) -> tuple[int, int]:
 
 def _block_sizes(kernel: Kernel) -> tuple[int, int]:
     xnumel = max(math.prod(kernel.outer), 1)
-    if size_generic(kernel):  # blocks of a size class, so that kernels of any size share them
-        return (2048 if xnumel >= BIG_POINTWISE else 1024), 1
+    if size_generic(kernel):  # one block size, so that kernels of any size share one function
+        return POINTWISE_XBLOCK, 1
     if not kernel.is_reduction:
-        return (2048 if xnumel >= BIG_POINTWISE else min(1024, next_power_of_2(xnumel))), 1
+        return min(POINTWISE_XBLOCK, next_power_of_2(xnumel)), 1
     rnumel = math.prod(kernel.reduced)
     if reads_across_rows(kernel):
         # blocks of up to OUTER_XBLOCK outputs side by side, each row's load one contiguous
@@ -154,9 +158,7 @@ def launch_config(kernel: Kernel) -> dict:
     """The untuned launch: block sizes, plus num_warps where it is not Triton's default of 4."""
     xblock, rblock = block_sizes(kernel)
     config = {"XBLOCK": xblock, "RBLOCK": rblock}
-    if not kernel.is_reduction and xblock >= 2048:
-        config["num_warps"] = 8  # 8 elements a thread: two 16-byte vector loads per operand
-    elif kernel.is_reduction and xblock * rblock >= 1024 and draws_random(kernel):
+    if kernel.is_reduction and xblock * rblock >= 1024 and draws_random(kernel):
         # Philox for each element a thread holds, unrolled: 4 a thread, not 8, halve the code
         # Triton compiles. GPT-2's dropout + residual + layer norm kernels, the slowest of its
         # training step to compile, 0.26 -> 0.21 s for sm_90; its step within noise (RESULTS.md).
