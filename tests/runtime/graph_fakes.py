@@ -18,7 +18,6 @@ class FakeRecorder:
         self.pools: list[object] = []
         self.records: list[object] = []  # the pool of each recording
         self.warm_ups = 0
-        self.events: list[str] = []  # "warm_up", "release", "record", in order
         self.replays = 0
         self.warm_up_outputs: list[weakref.ref] = []  # the tensors each warm-up returned
         self.warm_up_outputs_alive: list[int] = []  # how many of them were alive at each recording
@@ -29,13 +28,9 @@ class FakeRecorder:
 
     def warm_up(self, fn, device):
         self.warm_ups += 1
-        self.events.append("warm_up")
         out = fn()
         self.warm_up_outputs += [weakref.ref(t) for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
         return out
-
-    def release_cached(self, device):
-        self.events.append("release")
 
     def record(self, fn, pool, device):
         if self.fail_with is not None:
@@ -43,7 +38,6 @@ class FakeRecorder:
         self.warm_up_outputs_alive.append(sum(ref() is not None for ref in self.warm_up_outputs))
         static = list(fn())
         self.records.append(pool)
-        self.events.append("record")
         # as a CUDA graph holds no tensor: an output CudaGraphed lets go of is not kept alive here
         refs = [weakref.ref(t) if isinstance(t, torch.Tensor) else None for t in static]
 

@@ -32,13 +32,11 @@ def test_warm_up_then_record_then_replay():
 
 
 def test_warm_up_results_are_dropped_before_recording():
-    # held, they would sit beside the recording's own outputs: the first call's peak memory;
-    # and the memory the warm-up freed goes back before recording (else it stays reserved)
+    # held, they would sit beside the recording's own outputs: the first call's peak memory
     g = graphed(f, outputs="track")
     x, y = torch.randn(4), torch.randn(4)
     torch.testing.assert_close(g(x, y), f(x, y))
     assert g.pool.recorder.warm_up_outputs_alive == [0]
-    assert g.pool.recorder.events == ["warm_up", "release", "record"]
 
 
 def test_copied_outputs_stay_valid():

@@ -57,8 +57,6 @@ graph's replays rewrite; whatever a replay writes there is copied out before
 another graph runs. Outputs handed out as they are ("track") must outlive other
 graphs' replays (the loss the user holds, the activations the backward reads), so
 each tracked recording gets a pool of its own, where no other graph's scratch lies.
-A warm-up runs in the caching allocator's own pool, which no recording can use: what
-it freed goes back to the device before recording (`GraphRecorder.release_cached`).
 
 What cannot be recorded (CPU tensors, ops that synchronize with the host,
 dynamic sizes, a failure while recording) runs without CUDA graphs; the reason
@@ -111,10 +109,6 @@ class GraphRecorder(Protocol):
     def warm_up(self, fn: Callable[[], object], device: torch.device | None) -> object:
         """Run `fn` once, outside any recording (lazy init, kernel compiles), and return its result."""
 
-    def release_cached(self, device: torch.device | None) -> None:
-        """Hand the memory that a warm-up used and freed back to the device, so that the
-        recording made next does not reserve its own beside it."""
-
     def record(self, fn: Callable[[], object], pool: object,
                device: torch.device | None) -> tuple[Callable[[], None], object]:
         """Record `fn` into `pool`; return (replay, fn's result as static tensors a replay rewrites)."""
@@ -155,13 +149,6 @@ class CudaGraphRecorder:
                 out = fn()
             torch.cuda.current_stream().wait_stream(stream)
         return out
-
-    def release_cached(self, device: torch.device | None) -> None:
-        # The warm-up's intermediates stay cached in the caching allocator's own pool, which the
-        # recording (into a graph pool) cannot use: resnet50's inference reserved ~75 MiB more
-        # than torch.compile's, whose CUDA graph trees warm up in the graph's pool.
-        with torch.cuda.device(device):
-            torch.cuda.empty_cache()
 
     def record(self, fn: Callable[[], object], pool: object,
                device: torch.device | None) -> tuple[Callable[[], None], object]:
@@ -438,7 +425,6 @@ class CudaGraphed:
             # before recording: held, it would sit beside the recording's own outputs
             # (densenet121's training forward held its 453 MiB of saved activations twice).
             result = None
-        self.pool.recorder.release_cached(_device_of(args))
         try:
             instance = self._record(args, track=self.outputs == "track")
         except CannotRecord as e:
