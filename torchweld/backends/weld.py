@@ -153,7 +153,9 @@ def _detaching_views(compiled, gm: torch.fx.GraphModule, example_inputs: list):
     tensor that requires grad requires grad too, even under no_grad; kernels' outputs never
     do. So only graphs with a detach need this, and only outputs whose example value (the
     capture's) does not require grad."""
-    if not any(_target_name(n) == "detach" for n in gm.graph.nodes):
+    from torchweld.runtime.cudagraphs import call_name
+
+    if not any(call_name(n) == "detach" for n in gm.graph.nodes):
         return compiled
     tensors = [x for x in example_inputs if isinstance(x, torch.Tensor)] + list(gm.parameters())
     if not any(t.requires_grad for t in tensors):
@@ -177,14 +179,6 @@ def _detaching_views(compiled, gm: torch.fx.GraphModule, example_inputs: list):
         return out
 
     return call
-
-
-def _target_name(node: torch.fx.Node) -> str:
-    if node.op == "call_method":
-        return node.target
-    if node.op == "call_function":
-        return getattr(node.target, "__name__", "")
-    return ""
 
 
 def prepare(gm: torch.fx.GraphModule, options: dict, inference: bool) -> torch.fx.GraphModule:

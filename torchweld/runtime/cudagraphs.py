@@ -235,8 +235,7 @@ def graph_reason(gm: torch.fx.GraphModule, device_type: str = "cuda") -> str | N
             return f"{name} is a {t.device.type.upper()} tensor"
     for node in gm.graph.nodes:
         if node.op in ("call_function", "call_method"):
-            target = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
-            target = target.split(".")[0]
+            target = call_name(node)
             if target in SYNCHRONIZING:
                 where = _user_location(node)
                 return f"{target}() synchronizes with the host or has a data-dependent size{where}"
@@ -244,6 +243,16 @@ def graph_reason(gm: torch.fx.GraphModule, device_type: str = "cuda") -> str | N
             if isinstance(example, torch.Tensor) and any(isinstance(s, torch.SymInt) for s in example.shape):
                 return f"{node.name} has a dynamic size"
     return None
+
+
+def call_name(node: torch.fx.Node) -> str:
+    """The bare name of what a call_function / call_method node calls ("add_", "detach",
+    "item": an aten overload's packet name too), or "" for any other node."""
+    if node.op == "call_method":
+        return node.target
+    if node.op == "call_function":
+        return getattr(node.target, "__name__", "").split(".")[0]
+    return ""
 
 
 def _user_location(node: torch.fx.Node) -> str:
@@ -279,8 +288,7 @@ def mutated_placeholders(gm: torch.fx.GraphModule) -> list[int]:
         if node.op == "call_module":
             name, inplace = "", getattr(gm.get_submodule(node.target), "inplace", False)
         else:
-            name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
-            name = name.split(".")[0]
+            name = call_name(node)
             inplace = (name.endswith("_") and not name.endswith("__")) or "out" in node.kwargs \
                 or node.kwargs.get("inplace") is True or name.startswith("__i")
         if inplace:
@@ -548,10 +556,14 @@ class CudaGraphed:
         outputs = list(outputs)
         input_views = _input_views(outputs, args, self.adopted)
         storages = lease = None
+        handed_out = []  # the storages other recordings may read in place (_adopt)
         if track:
-            lease = torch.empty(1) if self.lent_from is not None else None
-            handed = outputs if lease is None else [*outputs[:self.lent_from], lease]
+            handed = outputs if self.lent_from is None else outputs[:self.lent_from]
             storages = [o.untyped_storage() for o in handed if isinstance(o, torch.Tensor)]
+            handed_out = [st for st in storages if st.nbytes()]  # an empty one has no address of its own
+            if self.lent_from is not None:
+                lease = torch.empty(1)
+                storages.append(lease.untyped_storage())
         picker = _picker(in_place)
         handles = [s._cdata for s in storages or ()]
         # a recording computes nothing: the outputs hold garbage until the first replay
@@ -560,9 +572,8 @@ class CudaGraphed:
                              storages=storages, storage_handles=handles,
                              baseline_uses=list(map(_USE_COUNT, handles)), lease=lease,
                              rebuild=_rebuilder(spec_box[-1]), bound=bound, input_views=input_views)
-        for storage in (storages or ())[:len(storages or ()) - (lease is not None)]:
-            if storage.nbytes():  # an empty one has no address of its own
-                _HANDED_OUT[storage.data_ptr()] = weakref.ref(instance)
+        for storage in handed_out:
+            _HANDED_OUT[storage.data_ptr()] = weakref.ref(instance)
         return instance
 
 
@@ -627,13 +638,9 @@ def _device_of(args: tuple) -> torch.device | None:
     return next((a.device for a in args if isinstance(a, torch.Tensor)), None)
 
 
-def _data_ptrs(instance: _Instance, args: tuple) -> list[int]:
-    return list(map(_DATA_PTR, instance.in_place(args)))
-
-
 def _moved(instance: _Instance, args: tuple) -> bool:
     """Whether an input the recording reads in place lies elsewhere in this call."""
-    return _data_ptrs(instance, args) != instance.in_place_ptrs
+    return list(map(_DATA_PTR, instance.in_place(args))) != instance.in_place_ptrs
 
 
 def _storage_uses(instance: _Instance) -> list[int]:

@@ -25,10 +25,10 @@ OUTER_XBLOCK, OUTER_PROGRAMS = 64, 128  # reductions read across rows (reads_acr
 # (4096) took GPT-2's training step 170 us longer in its generated kernels, BERT's 120 us;
 # inference was level (bench/RESULTS.md, nineteenth measurement).
 ROW_BLOCK_ELEMENTS = 1024
-# A pointwise kernel's block, with Triton's default 4 warps (8 elements a thread). On the H100,
-# 2048-element blocks with 8 warps took 3-7% longer on memory-bound kernels of 4M-64M floats
-# (batch norm + add + ReLU, an add/mul chain) and 1-2% less on the 12-op transcendental chain
-# (bench/RESULTS.md, thirty-fourth measurement).
+# A pointwise kernel's block, with Triton's default 4 warps (8 elements a thread). On one H100
+# host, 2048-element blocks with 8 warps took 3-7% longer on memory-bound kernels of 4M-64M
+# floats (batch norm + add + ReLU, an add/mul chain), on another as long, and 1-2% less on the
+# 12-op transcendental chain (bench/pointwise_launch.py; bench/RESULTS.md, thirty-fourth measurement).
 POINTWISE_XBLOCK = 1024
 STREAMING = 1 << 22  # elements from which a pointwise kernel's data outgrows L2: its loads evict first
 INT32_LIMIT = 1 << 31
