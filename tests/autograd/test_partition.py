@@ -5,6 +5,7 @@ import torch.nn as nn
 
 from torchweld.autograd import module_state, partition, trace_joint
 from torchweld.compiler.op_effects import is_random, is_view
+from torchweld.runtime.seeded_rand import seeded_rand
 
 
 def joint_of(fn, *inputs):
@@ -84,6 +85,9 @@ def test_random_ops_run_once_in_the_forward():
     part = partition(joint, "min_cut")
     assert any(is_random(n) for n in part.forward.graph.nodes)
     assert not any(is_random(n) for n in part.backward.graph.nodes)
+    # the backward draws the mask again from the seed the forward drew it with
+    seeds = [n for n in part.backward.graph.nodes if n.op == "placeholder" and n.meta["val"].dtype == torch.int64]
+    assert [u.target for s in seeds for u in s.users] == [seeded_rand]
 
 
 def test_buffer_update_is_an_output():
@@ -214,10 +218,11 @@ def test_what_only_the_backward_needs_is_computed_beside_its_inputs():
     assert_partition_matches_autograd(part, joint, gelu_layers, [x, *weights], torch.randn(8, 16))
 
 
-def test_dropout_saves_its_mask_as_bools():
+def test_dropout_saves_the_seed_of_its_mask():
     """torch.nn.functional.dropout draws its mask with bernoulli into a float tensor; the
-    joint graph draws `rand_like(x) < p` instead, so the saved mask is a byte an element, as
-    eager's native_dropout keeps it, not four."""
+    joint graph draws `seeded_rand(seed) < p` instead, from a seed drawn in the forward, and
+    the backward draws the mask again from that seed: 8 bytes saved, not a byte an element
+    (eager's native_dropout keeps a bool mask), nor four."""
     def fn(x, w):
         return torch.nn.functional.dropout(x @ w, 0.25, training=True)
 
@@ -226,7 +231,9 @@ def test_dropout_saves_its_mask_as_bools():
     assert not any(n.target is torch.ops.aten.bernoulli.p for n in joint.gm.graph.nodes)
     part = partition(joint, "min_cut")
     saved = [n for n in joint.gm.graph.nodes if n.name in part.saved_nodes and not is_view(n)]  # x.t(), w.t()
-    assert [n.meta["val"].dtype for n in saved] == [torch.bool], [n.name for n in saved]
+    assert [(n.meta["val"].dtype, n.meta["val"].shape) for n in saved] == [(torch.int64, ())], \
+        [n.name for n in saved]
+    assert sum(n.target is seeded_rand for n in part.backward.graph.nodes) == 1
     outs, (gx, gw) = run_partition(part, joint, [x, w], [torch.ones(32, 16)])
     kept = outs[0] != 0  # where the mask kept an element, the gradient flows scaled by 1 / 0.75
     torch.testing.assert_close(outs[0][kept], (x @ w)[kept] / 0.75)

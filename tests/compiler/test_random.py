@@ -11,6 +11,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import torchweld
+from torch.fx.experimental.proxy_tensor import make_fx
+from torchweld.autograd import module_state, partition, trace_joint
+from torchweld.runtime.seeded_rand import seeded_rand
 from weld_helpers import weld_compile
 
 pytest.importorskip("triton")
@@ -121,8 +124,52 @@ def test_float64_random_numbers_come_from_aten():
     assert any("rand_like" in e for e in compiled.externs) and not any("randint" in e for e in compiled.externs)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("codegen", ["cpp", "triton"])
+def test_seeded_rand_draws_the_numbers_the_kernels_draw(dtype, codegen):
+    """runtime/seeded_rand.py's aten implementation and weld's kernels give the same bits for
+    a seed: a training step may draw dropout's mask in a kernel and draw it again in a graph
+    that runs eagerly (a lowering refused), or the other way round."""
+    if codegen == "cpp" and CUDA:
+        pytest.skip("C++ kernels are for CPU tensors")
+    if codegen == "triton" and not CUDA and dtype is torch.bfloat16:
+        pytest.skip("Triton's interpreter truncates float32 to bfloat16; the GPU rounds to nearest, as aten does")
+    seeds = [0, 1, -1, 2**63 - 1, -2**63, 123456789012345]
+    seed = torch.tensor(0, device=DEVICE)
+    graph = make_fx(lambda s: seeded_rand(s, [7, 300], dtype))(seed)
+    compiled = weld_compile(graph, [seed], {} if codegen == "cpp" else TRITON)
+    assert not compiled.externs, compiled.externs
+    for value in seeds:
+        seed = torch.tensor(value, device=DEVICE)
+        expected = seeded_rand(seed, [7, 300], dtype)
+        assert expected.min() >= 0 and expected.max() < 1
+        assert torch.equal(compiled(seed), expected), value
+    assert 0.45 < expected.float().mean() < 0.55
+
+
+def test_a_backward_run_eagerly_draws_the_mask_the_forward_kernel_drew():
+    """The forward compiled by weld draws dropout's mask in its kernel from a seed it
+    returns; the backward, here run as aten ops, draws the same mask from that seed."""
+    def fn(x):
+        return F.dropout(x.sin(), 0.4, training=True) * 3
+
+    x = torch.randn(24, 40, device=DEVICE, requires_grad=True)
+    gm = torch.fx.symbolic_trace(fn)
+    joint = trace_joint(gm, module_state(gm), [x])
+    part = partition(joint, "min_cut")
+    forward = weld_compile(part.forward, [x.detach()], TRITON)
+    out, *intermediates = forward(x.detach())
+    saved = [x.detach() if kind == "primal" else intermediates[i] for kind, i in part.saved]
+    assert any(t.dtype == torch.int64 and t.dim() == 0 for t in saved)
+    (grad,) = part.backward(*saved, torch.ones_like(out))
+    kept = out != 0
+    assert 0.5 < kept.float().mean() < 0.7
+    torch.testing.assert_close(grad, kept.float() / 0.6 * 3 * x.detach().cos())
+
+
 def test_training_mask_of_forward_and_backward_agree():
-    """The mask is drawn once, in the forward kernel; the backward reads what it saved."""
+    """The forward kernel draws the mask from a seed; the backward draws it again from that
+    seed, saved in place of the mask."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(48, 48), nn.Dropout(0.4), nn.Tanh()).to(DEVICE)
     x = torch.randn(20, 48, device=DEVICE, requires_grad=True)

@@ -8,7 +8,8 @@ Two strategies choose what crosses over:
               other saved values; choose the set of saved tensors with the
               fewest bytes (a minimum cut, in the spirit of "recompute over save"
               partitioners). Matmuls, convolutions, reductions and random ops are
-              never recomputed: random ones always run once, in the forward. Nor is
+              never recomputed: random ones always run once, in the forward (dropout's
+              mask may be drawn again, from the seed the forward drew it with). Nor is
               a value that a matmul (or another op no kernel fuses) of the backward
               reads: it would be written to memory in the backward all the same, by
               a kernel of its own.
@@ -26,6 +27,7 @@ from torchweld.autograd.joint import JointGraph
 from torchweld.autograd.mincut import INF, FlowGraph
 from torchweld.compiler.graph_modules import graph_module
 from torchweld.compiler.op_effects import is_random, is_view
+from torchweld.runtime import seeded_rand
 
 aten, prims = torch.ops.aten, torch.ops.prims
 
@@ -38,6 +40,7 @@ RECOMPUTABLE = {
     aten.where.Scalar, aten.expand.default, aten.broadcast_to.default, aten.cat.default,
     prims.broadcast_in_dim.default, prims.convert_element_type.default, prims.iota.default, prims.where.default,
     prims.add.default, prims.sub.default, prims.mul.default, prims.div.default, operator.getitem,
+    seeded_rand.seeded_rand,  # dropout's numbers from a saved seed, the same each time
 }
 
 

@@ -7,6 +7,11 @@ takes fewer bytes.
   `rand_like(x) < p` converted to x's dtype: the same numbers drawn by the same kernels,
   and the partition may save the comparison's bools, a byte an element, rather than the
   float mask (BERT's training step on the CPU: 870 -> 760 MiB saved).
+- `rand_like(x)` and `rand(size)` (dropout's draw, on either path) become
+  `seeded_rand(seed, size)` of a seed drawn just before (runtime/seeded_rand.py): the same
+  numbers for a given seed wherever they are computed, so the partition may save the seed,
+  8 bytes, and draw the mask again in the backward, rather than save the mask, a byte an
+  element. The draw still happens once, in the forward: its seed is the random op.
 - `max_pool2d_with_indices` whose indices feed its backward, over a floating-point input
   with windows weld's kernels compute (pool_offsets.MAX_WINDOW positions at most): the
   backward reads each window's argmax as an int8 offset within the window
@@ -19,13 +24,14 @@ import operator
 
 import torch
 
-from torchweld.runtime import pool_offsets
+from torchweld.runtime import pool_offsets, seeded_rand
 
 aten, prims = torch.ops.aten, torch.ops.prims
 
 
 def smaller_saves(graph: torch.fx.Graph) -> None:
     masks_of_comparisons(graph)
+    draws_from_seeds(graph)
     max_pool_offsets(graph)
 
 
@@ -39,6 +45,23 @@ def masks_of_comparisons(graph: torch.fx.Graph) -> None:
             drawn = _call(graph, aten.rand_like.default, (x,), {"dtype": torch.float32})
             mask = _call(graph, aten.lt.Scalar, (drawn, p))
             values = _call(graph, prims.convert_element_type.default, (mask, val.dtype))
+        node.replace_all_uses_with(values)
+        graph.erase_node(node)
+
+
+def draws_from_seeds(graph: torch.fx.Graph) -> None:
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target not in (aten.rand_like.default, aten.rand.default) \
+                or node.kwargs.get("generator") is not None:
+            continue
+        val = node.meta["val"]
+        if val.dtype not in (torch.float32, *seeded_rand.BELOW_ONE) or not val.is_contiguous() \
+                or not all(isinstance(n, int) for n in val.shape) or val.numel() >= 2**31:
+            continue  # kept as drawn: weld's kernels draw 32-bit counters over dense row-major positions
+        with graph.inserting_before(node), val.fake_mode:
+            seed = _call(graph, aten.randint.low, (seeded_rand.SEED_LOW, seeded_rand.SEED_HIGH, []),
+                         {"dtype": torch.int64, "device": val.device})
+            values = _call(graph, seeded_rand.seeded_rand, (seed, list(val.shape), val.dtype))
         node.replace_all_uses_with(values)
         graph.erase_node(node)
 

@@ -16,6 +16,7 @@ from torchweld.compiler import ir
 from torchweld.compiler.aten_graph import pure_overload
 from torchweld.compiler.ir import Expr, Layout
 from torchweld.compiler.op_effects import returned_storage
+from torchweld.runtime.seeded_rand import SEED_HIGH, SEED_LOW
 
 log = logging.getLogger("torchweld.weld")
 aten = torch.ops.aten
@@ -228,7 +229,8 @@ class GraphLowering:
         counts: dict[torch.device, int] = {}
         for node in self.gm.graph.nodes:
             val = node.meta.get("val")
-            if node.op == "call_function" and node.target in RANDOM_OPS and isinstance(val, torch.Tensor):
+            if node.op == "call_function" and isinstance(val, torch.Tensor) \
+                    and (node.target in RANDOM_OPS or draws_a_seed(node)):
                 counts[val.device] = counts.get(val.device, 0) + 1
         for device, count in counts.items():
             name, views = self.new_name("seeds"), self.new_name("seed")
@@ -244,12 +246,17 @@ class GraphLowering:
 
     def next_seed(self, device: torch.device) -> Expr:
         """The seed of the next random op on `device`: one of the seeds drawn at the start."""
+        return self.next_seed_value(device).read([])
+
+    def next_seed_value(self, device: torch.device) -> TensorValue:
+        """The next seed drawn at the start on `device`, as a 0-d int64 tensor (a seed the
+        graph returns: the training forward's, which the backward reads again)."""
         drawn = self.seeds.get(device)
         if drawn is None:
             raise NotImplementedError(f"no seeds were drawn on {device}")
         _, views, used = drawn
         drawn[2] += 1
-        return ir.load(self.buffers[views].output_name(used), torch.int64, [])
+        return self.value_of_buffer(self.buffers[views].output_name(used), torch.int64, Layout.contiguous(()), device)
 
     def drop_unused_seeds(self) -> None:
         for name, views, used in self.seeds.values():
@@ -500,7 +507,13 @@ def _as_addmm(root: ir.Pointwise, buffers: dict) -> tuple[ir.Extern, str] | None
 # Random ops whose numbers the kernels draw themselves (rules.rand; bernoulli_ as its
 # functional variant); any other runs as aten's.
 RANDOM_OPS = frozenset({aten.rand_like.default, aten.rand.default, aten.bernoulli.p, aten.bernoulli_.float})
-SEED_LOW, SEED_HIGH = -(2**63), 2**63 - 1  # seeds over all of int64: distinct across many steps
+
+
+def draws_a_seed(node) -> bool:
+    """Is `node` a seed drawn for seeded_rand (runtime/seeded_rand.py): one int64 over all of
+    int64? The graph takes it from the seeds drawn at its start (rules.seed)."""
+    return (node.target is aten.randint.low and list(node.args) == [SEED_LOW, SEED_HIGH, []]
+            and node.kwargs.get("dtype") is torch.int64 and node.kwargs.get("generator") is None)
 
 
 SPLIT_OPS = frozenset({ir.Op.SUM, ir.Op.MAX, ir.Op.MIN})  # associative: partial results combine

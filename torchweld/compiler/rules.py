@@ -13,8 +13,8 @@ import torch
 
 from torchweld.compiler import ir
 from torchweld.compiler.ir import Expr, Layout, Op
-from torchweld.compiler.lowering import GraphLowering, RuleNode, TensorValue, meta_layout
-from torchweld.runtime import pool_offsets
+from torchweld.compiler.lowering import GraphLowering, RuleNode, TensorValue, draws_a_seed, meta_layout
+from torchweld.runtime import pool_offsets, seeded_rand
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -305,28 +305,62 @@ def full(L, node, *args, **kwargs):
     return filled(L, node, value)
 
 
-BELOW_ONE = {torch.float16: 1 - 2**-11, torch.bfloat16: 1 - 2**-8}  # the largest value below 1
-
-
 @lowers(aten.rand_like.default, aten.rand.default, aten.bernoulli.p)
 def rand(L, node, *args, **kwargs):
-    """Random numbers drawn inside the kernels that read them (dropout's mask): a Philox
-    counter at each element's row-major position, from a seed of this graph run. rand and
-    rand_like are uniform in [0, 1); bernoulli(x, p) is 1 with probability p, else 0."""
-    val = out_val(node)
+    """Random numbers drawn inside the kernels that read them (dropout's mask), from a seed
+    of this graph run. rand and rand_like are uniform in [0, 1); bernoulli(x, p) is 1 with
+    probability p, else 0."""
     if kwargs.get("generator") is not None:
         raise NotImplementedError("random numbers from a generator of the program's own")
-    if val.dtype not in (torch.float32, torch.float16, torch.bfloat16) or val.numel() >= 2**31:
-        raise NotImplementedError(f"random {val.dtype} of {val.numel()} elements (32-bit draws)")
-    seed = L.next_seed(val.device)
-    offset = ir.flat_index(ir.dim_vars(val.dim()), ir.contiguous_strides(val.shape))
-    body = Expr(Op.RAND, torch.float32, (seed, offset))
+    val = out_val(node)
+    check_drawable(val)
+    body = uniform(val, L.next_seed(val.device))
     if node.target is aten.bernoulli.p:
         p = args[1] if len(args) > 1 else kwargs.get("p", 0.5)
         body = Expr(Op.LT, torch.bool, (body, ir.const(p, torch.float32)))
-    elif val.dtype in BELOW_ONE:  # stay below 1 once rounded to the half type
-        body = Expr(Op.MINIMUM, torch.float32, (body, ir.const(BELOW_ONE[val.dtype], torch.float32)))
+    else:
+        body = below_one(body, val.dtype)
     return L.add_pointwise(cast(body, upcast(val.dtype)), val.dtype, tuple(val.shape), val.device, meta_layout(val))
+
+
+@lowers(seeded_rand.seeded_rand)
+def rand_from_seed(L, node, seed, size, dtype):
+    """rand(size) from a seed tensor (runtime/seeded_rand.py): the forward, and the backward
+    that draws dropout's mask again, read the same seed and draw the same numbers."""
+    val = out_val(node)
+    if not isinstance(seed, TensorValue):
+        raise NotImplementedError("a seed that is not a tensor")
+    check_drawable(val)
+    body = below_one(uniform(val, operand(seed, (), (), torch.int64)), val.dtype)
+    return L.add_pointwise(cast(body, upcast(val.dtype)), val.dtype, tuple(val.shape), val.device, meta_layout(val))
+
+
+@lowers(aten.randint.low)
+def seed(L, node, *args, **kwargs):
+    """A seed for seeded_rand (lowering.draws_a_seed): one of the seeds drawn at the graph's start."""
+    if not draws_a_seed(node):
+        raise NotImplementedError("random integers other than a seed")
+    return L.next_seed_value(out_val(node).device)
+
+
+def check_drawable(val: torch.Tensor) -> None:
+    """Kernels draw 32 random bits at 32-bit counters; before a seed is taken for them."""
+    if val.dtype not in (torch.float32, torch.float16, torch.bfloat16) or val.numel() >= 2**31:
+        raise NotImplementedError(f"random {val.dtype} of {val.numel()} elements (32-bit draws)")
+
+
+def uniform(val: torch.Tensor, seed: Expr) -> Expr:
+    """float32 numbers uniform in [0, 1) for `val`'s elements, from `seed`: a Philox counter
+    at each element's row-major position."""
+    offset = ir.flat_index(ir.dim_vars(val.dim()), ir.contiguous_strides(val.shape))
+    return Expr(Op.RAND, torch.float32, (seed, offset))
+
+
+def below_one(body: Expr, dtype: torch.dtype) -> Expr:
+    """Uniform numbers that stay below 1 once rounded to `dtype` (a half type)."""
+    if dtype not in seeded_rand.BELOW_ONE:
+        return body
+    return Expr(Op.MINIMUM, torch.float32, (body, ir.const(seeded_rand.BELOW_ONE[dtype], torch.float32)))
 
 
 @lowers(aten.arange.start_step, aten.arange.start, aten.arange.default, prims.iota)
