@@ -480,14 +480,16 @@ def _train_setup(model, batch, loss_fn, compiled, device: str, compile_step=None
 
 def training_rows(q: bool, whole_step: bool = False, mode: str | None = None, cold_only: str | None = None,
                   fresh_cold: bool = True):
-    """With `cold_only`, only that variant's setup runs, and its cold step's seconds are printed
-    (`COLD <s>`) for the process that started this one (`_cold_in_fresh_process`)."""
+    """With `cold_only`, only that variant's setup runs, and its cold step's seconds and peak
+    MiB are printed (`COLD <s> <MiB>`) for the process that started this one
+    (`_cold_in_fresh_process`)."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
     where = "each compiler in a fresh process, eager here" if fresh_cold else "in this process, variants in turn"
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {device}; a step = zero_grad, "
           f"forward, loss, backward, Adam; cold = first step incl. compile ({where}); saved = activations kept for "
           "backward (saved_tensors_hooks, parameters excluded); peak = max_memory_allocated (CUDA) over "
-          "what was allocated before the variant's copy of the model")
+          "what was allocated before the variant's copy of the model, in the cold step and three warm ones "
+          f"({where}: the caching allocator's rounding depends on what ran before)")
     header = f"{'case':28s} {'variant':10s} {'ms/step':>9s} {'x eager':>8s} {'cold s':>8s} {'saved MiB':>10s} " \
              f"{'peak MiB':>9s} {'loss diff':>10s}"
     print(header)
@@ -523,13 +525,14 @@ def training_rows(q: bool, whole_step: bool = False, mode: str | None = None, co
                 except Exception as e:  # noqa: BLE001 - one failing row should not end the bench
                     print(f"{name:28s} {variant:10s} failed: {type(e).__name__}: {e}"[:200])
         if cold_only is not None:
-            for _, cold, *_ in runs.values():
-                print(f"COLD {cold:.6f}")
+            for _, cold, _, peak, _ in runs.values():
+                print(f"COLD {cold:.6f} {peak:.3f}")
             continue
         if fresh_cold:
             for variant in [v for v in runs if v != "eager"]:
-                runs[variant] = (runs[variant][0], _cold_in_fresh_process(name, variant, q, whole_step, mode),
-                                 *runs[variant][2:])
+                _, _, saved, _, loss = runs[variant]
+                cold, peak = _cold_in_fresh_process(name, variant, q, whole_step, mode)
+                runs[variant] = (runs[variant][0], cold, saved, peak, loss)
         sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
         seconds = steady({variant: (lambda _, step=run[0]: (step(*batch), sync())) for variant, run in runs.items()},
                          None, min_time=min_time * len(runs))
@@ -546,15 +549,17 @@ def training_rows(q: bool, whole_step: bool = False, mode: str | None = None, co
             _partition_report(base, batch[0])
 
 
-def _cold_in_fresh_process(name: str, variant: str, q: bool, whole_step: bool, mode: str | None) -> float:
-    """`variant`'s cold step of row `name`, timed in a process of its own (`_in_fresh_process`)."""
+def _cold_in_fresh_process(name: str, variant: str, q: bool, whole_step: bool,
+                           mode: str | None) -> tuple[float, float]:
+    """`variant`'s cold step of row `name`, timed in a process of its own (`_in_fresh_process`),
+    and the peak memory of its first four steps there."""
     args = ["--train", "--only", name, "--cold-only", variant]
     args += ["--quick"] * q + ["--whole-step"] * whole_step + (["--train-mode", mode] if mode else [])
     lines, failure = _in_fresh_process(args, ("COLD",))
     if failure:
         print(f"  ({variant}'s cold step in a fresh process failed: {failure})")
-        return float("nan")
-    return float(lines[0][1])
+        return float("nan"), float("nan")
+    return float(lines[0][1]), float(lines[0][2])
 
 
 def _partition_report(model: nn.Module, x: torch.Tensor) -> None:

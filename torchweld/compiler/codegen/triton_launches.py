@@ -130,7 +130,8 @@ class TritonCompile:
             arguments = lead + [f"{a}.data_ptr()" for a in e.args] + [str(v) for v in handle.passed(ints[name])]
             arguments += [str(v) for v in handle.trailing]
             launches.fast[name] = f"_run_{name}({grids[name]}, 1, 1, _stream, _fn_{name}, {', '.join(arguments)})"
-            launches.checked_inputs += [a for a in e.args if a in inputs and a not in launches.checked_inputs]
+            launches.checked_inputs += [a for a in e.args if a in inputs and a not in launches.checked_inputs
+                                        and _aligned(a, sched)]
         device = entries[0].kernel.device
         launches.stream_index = device.index if device.index is not None else torch.cuda.current_device()
         return launches
@@ -140,6 +141,11 @@ def _aligned(name: str, sched: Schedule) -> bool:
     """Whether buffer `name`'s data pointer is 16-byte aligned on every call, or is
     a graph input or stored over one (whose alignment the wrapper checks)."""
     graph = sched.graph
+    if name in graph.input_names and not sched.layouts[name][1].shape:
+        # a 0-d input is read as one element, its alignment no help: not assumed, nor
+        # checked. The backward's dropout seeds are views 8 bytes apart in one buffer of
+        # seeds (runtime/seeded_rand.py); checked, every other one sent the call to the JIT.
+        return False
     if name in sched.allocated or name in graph.input_names or name in sched.in_place:
         return True
     if name in graph.constants:
