@@ -8,6 +8,9 @@ warm-ups and CUDA-graph recordings) and the third (warm) are measured phase by p
 peak statistics reset before each phase: the forward (peak, and what is still allocated after
 it: parameters, Adam state and the saved activations), the loss and backward (peak, and what
 is left: the gradients), then Adam. compare.py's peak column is the largest of all of them.
+Beside each peak allocated, the peak of what the tensors asked for: the difference is the
+caching allocator's rounding, which depends on what ran before (one compiler per process
+compares compilers alone: `train_memory.py BERT weld`, then `train_memory.py BERT tc`).
 After the warm step, the memory each pool holds: the caching allocator's own (`(0, 0)`) and
 each CUDA-graph pool, as reserved segments and the part of them allocated. A CUDA graph's
 scratch is reserved but not allocated between replays; torch.compile's CUDA graph trees also
@@ -27,27 +30,35 @@ from compare import training_cases
 MiB = 2 ** 20
 
 
-def _phases(f, opt, loss_fn, x, y) -> list[tuple[str, int, int]]:
-    """One step; (phase, peak bytes, bytes allocated after it) for forward, backward, Adam."""
+def _phases(f, opt, loss_fn, x, y) -> list[tuple[str, int, int, int]]:
+    """One step; (phase, peak bytes, peak bytes the tensors asked for, bytes allocated after
+    it) for forward, backward, Adam."""
     opt.zero_grad(True)
     torch.cuda.synchronize()
     phases = []
     torch.cuda.reset_peak_memory_stats()
     out = f(x)
     torch.cuda.synchronize()
-    phases.append(("forward", torch.cuda.max_memory_allocated(), torch.cuda.memory_allocated()))
+    phases.append(("forward", *_peaks()))
     torch.cuda.reset_peak_memory_stats()
     loss = loss_fn(out, y)
     del out
     loss.backward()
     del loss
     torch.cuda.synchronize()
-    phases.append(("backward", torch.cuda.max_memory_allocated(), torch.cuda.memory_allocated()))
+    phases.append(("backward", *_peaks()))
     torch.cuda.reset_peak_memory_stats()
     opt.step()
     torch.cuda.synchronize()
-    phases.append(("adam", torch.cuda.max_memory_allocated(), torch.cuda.memory_allocated()))
+    phases.append(("adam", *_peaks()))
     return phases
+
+
+def _peaks() -> tuple[int, int, int]:
+    """(peak allocated, peak requested, allocated now): allocated counts each block the caching
+    allocator handed out whole (a free block less than 1 MiB larger than a request is not split)."""
+    stats = torch.cuda.memory_stats()
+    return stats["allocated_bytes.all.peak"], stats["requested_bytes.all.peak"], stats["allocated_bytes.all.current"]
 
 
 def _pools() -> str:
@@ -74,8 +85,8 @@ def measure(row: str, make_model, make_batch, loss_fn, compiler: str, mode: str 
     for step in range(1, 4):
         phases = _phases(f, opt, loss_fn, x, y)
         lines.append(f"{row:24s} {compiler:6s} step {step}  "
-                     + "  ".join(f"{name} peak {(peak - start) / MiB:6.0f} after {(after - start) / MiB:6.0f}"
-                                 for name, peak, after in phases))
+                     + "  ".join(f"{name} peak {(peak - start) / MiB:6.0f} (asked {(asked - start) / MiB:6.0f}) "
+                                 f"after {(after - start) / MiB:6.0f}" for name, peak, asked, after in phases))
     lines.append(f"{row:24s} {compiler:6s} reserved {torch.cuda.memory_reserved() / MiB:.0f} MiB: {_pools()}")
     return lines
 
@@ -89,7 +100,8 @@ def main() -> None:
     [(row, make_model, make_batch, loss_fn)] = [r for r in training_cases(False, "cuda")
                                                 if r[0].split()[0] == args.case]
     print("MiB allocated (torch.cuda.max_memory_allocated / memory_allocated) above what the model and "
-          f"its batch hold, per phase of three steps; mode={args.mode}")
+          "its batch hold, per phase of three steps, and the peak of the bytes the tensors asked for "
+          f"(requested_bytes); mode={args.mode}")
     for compiler in args.compilers:
         for line in measure(row, make_model, make_batch, loss_fn, compiler, args.mode):
             print(line, flush=True)

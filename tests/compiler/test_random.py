@@ -221,3 +221,23 @@ def test_a_backward_reading_saved_seeds_launches_no_kernel_through_the_jit(monke
     assert not launches, launches
     kept = out.detach() != 0
     assert 0.55 < kept.float().mean() < 0.73  # two dropouts of 0.2 before the output: 0.8 ** 2 kept
+
+
+@pytest.mark.skipif(not CUDA, reason="CUDA graphs need a GPU")
+def test_cuda_graph_training_replays_draw_new_masks_and_their_backward_draws_them_again():
+    """Under reduce-overhead the forward replay lends its saved seeds to the backward replay,
+    which draws each step's mask again from them: new masks every step, gradients that
+    follow each step's own mask."""
+    lin = nn.Linear(64, 64).cuda()
+    compiled = torchweld.compile(lambda x: F.dropout(lin(x), 0.5, training=True), mode="reduce-overhead")
+    x = torch.randn(16, 64, device="cuda", requires_grad=True)
+    masks = []
+    for _ in range(4):
+        x.grad = None
+        out = compiled(x)
+        out.backward(torch.ones_like(out))
+        kept = out.detach() != 0
+        masks.append(kept.clone())
+        assert 0.4 < kept.float().mean() < 0.6
+        torch.testing.assert_close(x.grad, (kept.float() * 2) @ lin.weight.detach())
+    assert all(not torch.equal(a, b) for a, b in zip(masks, masks[1:]))
