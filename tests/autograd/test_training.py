@@ -317,6 +317,26 @@ def test_dropout_forward_and_backward_use_the_same_mask():
     torch.testing.assert_close(model[0].bias.grad, kept_twice)
 
 
+def test_channel_dropout_masks_whole_channels_in_forward_and_backward():
+    """Dropout2d draws one number per (sample, channel); the backward draws them again from
+    the forward's seed: each step's bias gradient counts exactly the kept channels' elements."""
+    torch.manual_seed(0)
+    conv = nn.Conv2d(3, 8, 3)
+    compiled = torchweld.compile(nn.Sequential(conv, nn.Dropout2d(0.5)), backend="weld")
+    masks = []
+    for _ in range(3):
+        conv.zero_grad()
+        x = torch.randn(4, 3, 8, 8)
+        out = compiled(x)
+        out.sum().backward()
+        kept = (out != 0).float().amax((2, 3), keepdim=True)
+        masks.append(kept)
+        with torch.no_grad():
+            torch.testing.assert_close(out, conv(x) * 2 * kept)
+        torch.testing.assert_close(conv.bias.grad, 2 * 36 * kept.sum((0, 2, 3)))
+    assert not torch.equal(masks[0], masks[1])
+
+
 def test_double_backward_is_a_clear_error():
     x = torch.randn(4, requires_grad=True)
     compiled = compile_fn(lambda x: (x * x).sin(), x)
