@@ -437,28 +437,6 @@ def _tw_divide(n, packed):
 
 
 @triton.jit
-def _tw_rand(seed, offset):
-    # tl.rand(seed, offset), the same bits: Philox4x32-10 at counter (offset, 0, 0, 0) with
-    # key (seed's low, high word), the first word made a float in [0, 1). Its ten rounds are
-    # a loop that Triton 3.6 keeps rolled where tl.rand's are unrolled: a dropout + layer
-    # norm kernel compiled for sm_90 in ~0.2 s against ~0.3 s
-    k0 = (seed & 0xFFFFFFFF).to(tl.uint32)
-    k1 = ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32)
-    c0 = offset
-    c1 = offset * 0
-    c2 = c1
-    c3 = c1
-    for _ in range(10):
-        c0, c1, c2, c3 = (tl.umulhi(0xCD9E8D57, c2) ^ c1 ^ k0, c2 * 0xCD9E8D57,
-                          tl.umulhi(0xD2511F53, c0) ^ c3 ^ k1, c0 * 0xD2511F53)
-        k0 = k0 + 0x9E3779B9
-        k1 = k1 + 0xBB67AE85
-    x = c0.to(tl.int32, bitcast=True)
-    x = tl.where(x < 0, -x - 1, x)
-    return x.to(tl.float32) * 4.6566127342e-10
-
-
-@triton.jit
 def _tw_max_rows(x, axis):
     return tl.reduce(x, axis, _tw_max)
 
@@ -503,7 +481,7 @@ class TritonRenderer(KernelRenderer):
         Op.LOGICAL_OR: lambda a, b: f"{a} | {b}",
         Op.LOGICAL_XOR: lambda a, b: f"{a} ^ {b}",
         Op.WHERE: lambda c, a, b: f"tl.where({c}, {a}, {b})",
-        Op.RAND: lambda seed, offset: f"_tw_rand({seed}, ({offset}).to(tl.uint32))",
+        Op.RAND: lambda seed, offset: f"tl.rand({seed}, ({offset}).to(tl.uint32))",
         Op.POW: lambda a, b: _pow_code(a, b),
     }
     # expm1, log1p, tan, atan, atan2, round need libdevice, which Triton's CPU interpreter
