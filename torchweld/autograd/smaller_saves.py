@@ -55,8 +55,7 @@ def draws_from_seeds(graph: torch.fx.Graph) -> None:
                 or node.kwargs.get("generator") is not None:
             continue
         val = node.meta["val"]
-        if val.dtype not in (torch.float32, *seeded_rand.BELOW_ONE) or not val.is_contiguous() \
-                or not all(isinstance(n, int) for n in val.shape) or val.numel() >= 2**31:
+        if not seeded_rand.drawable(val) or not val.is_contiguous() or not all(isinstance(n, int) for n in val.shape):
             continue  # kept as drawn: weld's kernels draw 32-bit counters over dense row-major positions
         with graph.inserting_before(node), val.fake_mode:
             seed = _call(graph, aten.randint.low, (seeded_rand.SEED_LOW, seeded_rand.SEED_HIGH, []),

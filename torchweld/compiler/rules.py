@@ -312,27 +312,24 @@ def rand(L, node, *args, **kwargs):
     probability p, else 0."""
     if kwargs.get("generator") is not None:
         raise NotImplementedError("random numbers from a generator of the program's own")
-    val = out_val(node)
-    check_drawable(val)
+    val = drawn_value(out_val(node))
     body = uniform(val, L.next_seed(val.device))
     if node.target is aten.bernoulli.p:
         p = args[1] if len(args) > 1 else kwargs.get("p", 0.5)
         body = Expr(Op.LT, torch.bool, (body, ir.const(p, torch.float32)))
     else:
         body = below_one(body, val.dtype)
-    return L.add_pointwise(cast(body, upcast(val.dtype)), val.dtype, tuple(val.shape), val.device, meta_layout(val))
+    return drawn(L, val, body)
 
 
 @lowers(seeded_rand.seeded_rand)
 def rand_from_seed(L, node, seed, size, dtype):
     """rand(size) from a seed tensor (runtime/seeded_rand.py): the forward, and the backward
     that draws dropout's mask again, read the same seed and draw the same numbers."""
-    val = out_val(node)
     if not isinstance(seed, TensorValue):
         raise NotImplementedError("a seed that is not a tensor")
-    check_drawable(val)
-    body = below_one(uniform(val, operand(seed, (), (), torch.int64)), val.dtype)
-    return L.add_pointwise(cast(body, upcast(val.dtype)), val.dtype, tuple(val.shape), val.device, meta_layout(val))
+    val = drawn_value(out_val(node))
+    return drawn(L, val, below_one(uniform(val, operand(seed, (), (), torch.int64)), val.dtype))
 
 
 @lowers(aten.randint.low)
@@ -343,10 +340,16 @@ def seed(L, node, *args, **kwargs):
     return L.next_seed_value(out_val(node).device)
 
 
-def check_drawable(val: torch.Tensor) -> None:
-    """Kernels draw 32 random bits at 32-bit counters; before a seed is taken for them."""
-    if val.dtype not in (torch.float32, torch.float16, torch.bfloat16) or val.numel() >= 2**31:
+def drawn_value(val: torch.Tensor) -> torch.Tensor:
+    """`val`, where the kernels draw its numbers (seeded_rand.drawable); checked before a seed is taken."""
+    if not seeded_rand.drawable(val):
         raise NotImplementedError(f"random {val.dtype} of {val.numel()} elements (32-bit draws)")
+    return val
+
+
+def drawn(L, val: torch.Tensor, body: Expr) -> TensorValue:
+    """The buffer of random numbers (or a mask of them) `body` computes, in `val`'s dtype and layout."""
+    return L.add_pointwise(cast(body, upcast(val.dtype)), val.dtype, tuple(val.shape), val.device, meta_layout(val))
 
 
 def uniform(val: torch.Tensor, seed: Expr) -> Expr:

@@ -24,6 +24,12 @@ SEED_LOW, SEED_HIGH = -(2**63), 2**63 - 1  # seeds over all of int64: distinct a
 # The largest value below 1 of each half type: a draw rounds to it, not up to 1.
 BELOW_ONE = {torch.float16: 1 - 2**-11, torch.bfloat16: 1 - 2**-8}
 
+
+def drawable(val: torch.Tensor) -> bool:
+    """Whether weld's kernels draw `val`'s numbers themselves: 32 random bits at a 32-bit
+    counter, so float32 or a half type, under 2**31 elements."""
+    return val.dtype in (torch.float32, *BELOW_ONE) and val.numel() < 2**31
+
 _WORD = 0xFFFFFFFF
 _ROUND_MULTIPLIERS = (0xD2511F53, 0xCD9E8D57)
 _KEY_STEPS = (0x9E3779B9, 0xBB67AE85)
