@@ -438,12 +438,21 @@ class SavedActivations:
         return sum(self.storages.values()) / 2 ** 20
 
 
-def _train_setup(model, batch, loss_fn, compiled, device: str, compile_step=None, before: int = 0):
-    """(step, first step s, saved MiB, peak MiB or nan, first loss): the step run once cold and
-    three times warm. With `compile_step`, the step function is compiled by it (the model is
-    then `compiled` uncompiled). The peak counts from `before`, the bytes allocated before this
-    variant's copy of the model: the variants run before it keep their models and Adam states."""
+def _train_setup(model, batch, loss_fn, make_compiled, device: str, compile_step=None, before: int = 0):
+    """(step, cold s, saved MiB, peak MiB or nan, first loss): the step run once cold and three
+    times warm. Cold is the compile() call and the first step, as a user waits for them (torch.optim's
+    constructor has imported torch._dynamo by then, which either compiler would otherwise pay). With
+    `compile_step`, the step function is compiled by it (`make_compiled` then leaves the model as
+    it is). The peak counts from `before`, the bytes allocated before this variant's copy of the
+    model: the variants run before it keep their models and Adam states."""
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    if device == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    sync()
+    t0 = time.perf_counter()
+    compiled = make_compiled(model)
 
     def step(x, y):
         opt.zero_grad(True)
@@ -454,13 +463,6 @@ def _train_setup(model, batch, loss_fn, compiled, device: str, compile_step=None
 
     if compile_step is not None:
         step = compile_step(step)
-
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    if device == "cuda":
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-    sync()
-    t0 = time.perf_counter()
     # a copy: under reduce-overhead, torch.compile's CUDA graph trees overwrite the tensor a
     # replay returned at the next replay, and reading it then is an error
     first_loss = step(*batch).detach().clone()
@@ -486,7 +488,7 @@ def training_rows(q: bool, whole_step: bool = False, mode: str | None = None, co
     device = "cuda" if torch.cuda.is_available() else "cpu"
     where = "each compiler in a fresh process, eager here" if fresh_cold else "in this process, variants in turn"
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {device}; a step = zero_grad, "
-          f"forward, loss, backward, Adam; cold = first step incl. compile ({where}); saved = activations kept for "
+          f"forward, loss, backward, Adam; cold = the compile() call and the first step ({where}); saved = activations kept for "
           "backward (saved_tensors_hooks, parameters excluded); peak = max_memory_allocated (CUDA) over "
           "what was allocated before the variant's copy of the model, in the cold step and three warm ones "
           f"({where}: the caching allocator's rounding depends on what ran before)")
@@ -520,7 +522,7 @@ def training_rows(q: bool, whole_step: bool = False, mode: str | None = None, co
             with tempfile.TemporaryDirectory() as tmp, config.patch(cache_dir=tmp):
                 try:
                     compile_step = step_compilers.get(variant) if whole_step else None
-                    runs[variant] = _train_setup(model, batch, loss_fn, make_compiled(model), device, compile_step,
+                    runs[variant] = _train_setup(model, batch, loss_fn, make_compiled, device, compile_step,
                                                  before)
                 except Exception as e:  # noqa: BLE001 - one failing row should not end the bench
                     print(f"{name:28s} {variant:10s} failed: {type(e).__name__}: {e}"[:200])

@@ -1,6 +1,6 @@
 """Where weld's cold compile time goes, for one GPU case of bench/gpu_inference.py.
 
-    python3 bench/profile_compile.py densenet121 [--mode MODE] [--top 30] [--cprofile] [--thread-cpu] [--train]
+    python3 bench/profile_compile.py densenet121 [--mode MODE] [--top 30] [--cprofile] [--thread-cpu] [--blocked] [--train]
 
 Runs the first call (capture, lowering, scheduling, code generation, Triton
 compiles, the first run) in this fresh process with empty torchweld and Triton
@@ -14,7 +14,9 @@ worker), CPU near wall is work done there; the CPU column of all threads togethe
 the GIL serializes. With --cpu-timeline, every 0.25 s of the call gets a row: the CPU
 seconds each thread of this process used in it and the whole machine's busy cores (from
 /proc/stat), which shows what competes with the main thread when its wall time exceeds its CPU
-time (another thread holding the GIL, or every core busy). With --train, the case is a training row of
+time (another thread holding the GIL, or every core busy). With --blocked, the main thread is sampled
+every 2 ms, and each interval in which it used less than half a core is charged to where it was
+then: the frames at which the first call waited, longest first. With --train, the case is a training row of
 bench/compare.py (densenet121, resnet50, BERT, GPT-2) and the first call is its first
 step: the model compiled, forward, loss, backward (the backward's compile included), Adam.
 """
@@ -130,6 +132,50 @@ class CpuTimeline:
                   + (f"  main at {frames}" if idle else ""))
 
 
+class BlockedSampler:
+    """Samples the main thread every `step` seconds, in a thread of its own, until stop(): where
+    its CPU clock advanced by less than half the interval, the main thread was not running
+    (waiting for the GIL, a lock, a worker, the GPU or a file), and the interval is charged to
+    its innermost frames then. print() lists the frames that waited longest."""
+
+    def __init__(self, step: float = 0.002, depth: int = 6):
+        self.step, self.depth = step, depth
+        self.waited: dict[str, float] = {}
+        self._main = threading.main_thread()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="blocked-sampler")
+        self._thread.start()
+
+    def _frames(self) -> str:
+        frame = sys._current_frames().get(self._main.ident)
+        where = []
+        while frame is not None and len(where) < self.depth:
+            code = frame.f_code
+            where.append(f"{os.path.basename(code.co_filename)}:{frame.f_lineno}:{code.co_name}")
+            frame = frame.f_back
+        return " < ".join(where)
+
+    def _run(self) -> None:
+        clock = time.pthread_getcpuclockid(self._main.ident)
+        last_wall, last_cpu = time.perf_counter(), time.clock_gettime(clock)
+        while not self._done.wait(self.step):
+            wall, cpu = time.perf_counter(), time.clock_gettime(clock)
+            if cpu - last_cpu < 0.5 * (wall - last_wall):
+                where = self._frames()
+                self.waited[where] = self.waited.get(where, 0.0) + (wall - last_wall) - (cpu - last_cpu)
+            last_wall, last_cpu = wall, cpu
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def print(self, top: int) -> None:
+        total = sum(self.waited.values())
+        print(f"\nThe main thread not running: {total:.3f} s; where it was, longest first")
+        for where, seconds in sorted(self.waited.items(), key=lambda kv: -kv[1])[:top]:
+            print(f"{seconds:7.3f}  {where}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("case", help="first word of a gpu_inference.py row, e.g. densenet121")
@@ -139,6 +185,7 @@ def main() -> None:
     parser.add_argument("--thread-cpu", action="store_true", help="each thread's CPU time next to wall time per phase")
     parser.add_argument("--train", action="store_true", help="the first training step of compare.py's row")
     parser.add_argument("--cpu-timeline", action="store_true", help="CPU per thread and busy cores, per 0.25 s")
+    parser.add_argument("--blocked", action="store_true", help="where the main thread waited, by its frames")
     args = parser.parse_args()
     cpu_rows = thread_cpu() if args.thread_cpu else None
     from triton import knobs
@@ -150,6 +197,7 @@ def main() -> None:
         torch.cuda.synchronize()
         profiler = cProfile.Profile() if args.cprofile else None
         timeline = CpuTimeline() if args.cpu_timeline else None
+        blocked = BlockedSampler() if args.blocked else None
         t0 = time.perf_counter()
         if profiler:
             profiler.enable()
@@ -161,6 +209,9 @@ def main() -> None:
         if timeline:
             timeline.stop()
             timeline.print()
+        if blocked:
+            blocked.stop()
+            blocked.print(args.top)
     print(torchweld.compile_times())
     hits = sum(compiles)
     print(f"Triton compiles in this process: {len(compiles)}, of which cache hits {hits}")
