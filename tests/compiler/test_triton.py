@@ -125,6 +125,30 @@ def test_row_kernels_drawing_random_numbers_take_eight_warps():
     assert rows(0.0) == [(False, 4)]  # p=0: no draw
 
 
+def test_the_largest_kernels_are_rendered_and_compiled_first():
+    """A graph's first call waits for its slowest Triton compile, so kernels are rendered and
+    handed to the compilers largest first, a Philox draw weighing as its unrolled rounds; the
+    wrapper still launches them in the graph's order, and results equal eager's."""
+    from torchweld.compiler.codegen.triton_launches import compile_order
+
+    def fn(a, b):
+        small = a + 1
+        large = torch.nn.functional.layer_norm((b.sin() * b.cos() + b.exp()).tanh(), (64,))
+        return small, large
+
+    compiled = check(fn, [torch.randn(5, 7), torch.randn(8, 64)], options=TRITON)  # apart: two kernels
+    kernels = compiled.schedule.kernels()
+    assert [k.is_reduction for k in kernels] == [False, True]  # the graph's order: the add first
+    assert [k.is_reduction for k in compile_order(kernels)] == [True, False]
+    src = compiled.kernel_sources["triton"]
+    assert src.index("tl.sum") < src.index("+ 1.0")  # rendered in that order too
+
+    drop = lambda x, r: (x + 1, torch.nn.functional.dropout(r, 0.1, training=True) * 2)  # noqa: E731
+    kernels = weld_compile(drop, [torch.randn(5, 7), torch.randn(8, 64)], TRITON).schedule.kernels()
+    ordered = compile_order(kernels)
+    assert len(kernels) == 2 and ordered == kernels[::-1]  # one draw outweighs an add
+
+
 def test_contiguous_pointwise_kernels_of_any_size_are_one_kernel():
     """A kernel whose accesses all read xindex takes its element count as an argument,
     so the same update of tensors of different sizes is one function, compiled once."""

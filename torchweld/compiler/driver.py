@@ -121,15 +121,15 @@ def _check(buf, options: dict) -> None:
 def _triton_kernels(renderer, kernels: list[Kernel], sched: Schedule, buffer_dtypes: dict, options: dict,
                     handed_over: Callable[[], None] | None):
     """(TritonLaunches, the kernels' source, their module files): each kernel rendered, loaded and
-    handed to the compilers as it comes, so the first ones compile while the rest are rendered;
-    then `handed_over()`, then the wait for them."""
-    from torchweld.compiler.codegen.triton_launches import TritonCompile
+    handed to the compilers as it comes, largest first (compile_order), so the first ones compile
+    while the rest are rendered; then `handed_over()`, then the wait for them."""
+    from torchweld.compiler.codegen.triton_launches import TritonCompile, compile_order
     from torchweld.runtime.triton_loader import GeneratedKernel
 
     compile_ = TritonCompile(kernels, sched, options)
     loaded: dict[str, GeneratedKernel] = {}  # function name -> its kernel (imported when first used)
     with timing.phase("weld.render"):
-        for kernel, fn_name, module_source in renderer.render_modules(kernels, buffer_dtypes):
+        for kernel, fn_name, module_source in renderer.render_modules(compile_order(kernels), buffer_dtypes):
             if module_source is not None:
                 loaded[fn_name] = GeneratedKernel(module_source, fn_name)
             compile_.add(kernel, loaded[fn_name])

@@ -76,7 +76,7 @@ def _size_generic(kernel: Kernel) -> bool:
     if kernel.is_reduction or not 1 < numel < INT32_LIMIT:
         return False
     coalesced = coalesce_indices(kernel)
-    exprs = [st.index for st in coalesced.outer_stores] + _values(coalesced)
+    exprs = [st.index for st in coalesced.outer_stores] + kernel_values(coalesced)
     exprs += [st.index for stage in coalesced.stages for st in stage.stores]
     return all(ir.variables(e) <= {"xindex"} for e in exprs)
 
@@ -149,7 +149,7 @@ def reads_across_rows(kernel: Kernel) -> bool:
     rs = [f"r{k}" for k, size in enumerate(kernel.reduced) if size != 1]
     if not xs or not rs:
         return False
-    offsets = [load.args[0] for value in _values(kernel) for load in ir.loads(value)]
+    offsets = [load.args[0] for value in kernel_values(kernel) for load in ir.loads(value)]
     # xindex/rindex: the kernel after coalesce_indices, which the renderer sees
     return ir.contiguous_across(offsets, rs + ["rindex"], xs + ["xindex"])
 
@@ -168,7 +168,7 @@ def launch_config(kernel: Kernel) -> dict:
 
 def draws_random(kernel: Kernel) -> bool:
     return _once(kernel, "draws_random",
-                 lambda k: any(n.op is Op.RAND for value in _values(k) for n in ir.walk(value)))
+                 lambda k: any(n.op is Op.RAND for value in kernel_values(k) for n in ir.walk(value)))
 
 
 # =============================================================================
@@ -320,7 +320,7 @@ def _uniform(e: Expr) -> bool:
 
 def mask_branch_loads(kernel: Kernel) -> Kernel:
     """`kernel` with the loads only one branch of a where needs masked by its condition."""
-    if not any(n.op is Op.WHERE for e in _values(kernel) for n in ir.walk(e)):
+    if not any(n.op is Op.WHERE for e in kernel_values(kernel) for n in ir.walk(e)):
         return kernel
     return map_exprs(kernel, _mask_branches)
 
@@ -330,7 +330,8 @@ def prepared(kernel: Kernel) -> Kernel:
     return _once(kernel, "prepared", lambda k: mask_branch_loads(coalesce_indices(k)))
 
 
-def _values(kernel: Kernel) -> list[Expr]:
+def kernel_values(kernel: Kernel) -> list[Expr]:
+    """Every value `kernel` accumulates or stores."""
     values = [a.value for stage in kernel.stages for a in stage.reductions]
     values += [st.value for stage in kernel.stages for st in stage.stores]
     return values + [st.value for st in kernel.outer_stores]
@@ -347,7 +348,7 @@ def _needs_int64(kernel: Kernel) -> bool:
     if math.prod(kernel.outer) * math.prod(kernel.reduced) >= INT32_LIMIT:
         return True
     indexes = [st.index for stage in kernel.stages for st in stage.stores] + [st.index for st in kernel.outer_stores]
-    indexes += [n.args[0] for v in _values(kernel) for n in ir.loads(v)]
+    indexes += [n.args[0] for v in kernel_values(kernel) for n in ir.loads(v)]
     for index in indexes:
         terms = ir.affine_terms(index)
         if terms is None:

@@ -25,8 +25,8 @@ import math
 import torch
 
 from torchweld.compiler import ir
-from torchweld.compiler.codegen.triton import (int_classes, kernel_params, launch_candidates, launch_config, runtime_ints,
-                                               tune_launch, unspecialized_params)
+from torchweld.compiler.codegen.triton import (int_classes, kernel_params, kernel_values, launch_candidates,
+                                               launch_config, runtime_ints, tune_launch, unspecialized_params)
 from torchweld.compiler.schedule import Kernel, Schedule
 from torchweld.runtime import triton_launch
 
@@ -135,6 +135,24 @@ class TritonCompile:
         device = entries[0].kernel.device
         launches.stream_index = device.index if device.index is not None else torch.cuda.current_device()
         return launches
+
+
+# A Philox draw unrolls to ten rounds of multiplies and xors, about this many nodes of the kernel
+RAND_NODES = 60
+
+
+def compile_order(kernels: list[Kernel]) -> list[Kernel]:
+    """`kernels` in the order to render and hand them to the compilers: the largest first. A
+    graph's first call waits for its slowest compile, and each compile starts once its kernel is
+    rendered, so the kernels Triton takes longest over start first (the longest-first rule of
+    scheduling jobs on parallel machines). Size is the number of distinct expression nodes a
+    kernel computes, a Philox draw counted as the rounds it unrolls to; ties keep the schedule's
+    order. The wrapper launches kernels in the schedule's order whatever this one is."""
+    def nodes(kernel: Kernel) -> int:
+        return sum(RAND_NODES if node.op is ir.Op.RAND else 1
+                   for value in kernel_values(kernel) for node in ir.walk(value)) + 10 * len(kernel.stages)
+
+    return sorted(kernels, key=nodes, reverse=True)
 
 
 def _aligned(name: str, sched: Schedule) -> bool:
