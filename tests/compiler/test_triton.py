@@ -142,6 +142,8 @@ def test_the_largest_kernels_are_rendered_and_compiled_first():
     assert [k.is_reduction for k in compile_order(kernels)] == [True, False]
     src = compiled.kernel_sources["triton"]
     assert src.index("tl.sum") < src.index("+ 1.0")  # rendered in that order too
+    small, large = (f"_k_{k.name}" for k in kernels)
+    assert compiled.wrapper_source.index(small) < compiled.wrapper_source.index(large)  # launched in the graph's
 
     drop = lambda x, r: (x + 1, torch.nn.functional.dropout(r, 0.1, training=True) * 2)  # noqa: E731
     kernels = weld_compile(drop, [torch.randn(5, 7), torch.randn(8, 64)], TRITON).schedule.kernels()
