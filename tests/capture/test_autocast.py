@@ -4,6 +4,7 @@ operations run in autocast's dtypes under every backend, and a break inside it l
 enters it again. On the CPU with bfloat16, the autocast CI can run."""
 import copy
 import operator
+import sys
 import warnings
 
 import pytest
@@ -56,9 +57,11 @@ def legacy_spelling(x):
 
 @pytest.mark.parametrize("fn", [region, nested_off, decorated, legacy_spelling])
 def test_region_captured_like_torch_compile(fn):
+    # torch.compile 2.13 on CPython 3.13 fails on torch.cpu.amp.autocast() (KeyError: dtype)
+    anchor_works = not (fn is legacy_spelling and sys.version_info >= (3, 13))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # torch.cpu.amp.autocast is deprecated
-        _, backend = check_program(fn, (torch.randn(4, 8),), (torch.randn(3, 8),))
+        _, backend = check_program(fn, (torch.randn(4, 8),), (torch.randn(3, 8),), compare_counts=anchor_works)
     assert len(backend.graphs) == 2  # one per shape
     targets = [n.target for n in backend.graphs[0].graph.nodes]
     assert targets.count(torch.amp._enter_autocast) == targets.count(torch.amp._exit_autocast) >= 1

@@ -239,7 +239,72 @@ def closure_break(x):
     return y
 
 
+# -- shapes of bytecode that CPython 3.13 compiles differently (TO_BOOL, a comparison that
+# makes a bool, CALL_KW, superinstructions on two locals, closures loaded with LOAD_FAST) --
+
+
+def negated_comparison(x):
+    if not (x.sum() > 0):  # 3.13: COMPARE_OP bool(>), then POP_JUMP_IF_TRUE
+        x = x + 1
+    return x * 2
+
+
+class Switch:
+    def __init__(self, on):
+        self.on = on
+
+    def __bool__(self):
+        return self.on
+
+    def __eq__(self, other):  # the test compares the arguments after the call with eager's copies
+        return isinstance(other, Switch) and other.on == self.on
+
+
+def truth_of_an_object(x, switch):
+    if switch:  # 3.13: TO_BOOL of an object whose __bool__ capture does not run
+        x = x + 1
+    return x * 2
+
+
+def not_of_a_tensor(x):
+    flag = not x.any()  # TO_BOOL, then UNARY_NOT on a tensor's truth
+    return x + 1, flag
+
+
+def comparison_kept_in_try(x):
+    try:
+        if not (x.mean() < 0.5):  # the break inside `try` runs this jump natively: on a real bool
+            x = x - 3
+    finally:
+        x = x * 2
+    return x
+
+
+def swap_and_closure_over_two(x, y):
+    a, b = y, x  # STORE_FAST_STORE_FAST
+    c = d = a  # COPY, STORE_FAST_STORE_FAST
+
+    def mix(t):  # its closure tuple loads two cells with LOAD_FAST (LOAD_CLOSURE before 3.13)
+        return t * a + b
+
+    out = mix(c + d)
+    print("between the graphs")
+    return [k * 2 for k in (out, b)]  # STORE_FAST_LOAD_FAST in the inlined comprehension
+
+
+def keywords_at_the_break(x):
+    n = x.shape[0]
+    print(f"{n!r:>6}|{n:3d}|{n!s}|{n}", sep="", end="\n")  # CALL_KW; FORMAT_WITH_SPEC, CONVERT_VALUE
+    return torch.cat(*[[x, x]], dim=0), f"{n:>4}"
+
+
 CASES = [
+    (negated_comparison, [(POS,), (NEG,)]),
+    (truth_of_an_object, [(POS, Switch(True)), (POS, Switch(False))]),
+    (not_of_a_tensor, [(POS,), (torch.zeros(6),)]),
+    (comparison_kept_in_try, [(POS,), (NEG,), (POS * 0.25,)]),
+    (swap_and_closure_over_two, [(POS, NEG), (NEG, POS * 2)]),
+    (keywords_at_the_break, [(POS,), (torch.ones(2),)]),
     (while_any, [(torch.tensor([3.0, 1.0]),), (torch.tensor([-1.0]),)]),
     (bool_call, [(POS,), (NEG,)]),
     (and_or_not, [(POS, NEG), (NEG, NEG), (POS, POS)]),

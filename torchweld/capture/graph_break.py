@@ -15,6 +15,9 @@ from typing import TYPE_CHECKING
 from torchweld.capture.callables import (
     BoundMethodValue, ConstantMethodValue, ContainerMethodValue, TensorMethodValue, UserFunctionValue,
 )
+from torchweld.capture.handlers import CALLABLE_BELOW_NULL
+from torchweld.capture.handlers.calls import callable_and_args
+from torchweld.capture.handlers.ops import compare_makes_bool
 from torchweld.capture.objects import NNModuleValue, is_standard_module
 from torchweld.capture.reconstruct import Reconstructor
 from torchweld.capture.resume import ITERATOR, NULL_SLOT, VALUE, live_locals_at, make_resume_code
@@ -32,8 +35,8 @@ _JUMPS_ON_TRUTH = {
     "POP_JUMP_BACKWARD_IF_TRUE": True, "POP_JUMP_BACKWARD_IF_FALSE": False,
 }
 _JUMPS_KEEPING_VALUE = {"JUMP_IF_TRUE_OR_POP": True, "JUMP_IF_FALSE_OR_POP": False}
-_STATEMENTS = {"CALL", "CALL_FUNCTION_EX", "STORE_ATTR", "STORE_SUBSCR", "STORE_GLOBAL", "BINARY_OP",
-               "COMPARE_OP", "BINARY_SUBSCR", "UNARY_NOT", "LOAD_ATTR", "LOAD_METHOD"}
+_STATEMENTS = {"CALL", "CALL_KW", "CALL_FUNCTION_EX", "STORE_ATTR", "STORE_SUBSCR", "STORE_GLOBAL", "BINARY_OP",
+               "COMPARE_OP", "BINARY_SUBSCR", "UNARY_NOT", "TO_BOOL", "LOAD_ATTR", "LOAD_METHOD"}
 BREAKABLE = set(_JUMPS_ON_TRUTH) | set(_JUMPS_KEEPING_VALUE) | _STATEMENTS
 
 
@@ -172,6 +175,8 @@ class BreakCodegen:
         name = inst.opname
         if name == "CALL":
             return inst.arg + 2
+        if name == "CALL_KW":
+            return inst.arg + 3  # the keywords' names above the arguments
         if name == "CALL_FUNCTION_EX":
             return 3 + (inst.arg & 1)
         if name in ("STORE_SUBSCR",):
@@ -184,18 +189,17 @@ class BreakCodegen:
         """Emit the instruction as Python statements; return the slots it pushes."""
         inst, expr = self.inst, self.rebuild.expr
         name = inst.opname
-        if name == "CALL":
-            first, second, *args = inputs
-            kw_names = self.tx.kw_names or ()
-            if not isinstance(first, NullValue):
-                first, second, args = None, first, [second, *args]
+        if name in ("CALL", "CALL_KW"):
+            kw_names = inputs.pop().as_constant() if name == "CALL_KW" else (self.tx.kw_names or ())
+            fn, args = callable_and_args(inputs[:2], inputs[2:])
             positional = args[: len(args) - len(kw_names)]
             keywords = dict(zip(kw_names, args[len(args) - len(kw_names):]))
-            call = self._call(second, [expr(a) for a in positional], [f"{k}={expr(v)}" for k, v in keywords.items()])
+            call = self._call(fn, [expr(a) for a in positional], [f"{k}={expr(v)}" for k, v in keywords.items()])
             return [(VALUE, self._temp("___r", call))]
         if name == "CALL_FUNCTION_EX":
-            below, fn, star_args, *star_kwargs = inputs
-            if not isinstance(below, NullValue):
+            fn, bound = callable_and_args(inputs[:2], [])
+            star_args, *star_kwargs = inputs[2:]
+            if bound:
                 raise Unsupported("a break at a *args call of a method")
             parts = [f"*{expr(star_args)}"] + ([f"**{expr(star_kwargs[0])}"] if star_kwargs else [])
             return [(VALUE, self._temp("___r", self._call(fn, parts, [])))]
@@ -220,7 +224,10 @@ class BreakCodegen:
             return [(VALUE, "___r")]
         if name == "COMPARE_OP":
             a, b = (expr(v) for v in inputs)
-            return [(VALUE, self._temp("___r", f"{a} {inst.argval} {b}"))]
+            compared = f"{a} {inst.argval} {b}"
+            return [(VALUE, self._temp("___r", f"bool({compared})" if compare_makes_bool(inst) else compared))]
+        if name == "TO_BOOL":
+            return [(VALUE, self._temp("___r", f"bool({expr(inputs[0])})"))]
         if name == "BINARY_SUBSCR":
             a, b = (expr(v) for v in inputs)
             return [(VALUE, self._temp("___r", f"{a}[{b}]"))]
@@ -229,7 +236,10 @@ class BreakCodegen:
         if name in ("LOAD_ATTR", "LOAD_METHOD"):
             result = self._temp("___r", f"getattr({expr(inputs[0])}, {inst.argval!r})")
             method_form = name == "LOAD_METHOD" or (sys.version_info >= (3, 12) and inst.arg & 1)
-            return ([(NULL_SLOT, None)] if method_form else []) + [(VALUE, result)]
+            if not method_form:
+                return [(VALUE, result)]
+            null = [(NULL_SLOT, None)]
+            return [(VALUE, result)] + null if CALLABLE_BELOW_NULL else null + [(VALUE, result)]
         raise Unsupported(f"cannot break the graph at {name}")
 
     def _call(self, fn: Value, args: list[str], kwargs: list[str]) -> str:

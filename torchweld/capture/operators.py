@@ -6,7 +6,7 @@ import operator
 from typing import TYPE_CHECKING, Callable
 
 from torchweld.capture.values import (
-    ConstantValue, DictValue, ListValue, NullValue, SequenceValue, TensorValue, TupleValue, Value, const,
+    ConstantValue, DictValue, ListValue, NullValue, SequenceValue, TensorTruthValue, TensorValue, TupleValue, Value, const,
 )
 from torchweld.errors import Unsupported
 
@@ -59,6 +59,8 @@ def _sequence_binary(tx, fn, plain, a: Value, b: Value) -> Value:
 
 
 def unary(tx: "Translator", fn: Callable, a: Value) -> Value:
+    if fn is operator.not_ and isinstance(a, TensorTruthValue):  # 3.13: `not` after TO_BOOL
+        a = a.tensor
     if isinstance(a, TensorValue):
         if fn is operator.not_:
             raise Unsupported("data-dependent control flow: `not` of a tensor needs its value")

@@ -8,7 +8,7 @@ from torchweld.capture.autocast import AutocastExitValue
 from torchweld.capture.grad_mode import GradModeExitValue
 from torchweld.capture.new_objects import NewObjectValue
 from torchweld.capture.values import (
-    ConstantValue, DictValue, IteratorValue, ListValue, SetValue, TensorValue, TupleValue, Value,
+    ConstantValue, DictValue, IteratorValue, ListValue, SetValue, TensorTruthValue, TensorValue, TupleValue, Value,
 )
 from torchweld.errors import Unsupported
 
@@ -65,6 +65,8 @@ class Reconstructor:
                 self._output_index[value.node] = len(self.graph_outputs)
                 self.graph_outputs.append(value)
             return f"___out[{self._output_index[value.node]}]"
+        if isinstance(value, TensorTruthValue):
+            return f"bool({self.expr(value.tensor)})"
         if isinstance(value, ConstantValue):
             v = value.as_constant()  # written into the code: a number read from outside is guarded now
             if type(v) in _LITERAL_TYPES or (type(v) is float and v == v and v not in (float("inf"), -float("inf"))):

@@ -124,7 +124,9 @@ def live_locals_at(code: types.CodeType, dis_index: int) -> set[str]:
         seen.add(i)
         inst = instructions[i]
         if inst.opname.startswith(("LOAD_FAST", "DELETE_FAST")) or inst.opname in ("LOAD_CLOSURE", "LOAD_DEREF"):
-            live.add(inst.argval)
+            live.update(inst.argval if isinstance(inst.argval, tuple) else (inst.argval,))  # LOAD_FAST_LOAD_FAST
+        elif inst.opname == "STORE_FAST_LOAD_FAST":  # 3.13: stores its first name, then reads its second
+            live.add(inst.argval[1])
         if inst.opcode in dis.hasjabs or inst.opcode in dis.hasjrel:
             todo.append(index_of[inst.argval])
         if inst.opname not in _NO_FALLTHROUGH:

@@ -242,6 +242,22 @@ class TensorValue(Value):
         return f"TensorValue({self.node.name}, {tuple(self.fake.shape)}, {self.fake.dtype})"
 
 
+class TensorTruthValue(Value):
+    """`bool(t)` of a tensor, as CPython 3.13's TO_BOOL (or a comparison a jump reads) leaves
+    it for the jump or `not` after it: known only at run time, so that jump or `not` breaks
+    the graph, as a jump on the tensor does on 3.11 and 3.12. Rebuilt as `bool(t)`, since
+    3.13's jumps read only a real bool."""
+
+    def __init__(self, tensor: TensorValue):
+        self.tensor = tensor
+
+    def python_type(self) -> type:
+        return bool
+
+    def truth(self, tx: "Translator") -> bool:
+        raise Unsupported("data-dependent control flow: branching on a tensor's value")
+
+
 # ---------------------------------------------------------------------------
 # containers
 # ---------------------------------------------------------------------------

@@ -13,6 +13,10 @@ if TYPE_CHECKING:
 Handler = Callable[["Translator", dis.Instruction], None]
 HANDLERS: dict[str, Handler] = {}
 
+# Below a call's arguments lie the callable and a NULL (or the `self` of a method). CPython
+# 3.13 pushes the callable first; 3.11 and 3.12 push the NULL (or the method) first.
+CALLABLE_BELOW_NULL = sys.version_info >= (3, 13)
+
 
 def handles(*names: str, since: tuple[int, int] | None = None, until: tuple[int, int] | None = None):
     """Register a handler for opcodes `names` on CPython versions in [since, until]."""

@@ -48,16 +48,36 @@ def build_string(tx, inst):
     tx.push(ConstantValue("".join(p.as_constant() for p in parts)))
 
 
-@handles("FORMAT_VALUE")
-def format_value(tx, inst):
-    spec = tx.pop().as_constant() if inst.arg & 0x04 else ""
-    value = tx.pop()
+_CONVERSIONS = {0: lambda x: x, 1: str, 2: repr, 3: ascii}  # f"{x}", f"{x!s}", f"{x!r}", f"{x!a}"
+
+
+def _known(value):
     if isinstance(value, TensorValue):
         raise Unsupported("formatting a tensor into a string needs its values")
-    v = value.as_constant()
-    conversion = inst.arg & 0x03
-    v = {0: lambda x: x, 1: str, 2: repr, 3: ascii}[conversion](v)
-    tx.push(ConstantValue(format(v, spec)))
+    return value.as_constant()
+
+
+@handles("FORMAT_VALUE", until=(3, 12))
+def format_value(tx, inst):
+    spec = tx.pop().as_constant() if inst.arg & 0x04 else ""
+    value = _CONVERSIONS[inst.arg & 0x03](_known(tx.pop()))
+    tx.push(ConstantValue(format(value, spec)))
+
+
+@handles("CONVERT_VALUE", since=(3, 13))
+def convert_value(tx, inst):
+    tx.push(ConstantValue(_CONVERSIONS[inst.arg](_known(tx.pop()))))
+
+
+@handles("FORMAT_SIMPLE", since=(3, 13))
+def format_simple(tx, inst):
+    tx.push(ConstantValue(format(_known(tx.pop()))))
+
+
+@handles("FORMAT_WITH_SPEC", since=(3, 13))
+def format_with_spec(tx, inst):
+    spec = tx.pop().as_constant()
+    tx.push(ConstantValue(format(_known(tx.pop()), spec)))
 
 
 @handles("LIST_APPEND")

@@ -3,31 +3,39 @@ from __future__ import annotations
 
 from torchweld.capture.callables import NestedFunctionValue
 from torchweld.capture.autocast import context_of_object
-from torchweld.capture.handlers import handles
+from torchweld.capture.handlers import CALLABLE_BELOW_NULL, handles
 from torchweld.capture.values import ContextManagerValue, DictValue, NullValue
 from torchweld.errors import Unsupported
 
 
-def _callable_and_args(tx, args: list) -> tuple:
-    """Pop the two slots below the arguments: [NULL, fn] or [fn, self]."""
-    second = tx.pop()
-    first = tx.pop()
-    if isinstance(first, NullValue):
-        return second, args
-    return first, [second, *args]
+def callable_and_args(below: list, args: list) -> tuple:
+    """The callee and its positional arguments, from the two slots `below` the arguments:
+    [NULL, fn] or [fn, self] on CPython 3.11-3.12, [fn, NULL] or [fn, self] on 3.13."""
+    first, second = below
+    if CALLABLE_BELOW_NULL:
+        return (first, args) if isinstance(second, NullValue) else (first, [second, *args])
+    return (second, args) if isinstance(first, NullValue) else (first, [second, *args])
+
+
+def _call(tx, n_args: int, kw_names: tuple[str, ...]) -> None:
+    args = tx.popn(n_args)
+    fn, args = callable_and_args(tx.popn(2), args)
+    kwargs = {}
+    if kw_names:
+        kwargs = dict(zip(kw_names, args[len(args) - len(kw_names):]))
+        args = args[: len(args) - len(kw_names)]
+    tx.push(fn.call(tx, args, kwargs))
 
 
 @handles("CALL")
 def call(tx, inst):
-    args = tx.popn(inst.arg)
-    fn, args = _callable_and_args(tx, args)
-    kwargs = {}
-    if tx.kw_names:
-        names = tx.kw_names
-        kwargs = dict(zip(names, args[len(args) - len(names):]))
-        args = args[: len(args) - len(names)]
-    tx.kw_names = None
-    tx.push(fn.call(tx, args, kwargs))
+    kw_names, tx.kw_names = tx.kw_names or (), None  # KW_NAMES before it (3.11, 3.12)
+    _call(tx, inst.arg, kw_names)
+
+
+@handles("CALL_KW", since=(3, 13))
+def call_kw(tx, inst):
+    _call(tx, inst.arg, tx.pop().as_constant())  # the keywords' names, above the arguments
 
 
 @handles("CALL_FUNCTION_EX")
@@ -36,24 +44,37 @@ def call_function_ex(tx, inst):
     args = tx.pop()
     if not isinstance(kwargs, DictValue):
         raise Unsupported(f"**{kwargs} in a call")
-    fn = tx.pop()
-    below = tx.pop()
-    positional = args.items(tx)
-    if not isinstance(below, NullValue):  # [fn, self] form
-        fn, positional = below, [fn, *positional]
+    fn, positional = callable_and_args(tx.popn(2), args.items(tx))
     tx.push(fn.call(tx, positional, {str(k): v for k, v in kwargs.entries.items()}))
 
 
 @handles("MAKE_FUNCTION")
 def make_function(tx, inst):
     code = tx.pop().as_constant()
-    flags = inst.arg
-    closure = tuple(tx.pop().items(tx)) if flags & 0x08 else ()
-    if flags & 0x04:
-        tx.pop()  # annotations
-    kwdefaults = tx.pop().entries if flags & 0x02 else {}
-    defaults = tuple(tx.pop().items(tx)) if flags & 0x01 else ()
-    tx.push(NestedFunctionValue(code, tx.f_globals, defaults, dict(kwdefaults), closure))
+    function = NestedFunctionValue(code, tx.f_globals, (), {}, ())
+    flags = inst.arg or 0  # 3.13 makes a bare function and sets each part with SET_FUNCTION_ATTRIBUTE
+    for flag in (0x08, 0x04, 0x02, 0x01):
+        if flags & flag:
+            function = _with_attribute(tx, function, flag, tx.pop())
+    tx.push(function)
+
+
+@handles("SET_FUNCTION_ATTRIBUTE", since=(3, 13))
+def set_function_attribute(tx, inst):
+    function = tx.pop()
+    tx.push(_with_attribute(tx, function, inst.arg, tx.pop()))
+
+
+def _with_attribute(tx, function: NestedFunctionValue, flag: int, value) -> NestedFunctionValue:
+    """`function` with its closure (0x08), annotations (0x04), keyword defaults (0x02) or defaults (0x01)."""
+    code, defaults, kwdefaults, closure = function.code, function.defaults, function.kwdefaults, function.closure
+    if flag == 0x08:
+        closure = tuple(value.items(tx))
+    elif flag == 0x02:
+        kwdefaults = dict(value.entries)
+    elif flag == 0x01:
+        defaults = tuple(value.items(tx))
+    return NestedFunctionValue(code, tx.f_globals, defaults, kwdefaults, closure)
 
 
 @handles("BEFORE_WITH")

@@ -84,7 +84,9 @@ def for_iter(tx, inst):
     tx.pop()
     tx.jump_to(inst.argval)
     if sys.version_info >= (3, 12) and tx.instructions[tx.ip].opname == "END_FOR":
-        tx.ip += 1  # FOR_ITER skips its END_FOR when the iterator is exhausted
+        # the exhausted iterator is popped here, so FOR_ITER skips the END_FOR (3.12), or
+        # the END_FOR and the POP_TOP after it (3.13), that pop it on other paths
+        tx.ip += 1 if sys.version_info < (3, 13) else 2
 
 
 @handles("RETURN_VALUE")

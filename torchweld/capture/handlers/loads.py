@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import sys
 
-from torchweld.capture.handlers import handles
+from torchweld.capture.handlers import CALLABLE_BELOW_NULL, handles
 from torchweld.capture.values import NULL, CellValue, ConstantValue, Value, const
 from torchweld.errors import Unsupported
 
@@ -26,10 +26,22 @@ def load_const(tx, inst):
 
 @handles("LOAD_FAST")
 def load_fast(tx, inst):
-    tx.push(tx.load_local(inst.argval))
+    tx.push(_fast(tx, inst.argval))
+
+
+def _fast(tx, name: str) -> Value:
+    if sys.version_info >= (3, 13) and (name in tx.code.co_cellvars or name in tx.code.co_freevars):
+        return tx.cell(name)  # 3.13 loads a closure's cells with LOAD_FAST (LOAD_CLOSURE before)
+    return tx.load_local(name)
 
 
 handles("LOAD_FAST_CHECK", since=(3, 12))(load_fast)
+
+
+@handles("LOAD_FAST_LOAD_FAST", since=(3, 13))
+def load_fast_load_fast(tx, inst):
+    for name in inst.argval:
+        tx.push(_fast(tx, name))
 
 
 @handles("LOAD_FAST_AND_CLEAR", since=(3, 12))
@@ -50,6 +62,24 @@ def store_fast(tx, inst):
         tx.store_local(inst.argval, value)
 
 
+@handles("STORE_FAST_STORE_FAST", since=(3, 13))
+def store_fast_store_fast(tx, inst):
+    for name in inst.argval:  # the top of the stack goes to the first name
+        store_fast(tx, _named(inst, name))
+
+
+@handles("STORE_FAST_LOAD_FAST", since=(3, 13))
+def store_fast_load_fast(tx, inst):
+    stored, loaded = inst.argval
+    store_fast(tx, _named(inst, stored))
+    tx.push(_fast(tx, loaded))
+
+
+def _named(inst, name: str):
+    """One half of a 3.13 superinstruction on two locals, as the plain instruction's handler reads it."""
+    return inst._replace(argval=name)
+
+
 @handles("DELETE_FAST")
 def delete_fast(tx, inst):
     tx.load_local(inst.argval)
@@ -58,9 +88,16 @@ def delete_fast(tx, inst):
 
 @handles("LOAD_GLOBAL")
 def load_global(tx, inst):
-    if inst.arg & 1:
+    push_maybe_callable(tx, tx.load_global(inst.argval), with_null=bool(inst.arg & 1))
+
+
+def push_maybe_callable(tx, value: Value, with_null: bool) -> None:
+    """Push `value`, and where the instruction loads a callable for CALL, a NULL in CPython's order."""
+    if with_null and not CALLABLE_BELOW_NULL:
         tx.push(NULL)
-    tx.push(tx.load_global(inst.argval))
+    tx.push(value)
+    if with_null and CALLABLE_BELOW_NULL:
+        tx.push(NULL)
 
 
 @handles("STORE_GLOBAL")
@@ -105,10 +142,8 @@ def store_deref(tx, inst):
 def load_attr(tx, inst):
     obj = tx.pop()
     method_form = sys.version_info >= (3, 12) and inst.arg & 1
-    value = obj.getattr(tx, inst.argval)
-    if method_form:
-        tx.push(NULL)
-    tx.push(value)
+    # the method form is loaded as a bound method, with a NULL beside it: [NULL, method] or [method, NULL]
+    push_maybe_callable(tx, obj.getattr(tx, inst.argval), with_null=bool(method_form))
 
 
 @handles("LOAD_METHOD", until=(3, 11))
@@ -158,6 +193,4 @@ def load_super_attr(tx, inst):
     cls = tx.pop()
     tx.pop()  # the global `super`
     value = _super(tx, cls, owner).getattr(tx, inst.argval)
-    if inst.arg & 1:  # method form
-        tx.push(NULL)
-    tx.push(value)
+    push_maybe_callable(tx, value, with_null=bool(inst.arg & 1))  # the method form, as LOAD_ATTR's

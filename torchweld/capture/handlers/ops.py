@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import dis
 import operator
+import sys
 
 from torchweld.capture import operators
 from torchweld.capture.handlers import handles
-from torchweld.capture.values import ConstantValue, TupleValue
+from torchweld.capture.values import ConstantValue, TensorTruthValue, TensorValue, TupleValue
 from torchweld.errors import Unsupported
 
 BINARY_OPERATORS = {
@@ -34,7 +35,26 @@ def binary_op(tx, inst):
 def compare_op(tx, inst):
     b = tx.pop()
     a = tx.pop()
-    tx.push(operators.compare(tx, COMPARE_OPERATORS[inst.argval], a, b))
+    result = operators.compare(tx, COMPARE_OPERATORS[inst.argval], a, b)
+    tx.push(truth_value(tx, result) if compare_makes_bool(inst) else result)
+
+
+def compare_makes_bool(inst) -> bool:
+    """CPython 3.13 folds a TO_BOOL into a comparison that a jump reads: `bool(a > b)`."""
+    return sys.version_info >= (3, 13) and bool(inst.arg & 16)
+
+
+@handles("TO_BOOL", since=(3, 13))
+def to_bool(tx, inst):
+    tx.push(truth_value(tx, tx.pop()))
+
+
+def truth_value(tx, value):
+    """`bool(value)`, as TO_BOOL leaves it for the jump or `not` after it; of a tensor, a
+    TensorTruthValue, on which that jump or `not` breaks the graph."""
+    if isinstance(value, TensorValue):
+        return TensorTruthValue(value)
+    return ConstantValue(value.truth(tx))
 
 
 @handles("UNARY_NEGATIVE")

@@ -1,6 +1,8 @@
 """Opcodes that only move values on the stack."""
 from __future__ import annotations
 
+import sys
+
 from torchweld.capture.handlers import handles
 from torchweld.capture.values import NULL
 
@@ -37,7 +39,7 @@ def swap(tx, inst):
 
 @handles("END_FOR", since=(3, 12))
 def end_for(tx, inst):
-    tx.popn(2)
+    tx.popn(2 if sys.version_info < (3, 13) else 1)  # 3.13: a POP_TOP after it pops the iterator
 
 
 @handles("KW_NAMES", since=(3, 11), until=(3, 12))
