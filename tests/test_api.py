@@ -1,4 +1,5 @@
 """torchweld.compile's surface: call forms, modules, modes, backends and errors."""
+import sys
 import threading
 import warnings
 
@@ -175,6 +176,23 @@ def test_modes_accepted_and_passed_on(mode):
     x = torch.randn(2)
     torch.testing.assert_close(torchweld.compile(sin_cos, backend=backend, mode=mode, options={"k": 1})(x), sin_cos(x))
     assert received == [(mode, {"k": 1})]
+
+
+def test_a_python_whose_bytecode_capture_does_not_read_runs_the_model_as_it_is(monkeypatch):
+    from torchweld.capture import handlers
+
+    newest = sys.version_info[:2]
+    monkeypatch.setattr(handlers, "BYTECODE_VERSIONS", ((3, 0), (newest[0], newest[1] - 1)))
+
+    def fn(x):
+        return x + 1
+
+    with pytest.warns(RuntimeWarning, match=rf"CPython 3.0 to .*; this is CPython {newest[0]}.{newest[1]}, so 'fn' runs"):
+        compiled = torchweld.compile(fn)
+    assert compiled is fn
+    model = torch.nn.Linear(2, 2)
+    with pytest.warns(RuntimeWarning, match="runs as it is, not compiled"):
+        assert torchweld.compile(model) is model
 
 
 def test_disable_runs_natively():

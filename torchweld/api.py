@@ -4,11 +4,14 @@ original's parameters, buffers and submodules)."""
 from __future__ import annotations
 
 import functools
+import sys
+import warnings
 from typing import Callable
 
 import torch
 
 from torchweld.backends import backend_name, backend_warm_up, lookup_backend
+from torchweld.capture import handlers
 from torchweld.capture.cache import LIVE_CACHES
 from torchweld.capture.compiled_function import CompiledFunction
 from torchweld.capture.convert_frame import CompileSettings
@@ -37,6 +40,13 @@ def compile(model: Callable | None = None, *, fullgraph: bool = False, dynamic: 
 
 def _compile_one(model: Callable, settings: CompileSettings, disable: bool):
     if disable or getattr(model, "__torchweld_disabled__", False):  # decided once, not per call
+        return model
+    if not handlers.reads_bytecode_of(sys.version_info[:2]):
+        oldest, newest = handlers.BYTECODE_VERSIONS
+        warnings.warn(
+            f"torchweld captures the bytecode of CPython {oldest[0]}.{oldest[1]} to {newest[0]}.{newest[1]}; "
+            f"this is CPython {sys.version_info[0]}.{sys.version_info[1]}, so {getattr(model, '__name__', model)!r} "
+            "runs as it is, not compiled", RuntimeWarning, stacklevel=3)
         return model
     if isinstance(model, torch.nn.Module):
         return CompiledModule(model, settings)
