@@ -260,9 +260,32 @@ class Switch:
         return isinstance(other, Switch) and other.on == self.on
 
 
-def truth_of_an_object(x, switch):
-    if switch:  # 3.13: TO_BOOL of an object whose __bool__ capture does not run
+class Plain:
+    def __eq__(self, other):  # no __bool__ or __len__; equal to eager's copy
+        return isinstance(other, Plain)
+
+
+PLAIN = Plain()
+
+
+class Gate:
+    def __init__(self, weight):
+        self.weight = weight
+
+    def __bool__(self):
+        return bool(self.weight.sum() > 0)  # the value of a tensor: a break
+
+    def __eq__(self, other):
+        return isinstance(other, Gate) and torch.equal(other.weight, self.weight)
+
+
+def truth_of_an_object(x, switch, plain, gate):
+    if plain:  # no __bool__ or __len__: always true, decided at capture
+        x = x - 1
+    if switch:  # its __bool__ inlined (TO_BOOL on 3.13)
         x = x + 1
+    if gate:  # a break at the TO_BOOL (3.13) or the jump (3.11, 3.12): bool(gate) runs in Python
+        x = x * 3
     return x * 2
 
 
@@ -300,7 +323,7 @@ def keywords_at_the_break(x):
 
 CASES = [
     (negated_comparison, [(POS,), (NEG,)]),
-    (truth_of_an_object, [(POS, Switch(True)), (POS, Switch(False))]),
+    (truth_of_an_object, [(POS, Switch(True), PLAIN, Gate(POS)), (POS, Switch(False), PLAIN, Gate(NEG))]),
     (not_of_a_tensor, [(POS,), (torch.zeros(6),)]),
     (comparison_kept_in_try, [(POS,), (NEG,), (POS * 0.25,)]),
     (swap_and_closure_over_two, [(POS, NEG), (NEG, POS * 2)]),

@@ -184,6 +184,17 @@ class UserObjectValue(Value):
     def setattr(self, tx, name, value):
         _store_attribute(tx, self, self.obj, name, value)
 
+    def truth(self, tx):
+        """`bool(obj)`: its class's Python __bool__ or __len__, inlined; true where it has neither
+        (the type is guarded where the object came from)."""
+        for dunder in ("__bool__", "__len__"):
+            method = inspect.getattr_static(type(self.obj), dunder, None)
+            if isinstance(method, types.FunctionType):
+                return self.getattr(tx, dunder).call(tx, [], {}).truth(tx)
+            if method is not None:
+                return super().truth(tx)  # a builtin's __bool__ or __len__ (a dict subclass, ...)
+        return True
+
     def call(self, tx, args, kwargs):
         if not isinstance(inspect.getattr_static(type(self.obj), "__call__", None), types.FunctionType):
             raise Unsupported(f"call to {type(self.obj).__qualname__} object, which capture does not model")

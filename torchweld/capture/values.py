@@ -41,7 +41,15 @@ class Value:
             return False
 
     def truth(self, tx: "Translator") -> bool:
-        return bool(self.as_constant())
+        try:
+            return bool(self.as_constant())
+        except Unsupported:
+            pass
+        try:
+            kind = f"a {self.python_type().__qualname__} object"
+        except Unsupported:
+            kind = str(self)
+        raise Unsupported(f"the truth of {kind} (`if obj:`, `not obj`) is not known at capture time")
 
     def items(self, tx: "Translator") -> list["Value"]:
         """The values iterating over this yields (all known at capture time)."""
