@@ -2,6 +2,7 @@
 captured as torch.compile captures it (`_enter_autocast`/`_exit_autocast` nodes), its
 operations run in autocast's dtypes under every backend, and a break inside it leaves and
 enters it again. On the CPU with bfloat16, the autocast CI can run."""
+import contextlib
 import copy
 import operator
 import sys
@@ -157,4 +158,20 @@ def test_empty_region_leaves_no_nodes():
 
     backend = CountingBackend()
     assert_same(torchweld.compile(fn, backend=backend)(torch.ones(3)), fn(torch.ones(3)))
+    assert [n.target for n in backend.graphs[0].graph.nodes if n.op == "call_function"] == [operator.mul]
+
+
+# -- contextlib.nullcontext: what training code puts where autocast is off ----------------------
+
+
+def amp_or_nothing(x, amp):
+    with torch.autocast("cpu", dtype=BF16) if amp else contextlib.nullcontext():
+        return LIN(x).float() * 2
+
+
+def test_null_context_or_autocast_is_captured_like_torch_compile():
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        _, backend = check_program(amp_or_nothing, (x, False), (x, True), (x, False))
+    assert len(backend.graphs) == 2  # one per branch; the nullcontext leaves no node
     assert [n.target for n in backend.graphs[0].graph.nodes if n.op == "call_function"] == [operator.mul]

@@ -7,6 +7,7 @@ import torch
 from torchweld.capture.autocast import AutocastExitValue
 from torchweld.capture.grad_mode import GradModeExitValue
 from torchweld.capture.new_objects import NewObjectValue
+from torchweld.capture.python_contexts import PythonContextExitValue
 from torchweld.capture.values import (
     ConstantValue, DictValue, IteratorValue, ListValue, SetValue, TensorTruthValue, TensorValue, TupleValue, Value,
 )
@@ -65,6 +66,8 @@ class Reconstructor:
                 self._output_index[value.node] = len(self.graph_outputs)
                 self.graph_outputs.append(value)
             return f"___out[{self._output_index[value.node]}]"
+        if isinstance(value, PythonContextExitValue):  # a break inside the block of a `with`
+            return f"{self.expr(value.manager)}.__exit__"
         if isinstance(value, TensorTruthValue):
             return f"bool({self.expr(value.tensor)})"
         if isinstance(value, ConstantValue):

@@ -17,6 +17,8 @@ import weakref
 
 from bytecode import Bytecode, CellVar, Instr, Label
 
+from torchweld.errors import Unsupported
+
 # a stack slot at the break: an ordinary value, CPython's NULL, or a list that the
 # prologue turns back into an iterator for a `for` loop in progress
 VALUE, NULL_SLOT, ITERATOR = "value", "null", "iterator"
@@ -90,7 +92,11 @@ def _make_resume_code(code: types.CodeType, dis_index: int, stack_layout: tuple[
     resumed.docstring = None
     resumed.freevars = list(code.co_freevars)
     resumed.cellvars = list(code.co_cellvars)
-    new_code = resumed.to_code()
+    try:
+        new_code = resumed.to_code()
+    except RuntimeError as e:  # a `with` block that always raises after the break: the stack of its
+        # handler cannot be computed from a resume that jumps past the start of its region
+        raise Unsupported(f"cannot resume {code.co_name} after the break ({e})") from None
     real = [i for i, inst in enumerate(dis.get_instructions(new_code)) if inst.opname != "EXTENDED_ARG"]
     originals = [i for i, inst in enumerate(dis.get_instructions(code)) if inst.opname != "EXTENDED_ARG"]
     body_start = len(prologue)

@@ -4,6 +4,7 @@ from __future__ import annotations
 from torchweld.capture.callables import NestedFunctionValue
 from torchweld.capture.autocast import context_of_object
 from torchweld.capture.handlers import CALLABLE_BELOW_NULL, handles
+from torchweld.capture.python_contexts import python_context_of
 from torchweld.capture.values import ContextManagerValue, DictValue, NullValue
 from torchweld.errors import Unsupported
 
@@ -87,8 +88,11 @@ def before_with(tx, inst):
             tx.output.guards.identity(context.source, obj)
             context = known
     if not isinstance(context, ContextManagerValue):
-        raise Unsupported(f"`with` on {context}: only torch.no_grad/enable_grad/set_grad_enabled and "
-                          "torch.autocast are captured")
+        context = python_context_of(tx, context) or context  # __enter__ and __exit__ in Python: inlined
+    if not isinstance(context, ContextManagerValue):
+        raise Unsupported(f"`with` on {context}: capture inlines context managers whose __enter__ and __exit__ "
+                          "are Python functions, and knows torch.no_grad/enable_grad/set_grad_enabled and "
+                          "torch.autocast; this one runs in Python")
     tx.push(context.exit_value())
     tx.push(context.enter(tx))
 
