@@ -362,15 +362,31 @@ def test_is_compiling_is_true_inside_capture_like_torch_compile():
     torch.testing.assert_close(alias(X), X + 1)
 
 
-@pytest.mark.parametrize("model_name", ["bert", "gpt2"])
+def _tiny_transformers_model(name: str):
+    """A two-layer model of each family, as small as its config allows."""
+    t = pytest.importorskip("transformers")
+    width = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4)
+    decoder = dict(num_hidden_layers=2, num_key_value_heads=2, vocab_size=1000, **width)
+    return {
+        "bert": lambda: t.BertModel(t.BertConfig(num_hidden_layers=2, **width)),
+        "gpt2": lambda: t.GPT2Model(t.GPT2Config(n_layer=2, n_embd=64, n_head=4)),
+        # a staticmethod for the position ids
+        "roberta": lambda: t.RobertaModel(t.RobertaConfig(num_hidden_layers=2, **width)),
+        # `self.layers[:n]` (a ModuleList sliced) and os.environ read in its attention
+        "llama": lambda: t.LlamaModel(t.LlamaConfig(**decoder)),
+        "mistral": lambda: t.MistralModel(t.MistralConfig(**decoder)),
+        # a staticmethod for the position buckets, and `buckets += tensor` of an int
+        "t5": lambda: t.T5EncoderModel(t.T5Config(num_layers=2, d_model=64, d_ff=128, num_heads=4, d_kv=16)),
+        # torch.finfo(dtype).min in its masks
+        "gpt_neo": lambda: t.GPTNeoModel(t.GPTNeoConfig(num_layers=2, hidden_size=64, num_heads=4, vocab_size=1000,
+                                                        attention_types=[[["global", "local"], 1]])),
+    }[name]().eval()
+
+
+@pytest.mark.parametrize("model_name", ["bert", "gpt2", "roberta", "llama", "mistral", "t5", "gpt_neo"])
 def test_transformers_models_capture_as_one_graph(model_name):
-    transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
-    if model_name == "bert":
-        model = transformers.BertModel(transformers.BertConfig(num_hidden_layers=2, hidden_size=64,
-                                                               num_attention_heads=4, intermediate_size=128)).eval()
-    else:
-        model = transformers.GPT2Model(transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4)).eval()
+    model = _tiny_transformers_model(model_name)
     ids = torch.randint(0, 1000, (2, 12))
     backend = CountingBackend()
     compiled = torchweld.compile(model, backend=backend, fullgraph=True)

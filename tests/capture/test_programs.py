@@ -3,13 +3,15 @@ ways: compiled result == eager; graphs and op counts == torch.compile's; and a
 later call whose inputs fail a guard still gives the eager result."""
 import math
 import operator
+import os
 
 import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from tests.capture.helpers import check_program
+import torchweld
+from tests.capture.helpers import CountingBackend, assert_same, check_program
 
 X = torch.randn(4, 5)
 Y = torch.randn(4, 5)
@@ -241,7 +243,50 @@ def p_inplace_input(a):
     return a
 
 
+class Scaler:
+    """Static and class methods, as model code writes helpers (T5's position buckets)."""
+
+    factor = 3
+
+    @staticmethod
+    def shift(t, by):
+        return t + by
+
+    @classmethod
+    def scale(cls, t):
+        return t * cls.factor
+
+    def __init__(self, offset):
+        self.offset = offset
+
+    def apply(self, t):
+        return self.scale(self.shift(t, self.offset)) + Scaler.shift(t, 1) - type(self).scale(t)
+
+
+SCALER = Scaler(2.0)
+
+
+def p_static_and_class_methods(a):
+    return SCALER.apply(a)
+
+
+def p_number_updated_by_a_tensor(a):
+    buckets = 0
+    buckets += (a > 0).long() * 4  # `int += tensor`: Python makes a new tensor
+    steps = 1.5
+    steps *= a
+    return buckets, steps
+
+
+def p_finfo_mask(a):
+    low = torch.finfo(a.dtype).min
+    return a.masked_fill(a < 0, low), torch.iinfo(torch.int32).max
+
+
 PROGRAMS = [
+    (p_static_and_class_methods, [(X,), (torch.randn(2),)]),
+    (p_number_updated_by_a_tensor, [(X,), (torch.randn(2),)]),
+    (p_finfo_mask, [(X,), (X.double(),)]),
     (p_arith, [(X, Y), (X.double(), Y.double())]),
     (p_compare, [(X, Y), (torch.randn(2, 3), torch.randn(2, 3))]),
     (p_inplace_ops, [(X, Y), (torch.randn(2, 2), torch.randn(2, 2))]),
@@ -328,7 +373,22 @@ class TinyCNN(nn.Module):
         return self.fc(torch.flatten(self.pool(t), 1))
 
 
-@pytest.mark.parametrize("make,shape", [(MLP, (4, 5)), (DirectParams, (3, 5)), (TinyCNN, (2, 3, 8, 8))])
+class Sliced(nn.Module):
+    """Slices of a ModuleList and a Sequential, as Llama's `self.layers[: config.num_hidden_layers]`."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Linear(5, 5) for _ in range(3)])
+        self.body = nn.Sequential(nn.Linear(5, 5), nn.Tanh(), nn.Linear(5, 5), nn.ReLU())
+        self.depth = 2
+
+    def forward(self, t):
+        for layer in self.layers[: self.depth]:
+            t = layer(t).relu()
+        return self.body[1:](t) + len(self.layers[1:])
+
+
+@pytest.mark.parametrize("make,shape", [(MLP, (4, 5)), (DirectParams, (3, 5)), (TinyCNN, (2, 3, 8, 8)), (Sliced, (2, 5))])
 def test_module(make, shape):
     model = make().eval()
     x = torch.randn(*shape)
@@ -347,3 +407,40 @@ def p_generator_expressions(a, b):
 
 def test_generator_expressions():
     check_program(p_generator_expressions, (X, Y), (torch.randn(2), torch.randn(2)))
+
+
+def p_environment_flags(a):
+    if os.environ.get("TORCHWELD_TEST_FLAG", "0") == "1":
+        a = a * 2
+    if "TORCHWELD_TEST_OTHER" in os.environ:
+        a = a + int(os.environ["TORCHWELD_TEST_OTHER"])
+    return a + 1
+
+
+def test_environment_variables_are_read_at_capture_and_guarded(monkeypatch):
+    monkeypatch.delenv("TORCHWELD_TEST_FLAG", raising=False)
+    monkeypatch.delenv("TORCHWELD_TEST_OTHER", raising=False)
+    backend = CountingBackend()
+    compiled = torchweld.compile(p_environment_flags, backend=backend, fullgraph=True)
+    settings = [{}, {"TORCHWELD_TEST_FLAG": "1"}, {"TORCHWELD_TEST_FLAG": "1", "TORCHWELD_TEST_OTHER": "5"}, {}]
+    for env in settings:
+        for name in ("TORCHWELD_TEST_FLAG", "TORCHWELD_TEST_OTHER"):
+            if name in env:
+                monkeypatch.setenv(name, env[name])
+            else:
+                monkeypatch.delenv(name, raising=False)
+        assert_same(compiled(X), p_environment_flags(X))
+    assert len(backend.graphs) == 3  # the last setting is the first again
+    guards = str(torchweld.explain(p_environment_flags)(X))
+    assert "os.environ.get('TORCHWELD_TEST_FLAG') is None" in guards
+
+
+def test_a_sliced_module_list_follows_the_depth_attribute():
+    model = Sliced().eval()
+    backend = CountingBackend()
+    compiled = torchweld.compile(model, backend=backend)
+    x = torch.randn(2, 5)
+    for depth in (2, 3, 2):
+        model.depth = depth
+        assert_same(compiled(x), model(x))
+    assert len(backend.graphs) == 2

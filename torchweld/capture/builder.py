@@ -10,6 +10,7 @@ import torch
 
 from torchweld.capture.autocast import AUTOCAST_METHODS
 from torchweld.capture.callables import OpaqueCallableValue, TorchCallableValue, UserFunctionValue
+from torchweld.capture.environ import EnvironValue
 from torchweld.capture.objects import (
     ClassValue, NNModuleValue, PythonModuleValue, UserObjectValue, is_stateless_standard_module,
 )
@@ -103,6 +104,10 @@ def wrap(tx: "Translator", obj: object, source: Source | None, guard: bool = Tru
         if source is not None:
             tx.output.mutable_inputs[id(obj)] = (obj, value)
         return value
+    if obj is os.environ:
+        if guards:
+            guards.identity(source, obj)
+        return EnvironValue(source)
     if isinstance(obj, torch.nn.Module):
         if guards:
             if is_stateless_standard_module(obj):  # made anew per call (a loss): any instance will do

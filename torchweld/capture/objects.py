@@ -10,7 +10,7 @@ import torch
 
 from torchweld.capture.optimizers import OptimizerStepValue, captures_step
 from torchweld.capture.sources import AttrSource, ModuleEntrySource, Source
-from torchweld.capture.values import ConstantValue, Value, const
+from torchweld.capture.values import ConstantValue, ListValue, Value, const
 from torchweld.errors import Unsupported
 
 if TYPE_CHECKING:
@@ -67,9 +67,7 @@ def _attribute(tx: "Translator", owner: Value, obj: object, name: str, source: S
     if isinstance(cls_attr, types.FunctionType) and name not in getattr(obj, "__dict__", {}):
         func_source = AttrSource(attr_source, "__func__") if attr_source else None
         return BoundMethodValue(wrap(tx, cls_attr, func_source), owner, attr_source)
-    if isinstance(cls_attr, (staticmethod, classmethod)):
-        raise Unsupported(f"static and class methods ({type(obj).__name__}.{name}) are not captured yet")
-    try:
+    try:  # a staticmethod reads as its function, a classmethod as a method bound to the class
         value = getattr(obj, name)
     except AttributeError:
         raise Unsupported(f"{type(obj).__name__} object has no attribute {name!r}") from None
@@ -139,8 +137,9 @@ class NNModuleValue(Value):
         if isinstance(m, torch.nn.ModuleDict):
             return wrap(tx, m[k], attribute_source(self.source, m, k) if self.source else None)
         if isinstance(m, (torch.nn.Sequential, torch.nn.ModuleList)):
-            if isinstance(k, slice):
-                raise Unsupported("slicing a ModuleList/Sequential is not captured yet")
+            if isinstance(k, slice):  # `self.layers[:n]`: the modules themselves, each read from its source
+                children = self.items(tx)[k]
+                return SequentialSliceValue(children) if isinstance(m, torch.nn.Sequential) else ListValue(children)
             child_name = list(m._modules)[k]
             return wrap(tx, m[k], attribute_source(self.source, m, child_name) if self.source else None)
         raise Unsupported(f"indexing module {type(m).__name__}")
@@ -159,6 +158,18 @@ class NNModuleValue(Value):
 
     def __repr__(self) -> str:
         return f"NNModuleValue({type(self.module).__name__}, {self.source})"
+
+
+class SequentialSliceValue(ListValue):
+    """`seq[a:b]` of an nn.Sequential: its modules, which calling it runs in order."""
+
+    def call(self, tx, args, kwargs):
+        if kwargs or len(args) != 1:
+            raise Unsupported("a slice of a Sequential takes one input")
+        (value,) = args
+        for module in self.elements:
+            value = module.call(tx, [value], {})
+        return value
 
 
 class UserObjectValue(Value):

@@ -33,6 +33,8 @@ def _fold(fn: Callable, *args: Value) -> Value:
 def binary(tx: "Translator", fn: Callable, a: Value, b: Value) -> Value:
     """`a <fn> b` for an operator function such as operator.add or operator.iadd."""
     if isinstance(a, TensorValue) or isinstance(b, TensorValue):
+        if not isinstance(a, TensorValue):  # `n += t` of a number: Python computes `n + t`, a new tensor
+            fn = _INPLACE_TO_PLAIN.get(fn, fn)
         return tx.output.call_function(fn, [a, b], {})
     if a.is_constant() and b.is_constant() and not isinstance(a, ListValue):
         return _fold(_INPLACE_TO_PLAIN.get(fn, fn), a, b)
@@ -124,6 +126,8 @@ def contains(tx: "Translator", item: Value, container: Value) -> bool:
         return via_dunder.truth(tx)
     if isinstance(container, DictValue):
         return item.as_constant() in container.entries
+    if hasattr(container, "contains"):  # os.environ
+        return container.contains(tx, item)
     from torchweld.capture.new_objects import NewObjectValue
 
     if isinstance(container, NewObjectValue) and container.entries is not None:  # a dict subclass made in the frame

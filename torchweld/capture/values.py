@@ -159,6 +159,7 @@ class GuardedOnUseNumber(ConstantValue):
 _CONSTANT_TYPES = (
     type(None), bool, int, float, complex, str, bytes, type(Ellipsis), type(NotImplemented),
     torch.dtype, torch.device, torch.layout, torch.memory_format, range, slice, torch.Size,
+    torch.finfo, torch.iinfo,  # `torch.finfo(dtype).min` in attention masks
 )
 
 
