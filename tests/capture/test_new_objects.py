@@ -380,14 +380,23 @@ def _tiny_transformers_model(name: str):
         # torch.finfo(dtype).min in its masks
         "gpt_neo": lambda: t.GPTNeoModel(t.GPTNeoConfig(num_layers=2, hidden_size=64, num_heads=4, vocab_size=1000,
                                                         attention_types=[[["global", "local"], 1]])),
+        # a custom torch.autograd.Function for its GELU
+        "bloom": lambda: t.BloomModel(t.BloomConfig(hidden_size=64, n_head=4, n_layer=2, vocab_size=1000)),
+        # a functools.partial activation
+        "gemma": lambda: t.GemmaModel(t.GemmaConfig(head_dim=16, **decoder)),
+        # lru_cache'd checks (is_torch_available()) on the way
+        "wav2vec2": lambda: t.Wav2Vec2Model(t.Wav2Vec2Config(
+            conv_dim=(16, 16), conv_stride=(5, 2), conv_kernel=(10, 3), num_feat_extract_layers=2,
+            num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4, num_hidden_layers=2, **width)),
     }[name]().eval()
 
 
-@pytest.mark.parametrize("model_name", ["bert", "gpt2", "roberta", "llama", "mistral", "t5", "gpt_neo"])
+@pytest.mark.parametrize("model_name", ["bert", "gpt2", "roberta", "llama", "mistral", "t5", "gpt_neo", "bloom",
+                                        "gemma", "wav2vec2"])
 def test_transformers_models_capture_as_one_graph(model_name):
     torch.manual_seed(0)
     model = _tiny_transformers_model(model_name)
-    ids = torch.randint(0, 1000, (2, 12))
+    ids = torch.randn(2, 400) if model_name == "wav2vec2" else torch.randint(0, 1000, (2, 12))
     backend = CountingBackend()
     compiled = torchweld.compile(model, backend=backend, fullgraph=True)
     with torch.no_grad():

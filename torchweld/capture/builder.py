@@ -2,6 +2,7 @@
 guarding what the capture will assume about it."""
 from __future__ import annotations
 
+import functools
 import os
 import types
 from typing import TYPE_CHECKING
@@ -9,7 +10,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from torchweld.capture.autocast import AUTOCAST_METHODS
-from torchweld.capture.callables import OpaqueCallableValue, TorchCallableValue, UserFunctionValue
+from torchweld.capture.callables import (
+    CachedFunctionValue, OpaqueCallableValue, PartialValue, TorchCallableValue, UserFunctionValue,
+)
 from torchweld.capture.environ import EnvironValue
 from torchweld.capture.objects import (
     ClassValue, NNModuleValue, PythonModuleValue, UserObjectValue, is_stateless_standard_module,
@@ -56,13 +59,22 @@ def _holds_number_inputs(tx: "Translator", obj: object, source: Source | None) -
             and any(ItemSource(source, i).name() in tx.output.number_input_sources for i in range(len(obj))))
 
 
+def _marked_disabled(obj: object) -> bool:
+    """Marked with torchweld.disable; asked safely of objects whose __getattr__ answers anything
+    (torch.classes) or raises something else than AttributeError."""
+    try:
+        return getattr(obj, "__torchweld_disabled__", False) is True
+    except Exception:
+        return False
+
+
 def wrap(tx: "Translator", obj: object, source: Source | None, guard: bool = True) -> Value:
     """The Value for `obj`, read from `source`; `guard=False` trusts it never changes."""
     from torchweld.capture.builtins import BuiltinValue, is_modelled_builtin
 
     guards = tx.output.guards if (guard and source is not None) else None
 
-    if getattr(obj, "__torchweld_disabled__", False):
+    if _marked_disabled(obj):
         return OpaqueCallableValue(obj, f"{getattr(obj, '__qualname__', obj)} is marked with torchweld.disable")
     if isinstance(obj, torch.Tensor):
         if source is None:
@@ -115,6 +127,18 @@ def wrap(tx: "Translator", obj: object, source: Source | None, guard: bool = Tru
             else:
                 guards.identity(source, obj)
         return NNModuleValue(obj, source)
+    if type(obj) is functools.partial:
+        if guards:
+            guards.type_is(source, functools.partial)
+        part = (lambda name: AttrSource(source, name)) if source else (lambda name: None)
+        args = wrap(tx, obj.args, part("args"), guard).items(tx)
+        keywords = wrap(tx, obj.keywords, part("keywords"), guard).entries
+        return PartialValue(wrap(tx, obj.func, part("func"), guard), args, dict(keywords), source)
+    if isinstance(obj, functools._lru_cache_wrapper):
+        if guards:
+            guards.identity(source, obj)
+        wrapped = wrap(tx, obj.__wrapped__, AttrSource(source, "__wrapped__") if source else None, guard)
+        return CachedFunctionValue(obj, wrapped, source)
     if isinstance(obj, types.FunctionType) and is_marked_by_torch_to_run_eagerly(obj):
         return OpaqueCallableValue(obj, f"{obj.__qualname__} is marked by torch to run without compilers")
     if is_torch_callable(obj):

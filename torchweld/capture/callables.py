@@ -2,6 +2,8 @@
 methods, user functions (inlined), bound methods and grad-mode context managers."""
 from __future__ import annotations
 
+import functools
+
 import types
 
 from torchweld.capture.sources import AttrSource, Source
@@ -296,6 +298,48 @@ class BoundMethodValue(Value):
 
     def call(self, tx, args, kwargs):
         return self.func.call(tx, [self.self_value, *args], kwargs)
+
+
+class PartialValue(Value):
+    """`functools.partial(fn, *args, **keywords)`: calling it calls `fn` with those first.
+    Made in the frame, or read from outside (its type, function and arguments guarded)."""
+
+    def __init__(self, func: Value, args: list[Value], keywords: dict[str, Value], source: Source | None = None):
+        self.func, self.args, self.keywords = func, args, keywords
+        self.source = source
+
+    def python_type(self) -> type:
+        return functools.partial
+
+    def call(self, tx, args, kwargs):
+        return self.func.call(tx, [*self.args, *args], {**self.keywords, **kwargs})
+
+
+class CachedFunctionValue(Value):
+    """A `functools.lru_cache` function (`is_torch_available()`). Called with constants, its
+    cached answer is a constant of the capture, as the eager call returns it; called with
+    tensors or other values, its function is inlined (the cache is left untouched)."""
+
+    def __init__(self, fn: object, wrapped: Value, source: Source | None = None):
+        self.fn, self.wrapped = fn, wrapped
+        self.source = source
+
+    def real_object(self) -> object:
+        return self.fn
+
+    def python_type(self) -> type:
+        return type(self.fn)
+
+    def call(self, tx, args, kwargs):
+        if all(v.is_constant() for v in [*args, *kwargs.values()]):
+            a, k = [v.as_constant() for v in args], {n: v.as_constant() for n, v in kwargs.items()}
+            try:
+                return const(self.fn(*a, **k))
+            except Unsupported:
+                raise
+            except Exception as e:  # the eager call raises it at the user's line
+                raise Unsupported(f"{getattr(self.fn, '__qualname__', self.fn)} raised {type(e).__name__}: {e}") from None
+        return self.wrapped.call(tx, args, kwargs)
 
 
 class OpaqueCallableValue(Value):

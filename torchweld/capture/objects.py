@@ -2,9 +2,10 @@
 nodes, user ones are inlined), user objects, Python modules and classes."""
 from __future__ import annotations
 
+import functools
 import inspect
 import types
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
@@ -269,6 +270,11 @@ class ClassValue(Value):
 
         if name in ("__name__", "__qualname__", "__module__", "__doc__"):
             return const(getattr(self.cls, name))
+        if name == "apply" and isinstance(self.cls, type) and issubclass(self.cls, torch.autograd.Function):
+            # a custom autograd.Function: one node of the graph, its own backward kept (not inlined)
+            from torchweld.capture.callables import TorchCallableValue
+
+            return TorchCallableValue(autograd_function_apply(self.cls), AttrSource(self.source, name) if self.source else None)
         value = inspect.getattr_static(self.cls, name)
         if isinstance(value, (staticmethod, classmethod)):
             value = getattr(self.cls, name)
@@ -282,6 +288,10 @@ class ClassValue(Value):
             return special
         if self.cls is torch.Size:
             return const(torch.Size(*[a.as_constant() for a in args]))
+        if self.cls is functools.partial and args:
+            from torchweld.capture.callables import PartialValue
+
+            return PartialValue(args[0], list(args[1:]), dict(kwargs))
         if isinstance(self.cls, type) and issubclass(self.cls, torch.nn.Module) and self.cls.__module__.startswith("torch.nn."):
             instance = self.cls(*[a.as_constant() for a in args], **{k: v.as_constant() for k, v in kwargs.items()})
             if is_stateless_standard_module(instance):  # nn.CrossEntropyLoss(): built now, once
@@ -295,6 +305,18 @@ class ClassValue(Value):
 
     def __repr__(self) -> str:
         return f"ClassValue({self.cls.__qualname__})"
+
+
+@functools.lru_cache(maxsize=None)
+def autograd_function_apply(cls: type) -> Callable:
+    """`cls.apply` as a function of its own, which the graph's code refers to as an object (a
+    bound classmethod of a torch class would be written as `torch.autograd.function.apply`)."""
+
+    def apply(*args, **kwargs):
+        return cls.apply(*args, **kwargs)
+
+    apply.__name__ = apply.__qualname__ = f"{cls.__name__}_apply"
+    return apply
 
 
 class SuperValue(Value):
