@@ -4,6 +4,7 @@ import copy
 import gc
 import warnings
 
+import numpy as np
 import pytest
 import torch
 import torch.nn as nn
@@ -301,6 +302,52 @@ def test_mutated_user_input_is_written_back():
     torch.testing.assert_close(counter, torch.ones(4))
     out.sum().backward()
     torch.testing.assert_close(x.grad, x.detach().exp())
+
+
+class MaskedEmbedding(torch.nn.Module):
+    """wav2vec2's SpecAugment: a mask from numpy (a graph break), then `hidden[mask] = embed`
+    in place on the output of the graph before it, with a parameter that must get its gradient."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.embed = torch.nn.Parameter(torch.randn(4))
+
+    def forward(self, x):
+        hidden = self.lin(x).transpose(0, 1).transpose(0, 1)  # a view of the graph's intermediate
+        mask = torch.tensor(np.arange(hidden.shape[0]) % 2 == 0)
+        hidden[mask] = self.embed
+        return (hidden * 2).sum()
+
+
+def test_an_in_place_change_to_a_graph_output_keeps_its_gradients():
+    model = MaskedEmbedding()
+    x = torch.randn(6, 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torchweld.compile(model)(x).backward()
+    ours = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    model(x).backward()
+    for name, param in model.named_parameters():
+        torch.testing.assert_close(ours[name], param.grad, msg=name)
+
+
+def test_outputs_that_view_an_intermediate_can_be_changed_in_place():
+    def fn(x, w):
+        h = x @ w
+        return h.t(), h.sum(0)  # a view of the matmul's result, beside another output
+
+    x, w = torch.randn(3, 4), torch.randn(4, 5, requires_grad=True)
+    rows, total = compile_fn(fn, x, w)(x, w)
+    rows[0] = 0.0  # autograd forbade this on a custom Function's view outputs
+    (rows.sum() + total.sum()).backward()
+    ours, w.grad = w.grad, None
+    eager_rows, eager_total = fn(x, w)
+    eager_rows[0] = 0.0
+    (eager_rows.sum() + eager_total.sum()).backward()
+    torch.testing.assert_close(rows, eager_rows)
+    torch.testing.assert_close(ours, w.grad)
 
 
 def test_dropout_forward_and_backward_use_the_same_mask():

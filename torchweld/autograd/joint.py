@@ -13,7 +13,7 @@ from torch._decomp import get_decompositions
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.nn.utils.stateless import _reparametrize_module
 
-from torchweld.autograd.functionalize import functionalize
+from torchweld.autograd.functionalize import FunctionalizationError, functionalize
 from torchweld.autograd.smaller_saves import smaller_saves
 from torchweld.compiler import decompositions
 from torchweld.compiler.aten_graph import DECOMPOSITIONS
@@ -168,8 +168,15 @@ def trace_joint(gm: torch.fx.GraphModule, state: list[ModuleState], primals: lis
     grad_primals = [i for i, p in enumerate(primals) if p.requires_grad]
     with FakeTensorMode(allow_non_fake_inputs=True) as mode:
         prims = [recorder.placeholder(fake_copy(mode, p)) for p in primals]
+        versions = [p._version for p in prims]
         with recorder, substituted(gm, state, prims[:n_state]):
             flat_out, out_spec = pytree.tree_flatten(gm(*prims[n_state:]))
+        for p, version in zip(prims, versions):
+            if p._version != version and p.requires_grad:
+                # `h[mask] = self.embed` on an input: the gradient to `embed` runs through that
+                # input's autograd history, outside this graph, where the write-back cannot put it
+                raise FunctionalizationError("the graph changes in place an input that autograd tracks "
+                                             "(a later gradient flows through that change)")
         diff_outputs = [i for i, o in enumerate(flat_out) if isinstance(o, torch.Tensor) and o.requires_grad]
         # one tangent input per output that needs a gradient, after the primals
         tangents = [recorder.placeholder(torch.empty(flat_out[i].shape, dtype=flat_out[i].dtype,

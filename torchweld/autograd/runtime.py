@@ -68,6 +68,7 @@ class CompiledFunction(torch.autograd.Function):
         ctx.graph = graph
         ctx.leased = lease is not None
         ctx.save_for_backward(*saved, *([lease] if ctx.leased else []))
+        _unview_intermediates(outputs, primals)
         for i in graph.non_diff_outputs:
             if isinstance(outputs[i], torch.Tensor) and outputs[i].requires_grad:
                 # a view of an input that requires grad (`t.view(-1).detach()`, made a view of
@@ -100,6 +101,19 @@ class CompiledFunction(torch.autograd.Function):
         for i, g in zip(graph.grad_primals, grads):
             result[i] = g
         return (None, *result)
+
+
+def _unview_intermediates(outputs: list, primals: tuple) -> None:
+    """An output that views a tensor made inside the graph (`h.transpose(1, 2)` of a matmul's
+    result) goes out as a tensor of its own to autograd (`detach()`: the same memory, no copy).
+    Autograd forbids in-place changes to the views a custom Function returns, so the user's
+    `hidden[mask] = v` after a graph break failed where eager's worked; outputs that view an
+    input keep their view, as eager's do."""
+    inputs = {id(p) for p in primals if isinstance(p, torch.Tensor)}
+    inputs |= {id(p._base) for p in primals if isinstance(p, torch.Tensor) and p._base is not None}
+    for i, out in enumerate(outputs):
+        if isinstance(out, torch.Tensor) and out._is_view() and id(out._base) not in inputs:
+            outputs[i] = out.detach()
 
 
 def _boxed(backward: Callable) -> Callable[[list], object]:
