@@ -129,6 +129,26 @@ def test_views():
     check(fn, [x])
 
 
+def test_views_through_size_one_dims_keep_every_index():
+    """Swin's window reverse: a transpose of a size-1 dim, made contiguous and viewed back.
+    Substituting the reshape's index (d1 -> 0, d2 -> d1) simplified `0 * 4 + d1` to d1 and then
+    substituted that d1 again, so the kernel read every window from the first one."""
+    y = torch.arange(16.0).view(8, 2)
+
+    def fn(y):
+        return y.view(2, 4, 2).view(2, 1, 1, 4, 2).transpose(2, 3).contiguous().view(2, 4, 2) + 1
+
+    check(fn, [y])
+
+
+def test_a_substitution_is_not_applied_twice():
+    from torchweld.compiler import ir
+
+    d = ir.dim_vars(3)
+    e = ir.iadd(ir.imul(d[1], ir.const(4)), d[2])  # 4 * d1 + d2
+    assert str(ir.substitute(e, [d[0], ir.const(0), ir.dim_vars(3)[1]])) == "d1"  # at (d0, 0, d1)
+
+
 def test_zero_size_and_size_one_dims():
     x = torch.randn(0, 4)
     y = torch.randn(1, 4, 1)

@@ -401,6 +401,12 @@ def rewrite(e: Expr, leaf_fn: Callable[[Expr], Expr | None], memo: dict | None =
         args = tuple([rewrite(a, leaf_fn, memo) for a in e.args])
         if any(x is not y for x, y in zip(args, e.args)):
             node = _rebuild(e, args)
+            if not node.args or any(node is a for a in args):
+                # simplified to one of its rewritten args (`0 + d1` -> d1), or to a leaf of them
+                # (`(d1 * 4) // 4` -> d1): that has been through leaf_fn already, and a second
+                # pass would substitute d1 again (a view's index lost a dim that way)
+                memo[id(e)] = (e, node)
+                return node
     out = leaf_fn(node)
     out = node if out is None else out
     memo[id(e)] = (e, out)  # keep e alive so id() stays unique
