@@ -3,29 +3,15 @@ transformers' attention does): each read is a constant of the graph, guarded on 
 variable's value, so setting or changing it recompiles. Writes run in Python."""
 from __future__ import annotations
 
-import dataclasses
 import os
 from typing import TYPE_CHECKING
 
-from torchweld.capture.sources import Source
+from torchweld.capture.sources import EnvironSource, Source
 from torchweld.capture.values import ConstantValue, Value
 from torchweld.errors import Unsupported
 
 if TYPE_CHECKING:
     from torchweld.capture.translator import Translator
-
-
-@dataclasses.dataclass(frozen=True)
-class EnvironSource(Source):
-    """`os.environ.get(key)`: the variable's value, or None where it is not set."""
-
-    key: str
-
-    def name(self) -> str:
-        return f"os.environ.get({self.key!r})"
-
-    def expr(self) -> str:
-        return f"___modules['os'].environ.get({self.key!r})"
 
 
 class EnvironValue(Value):

@@ -59,6 +59,19 @@ class GlobalSource(Source):
 
 
 @dataclasses.dataclass(frozen=True)
+class EnvironSource(Source):
+    """`os.environ.get(key)`: the variable's value, or None where it is not set."""
+
+    key: str
+
+    def name(self) -> str:
+        return f"os.environ.get({self.key!r})"
+
+    def expr(self) -> str:
+        return f"___modules['os'].environ.get({self.key!r})"
+
+
+@dataclasses.dataclass(frozen=True)
 class ModuleGlobalSource(Source):
     """A global of another module (read by a function inlined from that module)."""
 
