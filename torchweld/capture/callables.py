@@ -3,7 +3,6 @@ methods, user functions (inlined), bound methods and grad-mode context managers.
 from __future__ import annotations
 
 import functools
-
 import types
 
 from torchweld.capture.sources import AttrSource, Source
@@ -334,11 +333,10 @@ class CachedFunctionValue(Value):
         if all(v.is_constant() for v in [*args, *kwargs.values()]):
             a, k = [v.as_constant() for v in args], {n: v.as_constant() for n, v in kwargs.items()}
             try:
-                return const(self.fn(*a, **k))
-            except Unsupported:
-                raise
+                answer = self.fn(*a, **k)
             except Exception as e:  # the eager call raises it at the user's line
                 raise Unsupported(f"{getattr(self.fn, '__qualname__', self.fn)} raised {type(e).__name__}: {e}") from None
+            return const(answer)
         return self.wrapped.call(tx, args, kwargs)
 
 
