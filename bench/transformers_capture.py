@@ -2,10 +2,13 @@
 torchweld's capture against torch.compile's (dynamo), each with a backend that only counts
 the graphs and runs them eagerly. Also checks the output against eager.
 
-    .venv/bin/python bench/transformers_capture.py [family ...]
+    .venv/bin/python bench/transformers_capture.py [--train] [family ...]
 
 A family with more graphs than torch.compile's is marked `<<<` and the first distinct break
-reasons follow it. Needs `transformers` (in the test extras).
+reasons follow it. With --train, each family's training step (forward, `out.square().mean()`,
+backward; every dropout probability set to 0, so that neither side draws) is compiled with
+the weld backend and compared with eager's: outputs and every parameter's gradient.
+Needs `transformers` (in the test extras).
 """
 from __future__ import annotations
 
@@ -80,12 +83,41 @@ def example_input(name: str) -> torch.Tensor:
     return torch.randint(0, 1000, (2, 16))
 
 
+def train_step_matches(name: str) -> bool:
+    """One weld-compiled training step against eager's: output and gradients."""
+    torch.manual_seed(0)
+    model, x = FAMILIES[name]().train(), example_input(name)
+    if name == "wav2vec2":
+        model.config.mask_time_prob = 0.0  # its SpecAugment mask comes from numpy's generator
+    for module in model.modules():
+        for key, value in list(vars(module).items()):
+            if isinstance(value, float) and ("drop" in key.lower() or key == "p"):
+                setattr(module, key, 0.0)
+    results = []
+    for run in (torchweld.compile(model), model):
+        out = run(x)[0]
+        out.square().mean().backward()
+        results.append((out.detach(), {n: p.grad for n, p in model.named_parameters()}))
+        model.zero_grad(set_to_none=True)
+    (ours, our_grads), (eager, eager_grads) = results
+    return torch.allclose(ours, eager, atol=1e-5) and all(
+        _same_grad(g, eager_grads[n]) for n, g in our_grads.items())
+
+
+def _same_grad(ours: torch.Tensor | None, eager: torch.Tensor | None) -> bool:
+    if eager is None:  # a parameter the loss does not reach: zeros through one compiled graph
+        return ours is None or not ours.any()
+    return ours is not None and torch.allclose(ours, eager, atol=1e-4, rtol=1e-3)
+
+
 def main() -> None:
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
-    names = sys.argv[1:] or list(FAMILIES)
+    train = "--train" in sys.argv
+    names = [a for a in sys.argv[1:] if a != "--train"] or list(FAMILIES)
     print(f"torch {torch.__version__}, transformers {t.__version__}, Python {sys.version.split()[0]}")
-    print(f"{'family':16s} {'weld graphs':>11s} {'tc graphs':>9s} {'weld capture s':>14s}  matches eager")
+    print(f"{'family':16s} {'weld graphs':>11s} {'tc graphs':>9s} {'weld capture s':>14s}  matches eager"
+          + ("  weld train step matches eager" if train else ""))
     fewer_or_equal = 0
     for name in names:
         torch.manual_seed(0)
@@ -100,9 +132,11 @@ def main() -> None:
             torch.compile(model, backend=theirs)(x)
             behind = len(ours.graphs) > len(theirs.graphs)
             fewer_or_equal += not behind
-            print(f"{name:16s} {len(ours.graphs):11d} {len(theirs.graphs):9d} {seconds:14.2f}  "
-                  f"{torch.allclose(out, expected, atol=1e-5)}{'  <<<' if behind else ''}")
-            if behind:
+        trained = f"  {train_step_matches(name)}" if train else ""
+        print(f"{name:16s} {len(ours.graphs):11d} {len(theirs.graphs):9d} {seconds:14.2f}  "
+              f"{torch.allclose(out, expected, atol=1e-5)}{trained}{'  <<<' if behind else ''}")
+        if behind:
+            with torch.no_grad():
                 seen = set()
                 for reason in torchweld.explain(model)(x).break_reasons:
                     text = str(reason).splitlines()[0]

@@ -12,6 +12,7 @@ import torch
 
 from torchweld.backends import backend_name, backend_warm_up, lookup_backend
 from torchweld.capture import handlers
+from torchweld.capture.builder import marked_disabled
 from torchweld.capture.cache import LIVE_CACHES
 from torchweld.capture.compiled_function import CompiledFunction
 from torchweld.capture.convert_frame import CompileSettings
@@ -39,7 +40,7 @@ def compile(model: Callable | None = None, *, fullgraph: bool = False, dynamic: 
 
 
 def _compile_one(model: Callable, settings: CompileSettings, disable: bool):
-    if disable or getattr(model, "__torchweld_disabled__", False):  # decided once, not per call
+    if disable or marked_disabled(model):  # decided once, not per call
         return model
     if not handlers.reads_bytecode_of(sys.version_info[:2]):
         oldest, newest = handlers.BYTECODE_VERSIONS

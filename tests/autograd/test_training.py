@@ -350,6 +350,20 @@ def test_outputs_that_view_an_intermediate_can_be_changed_in_place():
     torch.testing.assert_close(ours, w.grad)
 
 
+def test_outputs_that_view_an_input_stay_views_of_it():
+    def fn(x, w):
+        return x.view(-1), (x * w).sum()
+
+    x, w = torch.randn(2, 3, requires_grad=True), torch.randn(3, requires_grad=True)
+    flat, total = compile_fn(fn, x, w)(x, w)
+    assert flat._base is x  # as eager's: not detached with the views of intermediates
+    (flat.sum() * 2 + total).backward()
+    ours, x.grad, w.grad = x.grad, None, None
+    eager_flat, eager_total = fn(x, w)
+    (eager_flat.sum() * 2 + eager_total).backward()
+    torch.testing.assert_close(ours, x.grad)
+
+
 def test_dropout_forward_and_backward_use_the_same_mask():
     model = nn.Sequential(nn.Linear(64, 64), nn.Dropout(0.5))
     x = torch.randn(32, 64)

@@ -147,6 +147,8 @@ class JointGraph:
     # primals that stay in memory whatever the partition saves: the module's state (the first
     # primals) and parameters the graph takes as inputs
     resident_primals: frozenset = frozenset()
+    # outputs that are views of a primal (`x.view(-1)`), as the trace found them
+    input_view_outputs: frozenset = frozenset()
 
     @property
     def num_tangents(self) -> int:
@@ -178,6 +180,9 @@ def trace_joint(gm: torch.fx.GraphModule, state: list[ModuleState], primals: lis
                 raise FunctionalizationError("the graph changes in place an input that autograd tracks "
                                              "(a later gradient flows through that change)")
         diff_outputs = [i for i, o in enumerate(flat_out) if isinstance(o, torch.Tensor) and o.requires_grad]
+        prim_ids = {id(p) for p in prims}
+        input_views = frozenset(i for i, o in enumerate(flat_out)
+                                if isinstance(o, torch.Tensor) and o._is_view() and id(o._base) in prim_ids)
         # one tangent input per output that needs a gradient, after the primals
         tangents = [recorder.placeholder(torch.empty(flat_out[i].shape, dtype=flat_out[i].dtype,
                                                      device=flat_out[i].device)) for i in diff_outputs]
@@ -197,4 +202,4 @@ def trace_joint(gm: torch.fx.GraphModule, state: list[ModuleState], primals: lis
     fn.gm.recompile()
     resident = frozenset(i for i, p in enumerate(primals) if i < n_state or isinstance(p, torch.nn.Parameter))
     return JointGraph(fn.gm, len(primals), k, out_spec, diff_outputs, fn.mutated_placeholders, grad_primals,
-                      resident)
+                      resident, input_views)

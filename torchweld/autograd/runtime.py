@@ -37,6 +37,7 @@ class TrainingGraph:
     # lent_from): it returns (results, lease), and the lease is saved with the activations, so
     # that the recording counts as busy until the backward has let go of them
     forward_lends: bool = False
+    input_view_outputs: frozenset = frozenset()  # outputs that view a primal (JointGraph's)
 
     def __post_init__(self) -> None:
         # worked out once, not per call: which saved values are primals that the write-back
@@ -68,7 +69,7 @@ class CompiledFunction(torch.autograd.Function):
         ctx.graph = graph
         ctx.leased = lease is not None
         ctx.save_for_backward(*saved, *([lease] if ctx.leased else []))
-        _unview_intermediates(outputs, primals)
+        _unview_intermediates(outputs, graph.input_view_outputs)
         for i in graph.non_diff_outputs:
             if isinstance(outputs[i], torch.Tensor) and outputs[i].requires_grad:
                 # a view of an input that requires grad (`t.view(-1).detach()`, made a view of
@@ -103,16 +104,15 @@ class CompiledFunction(torch.autograd.Function):
         return (None, *result)
 
 
-def _unview_intermediates(outputs: list, primals: tuple) -> None:
+def _unview_intermediates(outputs: list, input_views: frozenset) -> None:
     """An output that views a tensor made inside the graph (`h.transpose(1, 2)` of a matmul's
-    result) goes out as a tensor of its own to autograd (`detach()`: the same memory, no copy).
-    Autograd forbids in-place changes to the views a custom Function returns, so the user's
-    `hidden[mask] = v` after a graph break failed where eager's worked; outputs that view an
-    input keep their view, as eager's do."""
-    inputs = {id(p) for p in primals if isinstance(p, torch.Tensor)}
-    inputs |= {id(p._base) for p in primals if isinstance(p, torch.Tensor) and p._base is not None}
+    result, or the wrapper's `buf.as_strided(...)`) goes out as a tensor of its own to autograd
+    (`detach()`: the same memory, no copy). Autograd forbids in-place changes to the views a
+    custom Function returns, so the user's `hidden[mask] = v` after a graph break failed where
+    eager's worked. Outputs that view an input (decided by the trace, not per call) keep their
+    view, as eager's do."""
     for i, out in enumerate(outputs):
-        if isinstance(out, torch.Tensor) and out._is_view() and id(out._base) not in inputs:
+        if i not in input_views and isinstance(out, torch.Tensor) and out._is_view():
             outputs[i] = out.detach()
 
 

@@ -59,7 +59,7 @@ def _holds_number_inputs(tx: "Translator", obj: object, source: Source | None) -
             and any(ItemSource(source, i).name() in tx.output.number_input_sources for i in range(len(obj))))
 
 
-def _marked_disabled(obj: object) -> bool:
+def marked_disabled(obj: object) -> bool:
     """Marked with torchweld.disable; asked safely of objects whose __getattr__ answers anything
     (torch.classes) or raises something else than AttributeError."""
     try:
@@ -74,7 +74,7 @@ def wrap(tx: "Translator", obj: object, source: Source | None, guard: bool = Tru
 
     guards = tx.output.guards if (guard and source is not None) else None
 
-    if _marked_disabled(obj):
+    if marked_disabled(obj):
         return OpaqueCallableValue(obj, f"{getattr(obj, '__qualname__', obj)} is marked with torchweld.disable")
     if isinstance(obj, torch.Tensor):
         if source is None:

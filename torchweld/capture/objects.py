@@ -274,7 +274,8 @@ class ClassValue(Value):
             # a custom autograd.Function: one node of the graph, its own backward kept (not inlined)
             from torchweld.capture.callables import TorchCallableValue
 
-            return TorchCallableValue(autograd_function_apply(self.cls), AttrSource(self.source, name) if self.source else None)
+            source = AttrSource(self.source, name) if self.source else None
+            return TorchCallableValue(autograd_function_apply(self.cls), source)
         value = inspect.getattr_static(self.cls, name)
         if isinstance(value, (staticmethod, classmethod)):
             value = getattr(self.cls, name)

@@ -23,13 +23,13 @@ if TYPE_CHECKING:
 class PythonContextValue(ContextManagerValue):
     def __init__(self, manager: Value, exit_method: Value):
         self.manager = manager
-        self.exit_method = exit_method
+        self.exit = PythonContextExitValue(manager, exit_method)
 
     def enter(self, tx: "Translator") -> Value:
         return self.manager.getattr(tx, "__enter__").call(tx, [], {})
 
     def exit_value(self) -> Value:
-        return PythonContextExitValue(self.manager, self.exit_method)
+        return self.exit
 
 
 class PythonContextExitValue(Value):
@@ -50,6 +50,7 @@ def python_context_of(tx: "Translator", value: Value) -> PythonContextValue | No
         cls = value.python_type()
     except Unsupported:
         return None
-    if not all(isinstance(inspect.getattr_static(cls, name, None), types.FunctionType) for name in ("__enter__", "__exit__")):
+    methods = [inspect.getattr_static(cls, name, None) for name in ("__enter__", "__exit__")]
+    if not all(isinstance(m, types.FunctionType) for m in methods):
         return None
     return PythonContextValue(value, value.getattr(tx, "__exit__"))

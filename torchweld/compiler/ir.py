@@ -391,7 +391,8 @@ def contiguous_strides(shape: Iterable[int]) -> tuple[int, ...]:
 
 
 def rewrite(e: Expr, leaf_fn: Callable[[Expr], Expr | None], memo: dict | None = None) -> Expr:
-    """Rebuild `e` bottom-up; `leaf_fn(node)` may replace any node (given rewritten args)."""
+    """Rebuild `e` bottom-up; `leaf_fn(node)` may replace any node (given rewritten args), once:
+    a node that simplifies to one of its rewritten parts is not passed to it again."""
     memo = {} if memo is None else memo
     got = memo.get(id(e))
     if got is not None:

@@ -20,6 +20,7 @@ BYTECODE_VERSIONS = ((3, 11), (3, 13))
 def reads_bytecode_of(version: tuple[int, int]) -> bool:
     return BYTECODE_VERSIONS[0] <= version <= BYTECODE_VERSIONS[1]
 
+
 # Below a call's arguments lie the callable and a NULL (or the `self` of a method). CPython
 # 3.13 pushes the callable first; 3.11 and 3.12 push the NULL (or the method) first.
 CALLABLE_BELOW_NULL = sys.version_info >= (3, 13)
