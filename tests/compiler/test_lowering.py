@@ -307,3 +307,67 @@ def test_equal_reductions_the_graph_returns_stay_two_tensors():
     assert a.data_ptr() != b.data_ptr()
     a.add_(1)
     torch.testing.assert_close(b, x.sum(-1), atol=1e-5, rtol=1e-5)
+
+
+# -- integer division that would trap in a kernel runs as aten's ----------------------
+
+TRAPPING_PROGRAM = r"""
+import torch, torchweld
+floordiv = torchweld.compile(lambda a, b: (a + 1) // b)
+remainder = torchweld.compile(lambda a, b: (a + 1) % b)
+floordiv_const = torchweld.compile(lambda a: (a + 0) // -1)
+remainder_const = torchweld.compile(lambda a: (a + 0) % -1)
+by_zero = torchweld.compile(lambda a: (a + 1) // 0)
+
+def same_error(fn, *args):
+    try:
+        fn(*args)
+    except RuntimeError as e:
+        return str(e)
+    raise AssertionError("no error")
+
+for dtype in (torch.int64, torch.int32):
+    for call in range(3):
+        a = torch.arange(-5, 5, dtype=dtype) + call
+        zeros = torch.zeros(10, dtype=dtype)
+        for fn, eager in ((floordiv, lambda a, b: (a + 1) // b), (remainder, lambda a, b: (a + 1) % b)):
+            assert same_error(fn, a, zeros) == same_error(eager, a, zeros)
+        assert same_error(by_zero, a) == same_error(lambda a: (a + 1) // 0, a)
+        b = torch.tensor([3, -3, 1, -1, 2, -2, 7, -7, 5, -5], dtype=dtype)
+        torch.testing.assert_close(floordiv(a, b), (a + 1) // b)
+        torch.testing.assert_close(remainder(a, b), (a + 1) % b)
+        lowest = torch.full((10,), torch.iinfo(dtype).min, dtype=dtype)
+        minus_one = torch.full((10,), -1, dtype=dtype)
+        torch.testing.assert_close(floordiv(lowest - 1, minus_one), lowest // minus_one)
+        torch.testing.assert_close(remainder(lowest - 1, minus_one), lowest % minus_one)
+        torch.testing.assert_close(floordiv_const(lowest), lowest // -1)
+        torch.testing.assert_close(remainder_const(lowest), lowest % -1)
+print("ok")
+"""
+
+
+def test_integer_division_by_zero_raises_as_eager_and_never_kills_the_process():
+    """x // 0 and x % 0 raise ZeroDivisionError as eager does, INT64_MIN // -1 wraps as eager
+    does; in a C++ kernel both trapped (SIGFPE). Run in a subprocess: a regression must fail
+    this test, not kill pytest."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", TRAPPING_PROGRAM], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, f"exit status {done.returncode}\n{done.stderr[-3000:]}"
+    assert done.stdout.strip().endswith("ok")
+
+
+@pytest.mark.parametrize("codegen", ["cpp", "triton"])
+def test_integer_division_by_a_tensor_or_zero_or_minus_one_is_aten(codegen):
+    """Compiled only, not run: which integer divisions stay in kernels."""
+    options = {"cpu_codegen": "triton"} if codegen == "triton" else None
+    a, b = torch.arange(6), torch.arange(1, 7)
+    from weld_helpers import weld_compile
+
+    for fn in (lambda a, b: (a + 1) // b, lambda a, b: (a + 1) % b, lambda a, b: (a + 1) // 0 + b,
+               lambda a, b: (a * 2) % -1 + b, lambda a, b: torch.div(a * 2, b, rounding_mode="floor")):
+        assert weld_compile(fn, [a, b], options).externs, "a division that may trap ran in a kernel"
+    if codegen == "cpp":  # (the Triton renderer has no rule for FLOORDIV and REMAINDER)
+        fused = weld_compile(lambda a, b: (a + 1) // 3 + (b % -4), [a, b], options)
+        assert fused.externs == []

@@ -192,6 +192,23 @@ def is_const(e: Expr, value: object = None) -> bool:
     return e.op is Op.CONST and (value is None or e.arg == value)
 
 
+# -- operations a kernel must not run ------------------------------------------
+
+
+def trapping_division(e: Expr) -> Expr | None:
+    """The first integer FLOORDIV or REMAINDER node of `e` whose divisor is not a constant
+    other than 0 and -1, or None. A CPU's integer division traps on x / 0 and on
+    INT64_MIN / -1 (SIGFPE takes the whole process down); aten raises ZeroDivisionError for
+    the first and wraps the second, so such a division runs as aten's, never in a kernel."""
+    for node in walk(e):
+        if node.op in (Op.FLOORDIV, Op.REMAINDER) and not node.dtype.is_floating_point \
+                and node.dtype is not torch.bool:
+            divisor = node.args[1]
+            if not (divisor.op is Op.CONST and divisor.arg not in (0, -1)):
+                return node
+    return None
+
+
 # -- index arithmetic, folded as it is built ----------------------------------
 
 

@@ -323,6 +323,7 @@ class GraphLowering:
             try:
                 result = rule(self, node, *args, **kwargs)
                 for name in list(self.buffers)[before:]:
+                    refuse_traps(self.buffers[name])
                     self.check(self.buffers[name])
             except NotImplementedError as e:
                 for name in list(self.buffers)[before:]:
@@ -477,6 +478,16 @@ class GraphLowering:
         if isinstance(v, TensorValue) and v.layout is None:
             return self.materialize(v)
         return v
+
+
+def refuse_traps(buf: ir.Buffer) -> None:
+    """Raise NotImplementedError (the node then calls aten) where `buf`'s body holds an
+    integer division that could trap in a kernel (ir.trapping_division)."""
+    if isinstance(buf, (ir.Pointwise, ir.Reduction)):
+        node = ir.trapping_division(buf.body)
+        if node is not None:
+            raise NotImplementedError(f"integer {node.op.name} by a divisor that may be 0 or -1 "
+                                      "(a kernel would trap where aten raises ZeroDivisionError or wraps)")
 
 
 def _as_addmm(root: ir.Pointwise, buffers: dict) -> tuple[ir.Extern, str] | None:
