@@ -114,3 +114,52 @@ def test_detached_views_do_not_require_grad_without_autograd():
         for a, b in zip(got, expected):
             torch.testing.assert_close(a, b)
             assert (a.requires_grad, a.grad_fn is None) == (b.requires_grad, b.grad_fn is None)
+
+
+# -- graphs weld runs without its kernels (backends/weld_declines.py) -------------------
+
+
+def test_meta_tensors_run_without_kernels_and_log_why(caplog):
+    """A meta tensor's data pointer in a C++ kernel crashed the process (SIGSEGV)."""
+    import torchweld
+
+    def fn(x, y):
+        return (x * 2 + y).sin().sum(0)
+
+    compiled = torchweld.compile(fn)
+    with caplog.at_level(logging.WARNING, logger="torchweld.weld"):
+        for n in (4, 4, 6):
+            x, y = torch.randn(n, 3, device="meta"), torch.randn(3, device="meta")
+            out = compiled(x, y)
+            assert out.device.type == "meta" and out.shape == fn(x, y).shape
+    assert "a tensor on meta" in caplog.text
+
+
+def test_symbolic_sizes_from_torch_compile_run_without_kernels_and_warn():
+    """torch.compile marks a dim dynamic when a second call changes it; weld computed with the
+    first example's sizes (x.sum() of torch.ones(6) was 5.0 after a call with 5 elements)."""
+    weld = lookup_backend("weld")
+    compiled = torch.compile(lambda x, w: (x * w).sum() + x.mean(0) * 2, backend=weld)
+    with pytest.warns(RuntimeWarning, match="weld does not compile symbolic sizes yet"):
+        for n in (5, 6, 7, 9, 3, 6):
+            x, w = torch.randn(n, 4), torch.randn(4)
+            torch.testing.assert_close(compiled(x, w), (x * w).sum() + x.mean(0) * 2)
+        ones = torch.compile(lambda x: x.sum(), backend=weld)
+        for n in (5, 6, 7, 100):
+            torch.testing.assert_close(ones(torch.ones(n)), torch.tensor(float(n)))
+
+
+def test_symbolic_sizes_in_node_metas_are_found():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    from torchweld.backends.weld_declines import Decline, why_declined
+
+    gm = torch.fx.symbolic_trace(lambda x: x.sum())
+    assert why_declined(gm, [torch.ones(5)]) is None
+    with FakeTensorMode(shape_env=ShapeEnv()) as mode:
+        fake = mode.from_tensor(torch.ones(5), symbolic_context=None)
+        size = mode.shape_env.create_unbacked_symint()
+    next(iter(gm.graph.nodes)).meta["example_value"] = torch.empty(size, device="meta")
+    assert why_declined(gm, [torch.ones(5)])[0] is Decline.SYMBOLIC_SIZES
+    assert why_declined(torch.fx.symbolic_trace(lambda x: x.sum()), [size, fake])[0] is Decline.SYMBOLIC_SIZES

@@ -10,6 +10,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from torchweld.backends import register_backend
+from torchweld.backends.weld_declines import warn_declined, why_declined
 
 log = logging.getLogger("torchweld.weld")
 
@@ -70,6 +71,12 @@ WORKERS_FROM_NODES = 100
 @register_backend("weld")
 def weld(gm: torch.fx.GraphModule, example_inputs: list, mode=None, options=None):
     options = {} if options is None else options  # kept, not copied: it carries the model's graph pool
+    declined = why_declined(gm, example_inputs)
+    if declined is not None:
+        kind, detail = declined
+        log.warning("weld runs this graph without its kernels (%s): %s", detail, kind.value)
+        warn_declined(kind)
+        return gm.forward
     grad_tensors = reads_grad_tensors(gm, example_inputs)
     training = grad_tensors and records_autograd(gm)
     if _on_cuda(gm, example_inputs):

@@ -70,12 +70,21 @@ class CompiledGraph:
 
 
 def renderer_for(device: torch.device, options: dict):
-    """CppRenderer for CPU tensors, TritonRenderer for CUDA ones (or when options ask for it)."""
+    """CppRenderer for CPU tensors, TritonRenderer for CUDA ones (or when options ask for it);
+    NotImplementedError for any other device (its node then calls aten: a meta tensor's
+    data pointer in a C++ kernel crashed the process)."""
+    if device.type not in ("cpu", "cuda"):
+        raise NotImplementedError(f"no kernels for tensors on {device}")
     if device.type == "cuda" or options.get("cpu_codegen") == "triton":
         from torchweld.compiler.codegen.triton import TritonRenderer
 
         return TritonRenderer
     return CppRenderer
+
+
+def uses_triton(device: torch.device, options: dict) -> bool:
+    """Whether `device`'s kernels are Triton's (False for a device that gets none)."""
+    return device.type in ("cpu", "cuda") and renderer_for(device, options) is not CppRenderer
 
 
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: list, options: dict | None = None,
@@ -92,7 +101,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list, options: dict 
     with timing.phase("weld.aten_graph"):
         aten = traced_aten_graph(gm) if traced else to_aten_graph(gm, example_inputs)
         aten_gm, hoisted = hoist_constants(aten.gm) if options.get("freeze") else (aten.gm, None)
-    triton = lambda device: renderer_for(device, options) is not CppRenderer  # noqa: E731
+    triton = lambda device: uses_triton(device, options)  # noqa: E731
     lowering = GraphLowering(aten_gm, check=lambda buf: _check(buf, options), bias_in_kernel=triton,
                              split_reductions=lambda device: triton(device) and options.get("split_reductions", True))
     with timing.phase("weld.lower"):
@@ -180,10 +189,9 @@ def _codegen(sched: Schedule, out_spec, options: dict, handed_over: Callable[[],
             kernel_objects |= triton.objects
 
     if options.get("max_autotune"):  # aten mm/bmm against the Triton matmul template
-        from torchweld.compiler.codegen.triton import TritonRenderer
         from torchweld.runtime.matmul_choice import choose_matmuls
 
-        for line in choose_matmuls(sched, options, lambda device: renderer_for(device, options) is TritonRenderer):
+        for line in choose_matmuls(sched, options, lambda device: uses_triton(device, options)):
             log.debug("matmul choice: %s", line)
 
     wrapper = WrapperRenderer(sched)

@@ -1,0 +1,73 @@
+"""Which graphs the weld backend runs as they are (gm.forward) instead of compiling them,
+and why: tensors on a device weld generates no code for, and symbolic sizes.
+
+weld's kernels are C++ for CPU tensors and Triton for CUDA ones; a meta tensor's (or
+any other device's) data pointer handed to a C++ kernel crashed the process. Its
+lowering computes with the example inputs' sizes: a graph whose sizes are symbolic
+(torch.compile marks a dim dynamic when a second call changes it) would be compiled
+for the first size and give wrong answers for every other one.
+"""
+from __future__ import annotations
+
+import enum
+import warnings
+
+import torch
+import torch.utils._pytree as pytree
+
+DEVICES_WITH_CODEGEN = frozenset({"cpu", "cuda"})
+SYMBOLIC_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
+
+
+class Decline(enum.Enum):
+    """Why weld runs a graph without its kernels; the value is the hint its log line gives."""
+
+    DEVICE = "weld generates kernels for CPU and CUDA tensors only"
+    SYMBOLIC_SIZES = "weld does not compile symbolic sizes yet; the graph runs as captured, without weld's kernels"
+
+
+def why_declined(gm: torch.fx.GraphModule, example_inputs: list) -> tuple[Decline, str] | None:
+    """(the kind, the detail) of why weld must not compile `gm`, or None if it may."""
+    tensors = _real_tensors(gm, example_inputs)
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and t.device.type not in DEVICES_WITH_CODEGEN:
+            return Decline.DEVICE, f"a tensor on {t.device}"
+    for value in tensors + _example_values(gm):
+        if is_symbolic(value):
+            return Decline.SYMBOLIC_SIZES, f"{value!r} is symbolic"
+    return None
+
+
+def warn_declined(kind: Decline) -> None:
+    """The warning a user sees for `kind`, once per process (Python's default warning filter
+    shows one message from one place once): symbolic sizes make weld compile nothing."""
+    if kind is Decline.SYMBOLIC_SIZES:
+        warnings.warn(kind.value, RuntimeWarning, stacklevel=2)
+
+
+def is_symbolic(value: object) -> bool:
+    """Whether `value` is a symbolic number, or a tensor with a symbolic size, stride or offset."""
+    if isinstance(value, SYMBOLIC_TYPES):
+        return True
+    if not isinstance(value, torch.Tensor) or value.layout is not torch.strided:
+        return False
+    return (any(isinstance(s, SYMBOLIC_TYPES) for s in (*value.shape, *value.stride()))
+            or isinstance(value.storage_offset(), SYMBOLIC_TYPES))
+
+
+def _real_tensors(gm: torch.fx.GraphModule, example_inputs: list) -> list:
+    """The example inputs and the module's tensors: what weld's kernels would be handed."""
+    values = list(pytree.tree_leaves(list(example_inputs)))
+    values += list(gm.parameters()) + list(gm.buffers())
+    return values + [v for v in gm.__dict__.values() if isinstance(v, torch.Tensor)]
+
+
+def _example_values(gm: torch.fx.GraphModule) -> list:
+    """Every node's example value (capture's `example_value`, a trace's `val`): fake or meta
+    tensors, whose device says nothing of the real one's, but whose sizes may be symbolic."""
+    values = []
+    for node in gm.graph.nodes:
+        for key in ("example_value", "val"):
+            if key in node.meta:
+                values += pytree.tree_leaves(node.meta[key])
+    return values
