@@ -4,8 +4,9 @@ the kernel launcher).
 
 The shared library is named by a hash of the C source, the compiler command and the
 interpreter's extension suffix, so processes of other Pythons or older sources never
-load it; it is built with torchweld.disk_cache.compile_once, so processes building at
-once never see half a file.
+load it. It is a torchweld.disk_cache library: written atomically, so processes building
+at once never see half a file, and its seal checked before it is imported, so a damaged
+file is built again instead of crashing the import.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import types
 from pathlib import Path
 from typing import Callable, TypeVar
 
-from torchweld.disk_cache import cache_dir, compile_once, content_hash, write_once
+from torchweld.disk_cache import compiler_build, content_hash, load_library, write_source
 
 CFLAGS = ["-O2", "-shared", "-fPIC"]
 
@@ -63,7 +64,21 @@ def load_extension(source: Path, module_name: str, folder: str) -> types.ModuleT
     """Import `source` (a C file) built as extension module `module_name` (its init function
     is named by the last part) in cache folder `folder`. Raises ExtensionBuildError, OSError
     or ImportError where it cannot be built or loaded."""
-    return _import(_build(source, module_name.rpartition(".")[2], folder), module_name)
+    stem = module_name.rpartition(".")[2]
+    text = source.read_text()
+    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+    command = [_compiler(), *CFLAGS, *_include_flags()]
+    key = content_hash(text, suffix, *command)
+
+    def build(path: str) -> None:
+        _check_toolchain(command[0])
+        try:
+            source_path = write_source(folder, f"{stem}_{key}.c", text)
+        except OSError as e:
+            raise ExtensionBuildError(f"cannot write {stem}'s source to torchweld's cache: {e}") from e
+        compiler_build([*command, source_path], ExtensionBuildError)(path)
+
+    return load_library(folder, f"{stem}_{key}{suffix}", key, build, lambda path: _import(path, module_name))
 
 
 def _compiler() -> str:
@@ -79,23 +94,12 @@ def _include_flags() -> list[str]:
     return [f"-I{folder}" for folder in dict.fromkeys((paths["include"], paths["platinclude"]))]
 
 
-def _build(source_file: Path, stem: str, folder: str) -> str:
-    """The path of the built extension, compiling it if no process has yet."""
-    source = source_file.read_text()
-    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+def _check_toolchain(compiler: str) -> None:
     include = sysconfig.get_paths()["include"]
-    command = [_compiler(), *CFLAGS, *_include_flags()]
-    key = content_hash(source, suffix, *command)
-    directory = cache_dir(folder)
-    target = os.path.join(directory, f"{stem}_{key}{suffix}")
-    if os.path.exists(target):
-        return target
-    if shutil.which(command[0]) is None:
-        raise ExtensionBuildError(f"no C compiler {command[0]!r} on PATH (set CC)")
+    if shutil.which(compiler) is None:
+        raise ExtensionBuildError(f"no C compiler {compiler!r} on PATH (set CC)")
     if not (Path(include) / "Python.h").exists():
         raise ExtensionBuildError(f"no Python.h in {include} (install the Python development headers)")
-    source_path = write_once(os.path.join(directory, f"{stem}_{key}.c"), source)
-    return compile_once([*command, source_path], target, ExtensionBuildError)
 
 
 def _import(path: str, name: str) -> types.ModuleType:

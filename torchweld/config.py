@@ -24,8 +24,24 @@ guard_evaluator: str = os.environ.get("TORCHWELD_GUARDS", "c")
 # -- logs (also set by the TORCHWELD_LOGS environment variable) ---------------
 logs: str = os.environ.get("TORCHWELD_LOGS", "")  # e.g. "graph_breaks,guards,+recompiles"
 
+# -- disk cache (torchweld/cache_root.py, torchweld/disk_cache.py) ----------------
+# Where generated kernels, the libraries built from them and the guard evaluator are kept
+# between processes. Empty (also TORCHWELD_CACHE_DIR="") means the default,
+# ~/.cache/torchweld. Entries are written atomically and checked before use: a damaged one
+# (truncated, altered, swapped, built for another CPU) is built again with one warning.
+# Where the directory cannot be made or read, or belongs to another user, or a write
+# there fails (read-only, deleted), this process keeps its new entries in a private
+# temporary directory, removed at exit, and says so once.
+cache_dir: str = os.environ.get("TORCHWELD_CACHE_DIR") or os.path.expanduser("~/.cache/torchweld")
+# Load cache files that another user owns (TORCHWELD_CACHE_TRUST_OTHER_USERS=1). Off, a
+# cache directory of another user is not used, and another user's file in yours is built
+# again: loading a library runs its code. To share a cache between users on purpose, make
+# it a directory of a group they share with the setgid bit (`chmod 2775 DIR`), run each
+# with `umask 002` (torchweld writes files as ordinary files, under the umask), and turn
+# this on.
+cache_trust_other_users: bool = os.environ.get("TORCHWELD_CACHE_TRUST_OTHER_USERS", "0") == "1"
+
 # -- weld backend ---------------------------------------------------------------
-cache_dir: str = os.environ.get("TORCHWELD_CACHE_DIR", os.path.expanduser("~/.cache/torchweld"))
 # Triton kernels whose accesses all read the flat index take their element count as an
 # argument, so kernels that differ only in size compile once (compiler/codegen/triton.py,
 # size_generic); 0 bakes every size into the source, as before.

@@ -1,25 +1,42 @@
-"""Generated source files and what is built from them, on disk, named by a hash of
-their content, under `torchweld.config.cache_dir`: a second process finds them already
-built. Used by the kernel loaders (runtime/) and the guard evaluator (capture/)."""
+"""Entries of torchweld's disk cache (generated sources and the libraries built from
+them), written atomically and checked before they are used: a damaged entry is
+built again, with one warning, never loaded.
+
+    path = write_source("cpp", f"k{key}.cpp", source)           # a file holding exactly `source`
+    lib = load_library("cpp", f"k{key}.so", key, build, ctypes.CDLL)
+
+Every entry is written to a temporary file in its folder and renamed into place, so a
+reader never sees half of one, whichever processes write at once. An entry is named by
+a hash of what it is made from (`content_hash`), and checked against that name when read:
+
+- A source is compared with the text it must hold (the caller has it: it just generated
+  it); another text (a corrupt or swapped file) is written again.
+- A library carries a seal: 8 bytes of `SEAL` and the SHA-256 of its bytes and of its
+  name's key, appended after the ELF image (the dynamic loader reads only what the ELF
+  headers point at). The seal is checked before `dlopen`, which must never see a
+  truncated file (that raises SIGBUS inside the loader, not an error); a library with no
+  seal, a wrong one (truncated, altered, another entry's file) or one that will not load
+  is deleted and built again.
+
+Files another user owns are not loaded unless `config.cache_trust_other_users`.
+Where entries live (the configured directory, or this process's private one) is
+torchweld/cache_root.py's business.
+"""
 from __future__ import annotations
 
 import hashlib
 import os
 import subprocess
 import tempfile
+import threading
+from typing import Callable, TypeVar
 
+from torchweld import cache_root
 
-_made: set[str] = set()  # folders made by this process (a system call less per file)
+SEAL = b"TWSEAL01"
+_SEAL_SIZE = len(SEAL) + 32
 
-
-def cache_dir(kind: str) -> str:
-    from torchweld import config  # read at call time: tests patch it
-
-    path = os.path.join(config.cache_dir, kind)
-    if path not in _made:
-        os.makedirs(path, exist_ok=True)
-        _made.add(path)
-    return path
+T = TypeVar("T")
 
 
 def content_hash(*parts: str) -> str:
@@ -30,31 +47,187 @@ def content_hash(*parts: str) -> str:
     return h.hexdigest()[:24]
 
 
-def write_once(path: str, text: str) -> str:
-    """Write `text` to `path` atomically unless it is already there."""
-    if not os.path.exists(path):
-        os.makedirs(os.path.dirname(path), exist_ok=True)  # removed since cache_dir made it, perhaps
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    return path
+def entry_folder(kind: str) -> str:
+    """The folder new entries of `kind` are written to, for files kept by their own
+    module (autotuning's choices, written with `replace_file`)."""
+    return cache_root.writable_folder(kind)
 
 
-def compile_once(command: list[str], target: str, error: type[Exception]) -> str:
-    """Run the compiler `command` with `-o <temporary file>` and rename the result to
-    `target`, unless `target` is there already: processes building at once never see
-    half a file. A failing compiler raises `error` with the end of its messages."""
-    if os.path.exists(target):
-        return target
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(target), suffix=".so.tmp")
-    os.close(fd)
+def replace_file(path: str, data: bytes) -> None:
+    """Write `data` to `path` atomically (a temporary file renamed into place), as an
+    ordinary file (its mode from the umask). Raises OSError where the folder refuses."""
+    _write_atomically(path, lambda tmp: _write_bytes(tmp, data), mode=0o666)
+
+
+# -- sources -------------------------------------------------------------------
+def write_source(kind: str, name: str, text: str) -> str:
+    """The path of cache file `kind/name` holding exactly `text`: found, or written (again)."""
+    data = text.encode()
+    for folder in cache_root.folders(kind):
+        path = os.path.join(folder, name)
+        found, problem = _read_own(path)
+        if found == data:
+            return path
+        if found is not None:
+            problem = "it does not hold the text its name stands for"
+        if problem is not None:
+            _damaged(path, problem, "writing it again")
+    return _write_entry(kind, name, lambda tmp: _write_bytes(tmp, data), mode=0o666)
+
+
+# -- libraries -----------------------------------------------------------------
+def load_library(kind: str, name: str, key: str, build: Callable[[str], None], open_library: Callable[[str], T]) -> T:
+    """`open_library(path)` of library `kind/name`, whose seal holds `key`: found and its
+    seal checked, or built by `build(path)` (which writes a fresh library to `path`).
+    A found library that will not open is deleted and built again, once."""
+    path, built = library(kind, name, key, build)
     try:
-        proc = subprocess.run([*command, "-o", tmp], capture_output=True, text=True)
+        return open_library(path)
+    except (OSError, ImportError) as e:
+        if built:
+            raise
+        _damaged(path, f"it does not load: {e}", "building it again")
+        path, _ = library(kind, name, key, build)
+        return open_library(path)
+
+
+def library(kind: str, name: str, key: str, build: Callable[[str], None]) -> tuple[str, bool]:
+    """(the path of library `kind/name` with a sound seal for `key`, whether this call built it)."""
+    for folder in cache_root.folders(kind):
+        path = os.path.join(folder, name)
+        problem = _seal_problem(path, key)
+        if problem is None:
+            return path, False
+        if problem is not _MISSING:
+            _damaged(path, problem, "building it again")
+
+    def build_sealed(tmp: str) -> None:
+        build(tmp)
+        _seal(tmp, key)
+
+    return _write_entry(kind, name, build_sealed, mode=0o777), True
+
+
+def compiler_build(command: list[str], error: type[Exception]) -> Callable[[str], None]:
+    """A `build` for `library`: runs the compiler `command` with `-o <path>`; a failing
+    compiler raises `error` with the end of its messages."""
+    def build(path: str) -> None:
+        proc = subprocess.run([*command, "-o", path], capture_output=True, text=True)
         if proc.returncode != 0:
             raise error(f"{' '.join(command)} failed:\n{proc.stderr[-4000:]}")
-        os.replace(tmp, target)
+
+    return build
+
+
+# -- checks --------------------------------------------------------------------
+class _Missing:
+    def __repr__(self) -> str:
+        return "MISSING"
+
+
+_MISSING = _Missing()
+_damage_lock = threading.Lock()
+_damage_seen: set[str] = set()
+
+
+def _read_own(path: str) -> tuple[bytes | None, str | None]:
+    """(the bytes of `path`, None) where it is there, readable and its owner trusted;
+    else (None, why not), and (None, None) where it is missing."""
+    try:
+        with open(path, "rb") as f:
+            owner = os.fstat(f.fileno()).st_uid
+            if not cache_root.trusted_owner(owner):
+                return None, f"it belongs to another user (uid {owner})"
+            return f.read(), None
+    except FileNotFoundError:
+        return None, None
+    except OSError as e:
+        return None, f"it cannot be read ({e.strerror or e})"
+
+
+def _seal_problem(path: str, key: str) -> str | _Missing | None:
+    """None if library `path` is sealed for `key`; _MISSING; else what is wrong with it."""
+    data, problem = _read_own(path)
+    if data is None:
+        return problem if problem is not None else _MISSING
+    body, seal = data[:-_SEAL_SIZE], data[-_SEAL_SIZE:]
+    if len(data) < _SEAL_SIZE or not seal.startswith(SEAL):
+        return f"it has no seal ({len(data)} bytes: truncated, or not written by torchweld)"
+    if seal[len(SEAL):] != _digest(body, key):
+        return "its seal does not match its bytes and name (truncated, altered, or another entry's file)"
+    return None
+
+
+def _seal(path: str, key: str) -> None:
+    with open(path, "rb") as f:
+        body = f.read()
+    with open(path, "ab") as f:
+        f.write(SEAL + _digest(body, key))
+
+
+def _digest(body: bytes, key: str) -> bytes:
+    return hashlib.sha256(body + b"\0" + key.encode()).digest()
+
+
+def _damaged(path: str, problem: str, action: str) -> None:
+    """Say once that entry `path` is damaged, and delete it (where the folder allows)."""
+    with _damage_lock:
+        first = path not in _damage_seen
+        _damage_seen.add(path)
+    if first:
+        cache_root.log().warning("torchweld: the cache entry %s is damaged: %s; %s", path, problem, action)
+    try:
+        os.unlink(path)
+    except OSError:
+        pass  # gone already, or a read-only cache: the new entry goes elsewhere
+
+
+# -- writing -------------------------------------------------------------------
+def _write_entry(kind: str, name: str, fill: Callable[[str], None], mode: int) -> str:
+    """Write entry `kind/name` through `fill(temporary path)` and rename it into place, in
+    the folder cache_root names: the configured directory's, or, where that refuses the
+    write, the private one's. Errors of `fill` other than OSError are the caller's."""
+    for _ in range(3):  # the configured folder, made again if deleted, then the private one
+        folder = cache_root.writable_folder(kind)
+        try:
+            return _write_atomically(os.path.join(folder, name), fill, mode)
+        except OSError as e:
+            if not cache_root.refused(folder, e):
+                raise
+    return _write_atomically(os.path.join(cache_root.writable_folder(kind), name), fill, mode)
+
+
+def _write_atomically(path: str, fill: Callable[[str], None], mode: int) -> str:
+    folder, name = os.path.split(path)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        fill(tmp)
+        os.chmod(tmp, mode & ~_umask())  # as an ordinary file: shareable where the umask allows
+        os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-    return target
+    return path
+
+
+def _write_bytes(path: str, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+_umask_value: list[int] = []
+
+
+def _umask() -> int:
+    """The process's umask (read without setting it where Linux tells it: threads write files)."""
+    if not _umask_value:
+        try:
+            with open("/proc/self/status") as f:
+                line = next(line for line in f if line.startswith("Umask:"))
+            _umask_value.append(int(line.split()[1], 8))
+        except (OSError, StopIteration, ValueError, IndexError):
+            old = os.umask(0o022)
+            os.umask(old)
+            _umask_value.append(old)
+    return _umask_value[0]

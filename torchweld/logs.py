@@ -8,7 +8,8 @@ from __future__ import annotations
 import logging
 import sys
 
-ARTIFACTS = ("graph", "graph_code", "guards", "recompiles", "graph_breaks", "bytecode", "weld", "output_code", "compile_times")
+ARTIFACTS = ("graph", "graph_code", "guards", "recompiles", "graph_breaks", "bytecode", "weld", "output_code", "compile_times",
+             "cache")
 
 root = logging.getLogger("torchweld")
 _handler = logging.StreamHandler(sys.stderr)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import os
 from typing import Callable
 
 import torch
@@ -19,7 +18,7 @@ from torchweld.compiler.codegen.wrapper import PRELUDE, WrapperRenderer
 from torchweld.compiler.constant_folding import HoistedConstants, hoist_constants
 from torchweld.compiler.lowering import GraphLowering
 from torchweld.compiler.schedule import Kernel, Schedule, schedule
-from torchweld.disk_cache import cache_dir, content_hash, write_once
+from torchweld.disk_cache import content_hash, write_source
 from torchweld.runtime.triton_launch import ensure_context_function
 
 log = logging.getLogger("torchweld.weld")
@@ -205,8 +204,7 @@ def _codegen(sched: Schedule, out_spec, options: dict, handed_over: Callable[[],
         wrapper_source += wrapper.render(entry, lambda k: launches.get(k.name), boxed=sched.frees_inputs)
     if sched.frees_inputs:  # called with positional inputs (tools, tests), it frees nothing the caller holds
         wrapper_source += "\ndef call(*inputs):\n    return call_boxed(list(inputs))\n"
-    wrapper_path = write_once(os.path.join(cache_dir("wrappers"), f"w{content_hash(wrapper_source)}.py"),
-                              wrapper_source)
+    wrapper_path = write_source("wrappers", f"w{content_hash(wrapper_source)}.py", wrapper_source)
     paths["wrapper"] = wrapper_path
     namespace = {"torch": torch, **wrapper.constants, **kernel_objects}
     if stream_index is not None:

@@ -15,7 +15,6 @@ import json
 import logging
 import math
 import os
-import tempfile
 from typing import Callable
 
 log = logging.getLogger("torchweld.autotune")
@@ -70,22 +69,44 @@ class Autotuner:
 
 
 def load_choices(path: str) -> dict:
+    """The choices kept at `path`; none where it is missing, unreadable or not a JSON object
+    (a damaged file is said once, and replaced by the next choice saved)."""
     try:
         with open(path) as f:
-            return json.load(f)
-    except (FileNotFoundError, json.JSONDecodeError):
+            choices = json.load(f)
+    except FileNotFoundError:
         return {}
+    except (OSError, ValueError) as e:
+        _warn_once(path, "torchweld: ignoring the autotuning choices in %s, which cannot be read: %s", path, e)
+        return {}
+    if not isinstance(choices, dict):
+        _warn_once(path, "torchweld: ignoring the autotuning choices in %s: not a JSON object", path)
+        return {}
+    return choices
 
 
 def save_choice(path: str, key: str, config: dict) -> None:
-    """Add one choice to the JSON file at `path`, atomically (other processes may write too)."""
+    """Add one choice to the JSON file at `path`, atomically (other processes may write too).
+    Where the folder refuses the write, the choice is not kept (said once): a later process tunes again."""
+    from torchweld.disk_cache import replace_file
+
     choices = load_choices(path)
     choices[key] = config
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(choices, f, indent=1, sort_keys=True)
-    os.replace(tmp, path)
+    try:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        replace_file(path, json.dumps(choices, indent=1, sort_keys=True).encode())
+    except OSError as e:
+        _warn_once(path, "torchweld: cannot keep autotuning choices in %s (%s); they are tuned again next time",
+                   path, e.strerror or e)
+
+
+_warned: set[str] = set()  # choice files already warned about
+
+
+def _warn_once(path: str, message: str, *args: object) -> None:
+    if path not in _warned:
+        _warned.add(path)
+        log.warning(message, *args)
 
 
 def synthetic_tensor(dtype, layout, device):

@@ -1,7 +1,10 @@
 """Compile generated C++ with the system g++ (-O3 -march=native -fopenmp) into a
-shared library cached by source hash, and load its kernels through ctypes."""
+shared library cached by a hash of the source, the command and the CPU that
+-march=native stands for here (runtime/native_target.py), and load its kernels through
+ctypes. The library is a torchweld.disk_cache library: its seal is checked before dlopen."""
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import functools
@@ -9,7 +12,8 @@ import os
 import shutil
 import threading
 
-from torchweld.disk_cache import cache_dir, compile_once, content_hash, write_once
+from torchweld.disk_cache import compiler_build, content_hash, library, load_library, write_source
+from torchweld.runtime.native_target import native_target
 
 CXX = os.environ.get("CXX", "g++")
 CXXFLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math",
@@ -30,33 +34,54 @@ class CppCompileError(RuntimeError):
 
 
 def build(source: str) -> str:
-    """The path of the shared library built from `source` (built once per content)."""
-    key = content_hash(source, CXX, " ".join(CXXFLAGS))
-    directory = cache_dir("cpp")
-    so_path = os.path.join(directory, f"k{key}.so")
-    src_path = write_once(os.path.join(directory, f"k{key}.cpp"), source)
-    with _locks_lock:
-        lock = _locks.setdefault(key, threading.Lock())
-    with lock:  # a training step's forward and backward (compiled ahead, in a thread) build at once
-        if not os.path.exists(so_path) and shutil.which(CXX) is None:
-            raise CppCompileError(f"no C++ compiler {CXX!r} on PATH; install g++ or set CXX")
-        compile_once([CXX, *CXXFLAGS, src_path, *LDLIBS], so_path, CppCompileError)
-    return so_path
-
-
-@functools.lru_cache(maxsize=None)
-def _load_library(so_path: str) -> ctypes.CDLL:
-    return ctypes.CDLL(so_path)
+    """The path of the shared library built from `source` (built once per content and CPU)."""
+    key = library_key(source)
+    with _lock_for(key), _cache_errors():
+        return library("cpp", f"k{key}.so", key, lambda path: _compile(source, key, path))[0]
 
 
 def load_kernels(source: str, names: list[str], n_args: dict[str, int]) -> tuple[dict, str]:
     """{name: ctypes function taking data pointers} and the library's path."""
-    so_path = build(source)
-    lib = _load_library(so_path)
+    key = library_key(source)
+    with _lock_for(key), _cache_errors():
+        lib = load_library("cpp", f"k{key}.so", key, lambda path: _compile(source, key, path), _load_library)
     kernels = {}
     for name in names:
         fn = getattr(lib, name)
         fn.argtypes = [ctypes.c_void_p] * n_args[name]
         fn.restype = None
         kernels[name] = fn
-    return kernels, so_path
+    return kernels, lib._name
+
+
+def library_key(source: str) -> str:
+    return content_hash(source, CXX, " ".join(CXXFLAGS), native_target(CXX))
+
+
+def _lock_for(key: str) -> threading.Lock:
+    """One lock per library: a training step's forward and backward (compiled ahead, in a
+    thread) build different ones at once, and the same one once."""
+    with _locks_lock:
+        return _locks.setdefault(key, threading.Lock())
+
+
+@contextlib.contextmanager
+def _cache_errors():
+    """A cache that cannot be written or a library that will not load is a CppCompileError
+    (the weld backend then runs the graph eagerly, saying why)."""
+    try:
+        yield
+    except OSError as e:
+        raise CppCompileError(f"cannot build or load the kernels' library: {e}") from e
+
+
+def _compile(source: str, key: str, path: str) -> None:
+    if shutil.which(CXX) is None:
+        raise CppCompileError(f"no C++ compiler {CXX!r} on PATH; install g++ or set CXX")
+    source_path = write_source("cpp", f"k{key}.cpp", source)
+    compiler_build([CXX, *CXXFLAGS, source_path, *LDLIBS], CppCompileError)(path)
+
+
+@functools.lru_cache(maxsize=None)
+def _load_library(so_path: str) -> ctypes.CDLL:
+    return ctypes.CDLL(so_path)

@@ -9,7 +9,7 @@ import torch
 from torchweld.compiler import ir
 from torchweld.compiler.schedule import ExternCall, Schedule
 from torchweld.runtime.autotune import Autotuner, device_name, synthetic_tensor
-from torchweld.disk_cache import cache_dir
+from torchweld.disk_cache import entry_folder
 
 aten = torch.ops.aten
 MATMULS = (aten.mm.default, aten.bmm.default)
@@ -24,7 +24,7 @@ def choose_matmuls(sched: Schedule, options: dict, on_triton) -> list[str]:
     from torchweld.runtime.triton_matmul import CONFIGS, TritonMatmul
 
     tuner = options.get("autotuner") or Autotuner(options.get("autotune_timer"))
-    path = os.path.join(cache_dir("autotune"), "matmul.tune.json")
+    path = os.path.join(entry_folder("autotune"), "matmul.tune.json")
     lines = []
     for step in sched.steps:
         if not isinstance(step, ExternCall):

@@ -216,8 +216,8 @@ def _compile_in_worker(job: CompileJob) -> Future | None:
     if data is None:
         return None
     fn = job.fn
-    request = triton_workers.compile_request(fn.module_name, fn.path, fn.name, data, target)
-    return fn.when_written(lambda: pool.submit(request))
+    return fn.when_written(lambda: pool.submit(triton_workers.compile_request(fn.module_name, fn.path, fn.name,
+                                                                              data, target)))
 
 
 def _compile(job: CompileJob, ahead: Future | None = None) -> "LaunchHandle":

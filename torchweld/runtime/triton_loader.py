@@ -1,7 +1,7 @@
 """Write generated Triton source to a file cached by its hash, and import its kernels when first used.
 
     kernel = GeneratedKernel(module_source, "k_0123abcd")   # its file is written in a background thread
-    kernel.module_name, kernel.path, kernel.name            # what a compile worker imports instead
+    kernel.module_name, kernel.path, kernel.name            # what a compile worker imports instead (path: once written)
     kernel.when_written(lambda: pool.submit(...))           # a Future of what that returns, once the file is there
     kernel[(grid,)](*args, XBLOCK=...)                      # imports the module, then Triton's JIT launch
 
@@ -13,26 +13,31 @@ misaligned input, Triton's interpreter), a compile in this process, or autotunin
 Nor does the thread that renders kernels write their files: each system call there let
 another compiling thread take the GIL for up to its 5 ms switch interval (~6.5 ms of
 wall time a kernel while densenet121's forward and backward compiled at once).
+The file is a torchweld.disk_cache source: one that holds other text is written again,
+and where the cache directory refuses the write, it lies in this process's private one.
 """
 from __future__ import annotations
 
 import importlib.util
-import os
 import sys
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable
 
-from torchweld.disk_cache import cache_dir, content_hash, write_once
+from torchweld.disk_cache import content_hash, write_source
 
 _import_lock = threading.Lock()
 _writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="torchweld-write")
 
 
-def module_file(source: str) -> tuple[str, str]:
-    """(module name, file) of `source`, named by its hash."""
-    key = content_hash(source)
-    return f"torchweld_triton_{key}", os.path.join(cache_dir("triton"), f"t{key}.py")
+def module_name(source: str) -> str:
+    """The module name of `source`, and its file's in the cache: named by its hash."""
+    return f"torchweld_triton_{content_hash(source)}"
+
+
+def write_module(name: str, source: str) -> str:
+    """The path of the cache file holding module `name`'s `source` (written if missing or different)."""
+    return write_source("triton", f"t{name.rpartition('_')[2]}.py", source)
 
 
 def import_module(name: str, path: str):
@@ -75,9 +80,14 @@ class GeneratedKernel:
     def __init__(self, source: str, name: str):
         self.src = source
         self.name = name
-        self.module_name, self.path = module_file(source)
-        self.written = _writer.submit(write_once, self.path, source)
+        self.module_name = module_name(source)
+        self.written = _writer.submit(write_module, self.module_name, source)  # a Future of the file's path
         self._function = None
+
+    @property
+    def path(self) -> str:
+        """The module's file, once written."""
+        return self.written.result()
 
     def when_written(self, then: Callable[[], Future]) -> Future:
         """A Future of the result of `then()`'s Future, called once the module's file is written."""
@@ -86,7 +96,6 @@ class GeneratedKernel:
     @property
     def jit_function(self):
         if self._function is None:
-            self.written.result()
             self._function = getattr(import_module(self.module_name, self.path), self.name)
         return self._function
 
@@ -94,9 +103,9 @@ class GeneratedKernel:
         return self.jit_function[grid]
 
     def __getattr__(self, attr: str):
-        if attr.startswith("__") or attr == "_function":  # copy/pickle probes, and before __init__ ran
+        if attr.startswith("__") or attr in ("_function", "written"):  # copy/pickle probes, and before __init__ ran
             raise AttributeError(attr)
         return getattr(self.jit_function, attr)
 
     def __repr__(self) -> str:
-        return f"GeneratedKernel({self.name} in {self.path})"
+        return f"GeneratedKernel({self.name} of {self.module_name})"
