@@ -1,0 +1,216 @@
+"""Run one case eagerly and compiled, call by call, and compare every call: what it
+returned or raised, what it printed, its arguments and the module's state afterwards,
+and which outputs alias inputs.
+
+Eager and compiled each get their own module, loaded from the same source under the
+same seed, and their own arguments, built from the same source under the same seed:
+equal deep copies, with aliasing between arguments kept (`args = (x, x[0])`)."""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import linecache
+import traceback
+import types
+
+import torch
+
+import torchweld
+from tests.fuzz.case import Call, Case
+from tests.fuzz.compare import Comparator, ObjectIndex, describe_alias, module_state, output_aliases
+
+GRAD_CONTEXTS = {
+    "enabled": contextlib.nullcontext,
+    "no_grad": torch.no_grad,
+    "set_grad_enabled(False)": lambda: torch.set_grad_enabled(False),
+}
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+class GeneratorError(Exception):
+    """The generated case itself is broken (its module does not load, its state changes
+    raise): a bug of the grammar, not of the compiler."""
+
+
+@dataclasses.dataclass
+class Difference:
+    call: int
+    what: str  # "raised", "internal", "printed", "output", "aliasing", "arguments", "state"
+    detail: str
+
+    def __str__(self) -> str:
+        return f"call {self.call}: {self.what}: {self.detail}"
+
+
+@dataclasses.dataclass
+class Outcome:
+    case: Case
+    calls: int  # calls run and compared
+    differences: list[Difference]
+    eager_raised: int  # calls where eager raised (the compiled call had to raise the same)
+
+    @property
+    def kind(self) -> str:
+        """"ok", or the first difference's kind (a crash is decided by the worker pool)."""
+        return self.differences[0].what if self.differences else "ok"
+
+    def report(self) -> str:
+        lines = [self.case.report(), "=== differences ==="]
+        lines += [str(d) for d in self.differences] or ["none"]
+        return "\n".join(lines) + "\n"
+
+
+@dataclasses.dataclass
+class SideCall:
+    result: object
+    error: BaseException | None
+    printed: str
+    args: tuple
+    kwargs: dict
+    index: ObjectIndex  # arguments and module state before and after the call
+
+
+def load(case: Case) -> types.ModuleType:
+    """A fresh module holding the program (the same parameters each time: seeded)."""
+    module = types.ModuleType("fuzz_program")
+    filename = source_filename(case)
+    linecache.cache[filename] = (len(case.source), None, case.source.splitlines(True), filename)
+    dtype, grad = torch.get_default_dtype(), torch.is_grad_enabled()
+    try:
+        torch.set_default_dtype(torch.float32)
+        torch.set_grad_enabled(True)
+        torch.manual_seed(0)
+        exec(compile(case.source, filename, "exec"), module.__dict__)
+    except Exception as e:
+        raise GeneratorError(f"the program's module does not load: {type(e).__name__}: {e}") from e
+    finally:
+        torch.set_default_dtype(dtype)
+        torch.set_grad_enabled(grad)
+    return module
+
+
+def source_filename(case: Case) -> str:
+    return f"<fuzz program {case.key}>"
+
+
+@contextlib.contextmanager
+def call_state(call: Call):
+    """The default dtype and grad mode a call runs under; both restored after it."""
+    dtype, grad = torch.get_default_dtype(), torch.is_grad_enabled()
+    torch.set_default_dtype(DTYPES[call.default_dtype])
+    try:
+        with GRAD_CONTEXTS[call.grad_mode]():
+            yield
+    finally:
+        torch.set_default_dtype(dtype)
+        torch.set_grad_enabled(grad)
+
+
+def run_call(module: types.ModuleType, fn, call: Call) -> SideCall:
+    with call_state(call):
+        torch.manual_seed(call.seed)
+        try:
+            exec(call.changes, module.__dict__)
+            torch.manual_seed(call.seed + 1)
+            scope = dict(module.__dict__)
+            exec(call.args, scope)
+        except Exception as e:
+            raise GeneratorError(f"a call's state changes or arguments raise: {type(e).__name__}: {e}") from e
+        args, kwargs = scope["args"], scope["kwargs"]
+        index = ObjectIndex()
+        _index_inputs(index, args, kwargs, module)
+        torch.manual_seed(call.seed + 2)
+        printed = io.StringIO()
+        result, error = None, None
+        with contextlib.redirect_stdout(printed):
+            try:
+                result = fn(*args, **kwargs)
+            except Exception as e:
+                error = e
+        _index_inputs(index, args, kwargs, module)  # what the call stored (G_LAST = t) counts too
+    return SideCall(result, error, printed.getvalue(), args, kwargs, index)
+
+
+def _index_inputs(index: ObjectIndex, args: tuple, kwargs: dict, module: types.ModuleType) -> None:
+    for i, a in enumerate(args):
+        index.add(a, f"args[{i}]")
+    for k, v in kwargs.items():
+        index.add(v, f"kwargs[{k!r}]")
+    for name, value in module_state(module).items():
+        index.add(value, f"G.{name}")
+
+
+def compare_call(i: int, eager: SideCall, compiled: SideCall, eager_module, compiled_module,
+                 exact: bool) -> list[Difference]:
+    diffs = []
+    if type(eager.error) is not type(compiled.error):
+        what = "internal" if compiled.error is not None and raised_inside_torchweld(compiled.error) else "raised"
+        diffs.append(Difference(i, what, f"eager {_outcome(eager)}; compiled {_outcome(compiled)}"))
+        return diffs
+    if eager.printed != compiled.printed:
+        diffs.append(Difference(i, "printed", f"eager printed {eager.printed!r}; compiled printed {compiled.printed!r}"))
+    if eager.error is None:
+        values = Comparator(exact_floats=exact)
+        values.compare(eager.result, compiled.result, "out")
+        diffs += [Difference(i, "output", line) for line in values.lines]
+        if not values.lines:
+            ours, theirs = output_aliases(eager.result, eager.index), output_aliases(compiled.result, compiled.index)
+            for path in ours:
+                if ours[path] != theirs.get(path):
+                    diffs.append(Difference(i, "aliasing", f"{path}: eager {describe_alias(ours[path])}; "
+                                                           f"compiled {describe_alias(theirs.get(path))}"))
+    after = Comparator(exact_floats=exact)
+    after.compare(eager.args, compiled.args, "args")
+    after.compare(eager.kwargs, compiled.kwargs, "kwargs")
+    diffs += [Difference(i, "arguments", line) for line in after.lines]
+    ours, theirs = module_state(eager_module), module_state(compiled_module)
+    state = Comparator(exact_floats=exact)
+    if list(ours) != list(theirs):
+        state.add("G", f"names {sorted(ours)} (eager) != {sorted(theirs)} (compiled)")
+    for name in [n for n in ours if n in theirs]:
+        state.compare(ours[name], theirs[name], f"G.{name}")
+    diffs += [Difference(i, "state", line) for line in state.lines]
+    return diffs
+
+
+def raised_inside_torchweld(error: BaseException) -> bool:
+    """True when the error comes from torchweld's own code (below the program's last
+    frame), not from the program or a torch operation the program called."""
+    if isinstance(error, torchweld.errors.TorchweldError):
+        return True
+    frames = traceback.extract_tb(error.__traceback__)
+    program = [i for i, f in enumerate(frames) if f.filename.startswith("<fuzz program")]
+    ours = [i for i, f in enumerate(frames) if "/torchweld/" in f.filename]
+    return bool(ours) and (not program or ours[-1] > program[-1])
+
+
+def _outcome(side: SideCall) -> str:
+    if side.error is None:
+        text = repr(side.result)
+        return "returned " + (text if len(text) < 200 else text[:200] + "...")
+    frames = traceback.format_exception(side.error)
+    where = "".join(frames[-4:-1]).strip() if raised_inside_torchweld(side.error) else ""
+    return f"raised {type(side.error).__name__}: {side.error}" + (f"\n      at {where}" if where else "")
+
+
+def run_case(case: Case) -> Outcome:
+    """Every call of the case, eager then compiled; stops at the first call that differs
+    (their states have parted)."""
+    eager_module, compiled_module = load(case), load(case)
+    eager_fn = getattr(eager_module, case.target)
+    compiled_fn = torchweld.compile(getattr(compiled_module, case.target), backend=case.backend)
+    exact = case.backend == "eager"
+    eager_raised = 0
+    try:
+        for i, call in enumerate(case.calls):
+            eager = run_call(eager_module, eager_fn, call)
+            compiled = run_call(compiled_module, compiled_fn, call)
+            eager_raised += eager.error is not None
+            diffs = compare_call(i, eager, compiled, eager_module, compiled_module, exact)
+            if diffs:
+                return Outcome(case, i + 1, diffs, eager_raised)
+        return Outcome(case, len(case.calls), [], eager_raised)
+    finally:
+        torchweld.reset()
+        linecache.cache.pop(source_filename(case), None)
