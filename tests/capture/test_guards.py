@@ -248,6 +248,42 @@ def test_compiled_function_garbage_collected_frees_cache():
     pytest.fail("the compiled function outlived its last reference; held by:\n" + "\n".join(holders))
 
 
+class TwoLayers(nn.Module):
+    def __init__(self, breaks: bool):
+        super().__init__()
+        self.a, self.b, self.breaks = nn.Linear(8, 8), nn.Linear(8, 8), breaks
+
+    def forward(self, x):
+        y = self.a(x).relu()
+        if self.breaks:
+            print("", end="")  # a graph break: a resume function and its own cache
+        return self.b(y)
+
+
+@pytest.mark.parametrize("backend", ["eager", pytest.param("weld", marks=pytest.mark.xfail(
+    reason="weld's wrapper namespace (functions and their globals) is a cycle holding the parameters"))])
+@pytest.mark.parametrize("breaks", [False, True])
+def test_dropped_model_is_freed_without_the_cyclic_gc(backend, breaks):
+    """No reference cycle runs from a compiled function's cache to the user's model: dropping
+    the model and its compiled version frees its parameters at once (issue 44)."""
+    torchweld.compile(TwoLayers(breaks), backend=backend)(torch.randn(2, 8))  # one-time imports and set-up
+    model = TwoLayers(breaks)
+    compiled = torchweld.compile(model, backend=backend)
+    calling = torchweld.compile(lambda x: model(x) + 1, backend=backend)
+    with torch.no_grad():
+        for _ in range(3):
+            compiled(torch.randn(2, 8))
+            calling(torch.randn(2, 8))
+    weight = weakref.ref(model.a.weight)
+    gc.collect()  # what compiling left for the collector: young garbage, collected soon in any program
+    gc.disable()
+    try:
+        del model, compiled, calling
+        assert weight() is None, "the model outlived its compiled versions until the cyclic GC runs"
+    finally:
+        gc.enable()
+
+
 class Scale(nn.Module):  # a user module: inlined, so the graph holds no reference to it
     def __init__(self):
         super().__init__()

@@ -75,7 +75,7 @@ def wrap(tx: "Translator", obj: object, source: Source | None, guard: bool = Tru
     guards = tx.output.guards if (guard and source is not None) else None
 
     if marked_disabled(obj):
-        return OpaqueCallableValue(obj, f"{getattr(obj, '__qualname__', obj)} is marked with torchweld.disable")
+        return OpaqueCallableValue(obj, f"{getattr(obj, '__qualname__', obj)} is marked with torchweld.disable", source)
     if isinstance(obj, torch.Tensor):
         if source is None:
             raise Unsupported("a tensor reached the frame without a source to read it from")
@@ -140,7 +140,7 @@ def wrap(tx: "Translator", obj: object, source: Source | None, guard: bool = Tru
         wrapped = wrap(tx, obj.__wrapped__, AttrSource(source, "__wrapped__") if source else None, guard)
         return CachedFunctionValue(obj, wrapped, source)
     if isinstance(obj, types.FunctionType) and is_marked_by_torch_to_run_eagerly(obj):
-        return OpaqueCallableValue(obj, f"{obj.__qualname__} is marked by torch to run without compilers")
+        return OpaqueCallableValue(obj, f"{obj.__qualname__} is marked by torch to run without compilers", source)
     if is_torch_callable(obj):
         if guards:
             guards.identity(source, obj)
@@ -154,9 +154,10 @@ def wrap(tx: "Translator", obj: object, source: Source | None, guard: bool = Tru
             guards.identity(source, obj)
         root = (getattr(obj, "__module__", None) or "").split(".")[0]
         if root in NATIVE_ONLY_MODULES:
-            return OpaqueCallableValue(obj, f"call to {root} function {obj.__qualname__} needs Python")
+            return OpaqueCallableValue(obj, f"call to {root} function {obj.__qualname__} needs Python", source)
         if obj.__code__ in AUTOCAST_METHODS:  # a resume function's `with` slot: a region begun before its graph
-            return OpaqueCallableValue(obj, "entering or leaving a torch.autocast region begun outside this graph needs Python")
+            return OpaqueCallableValue(obj, "entering or leaving a torch.autocast region begun outside this graph needs Python",
+                                       source)
         return UserFunctionValue(obj, source)
     if isinstance(obj, types.MethodType):
         from torchweld.capture.callables import BoundMethodValue
@@ -174,7 +175,7 @@ def wrap(tx: "Translator", obj: object, source: Source | None, guard: bool = Tru
         return ClassValue(obj, source)
     if isinstance(obj, (types.BuiltinFunctionType, types.BuiltinMethodType, types.MethodWrapperType)):
         name = getattr(obj, "__qualname__", None) or repr(obj)
-        return OpaqueCallableValue(obj, f"call to {name}, a function capture does not model")
+        return OpaqueCallableValue(obj, f"call to {name}, a function capture does not model", source)
     if source is None:
         raise Unsupported(f"a {type(obj).__name__} object without a source")
     if guards:

@@ -14,7 +14,8 @@ from torchweld.capture import operators
 from torchweld.capture.objects import ClassValue, NNModuleValue
 from torchweld.capture.sources import Source
 from torchweld.capture.values import (
-    ConstantValue, DictValue, IteratorValue, ListValue, SetValue, TensorValue, TupleValue, Value, const,
+    ConstantValue, DictValue, IteratorValue, LazyIteratorValue, ListValue, SetValue, TensorValue, TupleValue, Value,
+    const,
 )
 from torchweld.errors import Unsupported
 
@@ -117,6 +118,7 @@ def _len(tx, obj: Value) -> Value:
             raise Unsupported("len() of a 0-d tensor")
         return ConstantValue(obj.fake.shape[0])
     if isinstance(obj, NNModuleValue):
+        obj.guard_children(tx)
         return ConstantValue(len(obj.module))
     if isinstance(obj, DictValue):
         return ConstantValue(len(obj.entries))
@@ -155,15 +157,41 @@ def _range(tx, *args: Value) -> Value:
 @rule(enumerate)
 def _enumerate(tx, iterable: Value, start: Value = ConstantValue(0)) -> Value:
     first = start.as_constant()
-    return ListValue([TupleValue([ConstantValue(first + i), v]) for i, v in enumerate(iterable.items(tx))])
+    if not isinstance(iterable, IteratorValue):
+        return ListValue([TupleValue([ConstantValue(first + i), v]) for i, v in enumerate(iterable.items(tx))])
+    count = [first]
+
+    def step() -> Value | None:
+        item = iterable.next()
+        if item is None:
+            return None
+        count[0] += 1
+        return TupleValue([ConstantValue(count[0] - 1), item])
+
+    return LazyIteratorValue(step)
 
 
 @rule(zip)
 def _zip(tx, *iterables: Value, strict: Value = ConstantValue(False)) -> Value:
-    columns = [it.items(tx) for it in iterables]
-    if strict.as_constant() and len({len(c) for c in columns}) > 1:
-        raise Unsupported("zip(strict=True) over iterables of different lengths")
-    return ListValue([TupleValue(list(row)) for row in zip(*columns)])
+    if not any(isinstance(it, IteratorValue) for it in iterables):
+        columns = [it.items(tx) for it in iterables]
+        if strict.as_constant() and len({len(c) for c in columns}) > 1:
+            raise Unsupported("zip(strict=True) over iterables of different lengths")
+        return ListValue([TupleValue(list(row)) for row in zip(*columns)])
+    iterators = [it if isinstance(it, IteratorValue) else IteratorValue(it.items(tx)) for it in iterables]
+
+    def step() -> Value | None:  # as zip pulls: left to right, stopping at the first that is done
+        row = []
+        for it in iterators:
+            item = it.next()
+            if item is None:
+                if strict.as_constant():
+                    raise Unsupported("zip(strict=True) of an iterator: the lengths are checked at run time")
+                return None
+            row.append(item)
+        return TupleValue(row)
+
+    return LazyIteratorValue(step)
 
 
 @rule(reversed)
@@ -256,14 +284,23 @@ def _sum(tx, iterable: Value, start: Value = ConstantValue(0)) -> Value:
     return total
 
 
+def _one_at_a_time(tx, iterable: Value):
+    """The items of `iterable`, pulled lazily from an iterator (`any` stops at the first true one)."""
+    if not isinstance(iterable, IteratorValue):
+        yield from iterable.items(tx)
+        return
+    while (item := iterable.next()) is not None:
+        yield item
+
+
 @rule(any)
 def _any(tx, iterable: Value) -> Value:
-    return ConstantValue(any(i.truth(tx) for i in iterable.items(tx)))
+    return ConstantValue(any(i.truth(tx) for i in _one_at_a_time(tx, iterable)))
 
 
 @rule(all)
 def _all(tx, iterable: Value) -> Value:
-    return ConstantValue(all(i.truth(tx) for i in iterable.items(tx)))
+    return ConstantValue(all(i.truth(tx) for i in _one_at_a_time(tx, iterable)))
 
 
 @rule(bool)

@@ -41,6 +41,19 @@ class CacheEntry:
     alive: bool = True
     watchers: list = dataclasses.field(default_factory=list)
 
+    def release(self) -> None:
+        """Called once the entry is dropped: break its FX graph's module-graph cycle, so that
+        the user's layers the graph module holds are freed with the entry, not at the next
+        cyclic garbage collection."""
+        self.alive = False
+        if self.report.graph is not None:
+            self.report.graph.graph.owning_module = None
+
+    def follow_defaults(self, fn: types.FunctionType) -> None:
+        """Bind arguments with `fn`'s current defaults, as a call of `fn` does."""
+        for f in (self.run, self.check):
+            f.__defaults__, f.__kwdefaults__ = fn.__defaults__, fn.__kwdefaults__
+
     def failing_guard(self, args: tuple, kwargs: dict) -> str | None:
         """The readable text of the first guard these arguments fail, if any."""
         for guard in self.guards.guards:

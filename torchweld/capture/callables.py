@@ -159,6 +159,11 @@ def _compiling_answer(fn: object) -> bool | None:
     return None
 
 
+# queries whose answer is fixed for the life of the process (the hardware, how torch was built)
+_PROCESS_CONSTANTS = {"is_available", "device_count", "get_device_capability", "get_device_name",
+                      "get_device_properties", "is_built", "is_bf16_supported"}
+
+
 def _is_runtime_query(name: str) -> bool:
     return name.startswith(("is_", "get_", "_is_")) or name in ("device_count", "current_device")
 
@@ -195,9 +200,12 @@ class TorchCallableValue(Value):
             a, k = _constant_args(args, kwargs)
             try:
                 with tx.output.in_autocast_regions():  # torch.is_autocast_enabled() inside a region
-                    return const(self.fn(*a, **k))
+                    answer = self.fn(*a, **k)
             except Exception as e:  # e.g. a CUDA query in a CPU-only build: Python shall run it
                 raise Unsupported(f"torch.{name}() raised {type(e).__name__}: {e}") from None
+            if name in _PROCESS_CONSTANTS or tx.output.autocast_regions:  # (autocast: guarded as a whole)
+                return const(answer)
+            return asked_each_call(tx, self, answer, tuple(a), k)  # a setting the program may change
         return tx.output.call_function(self.fn, args, kwargs)
 
     def getattr(self, tx, name):
@@ -331,22 +339,33 @@ class CachedFunctionValue(Value):
 
     def call(self, tx, args, kwargs):
         if all(v.is_constant() for v in [*args, *kwargs.values()]):
-            a, k = [v.as_constant() for v in args], {n: v.as_constant() for n, v in kwargs.items()}
+            a, k = _constant_args(args, kwargs)
             try:
                 answer = self.fn(*a, **k)
             except Exception as e:  # the eager call raises it at the user's line
                 raise Unsupported(f"{getattr(self.fn, '__qualname__', self.fn)} raised {type(e).__name__}: {e}") from None
-            return const(answer)
+            return asked_each_call(tx, self, answer, tuple(a), k)  # `cache_clear()` may change it
         return self.wrapped.call(tx, args, kwargs)
+
+
+def asked_each_call(tx, fn: Value, answer: object, args: tuple, kwargs: dict) -> Value:
+    """The `answer` of calling `fn` with constants, as a value read from a source that makes
+    the same call: guarded like any value from outside (on every call of the compiled code)."""
+    from torchweld.capture.builder import wrap
+
+    guards = tx.output.guards
+    function = fn.source or guards.source_of(fn.real_object())
+    return wrap(tx, answer, guards.call_result_source(function, args, kwargs))
 
 
 class OpaqueCallableValue(Value):
     """A callable capture cannot look into (print, numpy, C extensions): calling it
     needs Python, so the frame cannot be captured past that call."""
 
-    def __init__(self, fn: object, reason: str):
+    def __init__(self, fn: object, reason: str, source: Source | None = None):
         self.fn = fn
         self.reason = reason
+        self.source = source  # where a break reloads it from: a bound method is per call (`s.add` of a new set)
 
     def real_object(self) -> object:
         return self.fn

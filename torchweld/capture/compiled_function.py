@@ -7,6 +7,7 @@ import logging
 import threading
 import types
 import warnings
+import weakref
 from typing import Callable
 
 from torchweld import config, logs
@@ -42,27 +43,43 @@ class CompiledFunction:
         functools.update_wrapper(self, fn)
         self._settings = settings
         self._entries: list[CacheEntry] = []
+        # every entry not yet released, which a finalizer releases once this function is dropped
+        self._unreleased: list[CacheEntry] = []
+        weakref.finalize(self, _release_all, self._unreleased)
         self._runs: list[Callable] = []  # entry.run of each live entry, tried in order
         self._lock = threading.RLock()  # an entry's watcher may fire while this thread holds it
         self._limit_warned = False
+        # the function's defaults as the entries have them: `fn.__defaults__ = (3.0,)` between
+        # calls is seen at the next call, whose arguments the entries then bind afresh
+        self._defaults, self._kwdefaults = self._fn.__defaults__, self._fn.__kwdefaults__
         LIVE_CACHES.add(self)
 
     def __call__(self, *args, **kwargs):
         if self._owner is not None:
             args = (self._owner, *args)
-        for run in self._runs:
+        fn = self._fn
+        if fn.__defaults__ is not self._defaults or fn.__kwdefaults__ is not self._kwdefaults:
+            self._follow_defaults()
+        runs = self._runs
+        for run in runs:
             result = run(*args, **kwargs)
             if result is not MISS:
                 return result
-        return self._miss(args, kwargs)
+        return self._miss(args, kwargs, tried=runs)
 
     def __get__(self, obj, objtype=None):
         return self if obj is None else types.MethodType(self, obj)
 
     # -- cache ---------------------------------------------------------------
-    def _miss(self, args: tuple, kwargs: dict):
+    def _follow_defaults(self) -> None:
         with self._lock:
-            entry = next((e for e in self._entries if e.alive and e.check(*args, **kwargs)), None)
+            self._defaults, self._kwdefaults = self._fn.__defaults__, self._fn.__kwdefaults__
+            for entry in self._entries:
+                entry.follow_defaults(self._fn)
+
+    def _miss(self, args: tuple, kwargs: dict, tried: list[Callable] = ()):
+        with self._lock:  # another thread may have added an entry since `tried` was read
+            entry = next((e for e in self._entries if e.alive and e.run not in tried and e.check(*args, **kwargs)), None)
             if entry is None:
                 if len(self._entries) >= config.cache_size_limit:
                     self._warn_limit(args, kwargs)
@@ -76,15 +93,30 @@ class CompiledFunction:
         return result
 
     def _add(self, entry: CacheEntry) -> None:
-        def invalidate(ref=None, entry=entry) -> None:
-            entry.alive = False  # an object its guards hold by identity died: its id may be reused
-            with self._lock:
-                self._entries = [e for e in self._entries if e.alive]
-                self._runs = [e.run for e in self._entries]
+        # the watchers hold this function and the entry weakly: a strong reference would make a
+        # cycle that keeps the user's model (and its compiled graphs) alive until the cyclic GC runs
+        function, dying = weakref.ref(self), weakref.ref(entry)
+
+        def invalidate(ref=None) -> None:  # an object its guards hold by identity died: its id may be reused
+            entry, owner = dying(), function()
+            if entry is not None:
+                entry.alive = False
+            if owner is not None:
+                owner._drop_dead_entries()
 
         entry.watchers = entry.guards.watch_identity(invalidate)
         self._entries.append(entry)
+        self._unreleased.append(entry)
         self._runs = [e.run for e in self._entries if e.alive]
+
+    def _drop_dead_entries(self) -> None:
+        with self._lock:
+            dead = [e for e in self._entries if not e.alive]
+            self._entries = [e for e in self._entries if e.alive]
+            self._runs = [e.run for e in self._entries]
+            for entry in dead:
+                self._unreleased.remove(entry)
+                entry.release()
 
     def _log_recompile(self, args: tuple, kwargs: dict) -> None:
         log = logs.get("recompiles")
@@ -110,7 +142,14 @@ class CompiledFunction:
             self._entries.clear()
             self._runs = []
             self._limit_warned = False
+            _release_all(self._unreleased)
 
     @property
     def cache_entries(self) -> list[CacheEntry]:
         return list(self._entries)
+
+
+def _release_all(entries: list[CacheEntry]) -> None:
+    for entry in entries:
+        entry.release()
+    entries.clear()

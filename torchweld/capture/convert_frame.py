@@ -10,6 +10,7 @@ import logging
 import time
 import types
 import warnings
+import weakref
 from typing import Callable
 
 import torch
@@ -38,8 +39,10 @@ class CompileSettings:
     # called with each call's arguments before its frame is captured: the backend starts in
     # threads what its compile will wait for (backends.backend_warm_up)
     warm_up: Callable | None = dataclasses.field(default=None, compare=False, repr=False)
-    # compiled wrappers of resume functions and of callees run at a break, made once
-    wrappers: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
+    # compiled wrappers of resume functions and of callees run at a break, made once; held
+    # weakly (the entries that call them hold them), so that no cycle runs through the settings
+    wrappers: weakref.WeakValueDictionary = dataclasses.field(
+        default_factory=weakref.WeakValueDictionary, compare=False, repr=False)
 
 
 FULLGRAPH_HINT = (
@@ -89,7 +92,9 @@ def _translate_frame(fn: types.FunctionType, args: tuple, kwargs: dict, settings
                 raise Unsupported(e.reason, e.location, FULLGRAPH_HINT) from None
             point = e.break_point
             if stop_at is None and point is not None and can_break_at(fn.__code__, tx.instructions[point[0]]):
-                stop_at, failure = point, e  # translate again and stop right before that instruction
+                # translate again and stop right before that instruction; the failure is kept without
+                # its traceback, whose frames (this one's included) would make a cycle through it
+                stop_at, failure = point, _detached(e)
                 continue
             return _eager_entry(fn, tx.output, e, time.perf_counter() - start)
         except TorchweldError:  # BackendCompilerFailed and friends are for the user to see
@@ -102,6 +107,12 @@ def _translate_frame(fn: types.FunctionType, args: tuple, kwargs: dict, settings
                           f"{type(e).__name__}: {e}; running it eagerly. Please report this.", stacklevel=2)
             failure = Unsupported(f"internal error in torchweld: {type(e).__name__}: {e}", where)
             return _eager_entry(fn, tx.output, failure, time.perf_counter() - start)
+
+
+def _detached(error: Unsupported) -> Unsupported:
+    """`error` without its traceback and chained exceptions, to be kept after its handler."""
+    error.__traceback__ = error.__context__ = error.__cause__ = None
+    return error
 
 
 def _translator(fn: types.FunctionType, f_locals: dict) -> Translator:

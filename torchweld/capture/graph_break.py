@@ -18,7 +18,7 @@ from torchweld.capture.callables import (
 from torchweld.capture.handlers import CALLABLE_BELOW_NULL
 from torchweld.capture.handlers.calls import callable_and_args
 from torchweld.capture.handlers.ops import compare_makes_bool
-from torchweld.capture.objects import NNModuleValue, is_standard_module
+from torchweld.capture.objects import NNModuleValue, _has_hooks, guard_plain_call, is_standard_module
 from torchweld.capture.reconstruct import Reconstructor
 from torchweld.capture.resume import ITERATOR, NULL_SLOT, VALUE, live_locals_at, make_resume_code
 from torchweld.capture.sources import LocalSource
@@ -257,7 +257,10 @@ class BreakCodegen:
             return self._wrapper(fn.fn)
         if isinstance(fn, BoundMethodValue) and isinstance(fn.func, UserFunctionValue):
             return bind(fn.func.fn, fn.self_value)
-        if isinstance(fn, NNModuleValue) and not is_standard_module(fn.module):  # hooks: none (checked)
+        if isinstance(fn, NNModuleValue) and not is_standard_module(fn.module):
+            if _has_hooks(fn.module) or "forward" in fn.module.__dict__:
+                return None  # called as `module(...)`: its hooks run around its forward, as in eager
+            guard_plain_call(self.tx, fn.module, fn.source)  # hooks added later make this entry a miss
             return bind(type(fn.module).forward, fn)
         if isinstance(fn, (TensorMethodValue, ContainerMethodValue)):
             owner = fn.tensor if isinstance(fn, TensorMethodValue) else fn.container

@@ -67,10 +67,11 @@ static const char *NODE_NAMES[] = {"arg", "const", "attr", "item", "module_entry
 
 enum CheckKind {
     CHECK_ID, CHECK_TYPE, CHECK_IS, CHECK_EQUALS, CHECK_LEN, CHECK_DICT_KEYS,
-    CHECK_SAME, CHECK_HASATTR, CHECK_TENSOR, CHECK_CALL_IS, CHECK_PYTHON
+    CHECK_SAME, CHECK_HASATTR, CHECK_TENSOR, CHECK_CALL_IS, CHECK_PYTHON, CHECK_INSTANCE_DICT
 };
 static const char *CHECK_NAMES[] = {
-    "id", "type", "is", "equals", "len", "dict_keys", "same", "hasattr", "tensor", "call_is", "python", NULL
+    "id", "type", "is", "equals", "len", "dict_keys", "same", "hasattr", "tensor", "call_is", "python",
+    "instance_dict", NULL
 };
 
 /* How a type reads attributes (see read_strategy). */
@@ -363,6 +364,25 @@ static int check_dict_keys(PyObject *v, PyObject *keys) {
     return steal_equals(PyDict_Keys(v), keys);
 }
 
+/* In the object's own __dict__: each name of op[0] holds an empty container, and no name of
+ * op[1] is there (an nn.Module without hooks and without a forward of its own). */
+static int check_instance_dict(PyObject *v, PyObject **op) {
+    PyObject *dict = PyObject_GenericGetAttr(v, s_dict);
+    if (dict == NULL) return -1;
+    int ok = PyDict_Check(dict);
+    for (Py_ssize_t i = 0; ok == 1 && i < PyTuple_GET_SIZE(op[0]); i++) {
+        PyObject *value = PyDict_GetItemWithError(dict, PyTuple_GET_ITEM(op[0], i));
+        Py_ssize_t n = value == NULL ? -1 : PyObject_Length(value);
+        ok = n == 0 ? 1 : (PyErr_Occurred() ? -1 : 0);
+    }
+    for (Py_ssize_t i = 0; ok == 1 && i < PyTuple_GET_SIZE(op[1]); i++) {
+        PyObject *value = PyDict_GetItemWithError(dict, PyTuple_GET_ITEM(op[1], i));
+        ok = value != NULL ? 0 : (PyErr_Occurred() ? -1 : 1);
+    }
+    Py_DECREF(dict);
+    return ok;
+}
+
 /* hasattr(base, name) is present, where c->node reads `base.name`. */
 static int check_hasattr(Evaluator *ev, PyObject **slots, PyObject *const *args, Check *c) {
     if (node_value(ev, slots, args, ev->nodes[c->node].parent) == NULL) return PyErr_Occurred() ? -1 : 0;
@@ -419,6 +439,7 @@ static int run_check(Evaluator *ev, PyObject **slots, PyObject *const *args, Che
         return v == other;
     }
     case CHECK_TENSOR: return check_tensor(v, c->op);
+    case CHECK_INSTANCE_DICT: return check_instance_dict(v, c->op);
     }
     PyErr_SetString(PyExc_SystemError, "guard_eval: unknown check kind");
     return -1;
@@ -542,7 +563,7 @@ static int parse_node(Evaluator *ev, PyObject *spec, Py_ssize_t index, Node *n) 
 }
 
 /* The number of operands each check kind takes. */
-static const int CHECK_ARITY[] = {1, 1, 1, 2, 2, 1, 0, 2, 6, 2, 1};
+static const int CHECK_ARITY[] = {1, 1, 1, 2, 2, 1, 0, 2, 6, 2, 1, 2};
 
 /* One (kind, node, second, operands) tuple. */
 static int parse_check(Evaluator *ev, PyObject *spec, Check *c) {
@@ -571,6 +592,9 @@ static int parse_check(Evaluator *ev, PyObject *spec, Check *c) {
         return c->n == -1 && PyErr_Occurred() ? -1 : 0;
     case CHECK_DICT_KEYS:
         if (PyList_CheckExact(c->op[0])) return 0;
+        break;
+    case CHECK_INSTANCE_DICT:
+        if (PyTuple_CheckExact(c->op[0]) && PyTuple_CheckExact(c->op[1])) return 0;
         break;
     case CHECK_HASATTR: /* its node reads the attribute */
         if (!PyUnicode_CheckExact(c->op[0]) || ev->nodes[c->node].kind != NODE_ATTR

@@ -21,7 +21,7 @@ from torchweld import config, logs
 from torchweld.capture import guard_extension
 from torchweld.capture.guards import Guard, GuardSet
 from torchweld.capture.sources import (
-    AttrSource, BuiltinMethodCallSource, BuiltinSource, ClosureSource, DefaultSource, GlobalSource,
+    AttrSource, BuiltinMethodCallSource, BuiltinSource, ClosureSource, ConstantSource, DefaultSource, GlobalSource,
     ItemSource, LocalSource, ModuleEntrySource, ModuleGlobalSource, ObjectKeySource, Source,
 )
 
@@ -153,6 +153,11 @@ def frame_global(p: GuardProgram, s: GlobalSource) -> int:
     return p.add_node("item", s.global_name, p.root("___G"))
 
 
+@reads(ConstantSource)
+def held_constant(p: GuardProgram, s: ConstantSource) -> int:
+    return p.add_node("const", p.namespace[s.constant])
+
+
 @reads(ModuleGlobalSource)
 def module_global(p: GuardProgram, s: ModuleGlobalSource) -> int:
     module = p.add_node("item", s.module, p.root("___modules"))
@@ -237,7 +242,7 @@ def call_is(p: GuardProgram, g: Guard) -> tuple:
 
 
 CHECK_RULES: dict[str, CheckRule] = {
-    **{kind: check_of_source for kind in ("id", "type", "is", "equals", "len", "dict_keys", "tensor")},
+    **{kind: check_of_source for kind in ("id", "type", "is", "equals", "len", "dict_keys", "tensor", "instance_dict")},
     "same": same_object,
     "hasattr": has_attribute,
     "call_is": call_is,

@@ -11,7 +11,7 @@ from typing import Callable
 
 import torch
 
-from torchweld.capture.sources import AttrSource, ItemSource, LocalSource, Source
+from torchweld.capture.sources import AttrSource, CallResultSource, ConstantSource, ItemSource, LocalSource, Source
 
 
 @dataclasses.dataclass(frozen=True)
@@ -19,7 +19,8 @@ class Guard:
     """One condition on one source. `kind` and `operands` say what `expr` tests, for the C
     guard evaluator: tensor (type, dtype, device, shape, stride or None, requires_grad),
     id (id,), type (cls,), is (obj,), equals (cls, value), len (cls, n), dict_keys (keys,),
-    same (first_source,), hasattr (attr, present), call_is (fn, result) with no source;
+    same (first_source,), hasattr (attr, present), call_is (fn, result) with no source,
+    instance_dict (names of empty containers, names absent) on the object's own __dict__;
     python (): only `expr` says it."""
 
     text: str  # readable: "L['x']: Tensor(dtype=float32, shape=(4,), ...)"
@@ -28,6 +29,12 @@ class Guard:
     kind: str = "python"  # the test `expr` spells (see above)
     operands: tuple = ()  # what that test compares the source's value with
 
+
+# an nn.Module's own hook dicts; hooks in any of them run around its forward in eager
+MODULE_HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+# torch.nn.modules.module's hook dicts that apply to every module
+GLOBAL_MODULE_HOOK_DICTS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
+                            "_global_backward_pre_hooks")
 
 AUTOCAST_DEVICES = ("cpu", "cuda")
 _autocast_states: dict[tuple, tuple] = {}
@@ -67,6 +74,17 @@ class GuardSet:
         name = f"___g{len(self.constants)}"
         self.constants[name] = obj
         return name
+
+    def source_of(self, obj: object) -> ConstantSource:
+        """A source that reads `obj` itself, which capture holds (and keeps alive)."""
+        kind = "class" if isinstance(obj, type) else type(obj).__name__
+        readable = f"<{kind} {getattr(obj, '__qualname__', '')} at {id(obj):#x}>"
+        return ConstantSource(self.name_constant(obj), readable)
+
+    def call_result_source(self, function: Source, args: tuple, kwargs: dict) -> CallResultSource:
+        """A source that calls `function` with these constant arguments."""
+        readable = ", ".join([*map(repr, args), *(f"{k}={v!r}" for k, v in kwargs.items())])
+        return CallResultSource(function, self.name_constant((args, kwargs)), readable)
 
     def tensor(self, source: Source, t: torch.Tensor) -> None:
         stride = tuple(t.stride()) if t.layout is torch.strided else None  # None: not checked
@@ -138,10 +156,25 @@ class GuardSet:
         self._add((source.name(), f"hasattr {attr}"), text, f"hasattr({source.expr()}, {attr!r}) is {present}", source,
                   "hasattr", (attr, present))
 
+    def plain_module(self, source: Source) -> None:
+        """The module at `source` has no hooks and no `forward` of its own (set on the instance):
+        calling it runs its class's forward and nothing else, as the graph assumed."""
+        e = source.expr()
+        empty = " and ".join(f"not {e}.{name}" for name in MODULE_HOOK_DICTS)
+        text = f"{source.name()} has no hooks and no forward of its own"
+        self._add((source.name(), "plain_module"), text, f"{empty} and 'forward' not in {e}.__dict__", source,
+                  "instance_dict", (MODULE_HOOK_DICTS, ("forward",)))
+
     def grad_mode(self, enabled: bool) -> None:
         fn = self.name_constant(torch.is_grad_enabled)
         self._add(("", "grad_mode"), f"torch.is_grad_enabled() is {enabled}", f"{fn}() is {enabled}", None,
                   "call_is", (torch.is_grad_enabled, enabled))
+
+    def process_state(self, query: Callable[[], object], value: object, readable: str) -> None:
+        """`query()` is `value` (an interned object: a dtype, a bool, a small int), for state of the
+        process that the graph assumed: `torch.get_default_dtype()` for `torch.ones(3)`."""
+        self._add(("", readable), f"{readable} is {value!r}", f"{self.name_constant(query)}() is {self.name_constant(value)}",
+                  None, "call_is", (query, value))
 
     def autocast(self, state: object) -> None:
         """The autocast state at capture (`autocast_state()`): a graph traced under

@@ -161,22 +161,24 @@ class NewObjectValue(Value):
         owner, attr = found
         if owner in _MODELLED_BASES:
             return BuiltinBaseMethod(self, owner, name)
-        source = AttrSource(self.cls_source, name) if self.cls_source is not None and after is None else None
+        # read through the class that defines it (by super(), one after `after`): class attributes
+        # are read anew at each call, and guarded, as any value from outside the frame
+        holder = self.cls_source if after is None and self.cls_source is not None else tx.output.guards.source_of(owner)
+        source = AttrSource(holder, name)
         if isinstance(attr, property):
             if attr.fget is None:
                 raise Unsupported(f"{self.cls.__qualname__}.{name} is a property without a getter")
-            return wrap(tx, attr.fget, None).call(tx, [self], {})
+            return wrap(tx, attr.fget, AttrSource(source, "fget")).call(tx, [self], {})
         if isinstance(attr, types.FunctionType):
             return BoundMethodValue(wrap(tx, attr, source), self)
         if isinstance(attr, classmethod):
-            return BoundMethodValue(wrap(tx, attr.__func__, None), ClassValue(self.cls, self.cls_source))
+            cls_value = ClassValue(self.cls, self.cls_source)
+            return BoundMethodValue(wrap(tx, attr.__func__, AttrSource(source, "__func__")), cls_value)
         if isinstance(attr, staticmethod):
-            return wrap(tx, attr.__func__, None)
+            return wrap(tx, attr.__func__, source)
         if _is_data_descriptor(attr) or hasattr(attr, "__get__") and not isinstance(attr, type):
             raise Unsupported(f"{self.cls.__qualname__}.{name} is a descriptor capture does not model")
-        if source is None:
-            return const(attr)
-        return wrap(tx, getattr(self.cls, name), source)
+        return wrap(tx, getattr(owner, name), source)
 
     def setattr(self, tx, name, value):
         setter = _lookup(self.cls, "__setattr__")

@@ -19,8 +19,12 @@ if TYPE_CHECKING:
 
 
 def is_standard_module(module: torch.nn.Module) -> bool:
-    """A module that torch itself defines (nn.Linear, nn.ReLU): called as one graph node."""
-    return type(module).__module__.startswith("torch.nn.") and type(module) not in _CONTAINERS
+    """A layer of torch.nn (nn.Linear, nn.ReLU, nn.BatchNorm2d), whose forward is a function of
+    its parameters, buffers and inputs: called as one graph node. Wrappers that live elsewhere
+    under torch (DataParallel, DistributedDataParallel, FSDP, checkpoint wrappers) run Python
+    around their module, and subclasses users define may change anything: neither is a leaf."""
+    return (type(module).__module__.startswith("torch.nn.modules.") and type(module) not in _CONTAINERS
+            and "forward" not in module.__dict__)
 
 
 _CONTAINERS = (torch.nn.Sequential, torch.nn.ModuleList, torch.nn.ModuleDict)
@@ -38,7 +42,43 @@ def _has_hooks(module: torch.nn.Module) -> bool:
     of a compiled module, so: plain truth tests of the hook dicts)."""
     hooks = torch.nn.modules.module
     return bool(module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
-                or hooks._global_forward_hooks or hooks._global_forward_pre_hooks or hooks._global_backward_hooks)
+                or module._backward_pre_hooks or hooks._global_forward_hooks or hooks._global_forward_pre_hooks
+                or hooks._global_backward_hooks or hooks._global_backward_pre_hooks)
+
+
+def guard_plain_call(tx: "Translator", module: torch.nn.Module, source: Source | None) -> None:
+    """Guard what calling `module` without its hooks assumed: that it has none, nor do all
+    modules (torch.nn.modules.module's global hooks), and its forward is its class's."""
+    from torchweld.capture.guards import GLOBAL_MODULE_HOOK_DICTS
+    from torchweld.capture.sources import ModuleGlobalSource
+
+    guards = tx.output.guards
+    for name in GLOBAL_MODULE_HOOK_DICTS:
+        hooks = getattr(torch.nn.modules.module, name)
+        guards.length(ModuleGlobalSource("torch.nn.modules.module", name), type(hooks), 0)
+    if source is not None:
+        guards.plain_module(source)
+
+
+def guard_leaf_state(tx: "Translator", module: torch.nn.Module, source: Source) -> None:
+    """A graph-leaf module's parameters and buffers (its children's too), which the graph's
+    example values and a backend's kernels assumed: each the same tensor, with the same
+    metadata (`lin.double()` changes a parameter in place; `requires_grad_(False)` too)."""
+    guards = tx.output.guards
+    for name, child in module.named_modules(remove_duplicate=False):
+        child_source = source
+        for part in name.split(".") if name else ():
+            child_source = ModuleEntrySource(child_source, part, "_modules")
+        if name:
+            guards.identity(child_source, child)
+        for store in ("_parameters", "_buffers"):
+            for key, tensor in child.__dict__[store].items():
+                entry = ModuleEntrySource(child_source, key, store)
+                if tensor is None:
+                    guards.constant(entry, None)
+                    continue
+                guards.identity(entry, tensor)
+                guards.tensor(entry, tensor)
 
 
 def attribute_source(source: Source, obj: object, name: str) -> AttrSource:
@@ -120,10 +160,16 @@ class NNModuleValue(Value):
     def setattr(self, tx, name, value):
         _store_attribute(tx, self, self.module, name, value)
 
+    def guard_children(self, tx) -> None:
+        """The graph unrolled this container's children: guard their names (so their number)."""
+        if self.source is not None:
+            tx.output.guards.dict_keys(AttrSource(self.source, "_modules"), list(self.module._modules))
+
     def items(self, tx):
         from torchweld.capture.builder import wrap
 
         m = self.module
+        self.guard_children(tx)
         if isinstance(m, (torch.nn.Sequential, torch.nn.ModuleList)):
             return [wrap(tx, child, attribute_source(self.source, m, key) if self.source else None)
                     for key, child in m._modules.items()]
@@ -135,6 +181,8 @@ class NNModuleValue(Value):
         from torchweld.capture.builder import wrap
 
         m, k = self.module, key.as_constant()
+        if isinstance(m, (torch.nn.Sequential, torch.nn.ModuleList)):
+            self.guard_children(tx)  # `layers[-1]` is another module once one is appended
         if isinstance(m, torch.nn.ModuleDict):
             return wrap(tx, m[k], attribute_source(self.source, m, k) if self.source else None)
         if isinstance(m, (torch.nn.Sequential, torch.nn.ModuleList)):
@@ -149,10 +197,12 @@ class NNModuleValue(Value):
         m = self.module
         if _has_hooks(m):
             raise Unsupported(f"module {type(m).__name__} has hooks; capture does not run them yet")
+        guard_plain_call(tx, m, self.source)
         if is_standard_module(m) and not is_stateless_standard_module(m):
             if self.source is None:
                 raise Unsupported(f"calling a {type(m).__name__} made inside the compiled function")
             tx.output.guards.constant(AttrSource(self.source, "training"), m.training)
+            guard_leaf_state(tx, m, self.source)
             return tx.output.call_module(m, self.source, args, kwargs)
         forward = _attribute(tx, self, m, "forward", self.source)
         return forward.call(tx, args, kwargs)
@@ -245,7 +295,10 @@ class PythonModuleValue(Value):
             raise Unsupported(f"module {self.module.__name__} has no attribute {name!r}") from None
         trusted = self.module.__name__.split(".")[0] in TRUSTED_MODULE_PREFIXES
         source = AttrSource(self.source, name) if self.source is not None else None
-        return wrap(tx, value, source, guard=not trusted)
+        # functions, classes and modules of a trusted module are not monkey-patched; its settings
+        # are changed all the time (torch.backends.cudnn.enabled, torch.backends.cuda.matmul.allow_tf32)
+        setting = type(value) in (bool, int, float, str, type(None))
+        return wrap(tx, value, source, guard=setting or not trusted)
 
     def __repr__(self) -> str:
         return f"PythonModuleValue({self.module.__name__})"
@@ -279,7 +332,8 @@ class ClassValue(Value):
         value = inspect.getattr_static(self.cls, name)
         if isinstance(value, (staticmethod, classmethod)):
             value = getattr(self.cls, name)
-        return wrap(tx, value, AttrSource(self.source, name) if self.source else None)
+        holder = self.source or tx.output.guards.source_of(self.cls)  # `type(obj).scale` changes too
+        return wrap(tx, value, AttrSource(holder, name))
 
     def call(self, tx, args, kwargs):
         from torchweld.capture.mode_calls import mode_call

@@ -42,6 +42,10 @@ class OutputGraph:
         self.autocast_regions: list[tuple[torch.fx.Node, tuple]] = []
         self.guards.grad_mode(self.grad_enabled)
         self.guards.autocast(autocast_state())
+        # what factory functions make (torch.ones(3)) and the device or mode contexts around them
+        self.guards.process_state(torch.get_default_dtype, torch.get_default_dtype(), "torch.get_default_dtype()")
+        self.guards.process_state(torch._C._len_torch_function_stack, torch._C._len_torch_function_stack(),
+                                  "the number of active torch function modes (torch.set_default_device, ...)")
         self.inputs: list[tuple[Source, torch.Tensor, torch.fx.Node]] = []
         self._input_by_source: dict[str, TensorValue] = {}
         self.number_input_sources: set[str] = set()  # names of floats to read as GuardedOnUseNumber
@@ -64,7 +68,8 @@ class OutputGraph:
         else:
             self.guards.tensor(source, real)
         same_tensor = self._input_by_id.get(id(real))
-        if same_tensor is not None:  # one tensor reached two ways: one placeholder keeps them aliased
+        if same_tensor is not None:  # one tensor reached two ways: one placeholder keeps them aliased,
+            self.guards.same_object(source, same_tensor.source)  # which holds while they are one tensor
             self._input_by_source[source.name()] = same_tensor
             return same_tensor
         if real.is_sparse or type(real) not in (torch.Tensor, torch.nn.Parameter, torch.nn.parameter.Buffer):

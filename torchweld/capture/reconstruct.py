@@ -2,12 +2,17 @@
 graph outputs by index, inputs by their source, constants by value."""
 from __future__ import annotations
 
+import copy
+import types
+
 import torch
 
 from torchweld.capture.autocast import AutocastExitValue
 from torchweld.capture.grad_mode import GradModeExitValue
 from torchweld.capture.new_objects import NewObjectValue
+from torchweld.capture.objects import NNModuleValue
 from torchweld.capture.python_contexts import PythonContextExitValue
+from torchweld.capture.sources import LocalSource, Source
 from torchweld.capture.values import (
     ConstantValue, DictValue, IteratorValue, ListValue, SetValue, TensorTruthValue, TensorValue, TupleValue, Value,
 )
@@ -25,6 +30,7 @@ class Reconstructor:
         self.constants: dict[str, object] = {}
         self.lines: list[str] = []  # statements that build shared objects, run after the graph
         self._built: dict[int, str] = {}  # id(Value) -> the temporary holding its object
+        self._reads: dict[str, str] = {}  # source name -> the temporary holding its value
 
     def _build_once(self, value: Value, make_expr) -> str:
         """Build a mutable object once, so that every reference to it is the same object."""
@@ -58,10 +64,22 @@ class Reconstructor:
         self.constants[name] = obj
         return name
 
+    def read(self, source: Source) -> str:
+        """`source`'s value, read into a temporary before any side effect is replayed: the frame
+        saw every outside object as it was before its own changes, which replay after the graph
+        (`old = self.w; self.w = y; return old` returns the old tensor)."""
+        if isinstance(source, LocalSource):  # the entry's own parameter: nothing rebinds it
+            return source.expr()
+        name = self._reads.get(source.name())
+        if name is None:
+            name = self._reads[source.name()] = f"___r{len(self._reads)}"
+            self.lines.append(f"{name} = {source.expr()}")
+        return name
+
     def expr(self, value: Value) -> str:
         if isinstance(value, TensorValue):
             if value.node.op == "placeholder" and value.source is not None:
-                return value.source.expr()
+                return self.read(value.source)
             if value.node not in self._output_index:
                 self._output_index[value.node] = len(self.graph_outputs)
                 self.graph_outputs.append(value)
@@ -77,11 +95,11 @@ class Reconstructor:
             return self.const(v)
         if isinstance(value, ListValue):
             if value.source is not None:  # the real list (side effects write its new contents back)
-                return value.source.expr()
+                return self.read(value.source)
             return self._build_once(value, lambda: "[" + ", ".join(self.expr(v) for v in value.elements) + "]")
         if isinstance(value, TupleValue):
             if value.source is not None:
-                return value.source.expr()
+                return self.read(value.source)
             items = ", ".join(self.expr(v) for v in value.elements)
             if value.fields and hasattr(value.tuple_type, "_fields"):  # collections.namedtuple
                 return f"{self.const(value.tuple_type)}({items})"
@@ -90,7 +108,7 @@ class Reconstructor:
             return f"({items},)" if value.elements else "()"
         if isinstance(value, DictValue):
             if value.source is not None:
-                return value.source.expr()
+                return self.read(value.source)
             return self._build_once(
                 value, lambda: "{" + ", ".join(f"{self.const(k)}: {self.expr(v)}" for k, v in value.entries.items()) + "}"
             )
@@ -109,8 +127,24 @@ class Reconstructor:
             ctx = self._build_once(value, lambda: f"{self.const(torch.amp._enter_autocast)}({args})")
             return f"{ctx}.__exit__"
         if value.source is not None:
-            return value.source.expr()
+            return self.read(value.source)
         real = value.real_object()
-        if real is not None:
+        if isinstance(value, NNModuleValue) and real is not None:  # nn.ReLU() made in the frame: new per call
+            return f"{self.const(copy.deepcopy)}({self.const(real)})"
+        if real is not None and same_object_every_call(real):
             return self.const(real)
         raise Unsupported(f"returning {value}, made inside the compiled function, is not supported yet")
+
+
+def same_object_every_call(obj: object) -> bool:
+    """Whether generated code may name `obj` as a constant: a class, module or function,
+    or a builtin not bound to an object (`len`, `torch.sin`), is the same at every call.
+    A method bound to an object (`s.add` of a set made in the frame) is not: it is
+    rebuilt from its source or the break cannot be made."""
+    if isinstance(obj, (type, types.ModuleType, types.FunctionType, types.MethodDescriptorType,
+                        types.WrapperDescriptorType, torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        return True
+    if isinstance(obj, types.BuiltinFunctionType):
+        owner = obj.__self__
+        return owner is None or isinstance(owner, (types.ModuleType, type))
+    return False

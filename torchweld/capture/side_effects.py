@@ -50,7 +50,7 @@ class SideEffects:
         """Statements that leave every outside object as eager execution would."""
         lines = []
         for container in self._containers.values():
-            target = container.source.expr()
+            target = rebuild.expr(container)  # read before any write, as every value replay uses
             if isinstance(container, ListValue):
                 items = ", ".join(rebuild.expr(v) for v in container.elements)
                 lines.append(f"{target}[:] = [{items}]")

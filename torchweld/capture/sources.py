@@ -72,6 +72,45 @@ class EnvironSource(Source):
 
 
 @dataclasses.dataclass(frozen=True)
+class ConstantSource(Source):
+    """An object capture holds itself (a class that a type guard pins, a module it imported),
+    named `constant` in the entry's namespace: reads of its attributes go through it, and
+    are guarded as any value read from outside."""
+
+    constant: str  # its name in the entry's namespace (GuardSet.name_constant)
+    readable: str  # "<class Config at 0x7f..>"
+
+    def name(self) -> str:
+        return self.readable
+
+    def expr(self) -> str:
+        return self.constant
+
+
+@dataclasses.dataclass(frozen=True)
+class CallResultSource(Source):
+    """`function(*args, **kwargs)` with constant arguments, asked anew at each call: the answer
+    of an lru_cache function or a query of torch's settings (`torch.get_float32_matmul_precision()`),
+    guarded like any value read from outside the frame."""
+
+    function: Source
+    arguments: str  # the name, in the entry's namespace, of the (args, kwargs) pair
+    readable: str  # the arguments as the user wrote them: "2, key='a'"
+
+    def name(self) -> str:
+        return f"{self.function.name()}({self.readable})"
+
+    def expr(self) -> str:
+        return self.expr_from([self.function.expr()])
+
+    def reads(self) -> tuple[Source, ...]:
+        return (self.function,)
+
+    def expr_from(self, inner: list[str]) -> str:
+        return f"{inner[0]}(*{self.arguments}[0], **{self.arguments}[1])"
+
+
+@dataclasses.dataclass(frozen=True)
 class ModuleGlobalSource(Source):
     """A global of another module (read by a function inlined from that module)."""
 

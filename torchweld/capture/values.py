@@ -12,7 +12,7 @@ import enum
 import inspect
 import operator
 import types
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 import torch
 
@@ -419,6 +419,28 @@ class IteratorValue(Value):
     def items(self, tx: "Translator") -> list[Value]:
         out, self.remaining = self.remaining, []
         return out
+
+
+class LazyIteratorValue(IteratorValue):
+    """`zip(it, ...)` or `enumerate(it)` of an iterator the frame holds too: items are pulled
+    from it one at a time, as Python pulls them (`zip(range(2), it)` takes two of `it`'s
+    items and leaves the rest for the next loop over `it`)."""
+
+    def __init__(self, step: "Callable[[], Value | None]"):
+        self._step = step
+
+    def next(self) -> Value | None:
+        return self._step()
+
+    def items(self, tx: "Translator") -> list[Value]:
+        out = []
+        while (item := self.next()) is not None:
+            out.append(item)
+        return out
+
+    @property
+    def remaining(self) -> list[Value]:
+        raise Unsupported("rebuilding, at a graph break, a zip or enumerate over an iterator the frame also holds")
 
 
 class CellValue(Value):

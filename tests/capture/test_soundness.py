@@ -1,0 +1,482 @@
+"""Soundness: a compiled program returns what eager returns on every call, with the
+program's state changed between calls. One test per class of wrong result found
+(issue 43), each compared with eager over several calls."""
+from __future__ import annotations
+
+import collections
+import copy
+import functools
+import heapq
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+
+import torchweld
+from tests.capture.helpers import CountingBackend, assert_same
+
+
+def run_both(fn, calls, before_call=None, backend="eager"):
+    """Call `fn` compiled and eagerly with each argument tuple of `calls`; `before_call(i)`
+    changes the program's state before call i (before both runs). Outputs and the
+    arguments, as the calls leave them, must match."""
+    compiled = torchweld.compile(fn, backend=backend)
+    for i, args in enumerate(calls):
+        if before_call is not None:
+            before_call(i)
+        eager_args = copy.deepcopy(args)
+        expected = fn(*eager_args)
+        got = compiled(*args)
+        assert_same(got, expected)
+        assert_same(args, eager_args)
+    return compiled
+
+
+def tensors(n=4, shape=(3,)):
+    return [(torch.randn(shape),) for _ in range(n)]
+
+
+# -- objects built in the frame are new on every call -------------------------------
+
+
+def test_set_built_and_mutated_in_the_frame():
+    def fn(x):
+        s = {1, 2, 3}
+        s.add(5)
+        s.discard(2)
+        t = s | {7}
+        y = x
+        if 5 in t:
+            y = x + len(t)
+        return y, sorted(t & {1, 5, 9}), s - {1}, s ^ {1, 10}, 3 in s, len(s)
+
+    run_both(fn, tensors())
+
+
+def test_set_methods():
+    def fn(x, items):
+        s = set(items)
+        s.update([7, 8])
+        s.remove(7)
+        u = s.union({100}).intersection({1, 8, 100})
+        s |= {9}
+        s -= {8}
+        popped = sorted(s)
+        return x * len(u), popped, s.issubset({1, 2, 3, 9, 4}), frozenset(s) == frozenset(popped), min(s), max(s)
+
+    run_both(fn, [(torch.randn(2), [1, 2]), (torch.randn(2), [3]), (torch.randn(2), [1, 2, 3, 4])])
+
+
+def test_defaultdict_of_sets_and_lists():
+    def sets(x):
+        d = collections.defaultdict(set)
+        for i in range(3):
+            d[i % 2].add(i // 2)
+        return x + len(d[0]), d
+
+    def lists(x):
+        d = collections.defaultdict(list)
+        for i in range(5):
+            d[i % 2].append(i)
+        return x + sum(d[1]), d, dict(d)
+
+    def ordered(x):
+        d = collections.OrderedDict()
+        d["b"] = x
+        d["a"] = 2
+        d.move_to_end("b")
+        return d, list(d), x * d["a"]
+
+    for fn in (sets, lists, ordered):
+        run_both(fn, tensors())
+
+
+def test_deque():
+    def fn(x):
+        q = collections.deque()
+        q.append(1)
+        q.appendleft(2)
+        q.extend([3, 4])
+        first = q.popleft()
+        return x + len(q), x + q[0], first, list(q), q
+
+    run_both(fn, tensors())
+
+
+def test_counter_of_an_argument():
+    def fn(x, s):
+        c = collections.Counter(s)
+        return x + c["c"], c.most_common(1), dict(c)
+
+    run_both(fn, [(torch.randn(2), "abc"), (torch.randn(2), "ab"), (torch.randn(2), "ccb"), (torch.randn(2), "abc")])
+
+
+# -- values computed from tensor data are never constants ---------------------------
+
+
+def test_values_through_numpy_are_recomputed():
+    def as_list(x):
+        vals = [1, 2]
+        return x + len(vals), (x * 10).numpy().astype(np.int64).tolist()
+
+    def as_float(x):
+        return float(x.numpy().sum())
+
+    def rounded(x):
+        return np.round(x.numpy(), 2).sum().item()
+
+    def accumulated(x, a):
+        acc = 1.0
+        acc = acc + float(a.sum())
+        return x * acc
+
+    for fn in (as_list, as_float, rounded):
+        run_both(fn, tensors())
+    run_both(accumulated, [(torch.randn(3), torch.randn(3)) for _ in range(4)])
+
+
+def test_item_and_tolist_are_recomputed():
+    def fn(x):
+        n = x.sum().item()
+        values = x.tolist()
+        return x * n, values, [v > 0 for v in values]
+
+    run_both(fn, tensors())
+
+
+# -- state read from outside the frame is guarded -----------------------------------
+
+
+def scaled(x, k=2.0):
+    return x * k
+
+
+def scaled_kw(x, *, k=2.0):
+    return x * k
+
+
+def test_changed_defaults_are_seen():
+    old = scaled.__defaults__, scaled_kw.__kwdefaults__
+
+    def change(i):
+        if i == 2:
+            scaled.__defaults__ = (3.0,)
+            scaled_kw.__kwdefaults__ = {"k": 5.0}
+        if i == 3:
+            scaled_kw.__kwdefaults__["k"] = 7.0
+
+    try:
+        calls = tensors()
+        compiled, compiled_kw = torchweld.compile(scaled, backend="eager"), torchweld.compile(scaled_kw, backend="eager")
+        for i, (x,) in enumerate(calls):
+            change(i)
+            assert_same(compiled(x), scaled(x))
+            assert_same(compiled_kw(x), scaled_kw(x))
+    finally:
+        scaled.__defaults__, scaled_kw.__kwdefaults__ = old
+
+
+def test_changed_defaults_of_an_inlined_function_are_seen():
+    old = scaled.__defaults__
+
+    def fn(x):
+        return scaled(x) + 1
+
+    def change(i):
+        scaled.__defaults__ = (float(i),)
+
+    try:
+        run_both(fn, tensors(), change)
+    finally:
+        scaled.__defaults__ = old
+
+
+def test_aliased_arguments():
+    fn = lambda x, y: torch.where(x > 0, x, y * 1.1)  # noqa: E731
+    a, b = torch.randn(4), torch.randn(4)
+    run_both(fn, [(a, a), (a, b), (b, b), (b, a)])
+
+
+def test_aliased_arguments_mutated():
+    def fn(x, y):
+        x.add_(1)
+        return y * 2
+
+    a, b = torch.randn(4), torch.randn(4)
+    compiled = torchweld.compile(fn, backend="eager")
+    for pair in ((a, a), (a, b), (b, b)):
+        ref = [t.clone() for t in pair]
+        ref = (ref[0], ref[0]) if pair[0] is pair[1] else tuple(ref)
+        assert_same(compiled(*pair), fn(*ref))
+
+
+def test_default_dtype_is_guarded():
+    def fn(x):
+        return torch.ones(3), x + torch.zeros(3), torch.get_default_dtype()
+
+    def change(i):
+        torch.set_default_dtype(torch.float64 if i % 2 else torch.float32)
+
+    try:
+        for backend in ("eager", "weld"):
+            run_both(fn, tensors(), change, backend=backend)
+    finally:
+        torch.set_default_dtype(torch.float32)
+
+
+class Stack(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Linear(3, 3)])
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x, len(self.layers)
+
+
+def test_module_list_appended_between_calls():
+    model = Stack()
+
+    def grow(i):
+        if i >= 2:
+            model.layers.append(nn.Linear(3, 3))
+
+    for backend in ("eager", "weld"):
+        run_both(model, tensors(5), grow, backend=backend)
+
+
+def test_requires_grad_of_a_parameter_flipped_between_calls():
+    lin = nn.Linear(3, 3)
+
+    def fn(x):
+        return lin(x)
+
+    for backend in ("eager", "weld"):
+        compiled = torchweld.compile(fn, backend=backend)
+        for i in range(4):
+            lin.weight.requires_grad_(i % 2 == 0)
+            x = torch.randn(2, 3)
+            out, expected = compiled(x), fn(x)
+            assert out.requires_grad == expected.requires_grad
+            torch.testing.assert_close(out, expected)
+            if out.requires_grad:
+                out.sum().backward()
+                grads = [p.grad for p in lin.parameters()]
+                lin.zero_grad(set_to_none=True)
+                fn(x).sum().backward()
+                for got, p in zip(grads, lin.parameters()):
+                    assert (got is None) == (p.grad is None)
+                    if got is not None:
+                        torch.testing.assert_close(got, p.grad)
+                lin.zero_grad(set_to_none=True)
+    lin.weight.requires_grad_(True)
+
+
+def test_parameter_dtype_changed_between_calls():
+    lin = nn.Linear(3, 3)
+
+    def fn(x):
+        return lin(x.to(lin.weight.dtype))
+
+    compiled = torchweld.compile(fn)
+    for i in range(3):
+        if i == 1:
+            lin.double()
+        x = torch.randn(2, 3)
+        assert_same(compiled(x), fn(x))
+
+
+def test_global_flags_of_torch_are_guarded():
+    def fn(x):
+        if torch.backends.cudnn.enabled:
+            return x + 1
+        return x - 1
+
+    old = torch.backends.cudnn.enabled
+
+    def flip(i):
+        torch.backends.cudnn.enabled = i % 2 == 0
+
+    try:
+        run_both(fn, tensors(), flip)
+    finally:
+        torch.backends.cudnn.enabled = old
+
+
+def test_class_attribute_changed_between_calls():
+    class Config:
+        scale = 2.0
+
+    def fn(x):
+        return x * type(Config()).scale
+
+    def change(i):
+        Config.scale = float(i)
+
+    run_both(fn, tensors(), change)
+
+
+def test_lru_cache_answer_changed_between_calls():
+    state = {"value": 1.0}
+
+    @functools.lru_cache(maxsize=None)
+    def factor():
+        return state["value"]
+
+    def fn(x):
+        return x * factor()
+
+    def change(i):
+        if i == 2:
+            state["value"] = 5.0
+            factor.cache_clear()
+
+    run_both(fn, tensors(), change)
+
+
+# -- wrong on the first call --------------------------------------------------------
+
+
+def test_heapq():
+    def fn(x):
+        small = heapq.nsmallest(2, [4, 3, 1, 0.5])
+        large = heapq.nlargest(2, [4, 3, 1, 0.5])
+        h = [5, 1, 4]
+        heapq.heapify(h)
+        heapq.heappush(h, 0)
+        return x + small[0], small, large, heapq.heappop(h), h
+
+    run_both(fn, tensors())
+
+
+def test_sorted_min_max_with_a_key_read_each_call():
+    weights = {"a": 3, "b": 1, "c": 2}
+
+    def fn(x, names):
+        order = sorted(names, key=lambda n: weights[n])
+        return x * weights[order[0]], order, min(names, key=weights.get), max(names, key=lambda n: -weights[n])
+
+    def change(i):
+        weights["a"] = -i
+
+    run_both(fn, [(torch.randn(2), ["a", "b", "c"]) for _ in range(4)], change)
+
+
+def test_writing_a_dict_argument_that_holds_a_list():
+    def fn(x, box):
+        box["z"] = 5
+        return x + box["z"]
+
+    run_both(fn, [(torch.randn(2), {"z": 3, "w": [1]}) for _ in range(3)])
+
+
+def test_writes_to_argument_containers_read_their_old_contents_first():
+    def fn(x, box, other):
+        kept = box["w"]
+        box["w"] = [2]
+        other[0] = box
+        box["again"] = kept
+        return x * len(kept), kept
+
+    calls = [(torch.randn(2), {"z": 3, "w": [1]}, [None, 1]) for _ in range(3)]
+    compiled = torchweld.compile(fn, backend="eager")
+    for x, box, other in calls:
+        eager_box, eager_other = copy.deepcopy(box), [None, 1]
+        out, kept = compiled(x, box, other)
+        eager_out, eager_kept = fn(x, eager_box, eager_other)
+        assert_same((out, kept), (eager_out, eager_kept))
+        assert box == eager_box and other[0] is box and box["again"] is kept
+
+
+# -- module hooks and wrappers -------------------------------------------------------
+
+
+class Doubler(nn.Module):
+    def forward(self, x):
+        return x * 2
+
+
+def test_hooks_of_a_module_called_at_a_graph_break():
+    inner = Doubler()
+
+    def fn(x):
+        y = x + 1
+        print("", end="")  # a graph break before the call
+        return inner(y)
+
+    compiled = torchweld.compile(fn, backend="eager")
+    torch.testing.assert_close(compiled(torch.ones(2)), fn(torch.ones(2)))
+    handles = [inner.register_forward_pre_hook(lambda m, args: (args[0] + 10,)),
+               inner.register_forward_hook(lambda m, args, out: out - 1)]
+    try:
+        for _ in range(2):
+            x = torch.randn(2)
+            torch.testing.assert_close(compiled(x), fn(x))
+    finally:
+        for h in handles:
+            h.remove()
+    x = torch.randn(2)
+    torch.testing.assert_close(compiled(x), fn(x))
+
+
+def test_hooks_added_between_calls_of_an_inlined_module():
+    inner = Doubler()
+    outer = nn.Sequential(nn.Linear(2, 2), inner)
+    compiled = torchweld.compile(outer, backend="eager")
+    x = torch.randn(2)
+    torch.testing.assert_close(compiled(x), outer(x))
+    handle = inner.register_forward_hook(lambda m, args, out: out + 100)
+    try:
+        torch.testing.assert_close(compiled(x), outer(x))
+    finally:
+        handle.remove()
+    torch.testing.assert_close(compiled(x), outer(x))
+
+
+def test_global_module_hooks_added_between_calls():
+    model = nn.Sequential(nn.Linear(2, 2), Doubler())
+    fn = lambda x: model(x)  # noqa: E731
+    compiled = torchweld.compile(fn, backend="eager")
+    x = torch.randn(2)
+    torch.testing.assert_close(compiled(x), fn(x))
+    handle = nn.modules.module.register_module_forward_hook(lambda m, args, out: out + 1)
+    try:
+        torch.testing.assert_close(compiled(x), fn(x))
+    finally:
+        handle.remove()
+
+
+def test_only_torch_nn_layers_are_graph_leaves():
+    from torchweld.capture.objects import is_standard_module
+
+    assert is_standard_module(nn.Linear(2, 2))
+    assert is_standard_module(nn.BatchNorm1d(2))
+    lin = nn.Linear(2, 2)
+    assert not is_standard_module(nn.DataParallel(lin))
+    with_hook = nn.Linear(2, 2)
+    with_hook.register_forward_hook(lambda m, a, o: o)
+    assert not is_standard_module(nn.Sequential(lin))
+
+
+def test_data_parallel_wrapper_is_not_a_leaf():
+    model = nn.DataParallel(nn.Linear(3, 3))  # on a machine without GPUs it calls the module
+    backend = CountingBackend()
+    compiled = torchweld.compile(lambda x: model(x) * 2, backend=backend)
+    x = torch.randn(2, 3)
+    torch.testing.assert_close(compiled(x), model(x) * 2)
+    for gm in backend.graphs:
+        assert not any(n.op == "call_module" and isinstance(gm.get_submodule(n.target), nn.DataParallel)
+                       for n in gm.graph.nodes)
+
+
+def test_stateless_module_made_in_the_frame_is_new_each_call():
+    def fn(x):
+        act = nn.ReLU()
+        return act(x), act
+
+    compiled = torchweld.compile(fn, backend="eager")
+    outs = [compiled(torch.randn(3)) for _ in range(2)]
+    assert outs[0][1] is not outs[1][1]
+    assert isinstance(outs[0][1], nn.ReLU)
