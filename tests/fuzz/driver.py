@@ -11,6 +11,8 @@ import contextlib
 import dataclasses
 import io
 import linecache
+import logging
+import re
 import traceback
 import types
 
@@ -38,9 +40,23 @@ class Difference:
     call: int
     what: str  # "raised", "internal", "printed", "output", "aliasing", "arguments", "state"
     detail: str
+    key: str = ""  # the detail without values, to group failures: "eager returned; compiled KeyError at ..."
 
     def __str__(self) -> str:
         return f"call {self.call}: {self.what}: {self.detail}"
+
+    @property
+    def signature(self) -> str:
+        return f"{self.what}: {self.key or _value_free(self.detail)}"
+
+
+def _value_free(detail: str) -> str:
+    """A difference's path and first words, indices and numbers dropped."""
+    first = detail.split("\n")[0]
+    first = re.sub(r"\[\d+\]", "[i]", first)
+    first = re.sub(r"tensor\(.*", "tensor", first)
+    first = re.sub(r"-?\d+(\.\d+)?(e-?\d+)?", "N", first)
+    return " ".join(first.split()[:8])
 
 
 @dataclasses.dataclass
@@ -49,6 +65,10 @@ class Outcome:
     calls: int  # calls run and compared
     differences: list[Difference]
     eager_raised: int  # calls where eager raised (the compiled call had to raise the same)
+
+    @property
+    def signature(self) -> str:
+        return self.differences[0].signature if self.differences else "ok"
 
     @property
     def kind(self) -> str:
@@ -145,8 +165,13 @@ def compare_call(i: int, eager: SideCall, compiled: SideCall, eager_module, comp
                  exact: bool) -> list[Difference]:
     diffs = []
     if type(eager.error) is not type(compiled.error):
-        what = "internal" if compiled.error is not None and raised_inside_torchweld(compiled.error) else "raised"
-        diffs.append(Difference(i, what, f"eager {_outcome(eager)}; compiled {_outcome(compiled)}"))
+        internal = compiled.error is not None and raised_inside_torchweld(compiled.error)
+        key = (f"eager {type(eager.error).__name__ if eager.error else 'returned'}; "
+               f"compiled {type(compiled.error).__name__ if compiled.error else 'returned'}")
+        if internal:
+            key += f" at {torchweld_frame(compiled.error)}"
+        diffs.append(Difference(i, "internal" if internal else "raised",
+                                f"eager {_outcome(eager)}; compiled {_outcome(compiled)}", key))
         return diffs
     if eager.printed != compiled.printed:
         diffs.append(Difference(i, "printed", f"eager printed {eager.printed!r}; compiled printed {compiled.printed!r}"))
@@ -185,6 +210,15 @@ def raised_inside_torchweld(error: BaseException) -> bool:
     return bool(ours) and (not program or ours[-1] > program[-1])
 
 
+def torchweld_frame(error: BaseException) -> str:
+    """The innermost torchweld function the error passed through: "capture/operators.py:delitem"."""
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if "/torchweld/" in f.filename]
+    if not frames:
+        return "?"
+    f = frames[-1]
+    return f"{f.filename.rsplit('/torchweld/', 1)[1]}:{f.name}"
+
+
 def _outcome(side: SideCall) -> str:
     if side.error is None:
         text = repr(side.result)
@@ -194,9 +228,27 @@ def _outcome(side: SideCall) -> str:
     return f"raised {type(side.error).__name__}: {side.error}" + (f"\n      at {where}" if where else "")
 
 
+@contextlib.contextmanager
+def quiet_fake_tensor_log():
+    """torch logs a traceback each time a fake tensor's meta function raises, which
+    generated programs do on purpose (torch.stack([])); the raised error is compared."""
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def run_case(case: Case) -> Outcome:
     """Every call of the case, eager then compiled; stops at the first call that differs
     (their states have parted)."""
+    with quiet_fake_tensor_log():
+        return _run_case(case)
+
+
+def _run_case(case: Case) -> Outcome:
     eager_module, compiled_module = load(case), load(case)
     eager_fn = getattr(eager_module, case.target)
     compiled_fn = torchweld.compile(getattr(compiled_module, case.target), backend=case.backend)

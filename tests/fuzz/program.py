@@ -4,10 +4,11 @@ the state changes the driver makes between them."""
 from __future__ import annotations
 
 import itertools
+import random
 import textwrap
 
 from tests.fuzz.case import GRAD_MODES, Call, Case
-from tests.fuzz.draw import Draw
+from tests.fuzz.draw import Draw, RandomDraw
 from tests.fuzz.statements import TEMPLATES, TENSOR
 
 HEADER = """\
@@ -449,3 +450,10 @@ class ProgramGenerator:
 
 def generate_case(draw: Draw, backend: str = "eager", origin: str = "") -> Case:
     return ProgramGenerator(draw, backend).generate(origin)
+
+
+def case_from_seed(case_seed: int, backend: str = "eager") -> Case:
+    """The case one integer names (with its backend): what CI and the big runs generate,
+    and what `python -m tests.fuzz.run --case N --backend B` runs again."""
+    return generate_case(RandomDraw(random.Random(case_seed)), backend,
+                         origin=f"python -m tests.fuzz.run --case {case_seed} --backend {backend}")

@@ -355,12 +355,12 @@ def arithmetic(g):
 def fstring(g):
     i, nl, c, a, st = g.number("int"), g.pick("nlist"), g.pick(*SIZED), g.pick("M", "V"), g.pick("str")
     f = g.number("float")
-    table = [("f'{{{i}}}-{{len({c})}}'", "str"), ("'-'.join(str(v) for v in {nl})", "str"),
-             ("f'{{{a}.shape[0]}}x{{{i}:02d}}'", "str"), ("str({i}) + 'k'", "str"), ("{st}.upper()", "str"),
+    table = [('f"{{{i}}}-{{len({c})}}"', "str"), ("'-'.join(str(v) for v in {nl})", "str"),
+             ('f"{{{a}.shape[0]}}x{{{i}:02d}}"', "str"), ("str({i}) + 'k'", "str"), ("{st}.upper()", "str"),
              ("'%d-%s' % ({i}, {st})", "str"), ("format({i}, '03d')", "str"), ("repr({nl})", "str"),
-             ("'a' if {i} % 2 else 'b'", "str"), ("f'{{{st}!r}}:{{{i}}}'", "str")]
+             ("'a' if {i} % 2 else 'b'", "str"), ('f"{{{st}!r}}:{{{i}}}"', "str")]
     if g.exact:
-        table += [("f'{{{f}:.2f}}'", "str"), ("str({f})", "str")]
+        table += [('f"{{{f}:.2f}}"', "str"), ("str({f})", "str")]
     return assign_from(g, table, i=i, nl=nl, c=c, a=a, st=st, f=f)
 
 
@@ -368,11 +368,11 @@ def fstring(g):
 def print_(g):
     i, st, c, a, f, fl = (g.number("int"), g.pick("str"), g.pick(*SIZED), g.pick(*TENSOR), g.number("float"),
                           g.pick("flist"))
-    table = [("print('tag', {i})", ""), ("print({st})", ""), ("print(f'i={{{i}}} n={{len({c})}}')", ""),
+    table = [("print('tag', {i})", ""), ("print({st})", ""), ('print(f"i={{{i}}} n={{len({c})}}")', ""),
              ("print({a}.shape)", ""), ("print({a}.dtype, {a}.requires_grad)", ""),
              ("print(len({c}), {i}, sep=',', end='|\\n')", "")]
     if g.exact:
-        table += [("print({a})", ""), ("print(f'{{{f}:.4f}}')", ""), ("print({fl})", "")]
+        table += [("print({a})", ""), ('print(f"{{{f}:.4f}}")', ""), ("print({fl})", "")]
     row = options(g, table, i=i, st=st, c=c, a=a, f=f, fl=fl)
     return row and [row[0]]
 

@@ -1,0 +1,115 @@
+"""Shrink a failing case while it keeps failing the same way (the same kind of difference,
+and for raised errors the same exception types): drop calls and state changes, then
+statements of `f`, then the module's setup statements, returned values and keyword
+arguments, until no single removal keeps the failure. Runs in this process."""
+from __future__ import annotations
+
+import ast
+import dataclasses
+import re
+import time
+from typing import Callable, Iterator
+
+from tests.fuzz.case import Call, Case
+from tests.fuzz.driver import GeneratorError, Outcome, run_case
+
+
+def failure_key(outcome: Outcome) -> str | None:
+    if not outcome.differences:
+        return None
+    first = outcome.differences[0]
+    if first.what in ("raised", "internal"):
+        return first.key.split(" at ")[0]  # exception types; where in torchweld may move
+    return first.what
+
+
+def minimize(case: Case, budget_s: float = 600.0, log: Callable[[str], None] = lambda s: None) -> Case:
+    target = failure_key(run_case(case))
+    if target is None:
+        raise ValueError("the case does not fail")
+    deadline = time.monotonic() + budget_s
+    runs = 0
+
+    def fails(candidate: Case) -> bool:
+        nonlocal runs
+        runs += 1
+        try:
+            return failure_key(run_case(candidate)) == target
+        except (GeneratorError, SyntaxError):
+            return False
+
+    changed = True
+    while changed and time.monotonic() < deadline:
+        changed = False
+        for candidate in _candidates(case):
+            if time.monotonic() >= deadline:
+                break
+            if fails(candidate):
+                case, changed = candidate, True
+                log(f"  {runs} runs: {len(case.calls)} calls, {len(case.source.splitlines())} lines")
+                break
+    return dataclasses.replace(case, origin=case.origin + " (minimized)")
+
+
+def _candidates(case: Case) -> Iterator[Case]:
+    calls = list(case.calls)
+    for n in range(1, len(calls)):  # fewer calls, the later ones first to go
+        yield dataclasses.replace(case, calls=tuple(calls[:n]))
+    for i in range(len(calls)):
+        if len(calls) > 1:
+            yield dataclasses.replace(case, calls=tuple(calls[:i] + calls[i + 1:]))
+    for i, call in enumerate(calls):
+        for simpler in _simpler_calls(call):
+            yield dataclasses.replace(case, calls=tuple(calls[:i] + [simpler] + calls[i + 1:]))
+    for source in _simpler_sources(case.source):
+        yield dataclasses.replace(case, source=source)
+
+
+def _simpler_calls(call: Call) -> Iterator[Call]:
+    lines = call.changes.splitlines()
+    for i in range(len(lines)):
+        yield dataclasses.replace(call, changes="\n".join(lines[:i] + lines[i + 1:]))
+    if call.grad_mode != "enabled":
+        yield dataclasses.replace(call, grad_mode="enabled")
+    if call.default_dtype != "float32":
+        yield dataclasses.replace(call, default_dtype="float32")
+    kwargs = re.search(r"^kwargs = \{(.+)\}$", call.args, re.M)
+    if kwargs:
+        items = [item.strip() for item in kwargs.group(1).split(", ")]
+        for i in range(len(items)):
+            rest = ", ".join(items[:i] + items[i + 1:])
+            yield dataclasses.replace(call, args=call.args.replace(kwargs.group(0), f"kwargs = {{{rest}}}"))
+
+
+def _simpler_sources(source: str) -> Iterator[str]:
+    lines = source.splitlines()
+    tree = ast.parse(source)
+    f = next(node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "f")
+    body = f.body
+    for stmt in reversed(body):  # the last statements first: the return is kept, the rest may go
+        if isinstance(stmt, ast.Return):
+            continue
+        yield _without(lines, stmt.lineno, stmt.end_lineno)
+    for stmt in body:  # a compound statement replaced by its body (its first block)
+        block = getattr(stmt, "body", None)
+        if isinstance(stmt, (ast.If, ast.For, ast.With, ast.Try)) and block:
+            inner = lines[block[0].lineno - 1:block[-1].end_lineno]
+            yield "\n".join(lines[:stmt.lineno - 1] + [line[4:] for line in inner] + lines[stmt.end_lineno:]) + "\n"
+    returned = body[-1]
+    if isinstance(returned, ast.Return) and isinstance(returned.value, (ast.Tuple, ast.List, ast.Dict)):
+        items = returned.value.elts if not isinstance(returned.value, ast.Dict) else returned.value.values
+        for i in range(len(items)):
+            yield _replace_line(lines, returned.lineno, "    return " + ", ".join(
+                ast.unparse(item) for j, item in enumerate(items) if j != i) + ("," if len(items) == 2 else ""))
+    for stmt in reversed(tree.body):  # the module's setup, after the function
+        if stmt is f:
+            continue
+        yield _without(lines, stmt.lineno, stmt.end_lineno)
+
+
+def _without(lines: list[str], first: int, last: int) -> str:
+    return "\n".join(lines[:first - 1] + lines[last:]) + "\n"
+
+
+def _replace_line(lines: list[str], lineno: int, text: str) -> str:
+    return "\n".join(lines[:lineno - 1] + [text] + lines[lineno:]) + "\n"
