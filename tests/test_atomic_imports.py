@@ -1,0 +1,110 @@
+"""A Ctrl-C during a compile never cuts an import in half (torchweld/atomic_imports.py), so
+the calls after an interrupted first compile work. Each scenario sends real SIGINTs to a
+process of its own (tests/reliability.py), never to pytest's."""
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import torchweld
+from tests.reliability import environment, run_interrupted
+from torchweld.atomic_imports import HeldInterrupt, imports_finish_first
+
+# A module whose body is interrupted (once, or twice) while it is being imported.
+MODULE = textwrap.dedent("""
+    import signal, time
+    STARTED = True
+    for _ in range({interrupts}):
+        signal.raise_signal(signal.SIGINT)
+    time.sleep(0.2)
+    DONE = True
+""")
+
+SCRIPT = textwrap.dedent("""
+    import importlib, signal, sys, time
+    from torchweld.atomic_imports import imports_finish_first
+
+    sys.path.insert(0, sys.argv[1])
+    try:
+        with imports_finish_first():
+            importlib.import_module("interrupted_module")
+            print("imported, then", end=" ")
+            time.sleep(5)
+        print("never interrupted")
+    except KeyboardInterrupt:
+        module = sys.modules.get("interrupted_module")
+        print("interrupted;", "whole" if getattr(module, "DONE", False) else "half" if module else "absent")
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+""")
+
+
+def run_script(tmp_path, interrupts: int) -> str:
+    (tmp_path / "interrupted_module.py").write_text(MODULE.format(interrupts=interrupts))
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path)], capture_output=True, text=True,
+                          env=environment(tmp_path / "cache"), timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip()
+
+
+def test_an_interrupt_during_an_import_is_raised_once_the_import_is_done(tmp_path):
+    assert run_script(tmp_path, interrupts=1) == "imported, then interrupted; whole"
+
+
+def test_a_second_interrupt_during_the_import_is_raised_at_once(tmp_path):
+    """Someone pressing Ctrl-C again does not want to wait."""
+    assert run_script(tmp_path, interrupts=2) == "interrupted; absent"
+
+
+def test_outside_an_import_an_interrupt_is_raised_at_once():
+    handler = HeldInterrupt()
+    with pytest.raises(KeyboardInterrupt):
+        handler(signal.SIGINT, sys._getframe())
+    assert not handler.close()
+
+
+def test_a_handler_of_the_programs_own_is_left_alone():
+    def own(signum, frame):
+        pass
+
+    previous = signal.signal(signal.SIGINT, own)
+    try:
+        with imports_finish_first():
+            assert signal.getsignal(signal.SIGINT) is own
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def test_the_default_handler_is_back_after_the_block():
+    with imports_finish_first():
+        assert isinstance(signal.getsignal(signal.SIGINT), HeldInterrupt)
+        with imports_finish_first():  # nested: the outer block's hold goes on
+            assert isinstance(signal.getsignal(signal.SIGINT), HeldInterrupt)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def compiles_under_the_hold() -> bool:
+    """Whether capture runs its compiles under imports_finish_first (the handler a backend sees)."""
+    seen = []
+
+    def backend(gm, example_inputs):
+        seen.append(signal.getsignal(signal.SIGINT))
+        return gm.forward
+
+    torchweld.compile(lambda x: x + 1, backend=backend)(torch.ones(1))
+    return isinstance(seen[0], HeldInterrupt)
+
+
+@pytest.mark.parametrize("delay", [0.1, 0.3, 0.7])
+def test_calls_after_an_interrupted_first_compile_work(tmp_path, delay):
+    """SIGINT at a few moments of a process's first compile (its lazy imports: torch's fake
+    tensors pull in sympy, torch's compiler packages, triton), then the same call and a new
+    compile, which must both work."""
+    if not compiles_under_the_hold():
+        pytest.xfail("capture/convert_frame.translate_frame does not run under "
+                     "torchweld.atomic_imports.imports_finish_first() yet (issue 44, item 6)")
+    outcome = run_interrupted(tmp_path / "cache", delay)
+    assert outcome.ok, outcome.describe()
+    assert "interrupted" in outcome.stdout or "compiled before the interrupt" in outcome.stdout
