@@ -79,7 +79,6 @@ class CompiledModule(torch.nn.Module):
         self.__dict__["_orig_mod"] = module  # not a registered child: keys stay unprefixed
         for shared in ("_parameters", "_buffers", "_modules", "_non_persistent_buffers_set"):
             self.__dict__[shared] = module.__dict__[shared]
-        self.__dict__["training"] = module.training
         self.__dict__["_compiled_forward"] = CompiledFunction(type(module).forward.__get__(module), settings)
 
     def forward(self, *args, **kwargs):
@@ -94,9 +93,17 @@ class CompiledModule(torch.nn.Module):
         except AttributeError:
             return getattr(self.__dict__["_orig_mod"], name)
 
+    @property
+    def training(self) -> bool:  # the original's, which `model.eval()` on it changes too
+        return self._orig_mod.training
+
+    @training.setter
+    def training(self, mode: bool) -> None:
+        if "_orig_mod" in self.__dict__:  # nn.Module.__init__ sets it first: the original's mode stands
+            self._orig_mod.training = mode
+
     def train(self, mode: bool = True) -> "CompiledModule":
         self._orig_mod.train(mode)
-        self.__dict__["training"] = mode
         return self
 
     def __repr__(self) -> str:

@@ -480,3 +480,111 @@ def test_stateless_module_made_in_the_frame_is_new_each_call():
     outs = [compiled(torch.randn(3)) for _ in range(2)]
     assert outs[0][1] is not outs[1][1]
     assert isinstance(outs[0][1], nn.ReLU)
+
+
+def _ddp_train_step_worker(rank: int, world: int, port: int, backend: str, queue) -> None:
+    import os
+
+    import torch.distributed as dist
+
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+        ddp = nn.parallel.DistributedDataParallel(model)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+
+        def step(x):
+            loss = ddp(x).pow(2).sum()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss
+
+        compiled = torchweld.compile(step, backend=backend)
+        torch.manual_seed(rank + 1)  # each rank its own data: only the all-reduce keeps them equal
+        for _ in range(3):
+            compiled(torch.randn(4, 8))
+        flat = torch.cat([p.detach().flatten() for p in model.parameters()])
+        gathered = [torch.zeros_like(flat) for _ in range(world)]
+        dist.all_gather(gathered, flat)
+        if rank == 0:
+            queue.put(float((gathered[0] - gathered[1]).abs().max()))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("backend", ["eager", "weld"])
+def test_a_compiled_train_step_calling_ddp_keeps_the_ranks_equal(backend):
+    """DistributedDataParallel is no graph leaf: its forward prepares the reducer, whose
+    all-reduce keeps every rank's parameters equal (issue 43, item 15)."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    context = mp.get_context("spawn")
+    queue = context.Queue()
+    workers = [context.Process(target=_ddp_train_step_worker, args=(r, 2, port, backend, queue)) for r in range(2)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(timeout=240)
+    assert all(w.exitcode == 0 for w in workers)
+    assert queue.get(timeout=10) == 0.0
+
+
+SCORES = {"a": 3, "b": 1, "c": 2}
+
+
+def score(name):
+    return SCORES[name]
+
+
+def test_sorted_with_a_global_key_function_reads_the_global_each_call():
+    def fn(x, names):
+        order = sorted(names, key=score)  # the frame reads SCORES only through score()
+        return x * len(order), order, min(names, key=score), max(names, key=score)
+
+    def change(i):
+        SCORES["a"] = 10 if i % 2 else -1
+
+    try:
+        run_both(fn, [(torch.randn(2), ["a", "b", "c"]) for _ in range(4)], change)
+    finally:
+        SCORES["a"] = 3
+
+
+def test_a_global_that_later_shadows_a_builtin():
+    def fn(x):
+        return x * len([1, 2])
+
+    compiled = torchweld.compile(fn, backend="eager")
+    x = torch.randn(2)
+    torch.testing.assert_close(compiled(x), x * 2)
+    globals()["len"] = lambda seq: 10
+    try:
+        torch.testing.assert_close(compiled(x), fn(x))
+    finally:
+        del globals()["len"]
+    torch.testing.assert_close(compiled(x), x * 2)
+
+
+def test_attribute_of_a_module_imported_in_the_frame():
+    import tests.capture.helpers as helpers
+
+    def fn(x):
+        import tests.capture.helpers as h
+
+        return x * h.OP_KINDS.__len__() * getattr(h, "SCALE_FOR_TEST", 1)
+
+    def change(i):
+        helpers.SCALE_FOR_TEST = i
+
+    try:
+        run_both(fn, tensors(), change)
+    finally:
+        del helpers.SCALE_FOR_TEST

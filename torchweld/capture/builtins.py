@@ -12,6 +12,7 @@ import torch
 
 from torchweld.capture import operators
 from torchweld.capture.objects import ClassValue, NNModuleValue
+from torchweld.capture.reconstruct import same_object_every_call
 from torchweld.capture.sources import Source
 from torchweld.capture.values import (
     ConstantValue, DictValue, IteratorValue, LazyIteratorValue, ListValue, SetValue, TensorValue, TupleValue, Value,
@@ -73,6 +74,12 @@ class BuiltinValue(Value):
 def _fold_call(fn: object, args: list[Value], kwargs: dict[str, Value]) -> Value:
     if any(isinstance(a, TensorValue) for a in [*args, *kwargs.values()]):
         raise Unsupported(f"{fn.__module__}.{fn.__name__} of a tensor needs its value")
+    if any(_is_python_callable(a) for a in [*args, *kwargs.values()]):  # it would run unguarded at capture
+        raise Unsupported(f"{getattr(fn, '__name__', fn)}() calling a Python function is not folded at capture time")
+    for a in [*args, *kwargs.values()]:  # `str(module)`: an answer from state no guard covers
+        real = a.real_object()
+        if real is not None and not same_object_every_call(real):
+            raise Unsupported(f"{getattr(fn, '__name__', fn)}() of a {type(real).__name__} object is not folded at capture time")
     a = [v.as_constant() for v in args]
     k = {n: v.as_constant() for n, v in kwargs.items()}
     try:
@@ -246,22 +253,56 @@ def _dict(tx, *args: Value, **kwargs: Value) -> Value:
     return DictValue(entries)
 
 
+def _is_python_callable(value: Value) -> bool:
+    from torchweld.capture.callables import (
+        BoundMethodValue, CachedFunctionValue, NestedFunctionValue, PartialValue, UserFunctionValue,
+    )
+
+    return isinstance(value, (UserFunctionValue, NestedFunctionValue, BoundMethodValue, PartialValue, CachedFunctionValue))
+
+
+def _keyed(tx, items: list[Value], key: Value) -> list[tuple[object, Value]]:
+    """(key(item), item) for each item, the key function inlined: what it reads is guarded."""
+    if key.is_constant() and key.as_constant() is None:
+        return [(item.as_constant(), item) for item in items]
+    keyed = []
+    for item in items:
+        k = key.call(tx, [item], {})
+        if isinstance(k, TensorValue):
+            raise Unsupported("a sort key that is a tensor compares tensor values")
+        keyed.append((k.as_constant(), item))
+    return keyed
+
+
 @rule(sorted)
-def _sorted(tx, iterable: Value, **kwargs: Value) -> Value:
-    return _fold_call(sorted, [iterable], kwargs)
+def _sorted(tx, iterable: Value, key: Value = ConstantValue(None), reverse: Value = ConstantValue(False)) -> Value:
+    keyed = _keyed(tx, iterable.items(tx), key)
+    try:  # sorted is stable, reverse=True too: sort the (key, position) pairs, not the items
+        order = sorted(range(len(keyed)), key=lambda i: keyed[i][0], reverse=reverse.as_constant())
+    except TypeError as e:
+        raise Unsupported(f"sorted() raised TypeError: {e} at capture time") from None
+    return ListValue([keyed[i][1] for i in order])
 
 
 def _min_max(fn):
-    def impl(tx, *args: Value, **kwargs: Value) -> Value:
+    def impl(tx, *args: Value, key: Value = ConstantValue(None), **kwargs: Value) -> Value:
         if any(isinstance(a, TensorValue) for a in args):
-            if len(args) == 2 and not kwargs:
+            if len(args) == 2 and not kwargs and key.is_constant() and key.as_constant() is None:
                 target = torch.maximum if fn is max else torch.minimum
                 if all(isinstance(a, TensorValue) for a in args):
                     return tx.output.call_function(target, list(args), {})
             raise Unsupported(f"{fn.__name__}() of tensors needs their values")
-        if len(args) == 1:
-            return _fold_call(fn, [TupleValue(args[0].items(tx))], kwargs)
-        return _fold_call(fn, list(args), kwargs)
+        items = args[0].items(tx) if len(args) == 1 else list(args)
+        if not items:
+            if "default" in kwargs:
+                return kwargs["default"]
+            raise Unsupported(f"{fn.__name__}() of an empty sequence (the eager call raises ValueError)")
+        keyed = _keyed(tx, items, key)
+        try:
+            best = fn(range(len(keyed)), key=lambda i: keyed[i][0])  # the first of equals, as Python picks
+        except TypeError as e:
+            raise Unsupported(f"{fn.__name__}() raised TypeError: {e} at capture time") from None
+        return keyed[best][1]
     return impl
 
 

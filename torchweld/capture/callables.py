@@ -134,6 +134,8 @@ _TORCH_NOT_IN_GRAPH = {
     "manual_seed", "seed", "initial_seed", "save", "load", "use_deterministic_algorithms", "get_rng_state",
     "set_rng_state", "compile", "backward", "register_hook", "item", "tolist", "numpy", "data_ptr",
     "synchronize", "record_stream", "retain_grad", "untyped_storage", "storage", "is_grad_enabled",
+    # a tensor's state that its guard does not check: asked of the real tensor, at a break
+    "storage_offset", "is_inference", "is_conj", "is_neg", "is_pinned", "is_shared", "output_nr",
 }
 
 

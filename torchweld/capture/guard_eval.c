@@ -67,11 +67,11 @@ static const char *NODE_NAMES[] = {"arg", "const", "attr", "item", "module_entry
 
 enum CheckKind {
     CHECK_ID, CHECK_TYPE, CHECK_IS, CHECK_EQUALS, CHECK_LEN, CHECK_DICT_KEYS,
-    CHECK_SAME, CHECK_HASATTR, CHECK_TENSOR, CHECK_CALL_IS, CHECK_PYTHON, CHECK_INSTANCE_DICT
+    CHECK_SAME, CHECK_HASATTR, CHECK_TENSOR, CHECK_CALL_IS, CHECK_PYTHON, CHECK_INSTANCE_DICT, CHECK_LACKS
 };
 static const char *CHECK_NAMES[] = {
     "id", "type", "is", "equals", "len", "dict_keys", "same", "hasattr", "tensor", "call_is", "python",
-    "instance_dict", NULL
+    "instance_dict", "lacks", NULL
 };
 
 /* How a type reads attributes (see read_strategy). */
@@ -440,6 +440,10 @@ static int run_check(Evaluator *ev, PyObject **slots, PyObject *const *args, Che
     }
     case CHECK_TENSOR: return check_tensor(v, c->op);
     case CHECK_INSTANCE_DICT: return check_instance_dict(v, c->op);
+    case CHECK_LACKS: { /* key not in v (a globals dict, which a builtin's name must not shadow) */
+        int has = PySequence_Contains(v, c->op[0]);
+        return has < 0 ? -1 : !has;
+    }
     }
     PyErr_SetString(PyExc_SystemError, "guard_eval: unknown check kind");
     return -1;
@@ -563,7 +567,7 @@ static int parse_node(Evaluator *ev, PyObject *spec, Py_ssize_t index, Node *n) 
 }
 
 /* The number of operands each check kind takes. */
-static const int CHECK_ARITY[] = {1, 1, 1, 2, 2, 1, 0, 2, 6, 2, 1, 2};
+static const int CHECK_ARITY[] = {1, 1, 1, 2, 2, 1, 0, 2, 6, 2, 1, 2, 1};
 
 /* One (kind, node, second, operands) tuple. */
 static int parse_check(Evaluator *ev, PyObject *spec, Check *c) {

@@ -22,6 +22,7 @@ from torchweld.capture import guard_extension
 from torchweld.capture.guards import Guard, GuardSet
 from torchweld.capture.sources import (
     AttrSource, BuiltinMethodCallSource, BuiltinSource, ClosureSource, ConstantSource, DefaultSource, GlobalSource,
+    GlobalsSource,
     ItemSource, LocalSource, ModuleEntrySource, ModuleGlobalSource, ObjectKeySource, Source,
 )
 
@@ -158,6 +159,13 @@ def held_constant(p: GuardProgram, s: ConstantSource) -> int:
     return p.add_node("const", p.namespace[s.constant])
 
 
+@reads(GlobalsSource)
+def globals_dict(p: GuardProgram, s: GlobalsSource) -> int:
+    if s.module is None:
+        return p.root("___G")
+    return p.add_node("attr", "__dict__", p.add_node("item", s.module, p.root("___modules")))
+
+
 @reads(ModuleGlobalSource)
 def module_global(p: GuardProgram, s: ModuleGlobalSource) -> int:
     module = p.add_node("item", s.module, p.root("___modules"))
@@ -242,7 +250,8 @@ def call_is(p: GuardProgram, g: Guard) -> tuple:
 
 
 CHECK_RULES: dict[str, CheckRule] = {
-    **{kind: check_of_source for kind in ("id", "type", "is", "equals", "len", "dict_keys", "tensor", "instance_dict")},
+    **{kind: check_of_source for kind in ("id", "type", "is", "equals", "len", "dict_keys", "tensor", "instance_dict",
+                                          "lacks")},
     "same": same_object,
     "hasattr": has_attribute,
     "call_is": call_is,

@@ -20,7 +20,7 @@ class Guard:
     guard evaluator: tensor (type, dtype, device, shape, stride or None, requires_grad),
     id (id,), type (cls,), is (obj,), equals (cls, value), len (cls, n), dict_keys (keys,),
     same (first_source,), hasattr (attr, present), call_is (fn, result) with no source,
-    instance_dict (names of empty containers, names absent) on the object's own __dict__;
+    instance_dict (names of empty containers, names absent) on the object's own __dict__, lacks (key,);
     python (): only `expr` says it."""
 
     text: str  # readable: "L['x']: Tensor(dtype=float32, shape=(4,), ...)"
@@ -146,6 +146,11 @@ class GuardSet:
         text = f"type({source.name()}) is dict and list({source.name()}) == {keys!r}"
         self._add((source.name(), "keys"), text, f"type({e}) is dict and list({e}) == {self.name_constant(keys)}", source,
                   "dict_keys", (keys,))
+
+    def lacks(self, source: Source, key: object) -> None:
+        """`key not in source`: a global name that would shadow the builtin the graph used."""
+        text = f"{key!r} not in {source.name()}"
+        self._add((source.name(), f"lacks {key!r}"), text, f"{key!r} not in {source.expr()}", source, "lacks", (key,))
 
     def same_object(self, source: Source, first: Source) -> None:
         text = f"{source.name()} is {first.name()}"

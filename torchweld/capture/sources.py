@@ -59,6 +59,19 @@ class GlobalSource(Source):
 
 
 @dataclasses.dataclass(frozen=True)
+class GlobalsSource(Source):
+    """The globals dict itself: of the compiled frame (module None) or of another module."""
+
+    module: str | None = None
+
+    def name(self) -> str:
+        return "G" if self.module is None else f"G[{self.module!r}]"
+
+    def expr(self) -> str:
+        return "___G" if self.module is None else f"___modules[{self.module!r}].__dict__"
+
+
+@dataclasses.dataclass(frozen=True)
 class EnvironSource(Source):
     """`os.environ.get(key)`: the variable's value, or None where it is not set."""
 

@@ -15,7 +15,7 @@ import sys
 import types
 
 from torchweld.capture.output_graph import OutputGraph
-from torchweld.capture.sources import BuiltinSource, GlobalSource, ModuleGlobalSource, Source
+from torchweld.capture.sources import BuiltinSource, GlobalSource, GlobalsSource, ModuleGlobalSource, Source
 from torchweld.capture.values import CellValue, Value
 from torchweld.errors import Unsupported, UserLocation
 
@@ -149,6 +149,9 @@ class Translator:
         if name in self.f_globals:
             return wrap(self, self.f_globals[name], self._global_source(name))
         if name in self.f_builtins:
+            # builtins are trusted not to change, but a global of that name defined later hides them
+            module = None if self.f_globals is self.output.root_globals else self.f_globals.get("__name__")
+            self.output.guards.lacks(GlobalsSource(module), name)
             return wrap(self, self.f_builtins[name], BuiltinSource(name), guard=False)
         raise Unsupported(f"name {name!r} is not defined")
 

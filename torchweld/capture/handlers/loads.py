@@ -177,7 +177,7 @@ def import_name(tx, inst):
     module = sys.modules[name]
     if not fromlist:
         module = sys.modules[name.partition(".")[0]]
-    tx.push(PythonModuleValue(module))
+    tx.push(PythonModuleValue(module, tx.output.guards.source_of(module)))  # its attributes read (and guarded) anew
 
 
 @handles("IMPORT_FROM")
