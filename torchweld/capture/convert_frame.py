@@ -16,6 +16,7 @@ from typing import Callable
 import torch
 
 from torchweld import config, gc_pause, logs, timing
+from torchweld.atomic_imports import imports_finish_first
 from torchweld.capture import guard_extension
 from torchweld.capture.cache import CacheEntry, build_entry, signature_of
 from torchweld.capture.inline import RealCellValue
@@ -58,8 +59,8 @@ def translate_frame(fn: types.FunctionType, args: tuple, kwargs: dict, settings:
     if settings.warm_up is not None:
         settings.warm_up(args, kwargs)
     before = timing.snapshot()
-    try:
-        with timing.phase("capture"), gc_pause.paused():
+    try:  # a Ctrl-C during one of the first compile's lazy imports waits for that import to finish
+        with imports_finish_first(), timing.phase("capture"), gc_pause.paused():
             return _translate_frame(fn, args, kwargs, settings)
     finally:
         timing.log_frame(fn.__code__.co_qualname, before)
