@@ -85,8 +85,8 @@ def test_the_default_handler_is_back_after_the_block():
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
-def compiles_under_the_hold() -> bool:
-    """Whether capture runs its compiles under imports_finish_first (the handler a backend sees)."""
+def test_capture_compiles_under_the_hold():
+    """translate_frame runs under imports_finish_first: a backend sees its handler."""
     seen = []
 
     def backend(gm, example_inputs):
@@ -94,7 +94,8 @@ def compiles_under_the_hold() -> bool:
         return gm.forward
 
     torchweld.compile(lambda x: x + 1, backend=backend)(torch.ones(1))
-    return isinstance(seen[0], HeldInterrupt)
+    assert isinstance(seen[0], HeldInterrupt)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
 @pytest.mark.parametrize("delay", [0.1, 0.3, 0.7])
@@ -102,9 +103,6 @@ def test_calls_after_an_interrupted_first_compile_work(tmp_path, delay):
     """SIGINT at a few moments of a process's first compile (its lazy imports: torch's fake
     tensors pull in sympy, torch's compiler packages, triton), then the same call and a new
     compile, which must both work."""
-    if not compiles_under_the_hold():
-        pytest.xfail("capture/convert_frame.translate_frame does not run under "
-                     "torchweld.atomic_imports.imports_finish_first() yet (issue 44, item 6)")
     outcome = run_interrupted(tmp_path / "cache", delay)
     assert outcome.ok, outcome.describe()
     assert "interrupted" in outcome.stdout or "compiled before the interrupt" in outcome.stdout

@@ -1,0 +1,132 @@
+"""How a torchweld program ends when its disk cache is damaged, when it is interrupted
+during its first compile, and when several processes fill one empty cache: each
+scenario of tests/reliability.py run in processes of its own, one row each.
+
+    .venv/bin/python bench/reliability.py [--record results.jsonl] [--delays 0.1,0.3,0.7,1.2]
+
+A row says whether the run after the damage (or the interrupt) gave correct results,
+how its process ended (a signal name is a crash), and torchweld's warnings. With
+--record, the rows are appended as one JSON line with the commit, host, versions and
+command. Exit status 1 if any scenario did not end well.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout: tests.reliability
+from tests.reliability import (  # noqa: E402
+    DAMAGES, Outcome, environment, read_only, run_concurrently, run_interrupted, run_program, unwritable_home)
+
+
+def damage_rows(work: Path) -> list[dict]:
+    filled = work / "filled"
+    outcome = run_program(filled, "first")
+    rows = [row("fill an empty cache", outcome, expected_warnings=0)]
+    for name, damage in DAMAGES.items():
+        cache = work / name.replace(" ", "_")
+        shutil.copytree(filled, cache)
+        damage.apply(cache)
+        rows.append(row(name, run_program(cache, "first"), expected_warnings=damage.entries))
+    return rows
+
+
+def directory_rows(work: Path) -> list[dict]:
+    rows = [row("cache deleted while running", run_program(work / "deleted", "delete"), expected_warnings=1)]
+    cache = work / "read_only"
+    run_program(cache, "first")
+    with read_only(cache) as prefix:
+        if prefix is not None:
+            rows.append(row("read-only cache, new kernel needed", run_program(cache, prefix=prefix),
+                            expected_warnings=1))
+    home = unwritable_home()
+    try:
+        rows.append(row("unwritable HOME, no TORCHWELD_CACHE_DIR",
+                        run_program(None, env=environment(None, HOME=str(home)), cwd=work), expected_warnings=1))
+    finally:
+        home.unlink()
+    (work / "home").mkdir()
+    rows.append(row('TORCHWELD_CACHE_DIR=""', run_program("", env=environment("", HOME=str(work / "home"))),
+                    expected_warnings=0))
+    if os.geteuid() == 0:  # another user's cache: root can hand one to nobody
+        import pwd
+
+        cache = work / "other_user"
+        run_program(cache, "first")
+        for path in [cache, *cache.rglob("*")]:
+            os.chown(path, pwd.getpwnam("nobody").pw_uid, -1)
+        rows.append(row("another user's cache", run_program(cache), expected_warnings=1))
+    return rows
+
+
+def interrupt_rows(work: Path, delays: list[float]) -> list[dict]:
+    rows = []
+    for delay in delays:
+        outcome = run_interrupted(work / f"interrupt_{delay}", delay)
+        when = "during compile" if "interrupted" in outcome.stdout else "after compile"
+        rows.append(row(f"SIGINT at {delay:.2f} s ({when})", outcome, expected_warnings=0))
+    return rows
+
+
+def concurrency_rows(work: Path, processes: int) -> list[dict]:
+    outcomes = run_concurrently(work / "concurrent", processes)
+    worst = next((o for o in outcomes if not o.ok or o.warnings), outcomes[0])
+    return [row(f"{processes} processes, one empty cache", worst, expected_warnings=0,
+                seconds=max(o.seconds for o in outcomes))]
+
+
+def row(scenario: str, outcome: Outcome, expected_warnings: int, seconds: float | None = None) -> dict:
+    return {"scenario": scenario, "correct": outcome.ok, "ended": outcome.signal_name or f"exit {outcome.returncode}",
+            "warnings": len(outcome.warnings), "expected_warnings": expected_warnings,
+            "seconds": round(outcome.seconds if seconds is None else seconds, 2),
+            "first_warning": outcome.warnings[0][:160] if outcome.warnings else "",
+            "error": "" if outcome.ok else outcome.stderr.strip().splitlines()[-1][:160] if outcome.stderr.strip() else ""}
+
+
+def print_table(rows: list[dict]) -> None:
+    print(f"{'scenario':42} {'correct':8} {'ended':8} {'warnings':9} {'s':>6}  first warning / error")
+    for r in rows:
+        warnings = f"{r['warnings']}/{r['expected_warnings']}"
+        print(f"{r['scenario']:42} {str(r['correct']):8} {r['ended']:8} {warnings:9} {r['seconds']:6.2f}  "
+              f"{r['error'] or r['first_warning']}")
+
+
+def record(path: str, rows: list[dict]) -> None:
+    import torch
+
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                            cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
+    entry = {"bench": "reliability", "commit": commit, "host": platform.node(), "cpu": platform.processor(),
+             "cores": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
+             "command": " ".join(sys.argv), "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "rows": rows}
+    with open(path, "a") as f:
+        f.write(json.dumps(entry) + "\n")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--record", help="append the rows as one JSON line to this file")
+    parser.add_argument("--delays", default="0.1,0.3,0.7,1.2", help="seconds into the first call to send SIGINT")
+    parser.add_argument("--processes", type=int, default=4, help="processes filling one empty cache at once")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="torchweld-reliability-") as work:
+        work = Path(work)
+        rows = (damage_rows(work) + directory_rows(work)
+                + interrupt_rows(work, [float(d) for d in args.delays.split(",")])
+                + concurrency_rows(work, args.processes))
+    print_table(rows)
+    if args.record:
+        record(args.record, rows)
+    return 0 if all(r["correct"] and r["warnings"] == r["expected_warnings"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
