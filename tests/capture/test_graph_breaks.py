@@ -479,3 +479,23 @@ def test_backend_running_the_graph_at_compile_time_leaves_grad_mode_alone(capsys
     x, w = torch.randn(3), torch.randn(3, requires_grad=True)
     assert_same(compiled(x, w), break_in_no_grad(x, w))
     assert torch.is_grad_enabled()
+
+
+def _mismatched_matmul(x, w):
+    y = x.relu()
+    return y @ w  # the line the error names
+
+
+def test_a_shape_error_names_the_users_line_and_logs_nothing(caplog):
+    """The shape error eager raises at `y @ w` is raised there by compiled code too (the break
+    runs the instruction natively), with the user's file and line, and torch's fake-tensor
+    log of the failing meta function is not printed (issue 44, item 9)."""
+    import traceback
+
+    compiled = torchweld.compile(_mismatched_matmul)
+    with caplog.at_level(logging.DEBUG), pytest.raises(RuntimeError, match="cannot be multiplied") as info:
+        compiled(torch.randn(2, 3), torch.randn(4, 5))
+    last = traceback.extract_tb(info.value.__traceback__)[-1]
+    assert (last.filename, last.name) == (__file__, "_mismatched_matmul")
+    assert last.line == "return y @ w  # the line the error names"
+    assert not [r for r in caplog.records if r.name.startswith("torch._subclasses")]

@@ -9,9 +9,11 @@ the order they were made.
 """
 from __future__ import annotations
 
+import ast
 import builtins
 import dataclasses
 import inspect
+import linecache
 import sys
 import types
 from typing import Callable
@@ -119,9 +121,20 @@ def _compile_check(signature: str, guard_expr: str, namespace: dict) -> Callable
     return namespace.pop("___check")
 
 
-def build_entry(fn: types.FunctionType, guards: GuardSet, body: list[str], constants: dict[str, object],
+@dataclasses.dataclass(frozen=True)
+class UserLine:
+    """A statement of an entry that runs the user's own code natively (the instruction at a
+    graph break): a traceback through it names the user's file and line, as eager's would."""
+
+    text: str
+    lineno: int
+
+
+def build_entry(fn: types.FunctionType, guards: GuardSet, body: list[str | UserLine], constants: dict[str, object],
                 report: TranslationReport) -> CacheEntry:
-    """Generate the entry function: `body` runs once the guards hold."""
+    """Generate the entry function: `body` runs once the guards hold. The entry's code carries
+    the user's file name, its UserLine statements their lines, every other statement the line
+    of the function's `def`: an error a break's native code raises points at the user's line."""
     signature, _ = signature_of(fn.__code__)
     namespace = {
         "___G": fn.__globals__, "___B": vars(builtins), "___closure": fn.__closure__,
@@ -135,13 +148,34 @@ def build_entry(fn: types.FunctionType, guards: GuardSet, body: list[str], const
         "            return ___MISS",
         "    except Exception:",
         "        return ___MISS",
-        *(f"    {line}" for line in body),
+        *(f"    {getattr(line, 'text', line)}" for line in body),
     ]
     source = "\n".join(lines) + "\n"
-    exec(compile(source, f"<torchweld entry for {fn.__qualname__}>", "exec"), namespace)
+    first_body_line = len(lines) - len(body) + 1
+    user_lines = {first_body_line + i: line.lineno for i, line in enumerate(body) if isinstance(line, UserLine)}
+    exec(_compile_at_user_lines(source, fn.__code__, user_lines), namespace)
     run = namespace.pop("___entry")
+    run.__code__ = run.__code__.replace(co_name=fn.__code__.co_name, co_qualname=fn.__code__.co_qualname)
     check = _compile_check(signature, guard_test, namespace)
     for f in (run, check):
         f.__defaults__ = fn.__defaults__
         f.__kwdefaults__ = fn.__kwdefaults__
     return CacheEntry(run, check, guards, report, source, signature, namespace)
+
+
+def _compile_at_user_lines(source: str, code: types.CodeType, user_lines: dict[int, int]) -> types.CodeType:
+    """`source` compiled as part of `code`'s file: line `n` of it at `user_lines[n]` (the
+    whole line, so a traceback underlines nothing), any other at the function's first line."""
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if getattr(node, "lineno", None) is None:
+            continue
+        lineno = user_lines.get(node.lineno)
+        if lineno is None:
+            node.lineno = node.end_lineno = code.co_firstlineno
+            node.col_offset = node.end_col_offset = 0
+            continue
+        text = linecache.getline(code.co_filename, lineno)
+        node.lineno = node.end_lineno = lineno
+        node.col_offset, node.end_col_offset = len(text) - len(text.lstrip()), len(text.rstrip())
+    return compile(tree, code.co_filename, "exec")

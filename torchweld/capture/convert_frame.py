@@ -18,9 +18,9 @@ import torch
 from torchweld import config, gc_pause, logs, timing
 from torchweld.atomic_imports import imports_finish_first
 from torchweld.capture import guard_extension
-from torchweld.capture.cache import CacheEntry, build_entry, signature_of
+from torchweld.capture.cache import CacheEntry, UserLine, build_entry, signature_of
 from torchweld.capture.inline import RealCellValue
-from torchweld.capture.output_graph import OutputGraph
+from torchweld.capture.output_graph import OutputGraph, fake_errors_unlogged
 from torchweld.capture.reconstruct import Reconstructor
 from torchweld.capture.report import BreakReason, TranslationReport, publish
 from torchweld.capture.sources import ClosureSource, shared_reads
@@ -60,7 +60,7 @@ def translate_frame(fn: types.FunctionType, args: tuple, kwargs: dict, settings:
         settings.warm_up(args, kwargs)
     before = timing.snapshot()
     try:  # a Ctrl-C during one of the first compile's lazy imports waits for that import to finish
-        with imports_finish_first(), timing.phase("capture"), gc_pause.paused():
+        with imports_finish_first(), timing.phase("capture"), gc_pause.paused(), fake_errors_unlogged():
             return _translate_frame(fn, args, kwargs, settings)
     finally:
         timing.log_frame(fn.__code__.co_qualname, before)
@@ -140,7 +140,9 @@ def _break_entry(fn, tx: Translator, failure: Unsupported, settings: CompileSett
     grad_restore = []  # contexts re-entered above set the mode; a bare set_grad_enabled() call did not
     if tx.output.grad_mode_changed:
         grad_restore.append(f"{rebuild.const(torch._C._set_grad_enabled)}({tx.output.grad_enabled})")
-    body = ["___reason.count += 1", *rebuild.lines, *replay, *grad_restore, *statements]
+    # the break's own statements run the user's instruction: errors there name the user's line
+    native = [UserLine(statement, call_site.lineno) for statement in statements]
+    body = ["___reason.count += 1", *rebuild.lines, *replay, *grad_restore, *native]
     return _graph_entry(fn, tx, rebuild, body, settings, start, reason)
 
 

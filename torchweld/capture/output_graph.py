@@ -4,8 +4,10 @@ fake-tensor example value, and the guards the translation collected."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import operator
 import re
+import threading
 from typing import Callable
 
 import torch
@@ -271,6 +273,31 @@ class OutputGraph:
                 self.graph.erase_node(node)
         gm = torch.fx.GraphModule(self.root, self.graph)
         return gm, [real for _, real in kept], [source for source, _ in kept]
+
+
+class _OtherThreads(logging.Filter):
+    """Passes the records of every thread but the one that made it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.thread = threading.get_ident()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.thread != self.thread
+
+
+@contextlib.contextmanager
+def fake_errors_unlogged():
+    """Within the block, this thread's fake-tensor runs log nothing: torch logs each meta
+    function that raises with its whole traceback, and capture turns such an error (a shape
+    mismatch in the user's `x @ w`) into the user's own error, raised at their line."""
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    quiet = _OtherThreads()
+    logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        logger.removeFilter(quiet)
 
 
 def _describe(target: object) -> str:
