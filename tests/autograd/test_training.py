@@ -674,3 +674,25 @@ def test_replaced_parameter_is_trained_through_a_compiled_graph():
     model(x).sum().backward()  # eager's gradients for the replaced weight and the rest
     for g, p in zip(grads, model.parameters()):
         torch.testing.assert_close(g, p.grad)
+
+
+def test_outputs_that_view_an_input_written_in_place_stay_views_of_it():
+    """`x.add_(1); return x.t()`: the functional graph computes the output from x's new value;
+    eager's output shares x's memory, and so must the compiled one's once x is written."""
+    import torchweld
+
+    def fn(x, w):
+        x.add_(1)
+        return (x * w).sum(), x.t(), x
+
+    compiled = torchweld.compile(fn)
+    for call in range(3):
+        x, w = torch.arange(6.0).reshape(2, 3) + call, torch.randn(3, requires_grad=True)
+        x_eager, w_eager = x.clone(), w.detach().clone().requires_grad_()
+        total, transposed, same = compiled(x, w)
+        eager_total, eager_transposed, _ = fn(x_eager, w_eager)
+        total.backward()
+        eager_total.backward()
+        torch.testing.assert_close((total, transposed, x, w.grad), (eager_total, eager_transposed, x_eager, w_eager.grad))
+        assert transposed.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+        assert transposed.stride() == eager_transposed.stride() and same.data_ptr() == x.data_ptr()

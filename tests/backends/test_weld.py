@@ -163,3 +163,29 @@ def test_symbolic_sizes_in_node_metas_are_found():
     next(iter(gm.graph.nodes)).meta["example_value"] = torch.empty(size, device="meta")
     assert why_declined(gm, [torch.ones(5)])[0] is Decline.SYMBOLIC_SIZES
     assert why_declined(torch.fx.symbolic_trace(lambda x: x.sum()), [size, fake])[0] is Decline.SYMBOLIC_SIZES
+
+
+def test_batch_norm_statistics_are_updated_behind_a_reshape():
+    """A training-mode BatchNorm1d(1) over `(x * 1.0).reshape(-1, 1)`: its running
+    statistics (get_attr constants of the graph) were never written back."""
+    import torchweld
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.bn = nn.BatchNorm1d(1)
+            self.seq = nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3))
+
+        def forward(self, x):
+            acc = x * 1.0
+            return self.bn(acc.reshape(-1, 1)), self.seq(x.reshape(-1, 3))
+
+    model, reference = Model(), Model()
+    reference.load_state_dict(model.state_dict())
+    compiled = torchweld.compile(model)
+    with torch.no_grad():
+        for call in range(3):
+            x = torch.randn(12) + call
+            torch.testing.assert_close(compiled(x), reference(x))
+            for (name, mine), theirs in zip(model.state_dict().items(), reference.state_dict().values()):
+                torch.testing.assert_close(mine, theirs, msg=name)

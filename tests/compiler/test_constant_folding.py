@@ -1,4 +1,6 @@
 """Hoisting constant-only work out of a graph (compiler/constant_folding.py)."""
+import copy
+
 import torch
 import torch.nn as nn
 
@@ -44,3 +46,27 @@ def test_graph_without_constant_work_is_unchanged():
     aten = to_aten_graph(torch.fx.symbolic_trace(ViewsOnly()), [torch.randn(2, 4)])
     gm, hoisted = hoist_constants(aten.gm)
     assert hoisted is None and gm is aten.gm  # the weight's transpose is a view: nothing to hoist
+
+
+def test_a_buffer_the_graph_writes_in_place_is_not_a_constant():
+    """`c.add_(1); return x + c * 2`: c * 2 read the value from before the write."""
+    from torchweld.backends import lookup_backend
+
+    aten = torch.ops.aten
+    holder = nn.Module()
+    holder.register_buffer("c", torch.ones(3))
+    graph = torch.fx.Graph()
+    x, c = graph.placeholder("x"), graph.get_attr("c")
+    graph.call_function(aten.add_.Tensor, (c, 1))
+    doubled = graph.call_function(aten.mul.Tensor, (c, 2))
+    graph.output(graph.call_function(aten.add.Tensor, (x, doubled)))
+    gm = torch.fx.GraphModule(holder, graph)
+    eager_holder = nn.Module()
+    eager_holder.register_buffer("c", torch.ones(3))
+    eager = torch.fx.GraphModule(eager_holder, copy.deepcopy(graph))
+    x = torch.randn(2, 3)
+    with torch.no_grad():
+        compiled = lookup_backend("weld", options={"freeze": True})(gm, [x])
+        for _ in range(3):
+            torch.testing.assert_close(compiled(x), eager(x))
+            torch.testing.assert_close(holder.c, eager.c)

@@ -149,6 +149,10 @@ class JointGraph:
     resident_primals: frozenset = frozenset()
     # outputs that are views of a primal (`x.view(-1)`), as the trace found them
     input_view_outputs: frozenset = frozenset()
+    # output -> (primal, its sizes, strides and storage offset in the primal's memory) for the
+    # outputs that view (or are) a primal the graph writes in place: the functional graph
+    # computes them from the new value, and they go out as views of the primal once written
+    written_primal_views: dict = dataclasses.field(default_factory=dict)
 
     @property
     def num_tangents(self) -> int:
@@ -183,6 +187,7 @@ def trace_joint(gm: torch.fx.GraphModule, state: list[ModuleState], primals: lis
         prim_ids = {id(p) for p in prims}
         input_views = frozenset(i for i, o in enumerate(flat_out)
                                 if isinstance(o, torch.Tensor) and o._is_view() and id(o._base) in prim_ids)
+        aliases = {i: found for i, o in enumerate(flat_out) if (found := _primal_alias(o, prims)) is not None}
         # one tangent input per output that needs a gradient, after the primals
         tangents = [recorder.placeholder(torch.empty(flat_out[i].shape, dtype=flat_out[i].dtype,
                                                      device=flat_out[i].device)) for i in diff_outputs]
@@ -201,5 +206,18 @@ def trace_joint(gm: torch.fx.GraphModule, state: list[ModuleState], primals: lis
     output.args = ([*outs, *new_values, *grads],)
     fn.gm.recompile()
     resident = frozenset(i for i, p in enumerate(primals) if i < n_state or isinstance(p, torch.nn.Parameter))
+    written = {i: alias for i, alias in aliases.items() if alias[0] in fn.mutated_placeholders}
     return JointGraph(fn.gm, len(primals), k, out_spec, diff_outputs, fn.mutated_placeholders, grad_primals,
-                      resident, input_views)
+                      resident, input_views, written)
+
+
+def _primal_alias(out: object, prims: list) -> tuple[int, tuple, tuple, int] | None:
+    """(primal index, sizes, strides, storage offset less the primal's) where the traced
+    output `out` is a primal or a view of one; else None."""
+    if not isinstance(out, torch.Tensor):
+        return None
+    base = out._base if out._is_view() else out
+    for j, p in enumerate(prims):
+        if p is base:
+            return j, tuple(out.shape), tuple(out.stride()), out.storage_offset() - p.storage_offset()
+    return None

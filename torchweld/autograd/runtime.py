@@ -38,6 +38,7 @@ class TrainingGraph:
     # that the recording counts as busy until the backward has let go of them
     forward_lends: bool = False
     input_view_outputs: frozenset = frozenset()  # outputs that view a primal (JointGraph's)
+    written_primal_views: dict = dataclasses.field(default_factory=dict)  # JointGraph's
 
     def __post_init__(self) -> None:
         # worked out once, not per call: which saved values are primals that the write-back
@@ -66,10 +67,12 @@ class CompiledFunction(torch.autograd.Function):
             saved = [s.clone() if clone else s for s, clone in zip(saved, graph.saved_clones)]
             # a multi-tensor kernel per dtype, not a copy per buffer (batch norm's statistics)
             graph.write_back([primals[i] for i in graph.mutated_primals], new_values)
+            for i, (j, size, stride, offset) in graph.written_primal_views.items():
+                outputs[i] = primals[j].as_strided(size, stride, primals[j].storage_offset() + offset)
         ctx.graph = graph
         ctx.leased = lease is not None
         ctx.save_for_backward(*saved, *([lease] if ctx.leased else []))
-        _unview_intermediates(outputs, graph.input_view_outputs)
+        _unview_intermediates(outputs, graph.input_view_outputs | graph.written_primal_views.keys())
         for i in graph.non_diff_outputs:
             if isinstance(outputs[i], torch.Tensor) and outputs[i].requires_grad:
                 # a view of an input that requires grad (`t.view(-1).detach()`, made a view of

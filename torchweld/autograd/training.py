@@ -102,7 +102,8 @@ def compile_training(gm: torch.fx.GraphModule, example_inputs: list, options: di
     write_back = WriteBack([primals[i].dtype for i in joint.mutated_primals])
     graph = TrainingGraph(forward, compile_backward, joint.num_outputs, joint.out_spec, joint.diff_outputs,
                           joint.mutated_primals, joint.grad_primals, part.saved, write_back,
-                          forward_lends=cudagraphs is not None, input_view_outputs=joint.input_view_outputs)
+                          forward_lends=cudagraphs is not None, input_view_outputs=joint.input_view_outputs,
+                          written_primal_views=joint.written_primal_views)
     return CompiledTrainingGraph(gm, state, tensor_positions, joint, part, graph)
 
 

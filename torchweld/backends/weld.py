@@ -291,7 +291,7 @@ def with_cudagraphs(compiled, gm: torch.fx.GraphModule, mode: str | None, option
     mutated = set(mutated_placeholders(gm))
     if isinstance(compiled, CompiledGraph):
         names = compiled.schedule.graph.input_names
-        mutated |= {names.index(name) for name, _ in compiled.schedule.graph.mutated_inputs if name in names}
+        mutated |= {names.index(w.target) for w in compiled.schedule.graph.mutated_inputs if w.target in names}
     return CudaGraphed(compiled, pool=pool, name=pool.next_name("weld graph"),
                        static_input_indices=resident_placeholders(gm), mutated_input_indices=sorted(mutated),
                        outputs=options.get("cudagraph_outputs", "copy"),

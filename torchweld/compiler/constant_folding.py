@@ -24,7 +24,7 @@ import logging
 
 import torch
 
-from torchweld.compiler import ir
+from torchweld.compiler import aliasing, ir
 from torchweld.compiler.op_effects import is_random, mutates
 
 log = logging.getLogger("torchweld.weld")
@@ -70,8 +70,9 @@ def hoist_constants(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, Hoi
     graph = gm.graph
     constant: set[torch.fx.Node] = set()
     computes: set[torch.fx.Node] = set()  # constant nodes with a non-view op at or under them
+    written = written_in_place(graph)  # a buffer the graph updates (batch norm's running statistics)
     for node in graph.nodes:
-        if node.op == "get_attr" and isinstance(getattr(gm, node.target, None), torch.Tensor):
+        if node.op == "get_attr" and isinstance(getattr(gm, node.target, None), torch.Tensor) and node not in written:
             constant.add(node)
         elif _foldable(node, constant):
             constant.add(node)
@@ -99,6 +100,17 @@ def hoist_constants(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, Hoi
     gm.recompile()
     log.debug("hoisted %d constant computations out of the graph", len(boundary))
     return gm, HoistedConstants(real_sources, targets, compute, [_stamp(t) for t in real_sources])
+
+
+def written_in_place(graph: torch.fx.Graph) -> set[torch.fx.Node]:
+    """The nodes whose tensors an in-place op of `graph` writes, directly or through a view:
+    their values change within a call, so nothing read from them is constant."""
+    written = set()
+    for node in graph.nodes:
+        if mutates(node) and node.args:
+            firsts = node.args[0] if isinstance(node.args[0], (list, tuple)) else [node.args[0]]
+            written |= {aliasing.base_of(a) for a in firsts if isinstance(a, torch.fx.Node)}
+    return written
 
 
 def _stamped(t: torch.Tensor) -> bool:

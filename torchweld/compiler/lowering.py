@@ -12,7 +12,7 @@ import torch.utils._pytree as pytree
 from torch._prims_common import (make_channels_last_strides_for,
                                  suggest_memory_format)
 
-from torchweld.compiler import ir
+from torchweld.compiler import aliasing, ir
 from torchweld.compiler.aten_graph import pure_overload
 from torchweld.compiler.ir import Expr, Layout
 from torchweld.compiler.op_effects import returned_storage
@@ -95,6 +95,17 @@ def non_overlapping_and_dense(shape: tuple, stride: tuple) -> bool:
 # =============================================================================
 
 
+@dataclasses.dataclass(frozen=True)
+class InputWrite:
+    """An in-place write into a graph input or constant, which the wrapper makes after the
+    graph's kernels: `value` copied into the part of `target` at `layout` (its own layout
+    for the whole tensor, a view's sizes, strides and offset for a write through a view)."""
+
+    target: str
+    layout: Layout
+    value: TensorValue
+
+
 @dataclasses.dataclass
 class LoweredGraph:
     """Buffers in execution order, plus what the wrapper returns and writes back."""
@@ -103,7 +114,7 @@ class LoweredGraph:
     input_names: list[str]
     constants: dict[str, torch.Tensor]
     outputs: list  # TensorValue (stored, strided) or a Python constant
-    mutated_inputs: list[tuple[str, TensorValue]]
+    mutated_inputs: list[InputWrite]  # in the order the graph makes them
     externs: list[str]  # one line per extern call, for logs and tests
 
 
@@ -126,8 +137,14 @@ class GraphLowering:
         self.env: dict[torch.fx.Node, object] = {}
         self.input_names: list[str] = []
         self.constants: dict[str, torch.Tensor] = {}
-        self.mutated: dict[str, TensorValue] = {}
-        self.stands_for: dict[str, str] = {}  # buffer -> the input it is the new value of
+        # In-place writes (aliasing.py): a base node's value after the latest write through
+        # it or any of its views; how many writes it has had; the count each node's value
+        # in `env` was read at (a view read at an older one is read again from the base)
+        self.latest: dict[torch.fx.Node, TensorValue] = {}
+        self.writes_to: dict[torch.fx.Node, int] = {}
+        self.read_at: dict[torch.fx.Node, int] = {}
+        self.input_of: dict[torch.fx.Node, str] = {}  # placeholder or get_attr -> its input buffer
+        self.input_writes: list[InputWrite] = []
         self.externs: list[str] = []
         self.addmm_folds: dict[str, tuple[ir.Pointwise, str]] = {}  # addmm -> (the sum it was, its mm)
         # equal reductions lowered once: buffers are never written after they are computed
@@ -281,6 +298,7 @@ class GraphLowering:
                     tv = self.add_input("arg", value)
                     self.input_names.append(tv.root)
                     self.env[node] = tv
+                    self.input_of[node] = tv.root
                 else:
                     self.input_names.append(None)
                     self.env[node] = value
@@ -289,10 +307,13 @@ class GraphLowering:
                 tv = self.add_input("const", t)
                 self.constants[tv.root] = t
                 self.env[node] = tv
+                self.input_of[node] = tv.root
             elif node.op == "call_function":
                 self.env[node] = self.call_function(node, rules)
+                self.read_at[node] = self.writes_to.get(aliasing.base_of(node), 0)
             elif node.op == "output":
-                outputs = [self.env[a] if isinstance(a, torch.fx.Node) else a for a in pytree.tree_leaves(node.args[0])]
+                outputs = [self.output_value(a) if isinstance(a, torch.fx.Node) else a
+                           for a in pytree.tree_leaves(node.args[0])]
             else:
                 raise LoweringError(f"unexpected {node.op} node {node.name} in an aten graph")
         self.drop_unused_seeds()
@@ -303,15 +324,15 @@ class GraphLowering:
         outputs = [self.as_output(v) for v in outputs]
         if output_strides is not None:
             outputs = [self.in_strides(v, s) for v, s in zip(outputs, output_strides)]
-        mutated = [(name, self.as_output(v)) for name, v in self.mutated.items()]
-        return LoweredGraph(self.buffers, self.input_names, self.constants, outputs, mutated, self.externs)
+        writes = [dataclasses.replace(w, value=self.as_output(w.value)) for w in self.input_writes]
+        return LoweredGraph(self.buffers, self.input_names, self.constants, outputs, writes, self.externs)
 
     def call_function(self, node: torch.fx.Node, rules):
         target = node.target
         if target is operator.getitem:
             seq, i = node.args
-            return self.env[seq][i]
-        args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: self.env[n])  # C++, unlike pytree
+            return self.value(seq)[i]
+        args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), self.value)  # C++, unlike pytree
         mutated_arg = None
         if isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable:
             target, mutated_arg = self.functional_variant(target, node), node.args[0]
@@ -336,9 +357,9 @@ class GraphLowering:
             result = self.extern(target, args, kwargs, node)
         if isinstance(mutated_arg, (list, tuple)):  # a multi-tensor op writes each element
             for arg, element in zip(mutated_arg, result):
-                self.rebind_mutated(arg, element)
+                self.write(arg, element)
         elif mutated_arg is not None:
-            self.rebind_mutated(mutated_arg, result)
+            self.write(mutated_arg, result)
         return result
 
     def functional_variant(self, target, node):
@@ -348,18 +369,105 @@ class GraphLowering:
             raise LoweringError(f"{target} mutates its input and has no functional variant")
         return overload
 
-    def rebind_mutated(self, arg: torch.fx.Node, result: object) -> None:
-        old = self.env[arg]
-        if not isinstance(old, TensorValue) or not old.is_root:
-            raise LoweringError(f"in-place update of a view ({arg.name}) is not supported")
-        self.env[arg] = result
-        # the input this value stands for: `x.add_(1).add_(1)` mutates x twice through the first result
-        target = self.stands_for.get(old.root, old.root)
-        # an extern's results are named `<extern>_<i>` and have no entry of their own in `buffers`
-        if isinstance(self.buffers.get(target), ir.InputBuffer) and target in self.input_names:
-            self.mutated[target] = result
-            if isinstance(result, TensorValue):
-                self.stands_for[result.root] = target
+    # -- in-place writes (aliasing.py) ---------------------------------------------
+    def value(self, node: torch.fx.Node):
+        """`node`'s value now: where its base has been written in place since it was read,
+        read again from the base's new value (a view taken before the write sees it)."""
+        value = self.env[node]
+        base = aliasing.base_of(node)
+        count = self.writes_to.get(base, 0)
+        if self.read_at.get(node, 0) == count:
+            return value
+        val = node.meta.get("val")
+        if node is base:
+            value = self.latest[base]
+        elif isinstance(val, (list, tuple)):  # the views a split or an unbind made
+            value = [self.view_of(base, v, node) for v in val]
+        else:
+            value = self.view_of(base, val, node)
+        self.env[node], self.read_at[node] = value, count
+        return value
+
+    def view_of(self, base: torch.fx.Node, val: torch.Tensor, node: torch.fx.Node) -> TensorValue:
+        """The view whose fake is `val` read from `base`'s latest value."""
+        latest, own = self.latest[base], aliasing.own_layout(base)
+        layout = aliasing.layout_in(val, aliasing.fake_of(base))
+        index = aliasing.view_index(own, layout) if layout is not None and own is not None else None
+        if index is None or val.dtype != latest.dtype:
+            raise LoweringError(f"{node.name}, a view of {base.name} read after {base.name} is written in place, "
+                                "cannot be read from its new value")
+        root_index = tuple(ir.substitute(e, index) for e in latest.index)
+        stored_as_base = latest.is_root and latest.layout == own  # then `layout` places it in latest's memory too
+        return TensorValue(latest.root, latest.dtype, tuple(val.shape), latest.device, root_index,
+                           layout if stored_as_base else None)
+
+    def write(self, node: torch.fx.Node, result: object) -> None:
+        """`node`'s tensor written in place with `result`: its base's new value is `result`
+        itself, or for a view, the base with the view's elements replaced (`scattered`);
+        views of the base read later read that (`value`); a graph input or constant gets
+        an InputWrite of `result` at the written view's place in it."""
+        if not isinstance(result, TensorValue):
+            raise LoweringError(f"in-place update of {node.name} with {type(result).__name__}")
+        base = aliasing.base_of(node)
+        own = aliasing.own_layout(base)
+        layout = own if node is base else aliasing.layout_in(aliasing.fake_of(node), aliasing.fake_of(base))
+        whole = layout is not None and layout == own and tuple(result.shape) == tuple(own.shape)
+        new = result if whole or node is base else self.scattered(base, layout, result, node)
+        count = self.writes_to[base] = self.writes_to.get(base, 0) + 1
+        self.latest[base] = new
+        self.env[node], self.read_at[node] = result, count
+        self.env[base], self.read_at[base] = new, count
+        target = self.input_of.get(base)
+        if target is not None:
+            self.input_write(InputWrite(target, self.buffers[target].layout if whole else layout, result))
+
+    def scattered(self, base: torch.fx.Node, layout: Layout | None, written: TensorValue,
+                  node: torch.fx.Node) -> TensorValue:
+        """`base`'s value with the elements of its view at `layout` (in its memory) replaced by `written`'s."""
+        from torchweld.compiler import rules
+
+        own, val = aliasing.own_layout(base), aliasing.fake_of(base)
+        found = aliasing.scatter_index(own, layout) if own is not None and layout is not None else None
+        if found is None:
+            raise LoweringError(f"in-place update of {node.name}, a view of {base.name} whose elements "
+                                "its strides do not place one by one")
+        index, inside = found
+        old = self.value(base)
+        compute = rules.upcast(val.dtype)
+        here = ir.dim_vars(len(own.shape))
+        body = Expr(ir.Op.WHERE, compute, (inside, rules.cast(written.read(index), compute),
+                                           rules.cast(old.read(here), compute)))
+        new = self.add_pointwise(body, val.dtype, own.shape, old.device, meta_layout(val))
+        try:
+            refuse_traps(self.buffers[new.root])
+            self.check(self.buffers[new.root])
+        except NotImplementedError as e:
+            raise LoweringError(f"in-place update of {node.name}, a view of {base.name}: {e}") from e
+        return new
+
+    def input_write(self, write: InputWrite) -> None:
+        """Add `write`, dropping the earlier writes to its target that it overwrites whole."""
+        whole = write.layout == self.buffers[write.target].layout
+        self.input_writes = [w for w in self.input_writes
+                             if w.target != write.target or not (whole or w.layout == write.layout)]
+        self.input_writes.append(write)
+
+    def output_value(self, node: torch.fx.Node):
+        """What the graph returns for `node`: a view of a graph input (or the input itself
+        after an in-place write) as a view of that input, as eager returns it; else its value."""
+        value = self.value(node)
+        base = aliasing.base_of(node)
+        target = self.input_of.get(base)
+        if target is None or not isinstance(value, TensorValue) or (node is base and not self.writes_to.get(base)):
+            return value
+        own = self.buffers[target].layout
+        layout = own if node is base else aliasing.layout_in(aliasing.fake_of(node), aliasing.fake_of(base))
+        if layout is None or value.dtype != self.buffers[target].dtype:
+            return value
+        index = aliasing.view_index(own, layout)
+        if index is None:
+            return value
+        return TensorValue(target, value.dtype, tuple(layout.shape), value.device, tuple(index), layout)
 
     def fold_addmm(self, name: str) -> bool:
         """Make buffer `name` one aten.addmm if it is `mm(a, b) + bias` (_as_addmm), for a
@@ -397,7 +505,7 @@ class GraphLowering:
         """The buffers the outputs, the mutated inputs and the externs (but those in `skip`)
         read, directly or not, and those themselves."""
         live: set[str] = set()
-        stack = [v.root for v in list(outputs) + list(self.mutated.values()) if isinstance(v, TensorValue)]
+        stack = [v.root for v in list(outputs) + [w.value for w in self.input_writes] if isinstance(v, TensorValue)]
         stack += [n for n, b in self.buffers.items() if isinstance(b, ir.Extern) and n not in skip]
         while stack:
             buf, _ = ir.producer_of(stack.pop(), self.buffers)

@@ -15,6 +15,7 @@ frozen steps whose expressions are in the kernel's loop variables.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 from typing import Iterable
@@ -486,7 +487,7 @@ def inline_pointwise(graph: LoweredGraph) -> None:
             for r in buf.reads():
                 readers.setdefault(r, set()).add(name)
     keep = {v.root for v in graph.outputs if isinstance(v, TensorValue)}
-    keep |= {v.root for _, v in graph.mutated_inputs}
+    keep |= {w.value.root for w in graph.mutated_inputs}
     inlined: set[str] = set()
     for name, buf in list(buffers.items()):
         if isinstance(buf, (ir.Pointwise, ir.Reduction)):
@@ -527,7 +528,7 @@ def schedule(graph: LoweredGraph, frees_inputs: bool = False) -> Schedule:
             for r in buf.reads():
                 if r in grouper.group_of and grouper.group_of[r] is not here:
                     stored.add(r)
-    for v in list(graph.outputs) + [v for _, v in graph.mutated_inputs]:
+    for v in list(graph.outputs) + [w.value for w in graph.mutated_inputs]:
         if isinstance(v, TensorValue) and v.root in grouper.group_of:
             stored.add(v.root)
 
@@ -585,7 +586,7 @@ def _with_frees(steps: list, graph: LoweredGraph, buffers, frees_inputs: bool = 
     that one's values). An input's Free only drops the wrapper's reference: its memory is
     never reused in the call (reuse takes allocated buffers alone), as the caller may hold it."""
     keep = {v.root for v in graph.outputs if isinstance(v, TensorValue)}
-    keep |= {v.root for _, v in graph.mutated_inputs}
+    keep |= {w.value.root for w in graph.mutated_inputs}
     if not frees_inputs:
         keep |= {n for n, b in buffers.items() if isinstance(b, ir.InputBuffer)}
     last_use: dict[str, int] = {}
@@ -633,10 +634,13 @@ def in_place_updates(sched: Schedule) -> dict[str, str]:
                 last_read[read] = i
     loads_by_kernel: dict[int, dict] = {}
     plan: dict[str, str] = {}
-    for target, value in graph.mutated_inputs:
+    writes_to = collections.Counter(w.target for w in graph.mutated_inputs)
+    for write in graph.mutated_inputs:
+        target, value = write.target, write.value
         name = value.root
         if (not isinstance(value, TensorValue) or not value.is_root or name not in sched.allocated
-                or name in outputs or name in plan or sched.layouts.get(target) != sched.layouts[name]):
+                or name in outputs or name in plan or sched.layouts.get(target) != sched.layouts[name]
+                or writes_to[target] != 1 or write.layout != sched.layouts[target][1]):
             continue
         writer = writer_of[name]
         kernel = steps[writer]

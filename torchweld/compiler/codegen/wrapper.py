@@ -9,6 +9,7 @@ block's training step: 1300 page faults, 2-3 ms of 40). A graph holds its
 intermediates' peak between calls, as inductor's and ONNX Runtime's arenas do."""
 from __future__ import annotations
 
+import collections
 import math
 
 import torch
@@ -112,9 +113,12 @@ class WrapperRenderer:
         if stream_index is not None:
             self.emit(f"_ensure_context({stream_index})")
             self.emit(f"_stream = _raw_stream({stream_index})")
+        targets = {w.target for w in g.mutated_inputs}
         for name in params:
             if name in self.sched.layouts and name not in unread:
                 dtype, layout, _ = self.sched.layouts[name]
+                if name in targets:  # the caller's tensor, which a restrided copy is copied back into
+                    self.emit(f"_caller_{name} = {name}")
                 self.emit(f"if {name}.stride() != {layout.stride}: {name} = _restride({name}, {layout.shape}, {layout.stride})")
         for name in g.constants:
             self.constants[name] = g.constants[name]
@@ -148,18 +152,32 @@ class WrapperRenderer:
                         _, layout, _ = self.sched.layouts[origin]
                         self.emit(f"_workspace_{origin}.append({self.tensor(name, layout)})")
                     self.emit(f"del {name}")
-        written_back = [(name, v) for name, v in g.mutated_inputs if in_place.get(v.root) != name]
-        dtypes = [self.sched.layouts[name][0] for name, _ in written_back]
-        for group in groups_by_dtype(dtypes):  # one multi-tensor kernel per dtype for the write-backs
-            targets = [written_back[i][0] for i in group]
-            values = [self.output(written_back[i][1]) for i in group]
+        self.write_back(in_place, params)
+        outs = ", ".join(self.output(v) for v in g.outputs)
+        self.emit(f"return ({outs}{',' if len(g.outputs) == 1 else ''})")
+        return "\n".join(self.lines) + "\n"
+
+    def write_back(self, in_place: dict[str, str], params: list[str]) -> None:
+        """The graph's in-place writes into its inputs and constants (lowering.InputWrite), those
+        its kernels did not make in place: each whole tensor written once by one multi-tensor
+        copy per dtype; writes through views, and several to one tensor, in the graph's order."""
+        g = self.graph
+        writes = [w for w in g.mutated_inputs if in_place.get(w.value.root) != w.target]
+        count = collections.Counter(w.target for w in writes)
+        whole = [w for w in writes if count[w.target] == 1 and w.layout == self.sched.layouts[w.target][1]]
+        for group in groups_by_dtype([self.sched.layouts[w.target][0] for w in whole]):
+            targets = [whole[i].target for i in group]
+            values = [self.output(whole[i].value) for i in group]
             if len(group) == 1:
                 self.emit(f"{targets[0]}.copy_({values[0]})")
             else:
                 self.emit(f"torch._foreach_copy_([{', '.join(targets)}], [{', '.join(values)}])")
-        outs = ", ".join(self.output(v) for v in g.outputs)
-        self.emit(f"return ({outs}{',' if len(g.outputs) == 1 else ''})")
-        return "\n".join(self.lines) + "\n"
+        for w in writes:
+            if w not in whole:
+                self.emit(f"{self.tensor(w.target, w.layout)}.copy_({self.output(w.value)})")
+        for name in dict.fromkeys(w.target for w in g.mutated_inputs):
+            if name in params:  # an input the call restrided into a copy: the caller's tensor gets its new value
+                self.emit(f"if {name}.data_ptr() != _caller_{name}.data_ptr(): _caller_{name}.copy_({name})")
 
     def buffers_read(self) -> set[str]:
         """Buffers that a kernel or an extern call reads, or the call returns or writes back."""
@@ -171,8 +189,8 @@ class WrapperRenderer:
                 for a in pytree.tree_leaves([ext.args, ext.kwargs]):
                     if isinstance(a, ir.TensorArg):
                         read.add(a.buffer)
-        values = [*g.outputs, *(v for _, v in g.mutated_inputs)]
-        return read | {v.root for v in values if isinstance(v, TensorValue)}
+        values = [*g.outputs, *(w.value for w in g.mutated_inputs)]
+        return read | {v.root for v in values if isinstance(v, TensorValue)} | {w.target for w in g.mutated_inputs}
 
     def reuse_plan(self) -> dict[str, str]:
         """{new buffer: the buffer whose memory it takes over}: the one dying in the kernel

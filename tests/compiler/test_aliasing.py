@@ -1,0 +1,212 @@
+"""In-place writes through views (compiler/aliasing.py and the lowering's writes): a write
+through a view of an input reaches only the view's elements of it, every other view of the
+written tensor sees it, and an output that views an input stays a view of it, as in eager."""
+import re
+
+import pytest
+import torch
+import torch.utils._pytree as pytree
+
+import torchweld
+from torchweld.compiler import aliasing, ir
+from torchweld.compiler.ir import Layout
+
+
+def _storage(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+def _compare(fn, make_inputs, calls: int = 3):
+    """Call `fn` compiled and eagerly on equal fresh inputs `calls` times: equal outputs, equal
+    inputs afterwards, and each output a view of the same input (at the same offset and
+    strides) in both, or of none."""
+    compiled = torchweld.compile(fn)
+    for call in range(calls):
+        mine, theirs = make_inputs(call), make_inputs(call)
+        got, want = compiled(*mine), fn(*theirs)
+        torch.testing.assert_close(got, want)
+        for a, b in zip(mine, theirs):
+            torch.testing.assert_close(a, b)
+        for g, w in zip(pytree.tree_leaves(got), pytree.tree_leaves(want)):
+            shares = [_storage(g) == _storage(a) for a in mine]
+            assert shares == [_storage(w) == _storage(b) for b in theirs], "an output views other inputs than eager's"
+            if any(shares):
+                assert (g.storage_offset(), g.stride()) == (w.storage_offset(), w.stride())
+
+
+def _randn(*shape, seed: int) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+def _square(call):
+    return [torch.arange(4.0).reshape(2, 2) + call, torch.tensor(3.0 + call)]
+
+
+def _wide(call):
+    return [torch.arange(12.0).reshape(3, 4) * (call + 1)]
+
+
+def test_in_place_write_through_a_row_reaches_only_that_row():
+    """`z = x[:1]; z.mul_(c)` on a 2x2 x wrote row 0 over row 1 of the caller's tensor."""
+    def fn(x, c):
+        z = x[:1]
+        z.mul_(c)
+        return z
+
+    _compare(fn, _square)
+
+
+def test_the_base_read_after_a_write_through_its_view_sees_it():
+    def fn(x, c):
+        z = x[:1]
+        z.mul_(c)
+        return x + 0
+
+    _compare(fn, _square)
+
+
+def test_a_view_taken_before_a_write_to_its_base_sees_the_write():
+    def fn(x):
+        flat = x.view(-1)
+        column = x[:, 1]
+        x.add_(1)
+        return flat * 2, column + 0
+
+    _compare(fn, _wide)
+
+
+def test_item_assignments_and_augmented_assignments_into_slices():
+    def fn(x, c):
+        x[:, 0] = c
+        x[1:, 1:] += 1
+        x[0] *= 2
+        return x + 1
+
+    _compare(fn, lambda call: [_randn(3, 4, seed=call), _randn(3, seed=call + 10)])
+
+
+@pytest.mark.parametrize("view", ["t", "diagonal", "column", "strided", "unbind"])
+def test_writes_through_other_views(view):
+    def fn(x):
+        if view == "t":
+            x.t().add_(1)
+        elif view == "diagonal":
+            x.diagonal().zero_()
+        elif view == "column":
+            x[:, 2].fill_(-1.0)
+        elif view == "strided":
+            x[::2, 1::2].mul_(10)
+        else:
+            a, b, c = x.unbind(0)
+            b.sub_(a)
+        return x * 2, x.sum(1)
+
+    _compare(fn, lambda call: [_randn(3, 3, seed=call)])
+
+
+def test_writes_into_inputs_that_are_views_of_larger_tensors():
+    """An input with a storage offset and a transposed one: the write lands at the view's
+    elements of the caller's memory, whatever its offset and strides."""
+    def fn(x, y):
+        x[1:, :2].add_(5)
+        y[0].mul_(3)
+        return x.sum(), y
+
+    def inputs(call):
+        whole = torch.arange(30.0).reshape(5, 6) + call
+        return [whole[1:4, 1:5], torch.arange(12.0).reshape(3, 4).t()]
+
+    _compare(fn, inputs)
+
+
+def test_returned_views_of_an_input_written_in_place_stay_views():
+    """Eager's output shares the input's storage: compiled ones were new tensors."""
+    cases = [
+        lambda x: (x.add_(1), x.t())[1],
+        lambda x: (x.mul_(2), x[1:])[1],
+        lambda x: x.add_(1),
+        lambda x: (x[1:].mul_(3), x[:, 1:])[1],
+    ]
+    for fn in cases:
+        torchweld.reset()
+        _compare(fn, _wide)
+
+
+def test_writes_into_intermediates_through_views():
+    def fn(x):
+        y = x * 2
+        y[:, 1] = 0
+        y[0].add_(y[1])
+        return y, y.sum()
+
+    _compare(fn, _wide)
+
+
+def test_a_cache_written_at_one_position_then_read():
+    """A key/value cache's pattern: one slot written, then the filled part read."""
+    def fn(cache, k):
+        cache[:, 2] = k
+        return cache[:, :3].sum(1)
+
+    _compare(fn, lambda call: [torch.zeros(2, 5, 4) + call, _randn(2, 4, seed=call)])
+
+
+def test_chained_in_place_ops_write_the_input_once():
+    _compare(lambda x: x.add_(1).mul_(2).sub_(x[0].clone()), _wide)
+
+
+def test_a_write_through_a_view_is_not_a_write_over_the_base():
+    """The write-back copies the view's elements alone: the rest of the caller's tensor is
+    never rewritten (another thread may be writing it)."""
+    from torchweld.compiler import compile_graph
+
+    def fn(x):
+        x[:, 1].add_(1)
+        return x.sum()
+
+    def backend(gm, example_inputs):
+        backend.compiled = compile_graph(gm, example_inputs)
+        return backend.compiled
+
+    torchweld.compile(fn, backend=backend)(torch.zeros(3, 4))
+    source = backend.compiled.wrapper_source
+    assert "arg1.as_strided((3,), (4,), arg1.storage_offset() + 1).copy_(" in source
+    assert not re.search(r"(?<!_caller_)arg1\.copy_\(", source)  # only a restrided copy goes back whole
+
+
+# -- the index arithmetic -------------------------------------------------------------
+
+
+def test_unflatten_finds_each_element_of_a_nested_layout_and_no_other():
+    view = Layout((2, 3), (1, 4), 1)  # a transposed slice
+    found = aliasing.unflatten(ir.var("p"), view)
+    index, inside = found
+    held = {1 + i + 4 * j: (i, j) for i in range(2) for j in range(3)}
+    for p in range(-2, 16):
+        values = {"p": p}
+        assert _evaluate(inside, values) == (p in held)
+        if p in held:
+            assert tuple(_evaluate(e, values) for e in index) == held[p]
+
+
+def test_unflatten_refuses_layouts_whose_elements_it_cannot_tell_apart():
+    assert aliasing.unflatten(ir.var("p"), Layout((3, 2), (2, 3))) is None  # offsets nest in no order
+    assert aliasing.unflatten(ir.var("p"), Layout((4,), (0,))) is None  # an expanded view
+
+
+def _evaluate(e: ir.Expr, values: dict):
+    """`e` evaluated as C++ kernels do (integer division truncates)."""
+    from torchweld.compiler.ir import Op
+
+    if e.op is Op.CONST:
+        return e.arg
+    if e.op is Op.VAR:
+        return values[e.arg]
+    a = [_evaluate(x, values) for x in e.args]
+    truncated = lambda n, d: abs(n) // abs(d) * (1 if (n < 0) == (d < 0) else -1)  # noqa: E731
+    return {
+        Op.ADD: lambda: a[0] + a[1], Op.MUL: lambda: a[0] * a[1], Op.IDIV: lambda: truncated(a[0], a[1]),
+        Op.IMOD: lambda: a[0] - truncated(a[0], a[1]) * a[1], Op.MAXIMUM: lambda: max(a), Op.MINIMUM: lambda: min(a),
+        Op.GE: lambda: a[0] >= a[1], Op.LT: lambda: a[0] < a[1], Op.EQ: lambda: a[0] == a[1],
+        Op.LOGICAL_AND: lambda: a[0] and a[1],
+    }[e.op]()
