@@ -2,16 +2,18 @@
 during its first compile, and when several processes fill one empty cache: each
 scenario of tests/reliability.py run in processes of its own, one row each.
 
-    .venv/bin/python bench/reliability.py [--record results.jsonl] [--delays 0.1,0.3,0.7,1.2]
+    .venv/bin/python bench/reliability.py [--no-record] [--delays 0.1,0.3,0.7,1.2] [--processes 4]
 
 A row says whether the run after the damage (or the interrupt) gave correct results,
-how its process ended (a signal name is a crash), and torchweld's warnings. With
---record, the rows are appended as one JSON line with the commit, host, versions and
-command. Exit status 1 if any scenario did not end well.
+how its process ended (a signal name is a crash), and torchweld's warnings against
+those expected. The rows are appended to bench/records/reliability.jsonl as one record
+(date, commit, host, CPU, versions, command, options, figures), unless --no-record.
+Exit status 1 if any scenario did not end well.
 """
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import platform
@@ -19,10 +21,11 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout: tests.reliability
+ROOT = Path(__file__).resolve().parents[1]
+RECORDS = ROOT / "bench" / "records" / "reliability.jsonl"
+sys.path.insert(0, str(ROOT))  # the checkout: tests.reliability
 from tests.reliability import (  # noqa: E402
     DAMAGES, Outcome, environment, read_only, run_concurrently, run_interrupted, run_program, unwritable_home)
 
@@ -99,21 +102,45 @@ def print_table(rows: list[dict]) -> None:
               f"{r['error'] or r['first_warning']}")
 
 
-def record(path: str, rows: list[dict]) -> None:
+def append_record(rows: list[dict], options: argparse.Namespace) -> None:
     import torch
 
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                            cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
-    entry = {"bench": "reliability", "commit": commit, "host": platform.node(), "cpu": platform.processor(),
-             "cores": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
-             "command": " ".join(sys.argv), "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "rows": rows}
-    with open(path, "a") as f:
-        f.write(json.dumps(entry) + "\n")
+    def git(*args: str) -> str | None:
+        try:
+            return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+        except (OSError, subprocess.CalledProcessError):
+            return None
+
+    record = {
+        "bench": "reliability",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "commit": git("rev-parse", "HEAD"),
+        "dirty": bool(git("status", "--porcelain", "--untracked-files=no", "--", "torchweld")),
+        "host": platform.node(),
+        "cpu": _cpu_name(),
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "command": "python bench/reliability.py " + " ".join(sys.argv[1:]),
+        "options": vars(options),
+        "figures": rows,
+    }
+    RECORDS.parent.mkdir(parents=True, exist_ok=True)
+    with RECORDS.open("a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        return platform.processor()
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--record", help="append the rows as one JSON line to this file")
+    parser.add_argument("--no-record", action="store_true", help="do not append to bench/records/reliability.jsonl")
     parser.add_argument("--delays", default="0.1,0.3,0.7,1.2", help="seconds into the first call to send SIGINT")
     parser.add_argument("--processes", type=int, default=4, help="processes filling one empty cache at once")
     args = parser.parse_args()
@@ -123,8 +150,8 @@ def main() -> int:
                 + interrupt_rows(work, [float(d) for d in args.delays.split(",")])
                 + concurrency_rows(work, args.processes))
     print_table(rows)
-    if args.record:
-        record(args.record, rows)
+    if not args.no_record:
+        append_record(rows, args)
     return 0 if all(r["correct"] and r["warnings"] == r["expected_warnings"] for r in rows) else 1
 
 

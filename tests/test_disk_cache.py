@@ -116,7 +116,7 @@ def test_a_library_that_will_not_open_is_built_again_once(cache, caplog):
 
     assert disk_cache.load_library("cpp", "k7.so", "key7", build, open_library) == "library"
     assert build.calls == 2 and len(opened) == 2
-    assert "does not load: undefined symbol" in warnings_of(caplog)[0]
+    assert "does not load (undefined symbol" in warnings_of(caplog)[0]
 
 
 def test_a_library_just_built_that_will_not_open_raises(cache):

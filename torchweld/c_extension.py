@@ -21,7 +21,7 @@ import types
 from pathlib import Path
 from typing import Callable, TypeVar
 
-from torchweld.disk_cache import compiler_build, content_hash, load_library, write_source
+from torchweld.disk_cache import LIBRARY_FORMAT, compiler_build, content_hash, load_library, write_source
 
 CFLAGS = ["-O2", "-shared", "-fPIC"]
 
@@ -68,7 +68,7 @@ def load_extension(source: Path, module_name: str, folder: str) -> types.ModuleT
     text = source.read_text()
     suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
     command = [_compiler(), *CFLAGS, *_include_flags()]
-    key = content_hash(text, suffix, *command)
+    key = content_hash(text, suffix, *command, LIBRARY_FORMAT)
 
     def build(path: str) -> None:
         _check_toolchain(command[0])

@@ -1,8 +1,10 @@
 """Which directories hold torchweld's disk cache in this process: `config.cache_dir`
 where it can be used, and a private temporary directory where it cannot.
 
-    for directory in folders("cpp"):   # the configured one first, then the private one (if made)
-        ...                              # read an entry; write one, or call refused(directory, error)
+    for folder in folders("cpp"):         # the configured directory's first, then the private one's
+        ...                               # look for an entry there
+    folder = writable_folder("cpp")       # where a new entry goes; if writing there fails:
+    refused(folder, error)                # True: try again (writable_folder may name another folder)
 
 The configured directory ("" means the default, ~/.cache/torchweld) is used where it
 exists or can be made, and belongs to this user (or `config.cache_trust_other_users`

@@ -35,6 +35,9 @@ from torchweld import cache_root
 
 SEAL = b"TWSEAL01"
 _SEAL_SIZE = len(SEAL) + 32
+# Part of every library's key: libraries of caches written before seals (or with another
+# seal) have other names, and are never mistaken for damaged ones.
+LIBRARY_FORMAT = SEAL.decode()
 
 T = TypeVar("T")
 
@@ -69,7 +72,7 @@ def write_source(kind: str, name: str, text: str) -> str:
         if found == data:
             return path
         if found is not None:
-            problem = "it does not hold the text its name stands for"
+            problem = "is damaged: it does not hold the text its name stands for"
         if problem is not None:
             _damaged(path, problem, "writing it again")
     return _write_entry(kind, name, lambda tmp: _write_bytes(tmp, data), mode=0o666)
@@ -86,7 +89,7 @@ def load_library(kind: str, name: str, key: str, build: Callable[[str], None], o
     except (OSError, ImportError) as e:
         if built:
             raise
-        _damaged(path, f"it does not load: {e}", "building it again")
+        _damaged(path, f"does not load ({e})", "building it again")
         path, _ = library(kind, name, key, build)
         return open_library(path)
 
@@ -137,12 +140,12 @@ def _read_own(path: str) -> tuple[bytes | None, str | None]:
         with open(path, "rb") as f:
             owner = os.fstat(f.fileno()).st_uid
             if not cache_root.trusted_owner(owner):
-                return None, f"it belongs to another user (uid {owner})"
+                return None, f"belongs to another user (uid {owner})"
             return f.read(), None
     except FileNotFoundError:
         return None, None
     except OSError as e:
-        return None, f"it cannot be read ({e.strerror or e})"
+        return None, f"cannot be read ({e.strerror or e})"
 
 
 def _seal_problem(path: str, key: str) -> str | _Missing | None:
@@ -152,9 +155,9 @@ def _seal_problem(path: str, key: str) -> str | _Missing | None:
         return problem if problem is not None else _MISSING
     body, seal = data[:-_SEAL_SIZE], data[-_SEAL_SIZE:]
     if len(data) < _SEAL_SIZE or not seal.startswith(SEAL):
-        return f"it has no seal ({len(data)} bytes: truncated, or not written by torchweld)"
+        return f"is damaged: it has no seal ({len(data)} bytes: truncated, or not written by torchweld)"
     if seal[len(SEAL):] != _digest(body, key):
-        return "its seal does not match its bytes and name (truncated, altered, or another entry's file)"
+        return "is damaged: its seal does not match its bytes and name (truncated, altered, or another entry's file)"
     return None
 
 
@@ -170,12 +173,13 @@ def _digest(body: bytes, key: str) -> bytes:
 
 
 def _damaged(path: str, problem: str, action: str) -> None:
-    """Say once that entry `path` is damaged, and delete it (where the folder allows)."""
+    """Say once what is wrong with entry `path` ("is damaged: ...", "belongs to another
+    user ..."), and delete it (where the folder allows)."""
     with _damage_lock:
         first = path not in _damage_seen
         _damage_seen.add(path)
     if first:
-        cache_root.log().warning("torchweld: the cache entry %s is damaged: %s; %s", path, problem, action)
+        cache_root.log().warning("torchweld: the cache entry %s %s; %s", path, problem, action)
     try:
         os.unlink(path)
     except OSError:

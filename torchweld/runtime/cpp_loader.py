@@ -12,7 +12,7 @@ import os
 import shutil
 import threading
 
-from torchweld.disk_cache import compiler_build, content_hash, library, load_library, write_source
+from torchweld.disk_cache import LIBRARY_FORMAT, compiler_build, content_hash, library, load_library, write_source
 from torchweld.runtime.native_target import native_target
 
 CXX = os.environ.get("CXX", "g++")
@@ -55,7 +55,7 @@ def load_kernels(source: str, names: list[str], n_args: dict[str, int]) -> tuple
 
 
 def library_key(source: str) -> str:
-    return content_hash(source, CXX, " ".join(CXXFLAGS), native_target(CXX))
+    return content_hash(source, CXX, " ".join(CXXFLAGS), native_target(CXX), LIBRARY_FORMAT)
 
 
 def _lock_for(key: str) -> threading.Lock:
@@ -78,7 +78,10 @@ def _cache_errors():
 def _compile(source: str, key: str, path: str) -> None:
     if shutil.which(CXX) is None:
         raise CppCompileError(f"no C++ compiler {CXX!r} on PATH; install g++ or set CXX")
-    source_path = write_source("cpp", f"k{key}.cpp", source)
+    try:
+        source_path = write_source("cpp", f"k{key}.cpp", source)
+    except OSError as e:  # not the library's folder refusing it: no folder takes the source
+        raise CppCompileError(f"cannot write the kernels' source to torchweld's cache: {e}") from e
     compiler_build([CXX, *CXXFLAGS, source_path, *LDLIBS], CppCompileError)(path)
 
 
