@@ -499,3 +499,21 @@ def test_a_shape_error_names_the_users_line_and_logs_nothing(caplog):
     assert (last.filename, last.name) == (__file__, "_mismatched_matmul")
     assert last.line == "return y @ w  # the line the error names"
     assert not [r for r in caplog.records if r.name.startswith("torch._subclasses")]
+
+
+def _break_in_try_inside_with(x, k):
+    with torch.enable_grad():
+        try:
+            k = 10 // k  # raises at capture when k == 0: a break whose native rest handles it
+        except ZeroDivisionError:
+            k = 0
+    return x + k
+
+
+def test_a_break_inside_a_try_inside_a_with_block():
+    """The resume function jumps into the middle of the try region: its handlers keep the
+    original's stack depths (found by the differential fuzzer)."""
+    compiled = torchweld.compile(_break_in_try_inside_with, backend="eager")
+    for k in (0, 2, 0, 5):
+        x = torch.randn(2)
+        torch.testing.assert_close(compiled(x, k), _break_in_try_inside_with(x, k))

@@ -588,3 +588,22 @@ def test_attribute_of_a_module_imported_in_the_frame():
         run_both(fn, tensors(), change)
     finally:
         del helpers.SCALE_FOR_TEST
+
+
+def test_errors_of_container_methods_are_the_eager_runs():
+    """`lst.index(n)` inside try/except, `del d[k]` of a missing key, `dict()` of an OrderedDict
+    made in the frame: what eager raises or returns (found by the differential fuzzer)."""
+    def fn(x, n, key):
+        try:
+            k = [3, 1, 2].index(n)
+        except ValueError:
+            k = -1
+        d = {"a": 1}
+        try:
+            del d[key]
+        except KeyError:
+            d["missing"] = key
+        od = collections.OrderedDict([("a", x), ("b", 2)])
+        return x + k, d, dict(od, c=3)
+
+    run_both(fn, [(torch.randn(2), 1, "a"), (torch.randn(2), 5, "b"), (torch.randn(2), 2, "a")])

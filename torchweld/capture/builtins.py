@@ -240,15 +240,21 @@ def _set(tx, iterable: Value | None = None) -> Value:
 
 @rule(dict)
 def _dict(tx, *args: Value, **kwargs: Value) -> Value:
+    from torchweld.capture.new_objects import NewObjectValue
+
     entries: dict[object, Value] = {}
     if args:
         source = args[0]
+        if isinstance(source, NewObjectValue) and source.entries is not None:  # an OrderedDict made in the frame
+            source = source.entries
         if isinstance(source, DictValue):
             entries.update(source.entries)
         else:
             for pair in source.items(tx):
-                key, value = pair.items(tx)
-                entries[key.as_constant()] = value
+                items = pair.items(tx)
+                if len(items) != 2:
+                    raise Unsupported("dict() of an item that is not a pair (the eager call raises)")
+                entries[items[0].as_constant()] = items[1]
     entries.update(kwargs)
     return DictValue(entries)
 

@@ -22,13 +22,21 @@ def _constant_args(args: list[Value], kwargs: dict[str, Value]) -> tuple[list, d
 # ---------------------------------------------------------------------------
 
 
+def _evaluated(what: str, run):
+    """`run()` at capture time; an exception it raises is the eager run's, at the user's line."""
+    try:
+        return run()
+    except (LookupError, ValueError, TypeError, ArithmeticError) as e:
+        raise Unsupported(f"{what} raised {type(e).__name__}: {e} (the eager run raises it)") from None
+
+
 class ConstantMethodValue(Value):
     def __init__(self, obj: object, name: str):
         self.obj, self.name = obj, name
 
     def call(self, tx, args, kwargs):
         a, k = _constant_args(args, kwargs)
-        return const(getattr(self.obj, self.name)(*a, **k))
+        return const(_evaluated(f"{type(self.obj).__name__}.{self.name}()", lambda: getattr(self.obj, self.name)(*a, **k)))
 
 
 _LIST_MUTATORS = {"append", "extend", "insert", "pop", "remove", "clear", "sort", "reverse", "__setitem__", "__delitem__"}
@@ -43,13 +51,14 @@ class ContainerMethodValue(Value):
 
     def call(self, tx, args, kwargs):
         c, name = self.container, self.name
+        what = f"{c.python_type().__name__}.{name}()"
         if isinstance(c, ListValue) and name in _LIST_MUTATORS:
             c.mutate(tx)
-            return _mutate_list(c, name, args, kwargs)
+            return _evaluated(what, lambda: _mutate_list(c, name, args, kwargs))
         if isinstance(c, DictValue):
             if name in _DICT_MUTATORS:
                 c.mutate(tx)
-                return _mutate_dict(tx, c, name, args, kwargs)
+                return _evaluated(what, lambda: _mutate_dict(tx, c, name, args, kwargs))
             if name == "items":
                 return ListValue([TupleValue([const(k), v]) for k, v in c.entries.items()])
             if name == "keys":
@@ -63,7 +72,7 @@ class ContainerMethodValue(Value):
             if name == "copy":
                 return DictValue(c.entries)
         if isinstance(c, SequenceValue) and name in ("index", "count"):
-            return const(getattr(c.as_constant(), name)(*_constant_args(args, kwargs)[0]))
+            return const(_evaluated(what, lambda: getattr(c.as_constant(), name)(*_constant_args(args, kwargs)[0])))
         if isinstance(c, ListValue) and name == "copy":
             return ListValue(c.elements)
         raise Unsupported(f"{c.python_type().__name__}.{name}() is not supported in capture")

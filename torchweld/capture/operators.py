@@ -183,7 +183,11 @@ def delitem(tx: "Translator", obj: Value, key: Value) -> None:
     if isinstance(obj, (ListValue, DictValue)):
         obj.mutate(tx)
         container = obj.elements if isinstance(obj, ListValue) else obj.entries
-        del container[key.as_constant()]
+        k = key.as_constant()
+        try:
+            del container[k]
+        except (LookupError, TypeError) as e:
+            raise Unsupported(f"del of item {k!r} raised {type(e).__name__} (the eager run raises it)") from None
         return
     raise Unsupported(f"del on items of {obj} is not supported in capture")
 

@@ -15,7 +15,7 @@ import inspect
 import types
 import weakref
 
-from bytecode import Bytecode, CellVar, Instr, Label
+from bytecode import Bytecode, CellVar, Instr, Label, TryBegin
 
 from torchweld.errors import Unsupported
 
@@ -51,15 +51,23 @@ def _make_resume_code(code: types.CodeType, dis_index: int, stack_layout: tuple[
     target_position = instruction_index_in_bytecode(code, dis_index)
     target = Label()
     body: list = []
+    offsets = [inst.offset for inst in dis.get_instructions(code) if inst.opname != "EXTENDED_ARG"]
+    label_offsets: dict[Label, int] = {}  # each label of the copy: the original offset it marks
+    unplaced: list[Label] = []
     seen = 0
     for item in original:
+        if isinstance(item, Label):
+            unplaced.append(item)
         if isinstance(item, Instr):
+            label_offsets.update((label, offsets[seen]) for label in unplaced)
+            unplaced.clear()
             if seen == target_position:
                 body.append(target)
             seen += 1
             if item.name in ("RESUME", "MAKE_CELL", "COPY_FREE_VARS"):
                 item = Instr("NOP", location=item.location)
         body.append(item)
+    _keep_handler_depths(code, body, label_offsets)
     if target not in body:  # resuming at the very end cannot happen: the last instruction returns
         raise ValueError(f"no instruction {dis_index} in {code.co_name}")
 
@@ -93,7 +101,7 @@ def _make_resume_code(code: types.CodeType, dis_index: int, stack_layout: tuple[
     resumed.freevars = list(code.co_freevars)
     resumed.cellvars = list(code.co_cellvars)
     try:
-        new_code = resumed.to_code()
+        new_code = resumed.to_code(compute_exception_stack_depths=False)
     except RuntimeError as e:  # a `with` block that always raises after the break: the stack of its
         # handler cannot be computed from a resume that jumps past the start of its region
         raise Unsupported(f"cannot resume {code.co_name} after the break ({e})") from None
@@ -102,6 +110,17 @@ def _make_resume_code(code: types.CodeType, dis_index: int, stack_layout: tuple[
     body_start = len(prologue)
     _ORIGINS[new_code] = (code, {real[body_start + k]: originals[k] for k in range(len(originals))})
     return new_code
+
+
+def _keep_handler_depths(code: types.CodeType, body: list, label_offsets: dict) -> None:
+    """Give each try region of the copy its handler's stack depth in the original. The prologue
+    rebuilds the stack the original had at the break, so those depths hold; computed from the
+    resume's entry instead, a region the prologue jumps into the middle of is never reached
+    from its start, and its handler would unwind the stack to a depth nobody set."""
+    depth_of_handler = {entry.target: entry.depth for entry in _exception_entries(code)}
+    for item in body:
+        if isinstance(item, TryBegin):
+            item.stack_depth = depth_of_handler[label_offsets[item.target]]
 
 
 def _line_of(code: types.CodeType, dis_index: int) -> int:
