@@ -23,20 +23,24 @@ MODULE = textwrap.dedent("""
     DONE = True
 """)
 
+# The import, then a wait on a lock (which a held interrupt must cut short, as a real one would).
 SCRIPT = textwrap.dedent("""
-    import importlib, signal, sys, time
+    import importlib, signal, sys, threading, time
     from torchweld.atomic_imports import imports_finish_first
 
     sys.path.insert(0, sys.argv[1])
+    imported = None
     try:
         with imports_finish_first():
             importlib.import_module("interrupted_module")
+            imported = time.monotonic()
             print("imported, then", end=" ")
-            time.sleep(5)
+            threading.Event().wait(20)
         print("never interrupted")
     except KeyboardInterrupt:
         module = sys.modules.get("interrupted_module")
-        print("interrupted;", "whole" if getattr(module, "DONE", False) else "half" if module else "absent")
+        print("interrupted;", "whole" if getattr(module, "DONE", False) else "half" if module else "absent", end="")
+        print("" if imported is None or time.monotonic() - imported < 5 else " (late)")
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 """)
 

@@ -15,9 +15,9 @@ whole, and the program is interrupted a moment later, where it would have been.
 How: for the duration of the block (and only in the main thread, where Python handles
 signals, and only where the SIGINT handler is Python's default) the handler is one that
 looks at the interrupted stack: outside importlib it raises KeyboardInterrupt as the
-default does; inside, it notes the interrupt and a watcher thread re-sends it
-(`_thread.interrupt_main`) once the main thread has left importlib. A second Ctrl-C
-while one is held raises at once. An interrupt still held when the block ends is raised there.
+default does; inside, it notes the interrupt, and a watcher thread sends the main thread
+a SIGINT again once it has left importlib. A second Ctrl-C while one is held raises at
+once. An interrupt still held when the block ends is raised there.
 """
 from __future__ import annotations
 
@@ -95,5 +95,14 @@ class HeldInterrupt:
                     return
                 if not importing(frame):
                     self._resent = True
-                    _thread.interrupt_main()
+                    _send_sigint_to(main)
                     return
+
+
+def _send_sigint_to(thread_id: int) -> None:
+    """A SIGINT for the main thread: a real signal where the system has pthread_kill, so that a
+    call blocked there (a lock, a wait) is interrupted too; else Python's simulated one."""
+    if hasattr(signal, "pthread_kill"):
+        signal.pthread_kill(thread_id, signal.SIGINT)
+    else:
+        _thread.interrupt_main()
