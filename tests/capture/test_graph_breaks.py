@@ -517,3 +517,22 @@ def test_a_break_inside_a_try_inside_a_with_block():
     for k in (0, 2, 0, 5):
         x = torch.randn(2)
         torch.testing.assert_close(compiled(x, k), _break_in_try_inside_with(x, k))
+
+
+def _breaks_in_a_long_branch(x):
+    if x.sum() > -100:  # data-dependent: the resume function's jumps need EXTENDED_ARG
+        x = x + 1; x = x * 2; x = x - 1; x = x / 2; x = x + 1; x = x * 2; x = x - 1; x = x / 2  # noqa: E702
+        x = x + 1; x = x * 2; x = x - 1; x = x / 2; x = x + 1; x = x * 2; x = x - 1; x = x / 2  # noqa: E702
+        x = x + 1; x = x * 2; x = x - 1; x = x / 2; x = x + 1; x = x * 2; x = x - 1; x = x / 2  # noqa: E702
+        if x.mean() > 100:  # a second break, inside the resume function
+            x = x - 100
+        x = x + 1; x = x * 2; x = x - 1; x = x / 2; x = x + 1; x = x * 2; x = x - 1; x = x / 2  # noqa: E702
+        x = x + 1; x = x * 2; x = x - 1; x = x / 2; x = x + 1; x = x * 2; x = x - 1; x = x / 2  # noqa: E702
+    return x
+
+
+def test_a_break_in_a_resume_function_at_a_jump_with_an_extended_argument():
+    compiled = torchweld.compile(_breaks_in_a_long_branch, backend="eager")
+    for scale in (1.0, 1000.0, -1000.0):
+        x = torch.randn(3) * scale
+        torch.testing.assert_close(compiled(x), _breaks_in_a_long_branch(x))

@@ -607,3 +607,37 @@ def test_errors_of_container_methods_are_the_eager_runs():
         return x + k, d, dict(od, c=3)
 
     run_both(fn, [(torch.randn(2), 1, "a"), (torch.randn(2), 5, "b"), (torch.randn(2), 2, "a")])
+
+
+def test_an_unused_random_draw_still_advances_the_generator():
+    def fn(x):
+        for _ in range(2):
+            x = torch.rand_like(x)  # the first draw is dead, and eager made it all the same
+        return x
+
+    compiled = torchweld.compile(fn, backend="eager")
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        expected = fn(torch.zeros(3))
+        torch.manual_seed(seed)
+        torch.testing.assert_close(compiled(torch.zeros(3)), expected)
+
+
+def test_an_item_assignment_that_raises_after_an_in_place_change():
+    def fn(x, box):
+        x[:, :1].mul_(-1)
+        box[0] = x.sum()  # IndexError for an empty list: after the in-place change, as in eager
+        return x
+
+    compiled = torchweld.compile(fn, backend="eager")
+    for box in ([1], [], [2, 3]):
+        x, eager_x = torch.randn(2, 3), None
+        eager_x = x.clone()
+        errors = []
+        for f, t, b in ((compiled, x, box), (fn, eager_x, list(box))):
+            try:
+                f(t, b)
+            except IndexError as e:
+                errors.append(type(e))
+        torch.testing.assert_close(x, eager_x)
+        assert len(errors) in (0, 2)

@@ -160,10 +160,13 @@ def setitem(tx: "Translator", obj: Value, key: Value, value: Value) -> None:
     if isinstance(obj, ListValue):
         obj.mutate(tx)
         k = key.as_constant()
-        if isinstance(k, slice):
-            obj.elements[k] = value.items(tx)
-        else:
-            obj.elements[k] = value
+        try:
+            if isinstance(k, slice):
+                obj.elements[k] = value.items(tx)
+            else:
+                obj.elements[k] = value
+        except (IndexError, TypeError, ValueError) as e:
+            raise Unsupported(f"list item assignment raised {type(e).__name__}: {e} (the eager run raises it)") from None
         return
     if isinstance(obj, DictValue):
         obj.mutate(tx)

@@ -76,9 +76,12 @@ class OutputGraph:
             return same_tensor
         if real.is_sparse or type(real) not in (torch.Tensor, torch.nn.Parameter, torch.nn.parameter.Buffer):
             raise Unsupported(f"{source.name()} is a {type(real).__name__}; only dense torch.Tensor inputs are captured")
+        try:
+            fake = fake_copy(self.fake_mode, real)
+        except RuntimeError as e:  # autograd refuses to describe it (a no-grad view of a base changed since)
+            raise Unsupported(f"{source.name()} cannot be described to capture: {str(e).splitlines()[0]}") from None
         with self._insert_placeholder():
             node = self.graph.placeholder(source.placeholder_name())
-        fake = fake_copy(self.fake_mode, real)
         node.meta["example_value"] = fake
         node.meta["source"] = source.name()
         if by_identity:  # the same tensor at every call: CUDA graphs read it in place
@@ -313,13 +316,24 @@ def _describe(target: object) -> str:
 _IMPURE_FUNCTIONS = {operator.setitem, torch._C._set_grad_enabled, torch.amp._enter_autocast, torch.amp._exit_autocast}
 
 
+# draws from the random number generator: unused, they still advance it, as in eager
+_RANDOM_NAMES = {"bernoulli", "multinomial", "normal", "poisson", "dropout", "alpha_dropout", "feature_alpha_dropout",
+                 "dropout1d", "dropout2d", "dropout3d", "rrelu", "gumbel_softmax", "fused_dropout"}
+
+
+def _draws_random(name: str) -> bool:
+    return "rand" in name or name.lstrip("_") in _RANDOM_NAMES
+
+
 def _is_pure(node: torch.fx.Node) -> bool:
     if node.kwargs.get("out") is not None or node.kwargs.get("inplace"):
         return False
     if node.op == "call_method":
-        return not node.target.endswith("_")
+        return not node.target.endswith("_") and not _draws_random(node.target)
     target = node.target
     name = getattr(target, "__name__", "")
+    if _draws_random(name):
+        return False
     if target in _IMPURE_FUNCTIONS or name.startswith("i") and getattr(operator, name, None) is target:
         return False
     return not name.endswith("_")

@@ -40,6 +40,9 @@ def make_resume_code(code: types.CodeType, dis_index: int, stack_layout: tuple[s
     """A code object that resumes `code` at its `dis_index`-th instruction."""
     if code in _ORIGINS:
         original, index_map = _ORIGINS[code]
+        instructions = list(dis.get_instructions(code))
+        while instructions[dis_index].opname == "EXTENDED_ARG":  # a jump's target: the instruction it prefixes
+            dis_index += 1
         code, dis_index = original, index_map[dis_index]
     return _make_resume_code(code, dis_index, stack_layout, live_locals)
 
