@@ -1,5 +1,9 @@
 """Turn a real Python object that enters the frame into a Value of the right kind,
-guarding what the capture will assume about it."""
+guarding what the capture will assume about it.
+
+Soundness (README, "Soundness"): a Value made here keeps its source, so that compiled code
+reads the object anew at every call, and carries the guards for what capture folds from it
+(constants by value, functions and modules by identity, containers by length and keys)."""
 from __future__ import annotations
 
 import functools

@@ -1,5 +1,11 @@
 """Python source that rebuilds a Value as a real object after the graph ran:
-graph outputs by index, inputs by their source, constants by value."""
+graph outputs by index, inputs by their source, constants by value.
+
+Soundness (README, "Soundness"): what this writes is recomputed at every call. Values read
+from outside are read anew through their sources, before any side effect is replayed;
+objects made in the frame are built anew; the only objects named as constants are those
+that are the same at every call (`same_object_every_call`: classes, modules, functions not
+bound to an object). Anything else cannot be rebuilt, and capture breaks or runs eagerly."""
 from __future__ import annotations
 
 import copy
