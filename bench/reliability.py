@@ -56,9 +56,10 @@ def directory_rows(work: Path) -> list[dict]:
                         run_program(None, env=environment(None, HOME=str(home)), cwd=work), expected_warnings=1))
     finally:
         home.unlink()
-    (work / "home").mkdir()
-    rows.append(row('TORCHWELD_CACHE_DIR=""', run_program("", env=environment("", HOME=str(work / "home"))),
-                    expected_warnings=0))
+    (work / "home").mkdir(), (work / "cwd").mkdir()
+    outcome = run_program("", env=environment("", HOME=str(work / "home")), cwd=work / "cwd")
+    rows.append(row('TORCHWELD_CACHE_DIR=""', outcome, expected_warnings=0,
+                    error="wrote its cache into the current directory" if any((work / "cwd").iterdir()) else ""))
     if os.geteuid() == 0:  # another user's cache: root can hand one to nobody
         import pwd
 
@@ -86,12 +87,15 @@ def concurrency_rows(work: Path, processes: int) -> list[dict]:
                 seconds=max(o.seconds for o in outcomes))]
 
 
-def row(scenario: str, outcome: Outcome, expected_warnings: int, seconds: float | None = None) -> dict:
-    return {"scenario": scenario, "correct": outcome.ok, "ended": outcome.signal_name or f"exit {outcome.returncode}",
+def row(scenario: str, outcome: Outcome, expected_warnings: int, seconds: float | None = None, error: str = "") -> dict:
+    """One scenario's figures; `error`: something wrong besides the process's own end."""
+    if not outcome.ok:
+        error = outcome.stderr.strip().splitlines()[-1][:160] if outcome.stderr.strip() else "no output"
+    return {"scenario": scenario, "correct": outcome.ok and not error,
+            "ended": outcome.signal_name or f"exit {outcome.returncode}",
             "warnings": len(outcome.warnings), "expected_warnings": expected_warnings,
             "seconds": round(outcome.seconds if seconds is None else seconds, 2),
-            "first_warning": outcome.warnings[0][:160] if outcome.warnings else "",
-            "error": "" if outcome.ok else outcome.stderr.strip().splitlines()[-1][:160] if outcome.stderr.strip() else ""}
+            "first_warning": outcome.warnings[0][:160] if outcome.warnings else "", "error": error}
 
 
 def print_table(rows: list[dict]) -> None:
