@@ -1,17 +1,24 @@
 """Shrink a failing case while it keeps failing the same way (the same kind of difference,
-and for raised errors the same exception types): drop calls and state changes, then
+and for raised errors the same exception types; or killing its process): drop calls and state changes, then
 statements of `f`, then the module's setup statements, returned values and keyword
-arguments, until no single removal keeps the failure. Runs in this process."""
+arguments, until no single removal keeps the failure."""
 from __future__ import annotations
 
 import ast
 import dataclasses
+import os
 import re
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Callable, Iterator
 
 from tests.fuzz.case import Call, Case
 from tests.fuzz.driver import GeneratorError, Outcome, run_case
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def failure_key(outcome: Outcome) -> str | None:
@@ -23,32 +30,54 @@ def failure_key(outcome: Outcome) -> str | None:
     return first.what
 
 
-def minimize(case: Case, budget_s: float = 600.0, log: Callable[[str], None] = lambda s: None) -> Case:
+def same_failure_here(case: Case) -> Callable[[Case], bool]:
+    """A test for candidates, run in this process: they fail as `case` does."""
     target = failure_key(run_case(case))
     if target is None:
         raise ValueError("the case does not fail")
-    deadline = time.monotonic() + budget_s
-    runs = 0
 
     def fails(candidate: Case) -> bool:
-        nonlocal runs
-        runs += 1
         try:
             return failure_key(run_case(candidate)) == target
-        except (GeneratorError, SyntaxError):
+        except GeneratorError:
             return False
+    return fails
 
+
+def crashes_in_subprocess(timeout_s: float = 120.0) -> Callable[[Case], bool]:
+    """A test for candidates that kill their process (a segfault in the compiler): each
+    runs in a fresh interpreter (`python -m tests.fuzz.run --case-json FILE`)."""
+    def fails(candidate: Case) -> bool:
+        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+            f.write(candidate.to_json())
+        try:
+            done = subprocess.run([sys.executable, "-m", "tests.fuzz.run", "--case-json", f.name],
+                                  cwd=ROOT, capture_output=True, timeout=timeout_s)
+            return done.returncode < 0  # killed by a signal
+        except subprocess.TimeoutExpired:
+            return False
+        finally:
+            os.unlink(f.name)
+    return fails
+
+
+def minimize(case: Case, fails: Callable[[Case], bool], budget_s: float = 600.0,
+             log: Callable[[str], None] = lambda s: None) -> Case:
+    deadline = time.monotonic() + budget_s
+    runs = 0
     changed = True
     while changed and time.monotonic() < deadline:
         changed = False
         for candidate in _candidates(case):
             if time.monotonic() >= deadline:
                 break
+            runs += 1
             if fails(candidate):
                 case, changed = candidate, True
                 log(f"  {runs} runs: {len(case.calls)} calls, {len(case.source.splitlines())} lines")
                 break
-    return dataclasses.replace(case, origin=case.origin + " (minimized)")
+    source = re.sub(r"\n{4,}", "\n\n\n", case.source)
+    return dataclasses.replace(case, source=source, origin=case.origin + " (minimized)")
 
 
 def _candidates(case: Case) -> Iterator[Case]:

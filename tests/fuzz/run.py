@@ -171,6 +171,7 @@ def write_report(result: dict, options) -> None:
     text = case.report() + "=== differences ===\n" + "\n".join(result["differences"]) + "\n"
     (out / f"{name}.txt").write_text(text)
     (out / f"{name}.py").write_text(case.script())
+    (out / f"{name}.json").write_text(case.to_json())
 
 
 def progress_line(results: list[dict], total: int) -> str:
@@ -259,18 +260,27 @@ def _cpu_name() -> str:
 # -- one case, in this process ----------------------------------------------------------------
 
 def run_single(options) -> int:
+    from tests.fuzz.case import Case
     from tests.fuzz.driver import run_case
-    from tests.fuzz.minimize import minimize
+    from tests.fuzz.minimize import crashes_in_subprocess, minimize, same_failure_here
 
     _quiet_worker(options.raise_internal_errors)
-    case = case_from_seed(options.case, options.backend)
+    if options.case_json:
+        case = Case.from_json(Path(options.case_json).read_text())
+    else:
+        case = case_from_seed(options.case, options.backend)
+    if options.minimize and options.crash:
+        print(case.report() + "=== minimizing (each candidate in a fresh process) ===")
+        small = minimize(case, crashes_in_subprocess(), budget_s=options.timeout * 30, log=print)
+        print(small.report() + "=== standalone script ===\n" + small.script())
+        return 0
     outcome = run_case(case)
     print(outcome.report())
     if options.script:
         print("=== standalone script ===\n" + case.script())
     if outcome.differences and options.minimize:
         print("=== minimizing ===")
-        small = minimize(case, budget_s=options.timeout * 10, log=print)
+        small = minimize(case, same_failure_here(case), budget_s=options.timeout * 10, log=print)
         print(run_case(small).report())
         print("=== standalone script ===\n" + small.script())
     return 1 if outcome.differences else 0
@@ -293,6 +303,9 @@ def parse_args(argv: list[str] | None = None):
                              "(default: raised, as in the test suite)")
     parser.add_argument("--progress-s", type=float, default=30.0)
     parser.add_argument("--case", type=int, help="run this one case seed here and print its report")
+    parser.add_argument("--case-json", help="run the case saved in this file (reports save one each) here")
+    parser.add_argument("--crash", action="store_true",
+                        help="with --minimize: the case kills its process; candidates run in fresh processes")
     parser.add_argument("--minimize", action="store_true", help="with --case: shrink a failing case")
     parser.add_argument("--script", action="store_true", help="with --case: print the standalone script")
     return parser.parse_args(argv)
@@ -300,7 +313,7 @@ def parse_args(argv: list[str] | None = None):
 
 def main(argv: list[str] | None = None) -> int:
     options = parse_args(argv)
-    if options.case is not None:
+    if options.case is not None or options.case_json:
         if options.backend == "mixed":
             raise SystemExit("--case needs --backend eager or weld")
         return run_single(options)
