@@ -641,3 +641,28 @@ def test_an_item_assignment_that_raises_after_an_in_place_change():
                 errors.append(type(e))
         torch.testing.assert_close(x, eager_x)
         assert len(errors) in (0, 2)
+
+
+def test_sets_deques_and_defaultdicts_made_in_the_frame_need_no_break():
+    def fn(x):
+        s = {1, 2, 3}
+        s.add(5)
+        s.discard(2)
+        s |= {9}
+        t = s | {7}
+        q = collections.deque([x], maxlen=2)
+        q.append(x * 2)
+        q.appendleft(x * 3)  # drops the item appended last
+        d = collections.defaultdict(list)
+        for i in range(3):
+            d[i % 2].append(q[0] * i)
+        counts = collections.defaultdict(set)
+        counts["a"].add(len(t))
+        return sum(d[0]) + len(t), sorted(t - {1}), list(q), d, counts, frozenset(s) & {5, 9}
+
+    backend = CountingBackend()
+    compiled = torchweld.compile(fn, backend=backend)
+    for _ in range(3):
+        x = torch.randn(2)
+        assert_same(compiled(x), fn(x))
+    assert len(backend.graphs) == 1

@@ -11,12 +11,12 @@ from typing import Callable
 import torch
 
 from torchweld.capture import operators
+from torchweld.capture.collection_values import SetValue
 from torchweld.capture.objects import ClassValue, NNModuleValue
 from torchweld.capture.reconstruct import same_object_every_call
 from torchweld.capture.sources import Source
 from torchweld.capture.values import (
-    ConstantValue, DictValue, IteratorValue, LazyIteratorValue, ListValue, SetValue, TensorValue, TupleValue, Value,
-    const,
+    ConstantValue, DictValue, IteratorValue, LazyIteratorValue, ListValue, TensorValue, TupleValue, Value, const,
 )
 from torchweld.errors import Unsupported
 
@@ -233,9 +233,14 @@ def _tuple(tx, iterable: Value | None = None) -> Value:
     return TupleValue([] if iterable is None else iterable.items(tx))
 
 
-@rule(set, frozenset)
+@rule(set)
 def _set(tx, iterable: Value | None = None) -> Value:
-    return SetValue([] if iterable is None else iterable.items(tx))
+    return SetValue.of(tx, [] if iterable is None else iterable.items(tx))
+
+
+@rule(frozenset)
+def _frozenset(tx, iterable: Value | None = None) -> Value:
+    return SetValue.of(tx, [] if iterable is None else iterable.items(tx), frozen=True)
 
 
 @rule(dict)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
+from torchweld.capture.collection_values import COLLECTION_CLASSES, construct_collection
 from torchweld.capture.optimizers import OptimizerStepValue, captures_step
 from torchweld.capture.sources import AttrSource, ModuleEntrySource, Source
 from torchweld.capture.values import ConstantValue, ListValue, Value, const
@@ -352,6 +353,8 @@ class ClassValue(Value):
             if is_stateless_standard_module(instance):  # nn.CrossEntropyLoss(): built now, once
                 return NNModuleValue(instance)
             raise Unsupported(f"creating a {self.cls.__qualname__} (a module with parameters) inside a compiled function")
+        if self.cls in COLLECTION_CLASSES:  # deque(), defaultdict(list)
+            return construct_collection(tx, self.cls, args, kwargs)
         if self.cls in (torch.device, torch.dtype, torch.finfo, torch.iinfo):
             return const(self.cls(*[a.as_constant() for a in args], **{k: v.as_constant() for k, v in kwargs.items()}))
         from torchweld.capture.new_objects import construct

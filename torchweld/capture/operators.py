@@ -5,6 +5,7 @@ from __future__ import annotations
 import operator
 from typing import TYPE_CHECKING, Callable
 
+from torchweld.capture.collection_values import set_operator
 from torchweld.capture.values import (
     ConstantValue, DictValue, ListValue, NullValue, SequenceValue, TensorTruthValue, TensorValue, TupleValue, Value, const,
 )
@@ -36,6 +37,9 @@ def binary(tx: "Translator", fn: Callable, a: Value, b: Value) -> Value:
         if not isinstance(a, TensorValue):  # `n += t` of a number: Python computes `n + t`, a new tensor
             fn = _INPLACE_TO_PLAIN.get(fn, fn)
         return tx.output.call_function(fn, [a, b], {})
+    on_sets = set_operator(tx, _INPLACE_TO_PLAIN.get(fn, fn), fn in _INPLACE_TO_PLAIN, a, b)
+    if on_sets is not None:
+        return on_sets
     if a.is_constant() and b.is_constant() and not isinstance(a, ListValue):
         return _fold(_INPLACE_TO_PLAIN.get(fn, fn), a, b)
     plain = _INPLACE_TO_PLAIN.get(fn, fn)

@@ -8,19 +8,21 @@ that are the same at every call (`same_object_every_call`: classes, modules, fun
 bound to an object). Anything else cannot be rebuilt, and capture breaks or runs eagerly."""
 from __future__ import annotations
 
+import collections
 import copy
 import types
 
 import torch
 
 from torchweld.capture.autocast import AutocastExitValue
+from torchweld.capture.collection_values import DefaultDictValue, DequeValue, SetValue
 from torchweld.capture.grad_mode import GradModeExitValue
 from torchweld.capture.new_objects import NewObjectValue
 from torchweld.capture.objects import NNModuleValue
 from torchweld.capture.python_contexts import PythonContextExitValue
 from torchweld.capture.sources import LocalSource, Source
 from torchweld.capture.values import (
-    ConstantValue, DictValue, IteratorValue, ListValue, SetValue, TensorTruthValue, TensorValue, TupleValue, Value,
+    ConstantValue, DictValue, IteratorValue, ListValue, TensorTruthValue, TensorValue, TupleValue, Value,
 )
 from torchweld.errors import Unsupported
 
@@ -99,6 +101,12 @@ class Reconstructor:
             if type(v) in _LITERAL_TYPES or (type(v) is float and v == v and v not in (float("inf"), -float("inf"))):
                 return repr(v)
             return self.const(v)
+        if isinstance(value, DequeValue):
+            return self._build_once(value, lambda: f"{self.const(collections.deque)}(["
+                                    + ", ".join(self.expr(v) for v in value.elements) + f"], {value.maxlen!r})")
+        if isinstance(value, DefaultDictValue):
+            return self._build_once(value, lambda: f"{self.const(collections.defaultdict)}({self.expr(value.factory)}, {{"
+                                    + ", ".join(f"{self.const(k)}: {self.expr(v)}" for k, v in value.entries.items()) + "})")
         if isinstance(value, ListValue):
             if value.source is not None:  # the real list (side effects write its new contents back)
                 return self.read(value.source)
@@ -118,8 +126,8 @@ class Reconstructor:
             return self._build_once(
                 value, lambda: "{" + ", ".join(f"{self.const(k)}: {self.expr(v)}" for k, v in value.entries.items()) + "}"
             )
-        if isinstance(value, SetValue):
-            return self._build_once(value, lambda: f"set({self.const(value.as_constant())})")
+        if isinstance(value, SetValue):  # a copy of the set capture holds, made at each call
+            return self._build_once(value, lambda: f"{value.python_type().__name__}({self.const(value.as_constant())})")
         if isinstance(value, IteratorValue):
             return self._build_once(value, lambda: "iter([" + ", ".join(self.expr(v) for v in value.remaining) + "])")
         if isinstance(value, NewObjectValue):

@@ -389,24 +389,6 @@ class DictValue(Value):
         return f"DictValue({self.entries})"
 
 
-class SetValue(Value):
-    """A set of constants built in the frame."""
-
-    def __init__(self, members: Iterable[Value]):
-        self.members = [m for m in members]
-        for m in self.members:
-            m.as_constant()  # sets of tensors are not modelled
-
-    def python_type(self) -> type:
-        return set
-
-    def as_constant(self) -> object:
-        return {m.as_constant() for m in self.members}
-
-    def items(self, tx: "Translator") -> list[Value]:
-        return [const(v) for v in self.as_constant()]
-
-
 class IteratorValue(Value):
     """An iterator over values all known at capture time (FOR_ITER pulls from it)."""
 

@@ -2,9 +2,8 @@
 from __future__ import annotations
 
 from torchweld.capture.handlers import handles
-from torchweld.capture.values import (
-    ConstantValue, DictValue, ListValue, SetValue, TensorValue, TupleValue,
-)
+from torchweld.capture.collection_values import SetValue
+from torchweld.capture.values import ConstantValue, DictValue, ListValue, TensorValue, TupleValue
 from torchweld.errors import Unsupported
 
 
@@ -20,7 +19,7 @@ def build_list(tx, inst):
 
 @handles("BUILD_SET")
 def build_set(tx, inst):
-    tx.push(SetValue(tx.popn(inst.arg)))
+    tx.push(SetValue.of(tx, tx.popn(inst.arg)))
 
 
 @handles("BUILD_MAP")
@@ -100,14 +99,15 @@ def list_to_tuple(tx, inst):
 @handles("SET_ADD")
 def set_add(tx, inst):
     item = tx.pop()
-    item.as_constant()
-    tx.stack[-inst.arg].members.append(item)
+    tx.stack[-inst.arg].add(tx, item)
 
 
 @handles("SET_UPDATE")
 def set_update(tx, inst):
     items = tx.pop().items(tx)
-    tx.stack[-inst.arg].members.extend(items)
+    target = tx.stack[-inst.arg]
+    for item in items:
+        target.add(tx, item)
 
 
 @handles("MAP_ADD")
