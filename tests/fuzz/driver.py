@@ -15,6 +15,7 @@ import logging
 import re
 import traceback
 import types
+from typing import Callable
 
 import torch
 
@@ -241,17 +242,17 @@ def quiet_fake_tensor_log():
         logger.setLevel(level)
 
 
-def run_case(case: Case) -> Outcome:
-    """Every call of the case, eager then compiled; stops at the first call that differs
-    (their states have parted)."""
+def run_case(case: Case, backend: Callable | None = None) -> Outcome:
+    """Every call of the case, eager then compiled (with `backend` in place of the case's,
+    if given); stops at the first call that differs (their states have parted)."""
     with quiet_fake_tensor_log():
-        return _run_case(case)
+        return _run_case(case, backend or case.backend)
 
 
-def _run_case(case: Case) -> Outcome:
+def _run_case(case: Case, backend) -> Outcome:
     eager_module, compiled_module = load(case), load(case)
     eager_fn = getattr(eager_module, case.target)
-    compiled_fn = torchweld.compile(getattr(compiled_module, case.target), backend=case.backend)
+    compiled_fn = torchweld.compile(getattr(compiled_module, case.target), backend=backend)
     exact = case.backend == "eager"
     eager_raised = 0
     try:

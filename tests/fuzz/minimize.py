@@ -102,12 +102,32 @@ def _simpler_calls(call: Call) -> Iterator[Call]:
         yield dataclasses.replace(call, grad_mode="enabled")
     if call.default_dtype != "float32":
         yield dataclasses.replace(call, default_dtype="float32")
+    for plainer, pattern in (("", r"\.requires_grad_\(\)"), ("", r", dtype=torch\.float64"),
+                             ("R = 3", r"^R = [25]$"), ("y = torch.randn(R, 4)", r"^y = x\b.*$"),
+                             ("y = torch.randn(4)", r"^y = x\[.*$")):
+        args = re.sub(pattern, plainer, call.args, flags=re.M)
+        if args != call.args:
+            yield dataclasses.replace(call, args=args)
+    for args in _without_list_items(call.args):
+        yield dataclasses.replace(call, args=args)
     kwargs = re.search(r"^kwargs = \{(.+)\}$", call.args, re.M)
     if kwargs:
         items = [item.strip() for item in kwargs.group(1).split(", ")]
         for i in range(len(items)):
             rest = ", ".join(items[:i] + items[i + 1:])
             yield dataclasses.replace(call, args=call.args.replace(kwargs.group(0), f"kwargs = {{{rest}}}"))
+
+
+def _without_list_items(source: str) -> Iterator[str]:
+    """The arguments' source with one item of one list literal left out."""
+    tree = ast.parse(source)
+    lists = [node for node in ast.walk(tree) if isinstance(node, ast.List)]
+    for n, node in enumerate(lists):
+        for i in range(len(node.elts)):
+            copy = ast.parse(source)
+            target = [m for m in ast.walk(copy) if isinstance(m, ast.List)][n]
+            del target.elts[i]
+            yield ast.unparse(copy)
 
 
 def _simpler_sources(source: str) -> Iterator[str]:

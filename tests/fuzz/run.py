@@ -272,6 +272,8 @@ def run_single(options) -> int:
     if options.minimize and options.crash:
         print(case.report() + "=== minimizing (each candidate in a fresh process) ===")
         small = minimize(case, crashes_in_subprocess(), budget_s=options.timeout * 30, log=print)
+        if options.save:
+            Path(options.save).write_text(small.to_json())
         print(small.report() + "=== standalone script ===\n" + small.script())
         return 0
     outcome = run_case(case)
@@ -282,6 +284,8 @@ def run_single(options) -> int:
         print("=== minimizing ===")
         small = minimize(case, same_failure_here(case), budget_s=options.timeout * 10, log=print)
         print(run_case(small).report())
+        if options.save:
+            Path(options.save).write_text(small.to_json())
         print("=== standalone script ===\n" + small.script())
     return 1 if outcome.differences else 0
 
@@ -308,6 +312,7 @@ def parse_args(argv: list[str] | None = None):
                         help="with --minimize: the case kills its process; candidates run in fresh processes")
     parser.add_argument("--minimize", action="store_true", help="with --case: shrink a failing case")
     parser.add_argument("--script", action="store_true", help="with --case: print the standalone script")
+    parser.add_argument("--save", help="with --minimize: write the smaller case here (JSON, for --case-json)")
     return parser.parse_args(argv)
 
 
