@@ -666,3 +666,63 @@ def test_sets_deques_and_defaultdicts_made_in_the_frame_need_no_break():
         x = torch.randn(2)
         assert_same(compiled(x), fn(x))
     assert len(backend.graphs) == 1
+
+
+HISTORY: list = []
+
+
+def test_an_error_the_graph_raises_is_handled_as_eager_handles_it():
+    """gelu of an integer tensor passes capture's fake run and raises in the kernel: the
+    user's `except` handles it, and the list change made before it is kept (the frame runs
+    again eagerly where its graph raises and changes nothing)."""
+    def fn(x):
+        HISTORY.append(len(HISTORY))
+        try:
+            y = torch.nn.functional.gelu(x)
+        except Exception:
+            y = x * 2
+        return y
+
+    compiled = torchweld.compile(fn, backend="eager")
+    for x in (torch.randn(3), torch.arange(3), torch.randn(3)):
+        HISTORY.clear()
+        expected = fn(x)
+        eager_history = list(HISTORY)
+        HISTORY.clear()
+        assert_same(compiled(x), expected)
+        assert HISTORY == eager_history
+
+
+def test_a_failing_graph_with_random_draws_reruns_with_eagers_numbers():
+    def fn(x):
+        HISTORY.append(1)
+        noise = torch.bernoulli(torch.full_like(x, 0.5))  # raises for integer tensors
+        return x + noise
+
+    compiled = torchweld.compile(fn, backend="eager")
+    for x in (torch.randn(3), torch.arange(3)):
+        results = []
+        for f in (fn, compiled):
+            HISTORY.clear()
+            torch.manual_seed(0)
+            try:
+                results.append((f(x), list(HISTORY)))
+            except NotImplementedError as e:
+                results.append((type(e), list(HISTORY)))
+        assert_same(results[0], results[1])
+
+
+def test_a_break_inside_with_inside_try_reaches_the_users_handler():
+    hist = []
+
+    def fn(x):
+        x = x + 1
+        try:
+            with torch.no_grad():
+                hist.pop(0)  # IndexError: the with block's cleanup passes it to the except
+            x = x * 2
+        except IndexError:
+            x = x - 1
+        return x
+
+    run_both(fn, tensors(3))

@@ -19,6 +19,7 @@ from torchweld import config, gc_pause, logs, timing
 from torchweld.atomic_imports import imports_finish_first
 from torchweld.capture import guard_extension
 from torchweld.capture.cache import CacheEntry, UserLine, build_entry, signature_of
+from torchweld.capture.eager_rerun import EagerRerun, rerun_generators
 from torchweld.capture.inline import RealCellValue
 from torchweld.capture.output_graph import OutputGraph, fake_errors_unlogged
 from torchweld.capture.reconstruct import Reconstructor
@@ -160,7 +161,16 @@ def _graph_entry(fn, tx: Translator, rebuild: Reconstructor, body: list[str], se
             return _eager_entry(fn, output, failed, time.perf_counter() - start)
         rebuild.constants["___graph"] = compiled
         reads, arguments = shared_reads(input_sources)
-        prefix += [*reads, f"___out = ___graph({', '.join(arguments)})"]
+        call = f"___out = ___graph({', '.join(arguments)})"
+        generators = rerun_generators(gm)
+        if generators is not None:  # an error it raises is raised (or handled) by the frame run eagerly
+            rebuild.constants["___rerun"] = EagerRerun(fn, generators, output.initial_grad_enabled)
+            _, passes = signature_of(fn.__code__)
+            saved = ["___rng = ___rerun.save()"] if generators else []
+            prefix += [*reads, *saved, "try:", f"    {call}", "except Exception as ___error:",
+                       f"    return ___rerun(___error, {'___rng' if generators else 'None'}{', ' if passes else ''}{passes})"]
+        else:
+            prefix += [*reads, call]
         if output.grad_mode_changed:  # whatever the backend did with the graph's grad-mode nodes
             # a break re-enters its contexts from the frame's starting mode; a return keeps the last mode
             final = output.initial_grad_enabled if reason is not None else output.grad_enabled

@@ -44,16 +44,28 @@ def can_break_at(code: types.CodeType, inst: dis.Instruction) -> bool:
     return inst.opname in BREAKABLE
 
 
+# handlers that only pass an exception on: a `with` block's cleanup (it calls __exit__, then
+# re-raises) and the cleanup that restores the exception state and re-raises
+_PASSING_HANDLERS = (("PUSH_EXC_INFO", "WITH_EXCEPT_START"), ("COPY", "POP_EXCEPT"))
+
+
 def inside_try(code: types.CodeType, offset: int) -> bool:
-    """Whether an exception at `offset` would reach a handler other than a `with`
-    block's cleanup: the native instruction would raise outside the user's handler."""
+    """Whether an exception at `offset` would reach a handler of the user's (an `except` or
+    `finally`), past any `with` block's cleanup: the native instruction would raise outside
+    that handler. Each offset has one innermost handler; one that passes the exception on is
+    followed to the handler covering its own code."""
     instructions = {inst.offset: inst for inst in dis.get_instructions(code)}
-    for entry in getattr(dis, "_parse_exception_table", lambda c: [])(code):
-        if entry.start <= offset < entry.end:
-            handler = [instructions.get(entry.target + 2 * k) for k in range(2)]
-            names = [inst.opname if inst else "" for inst in handler]
-            if names != ["PUSH_EXC_INFO", "WITH_EXCEPT_START"]:
-                return True
+    entries = getattr(dis, "_parse_exception_table", lambda c: [])(code)
+    seen = set()
+    while offset not in seen:
+        seen.add(offset)
+        entry = next((e for e in entries if e.start <= offset < e.end), None)
+        if entry is None:
+            return False
+        handler = tuple(getattr(instructions.get(entry.target + 2 * k), "opname", "") for k in range(2))
+        if handler not in _PASSING_HANDLERS:
+            return True
+        offset = entry.target
     return False
 
 

@@ -205,6 +205,8 @@ class OutputGraph:
     def _record(self, op: str, target: object, run: Callable, args: list[Value], kwargs: dict[str, Value]) -> Value:
         example_args = [a.example() for a in args]
         example_kwargs = {k: v.example() for k, v in kwargs.items()}
+        if not self.autocast_regions and not torch._C._is_any_autocast_enabled():  # autocast casts them
+            _check_matmul_dtypes(target, self.root, [*example_args, *example_kwargs.values()])
         result = self._run_fake(run if op == "call_module" else target, run, example_args, example_kwargs)
         has_tensor = any(isinstance(x, torch.Tensor) for x in pytree.tree_leaves(result))
         if not has_tensor and result is not None:
@@ -257,7 +259,7 @@ class OutputGraph:
     def _remove_dead_code(self) -> None:
         """Drop operations whose results nobody uses and that change nothing."""
         for node in reversed(list(self.graph.nodes)):
-            if node.op in ("call_function", "call_method") and not node.users and _is_pure(node):  # noqa: SIM102
+            if node.op in ("call_function", "call_method") and not node.users and is_pure_node(node):  # noqa: SIM102
                 self.graph.erase_node(node)
 
     def op_count(self) -> int:
@@ -303,6 +305,28 @@ def fake_errors_unlogged():
         logger.removeFilter(quiet)
 
 
+# products whose fake-tensor rules accept operands of different dtypes, which their kernels refuse
+_MATMUL_NAMES = {"linear", "mm", "matmul", "__matmul__", "__rmatmul__", "addmm", "addmv", "mv", "dot", "vdot", "bilinear"}
+_MATMUL_MODULES = (torch.nn.Linear, torch.nn.Bilinear, torch.nn.RNNBase, torch.nn.MultiheadAttention)
+
+
+def _check_matmul_dtypes(target: object, root: torch.nn.Module, operands: list) -> None:
+    """A product of tensors of different dtypes (float64 input, float32 weight) raises in eager;
+    it must raise at the user's line (a break there), not from a graph past side effects."""
+    what = _describe(target)
+    if isinstance(target, str) and hasattr(root, target):  # call_module: its name
+        module = getattr(root, target)
+        if not isinstance(module, _MATMUL_MODULES):
+            return
+        operands, what = [*operands, *module.parameters()], _describe(module)
+    elif (target if isinstance(target, str) else getattr(target, "__name__", "")) not in _MATMUL_NAMES:
+        return
+    dtypes = {t.dtype for t in pytree.tree_leaves(operands) if isinstance(t, torch.Tensor) and t.is_floating_point()}
+    if len(dtypes) > 1:
+        raise Unsupported(f"{what} of {' and '.join(sorted(map(str, dtypes)))} tensors "
+                          "(the eager run raises: its operands must have one dtype)")
+
+
 def _describe(target: object) -> str:
     if isinstance(target, str):
         return f"Tensor.{target}()"
@@ -321,18 +345,20 @@ _RANDOM_NAMES = {"bernoulli", "multinomial", "normal", "poisson", "dropout", "al
                  "dropout1d", "dropout2d", "dropout3d", "rrelu", "gumbel_softmax", "fused_dropout"}
 
 
-def _draws_random(name: str) -> bool:
+def draws_random(name: str) -> bool:
     return "rand" in name or name.lstrip("_") in _RANDOM_NAMES
 
 
-def _is_pure(node: torch.fx.Node) -> bool:
+def is_pure_node(node: torch.fx.Node) -> bool:
+    """A call that changes nothing: no in-place change, no output argument, no random draw, no
+    grad-mode or autocast switch."""
     if node.kwargs.get("out") is not None or node.kwargs.get("inplace"):
         return False
     if node.op == "call_method":
-        return not node.target.endswith("_") and not _draws_random(node.target)
+        return not node.target.endswith("_") and not draws_random(node.target)
     target = node.target
     name = getattr(target, "__name__", "")
-    if _draws_random(name):
+    if draws_random(name):
         return False
     if target in _IMPURE_FUNCTIONS or name.startswith("i") and getattr(operator, name, None) is target:
         return False

@@ -1,0 +1,105 @@
+"""A graph that raises at run time, where it changes nothing outside: the frame runs again
+eagerly, so the call ends as eager's would.
+
+A graph runs before the Python side effects it was captured among are replayed, and
+outside any `try` of the user's code. An error the fake run could not foresee (a value out
+of range, an operation a kernel does not implement for a dtype) would then skip the user's
+`except`, and the side effects made before it. Where the graph changes nothing (no
+in-place change of a tensor, no module buffer updated), nothing has
+happened yet when it raises: the frame is run again as plain Python, which raises the
+error at the user's line (or handles it, as the user wrote), after its side effects.
+A graph that draws random numbers has its generators' states saved before each call and
+restored for the rerun. A graph that changes a tensor in place cannot be run twice, and
+its error propagates as is.
+"""
+from __future__ import annotations
+
+import dis
+import types
+import warnings
+
+import torch
+
+from torchweld import logs
+
+
+def rerun_generators(gm: torch.fx.GraphModule) -> list[torch.Generator] | None:
+    """Where running `gm` up to any node changes nothing a second run would see but the state
+    of random generators: those generators (saved before each call, restored for the rerun);
+    None where it changes more (a tensor changed in place, a module's buffers)."""
+    from torchweld.capture.output_graph import draws_random, is_pure_node
+
+    devices: set[torch.device] = set()
+    for node in gm.graph.nodes:
+        if node.op == "call_module":
+            module = gm.get_submodule(node.target)
+            if not _module_changes_nothing(module):
+                return None
+            if _draws_random(module):
+                devices.update(_devices_of(node))
+        elif node.op == "call_function" and node.target is torch._C._set_grad_enabled:
+            continue  # the rerun starts in the frame's own grad mode (EagerRerun restores it)
+        elif node.op in ("call_function", "call_method") and not is_pure_node(node):
+            name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
+            if not draws_random(name) or name.endswith("_") or node.kwargs.get("out") is not None \
+                    or node.kwargs.get("inplace"):
+                return None
+            devices.update(_devices_of(node))
+    return [_generator(d) for d in sorted(devices, key=str)]
+
+
+def _module_changes_nothing(module: torch.nn.Module) -> bool:
+    """No buffers to update (batch norm's running statistics), nothing changed in place."""
+    return all(not any(b is not None for b in m._buffers.values()) and not getattr(m, "inplace", False)
+               for m in module.modules())
+
+
+def _draws_random(module: torch.nn.Module) -> bool:
+    return any(isinstance(m, (torch.nn.modules.dropout._DropoutNd, torch.nn.RReLU)) and m.training
+               for m in module.modules())
+
+
+def _devices_of(node: torch.fx.Node) -> set[torch.device]:
+    return {t.device for t in torch.utils._pytree.tree_leaves(node.meta.get("example_value"))
+            if isinstance(t, torch.Tensor)}
+
+
+def _generator(device: torch.device) -> torch.Generator:
+    if device.type == "cuda":
+        return torch.cuda.default_generators[device.index if device.index is not None else torch.cuda.current_device()]
+    return torch.default_generator
+
+
+class EagerRerun:
+    """Called with the graph's error and the frame's arguments: runs the frame as plain Python."""
+
+    def __init__(self, fn: types.FunctionType, generators: list[torch.Generator], grad_enabled: bool):
+        self.fn = fn
+        self.generators = generators
+        self.grad_enabled = grad_enabled  # the mode the frame starts in (its guard holds it)
+        self.catches = catches_exceptions(fn.__code__)
+
+    def save(self) -> list[torch.Tensor]:
+        """The generators' states before the graph: the rerun draws what eager draws."""
+        return [g.get_state() for g in self.generators]
+
+    def __call__(self, error: Exception, states: list[torch.Tensor] | None, *args, **kwargs):
+        for generator, state in zip(self.generators, states or ()):
+            generator.set_state(state)
+        torch._C._set_grad_enabled(self.grad_enabled)  # a `with torch.no_grad()` in the graph may have left it
+        name = self.fn.__code__.co_qualname
+        logs.get("graph_breaks").info("the graph of %s raised %s: %s; running the frame eagerly, as eager does",
+                                      name, type(error).__name__, error)
+        result = self.fn(*args, **kwargs)
+        if not self.catches:  # nothing of the user's could have handled it: the graph was wrong to raise
+            warnings.warn(f"torchweld: the compiled graph of {name} raised {type(error).__name__} ({error}), and "
+                          "the frame run eagerly did not: this call's result is eager's. Please report this.",
+                          stacklevel=2)
+        return result
+
+
+def catches_exceptions(code: types.CodeType) -> bool:
+    """Whether the function has a `try` of its own (a `with` block's cleanup is not one)."""
+    from torchweld.capture.graph_break import inside_try
+
+    return any(inside_try(code, inst.offset) for inst in dis.get_instructions(code))
