@@ -205,7 +205,7 @@ class ObjectIndex:
         if depth > 6 or isinstance(value, SCALARS + (float, types.FunctionType, types.BuiltinFunctionType, type)):
             return
         known = id(value) in self.paths
-        if len(self.paths[id(value)]) < 4:
+        if len(self.paths[id(value)]) < 4 and path not in self.paths[id(value)]:
             self.paths[id(value)].append(path)
         self._alive.append(value)
         if known:

@@ -134,31 +134,41 @@ def _simpler_sources(source: str) -> Iterator[str]:
     lines = source.splitlines()
     tree = ast.parse(source)
     f = next(node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "f")
-    body = f.body
-    for stmt in reversed(body):  # the last statements first: the return is kept, the rest may go
-        if isinstance(stmt, ast.Return):
-            continue
-        yield _without(lines, stmt.lineno, stmt.end_lineno)
-    for stmt in body:  # a compound statement replaced by its body (its first block)
-        block = getattr(stmt, "body", None)
-        if isinstance(stmt, (ast.If, ast.For, ast.With, ast.Try)) and block:
-            inner = lines[block[0].lineno - 1:block[-1].end_lineno]
-            yield "\n".join(lines[:stmt.lineno - 1] + [line[4:] for line in inner] + lines[stmt.end_lineno:]) + "\n"
-    returned = body[-1]
+    blocks = list({id(b): b for node in ast.walk(f) for b in _blocks(node)}.values())  # outer blocks first
+    for block in blocks:  # one statement left out (`pass` where it was alone), the last first
+        for stmt in reversed(block):
+            if isinstance(stmt, ast.Return) and block is f.body:
+                continue
+            if len(block) == 1:
+                yield _replace_lines(lines, stmt.lineno, stmt.end_lineno, [" " * stmt.col_offset + "pass"])
+            else:
+                yield _replace_lines(lines, stmt.lineno, stmt.end_lineno, [])
+    for block in blocks:  # a compound statement replaced by one of its blocks
+        for stmt in block:
+            for inner in _blocks(stmt):
+                body = lines[inner[0].lineno - 1:inner[-1].end_lineno]
+                shift = inner[0].col_offset - stmt.col_offset
+                yield _replace_lines(lines, stmt.lineno, stmt.end_lineno, [line[shift:] for line in body])
+    returned = f.body[-1]
     if isinstance(returned, ast.Return) and isinstance(returned.value, (ast.Tuple, ast.List, ast.Dict)):
         items = returned.value.elts if not isinstance(returned.value, ast.Dict) else returned.value.values
         for i in range(len(items)):
-            yield _replace_line(lines, returned.lineno, "    return " + ", ".join(
-                ast.unparse(item) for j, item in enumerate(items) if j != i) + ("," if len(items) == 2 else ""))
+            rest = [ast.unparse(item) for j, item in enumerate(items) if j != i]
+            yield _replace_lines(lines, returned.lineno, returned.end_lineno,
+                                 ["    return " + ", ".join(rest) + ("," if len(rest) == 1 else "")])
     for stmt in reversed(tree.body):  # the module's setup, after the function
-        if stmt is f:
-            continue
-        yield _without(lines, stmt.lineno, stmt.end_lineno)
+        if stmt is not f:
+            yield _replace_lines(lines, stmt.lineno, stmt.end_lineno, [])
 
 
-def _without(lines: list[str], first: int, last: int) -> str:
-    return "\n".join(lines[:first - 1] + lines[last:]) + "\n"
+def _blocks(node: ast.AST) -> list[list[ast.stmt]]:
+    """The statement blocks directly inside a node (a function's body, an if's two arms,
+    a try's body, handlers, else and finally)."""
+    blocks = [getattr(node, name) for name in ("body", "orelse", "finalbody")
+              if isinstance(getattr(node, name, None), list) and getattr(node, name)
+              and isinstance(getattr(node, name)[0], ast.stmt)]
+    return blocks + [handler.body for handler in getattr(node, "handlers", [])]
 
 
-def _replace_line(lines: list[str], lineno: int, text: str) -> str:
-    return "\n".join(lines[:lineno - 1] + [text] + lines[lineno:]) + "\n"
+def _replace_lines(lines: list[str], first: int, last: int, new: list[str]) -> str:
+    return "\n".join(lines[:first - 1] + new + lines[last:]) + "\n"
