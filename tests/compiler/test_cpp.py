@@ -1,4 +1,6 @@
-"""C++ kernels: column reductions render as outer reductions (blocked simd over the kept dim)."""
+"""C++ kernels: column reductions render as outer reductions (blocked simd over the kept dim);
+Python's floor division of floats."""
+import pytest
 import torch
 
 from weld_helpers import check, weld_compile
@@ -72,3 +74,30 @@ def test_a_mask_as_a_number_is_a_select():
     compiled = check(fn, inputs)
     source = compiled.kernel_sources["cpp"]
     assert "? 1.0f : 0.0f" in source and "? ((int32_t)1) : ((int32_t)0)" in source
+
+
+SPECIAL = [0.0, -0.0, 1.0, -1.0, 0.5, -0.5, 2.5, -2.5, 3.0, -3.0, 7.0, 0.1, -0.1, 1e-38, -1e-38, 1e-45, -1e-45,
+           3e38, -3e38, float("inf"), float("-inf"), float("nan")]
+
+
+def _same_bits(got, want):
+    """Equal values, equal signs of zero, NaN where the other has NaN."""
+    return bool((((got == want) & (torch.signbit(got) == torch.signbit(want))) | (got.isnan() & want.isnan())).all())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_floor_division_of_floats_is_pythons(dtype):
+    """floor(a / b) gave 1.0 // 0.1 = 10 (eager and Python: 9), -1.0 // inf = -0.0 (-1), and
+    inf // tiny = inf (NaN): the C++ helper computes it from fmod, as aten and CPython do."""
+    import itertools
+
+    pairs = list(itertools.product(SPECIAL, SPECIAL))
+    a = torch.tensor([p[0] for p in pairs], dtype=dtype)
+    b = torch.tensor([p[1] for p in pairs], dtype=dtype)
+    fn = lambda a, b: [a // b, torch.div(a, b, rounding_mode="floor"), a // 0.1, (a * 1.0) // -3.0]  # noqa: E731
+    compiled = weld_compile(fn, [a, b])
+    assert compiled.externs == []
+    results = compiled(a, b)
+    for got, want in zip(results, fn(a, b)):
+        assert _same_bits(got, want)
+    assert results[0][pairs.index((1.0, 0.1))].item() == 9.0

@@ -83,7 +83,9 @@ def test_layers_that_differ_only_in_their_seed_share_one_kernel_source():
     w = torch.eye(64, device=DEVICE)
     compiled = weld_compile(layers, [x, w, r], TRITON)
     source = compiled.kernel_sources["triton"]
-    assert source.count("@triton.jit") == 1 and source.count("tl.rand(") == 1, source
+    # the mask drawn over each row, and once a row at its first element (layer norm's
+    # variance is summed about that element: rules.var)
+    assert source.count("@triton.jit") == 1 and source.count("tl.rand(") == 2, source
     _, (first, second, third) = compiled(x, w, r)
     assert not torch.equal(first, second) and not torch.equal(second, third)
 

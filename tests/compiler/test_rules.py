@@ -167,3 +167,22 @@ def test_creation_ops():
                 torch.arange(4) * x, torch.arange(2, 10, 2).float(), x.new_zeros(2, 2), x * 0]
 
     check(fn, [x])
+
+
+@pytest.mark.parametrize("codegen", ["cpp", "triton"])
+def test_clamps_keep_negative_zero_and_nan(codegen):
+    """A bound replaces a value only past it, as eager clamps: relu(-0.0) is -0.0 (a maximum
+    with 0.0 made it +0.0), and NaN stays NaN."""
+    import os
+
+    from weld_helpers import weld_compile
+
+    if codegen == "triton" and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("the Triton path runs on CPU through the interpreter")
+    x = torch.tensor([-0.0, 0.0, float("nan"), -2.0, 2.0, float("inf"), float("-inf"), 0.5] * 4)
+    fn = lambda x: [torch.relu(x), x.clamp(min=0), x.clamp(max=0), x.clamp(-1, 1), torch.nn.functional.hardtanh(x),  # noqa: E731
+                    torch.nn.functional.relu6(x), x.clamp(min=-0.0)]
+    compiled = weld_compile(fn, [x], {"cpu_codegen": "triton"} if codegen == "triton" else None)
+    for got, want in zip(compiled(x), fn(x)):
+        torch.testing.assert_close(got, want, equal_nan=True)
+        assert torch.equal(torch.signbit(got), torch.signbit(want)), (got, want)

@@ -75,6 +75,7 @@ DECOMPOSED_OPS = [
     aten.baddbmm,
     aten.silu_,
     aten.relu6,
+    aten.mse_loss,
 ]
 
 DECOMPOSITIONS = {**get_decompositions(DECOMPOSED_OPS), **decompositions.OWN}

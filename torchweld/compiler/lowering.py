@@ -210,6 +210,12 @@ class GraphLowering:
         return self._reduction(partial.shape, tuple(range(n_partial)), reduce_op,
                                partial.read(ir.dim_vars(len(partial.shape))), dtype, x.device)
 
+    def known_reduction(self, x: TensorValue, reduced, reduce_op: ir.Op, body: Expr, dtype, value: TensorValue) -> None:
+        """Make `value` what add_reduction(x, reduced, reduce_op, body, dtype) gives from now on,
+        where it is that reduction computed another way (variance's shifted sum gives sum(x))."""
+        key = (tuple(x.shape), tuple(sorted(reduced)), reduce_op, body.key(), dtype, x.device)
+        self.reductions.setdefault(key, value)
+
     def reads_along_kept(self, body: Expr, shape, reduced) -> bool:
         """Whether a reduction's `body` reads its rows across, contiguous along the kept dims
         (ir.contiguous_across, over its loads' offsets in their buffers). The Triton renderer

@@ -227,21 +227,26 @@ def pow_(L, node, a, b):
 def relu(L, node, x):
     if x.dtype is torch.bool:
         raise NotImplementedError("relu of bool")
-    return make_pointwise(L, node, lambda a: binop(Op.MAXIMUM)(a, ir.const(0, a.dtype)), [x], upcast(x.dtype))
+    return make_pointwise(L, node, lambda a: clamped(a, 0, None), [x], upcast(x.dtype))
+
+
+def clamped(a: Expr, lo, hi) -> Expr:
+    """`a` clamped as eager clamps: a bound replaces `a` only where `a` is past it, so NaN
+    stays NaN and relu(-0.0) stays -0.0 (a maximum with 0 made it +0.0); lo first, then hi."""
+    if lo is not None:
+        bound = ir.const(lo, a.dtype)
+        a = Expr(Op.WHERE, a.dtype, (Expr(Op.LT, torch.bool, (a, bound)), bound, a))
+    if hi is not None:
+        bound = ir.const(hi, a.dtype)
+        a = Expr(Op.WHERE, a.dtype, (Expr(Op.GT, torch.bool, (a, bound)), bound, a))
+    return a
 
 
 @lowers(aten.clamp)
 def clamp(L, node, x, min=None, max=None):
-    def fn(a):
-        if min is not None:
-            a = binop(Op.MAXIMUM)(a, ir.const(min, a.dtype))
-        if max is not None:
-            a = binop(Op.MINIMUM)(a, ir.const(max, a.dtype))
-        return a
-
     if isinstance(min, TensorValue) or isinstance(max, TensorValue):
         raise NotImplementedError("clamp with tensor bounds")
-    return make_pointwise(L, node, fn, [x], upcast(out_val(node).dtype))
+    return make_pointwise(L, node, lambda a: clamped(a, min, max), [x], upcast(out_val(node).dtype))
 
 
 @lowers(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar, prims.where)
@@ -510,7 +515,9 @@ def any_all(L, node, x, dims=None, keepdim=False):
 
 @lowers(prims.var)
 def var(L, node, x, dims, correction=1.0, *, output_dtype=None):
-    """Two reductions in one kernel: the mean, then the squared deviations from it."""
+    """Two reductions in one kernel: the mean, then the squared deviations from it. The mean
+    is summed as deviations from the row's first element (a shift): a row of large equal
+    values (4 x 1e38) then sums to 0, not to inf, and rows far from 0 lose no digits to it."""
     val = out_val(node)
     ndim = len(x.shape)
     dims = sorted({d % ndim for d in dims})
@@ -519,13 +526,27 @@ def var(L, node, x, dims, correction=1.0, *, output_dtype=None):
     index = ir.dim_vars(ndim)
     kept = [index[i] for i in range(ndim) if i not in dims]
     xs = cast(x.read(index), acc)
-    total = L.add_reduction(x, dims, Op.SUM, xs, acc)
-    mean = Expr(Op.TRUEDIV, acc, (total.read(kept), ir.const(max(n, 1), acc)))
+    first = [ir.const(0) if i in dims else index[i] for i in range(ndim)]
+    shift = cast(x.read(first), acc) if n else ir.const(0, acc)
+    total = L.add_reduction(x, dims, Op.SUM, Expr(Op.SUB, acc, (xs, shift)), acc)
+    mean = Expr(Op.ADD, acc, (shift, Expr(Op.TRUEDIV, acc, (total.read(kept), ir.const(max(n, 1), acc)))))
+    # var_mean's mean sums x again: it reads n * shift + total instead of a third sum
+    out = ir.dim_vars(len(kept))
+    plain = Expr(Op.ADD, acc, (Expr(Op.MUL, acc, (ir.substitute(shift, _spread(out, ndim, dims)), ir.const(n, acc))),
+                               total.read(out)))
+    L.known_reduction(x, dims, Op.SUM, xs, x.dtype,
+                      L.add_pointwise(cast(plain, upcast(x.dtype)), x.dtype, total.shape, x.device))
     dev = Expr(Op.SUB, acc, (xs, mean))
     sq = L.add_reduction(x, dims, Op.SUM, Expr(Op.MUL, acc, (dev, dev)), acc)
     out_shape = tuple(val.shape)
     body = Expr(Op.TRUEDIV, acc, (sq.read(ir.dim_vars(len(out_shape))), ir.const(n - correction, acc)))
     return L.add_pointwise(cast(body, upcast(val.dtype)), val.dtype, out_shape, val.device, meta_layout(val))
+
+
+def _spread(kept_index: list[Expr], ndim: int, dims) -> list[Expr]:
+    """A full index from the index of the kept dims (the reduced ones at 0: they are unused)."""
+    it = iter(kept_index)
+    return [ir.const(0) if i in dims else next(it) for i in range(ndim)]
 
 
 # =============================================================================

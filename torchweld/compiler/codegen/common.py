@@ -102,13 +102,17 @@ class KernelRenderer:
         self.tmp_count = 0
         self.reduced_names: dict[str, str] = {}
         self.args = kernel.args
+        self.hoisting: list | None = None
         scope = self.open_kernel(kernel)
         for i, stage in enumerate(kernel.stages):
+            mark = len(self.lines)
             inner = self.open_stage(i, stage, scope)
+            self.hoisting = [scope, mark]  # (see `expr`)
             for acc in stage.reductions:
                 self.accumulate(acc, self.expr(acc.value, inner), inner)
             for store in stage.stores:
                 self.store(store, inner)
+            self.hoisting = None
             self.close_stage(i, stage, scope)
         self.render_outer_stores(kernel, scope)
         self.close_kernel(kernel)
@@ -119,6 +123,10 @@ class KernelRenderer:
             self.store(store, scope)
 
     def emit(self, scope: Scope, line: str) -> None:
+        if self.hoisting is not None and scope is self.hoisting[0]:  # before the stage's loops
+            self.lines.insert(self.hoisting[1], "    " * scope.indent + line)
+            self.hoisting[1] += 1
+            return
         self.lines.append("    " * scope.indent + line)
 
     def new_tmp(self, prefix: str = "tmp") -> str:
@@ -129,12 +137,31 @@ class KernelRenderer:
         return f"ptr{self.args.index(buffer)}"
 
     def expr(self, e: Expr, scope: Scope) -> str:
-        """The name (or inline text) of `e`'s value in `scope`, emitting what it needs."""
+        """The name (or inline text) of `e`'s value in `scope`, emitting what it needs. Inside a
+        reduction stage, what does not vary along its loops (a row's mean, the element a
+        variance is taken about) is computed once before them, in the stage's outer scope."""
         names: dict[int, str] = {}
+        outer = self.hoisting[0] if self.hoisting is not None else None
+        fixed: dict[int, bool] = {}  # node -> whether it is one value along the stage's loops
         for node in ir.walk(e):
             args = [names[id(a)] for a in node.args]
-            names[id(node)] = self.node_code(node, args, scope)
+            if node.op is Op.VAR:
+                fixed[id(node)] = not self.varies_in_stage(node.arg)
+            elif node.op is Op.REDUCED:
+                fixed[id(node)] = self.reduced_fixed_in_stage
+            else:
+                fixed[id(node)] = all(fixed[id(a)] for a in node.args)
+            hoist = outer is not None and fixed[id(node)] and node.op is not Op.CONST and node.op is not Op.VAR
+            names[id(node)] = self.node_code(node, args, outer if hoist else scope)
         return names[id(e)]
+
+    def varies_in_stage(self, variable: str) -> bool:
+        """Whether index variable `variable` is one a reduction stage's loops define."""
+        return variable.startswith("r")
+
+    # whether an earlier stage's result is one value along a stage's loops (not: a C++ outer
+    # reduction's, an array over the lanes of its simd loop)
+    reduced_fixed_in_stage = True
 
     def node_code(self, node: Expr, args: list[str], scope: Scope) -> str:
         if node.op is Op.CONST:

@@ -14,11 +14,13 @@ comparison and clamp of the loop variable is decided, so the loop is a plain,
 vectorized copy or computation rather than clamped gathers and selects."""
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
 
 from torchweld.compiler.codegen.common import C_LIKE_OPS, KernelRenderer, Scope
+from torchweld.compiler.codegen.cpp_reduction import SEGMENTS, reduced_loops
 from torchweld.compiler import index_ranges, ir
 from torchweld.compiler.ir import Op
 from torchweld.compiler.schedule import Kernel, Stage, Store
@@ -52,7 +54,7 @@ namespace tw {
 TW_MATH1(exp) TW_MATH1(expm1) TW_MATH1(log) TW_MATH1(log1p) TW_MATH1(log2) TW_MATH1(sin) TW_MATH1(cos)
 TW_MATH1(tan) TW_MATH1(tanh) TW_MATH1(atan) TW_MATH1(sqrt) TW_MATH1(erf) TW_MATH1(floor) TW_MATH1(ceil)
 TW_MATH1(trunc) TW_MATH1(nearbyint)
-TW_MATH2(pow) TW_MATH2(atan2) TW_MATH2(fmod)
+TW_MATH2(pow) TW_MATH2(atan2) TW_MATH2(fmod) TW_MATH2(copysign)
 static inline float abs(float x) { return __builtin_fabsf(x); }
 static inline double abs(double x) { return __builtin_fabs(x); }
 template <typename T> static inline T abs(T x) { return x < 0 ? -x : x; }
@@ -79,8 +81,18 @@ template <typename T> static inline T tw_min(T a, T b) {
   if constexpr (std::is_floating_point_v<T>) { if (a != a) return a; if (b != b) return b; }
   return a < b ? a : b;
 }
+// Python's (and aten's) a // b: of floats, from fmod as CPython's float_floor_div, so that
+// 1.0 // 0.1 is 9 (floor(a / b) gave 10), -1.0 // inf is -1 and inf // x is NaN
 template <typename T> static inline T tw_floordiv(T a, T b) {
-  if constexpr (std::is_floating_point_v<T>) { return tw::floor(a / b); }
+  if constexpr (std::is_floating_point_v<T>) {
+    if (b == 0) return a / b;
+    T mod = tw::fmod(a, b);
+    T div = (a - mod) / b;
+    if (mod != 0 && ((b < 0) != (mod < 0))) div -= T(1);
+    if (div == 0) return tw::copysign(T(0), a / b);
+    T q = tw::floor(div);
+    return div - q > T(0.5) ? q + T(1) : q;
+  }
   else { T q = a / b; return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q; }
 }
 template <typename T> static inline T tw_mod(T a, T b) {
@@ -236,7 +248,9 @@ class CppRenderer(KernelRenderer):
         numel = math.prod(kernel.outer) * max(math.prod(kernel.reduced), 1)
         parallel = f" if({numel} > 32768)" if numel else ""
         self.block_var = _outer_reduction_var(kernel, outer)
+        self.walk = reduced_loops(kernel.outer, kernel.reduced)
         if self.block_var is not None:
+            self.walk = dataclasses.replace(self.walk, threaded=False)  # its threads share the outer loop
             return self.open_blocked_kernel(outer, parallel)
         if split:
             outer = outer[:-1]
@@ -247,6 +261,8 @@ class CppRenderer(KernelRenderer):
             if split:
                 if k == 0:
                     pragma = f"#pragma omp parallel for collapse({len(outer)}){parallel}"
+            elif kernel.is_reduction and self.walk.threaded:
+                pass  # the threads share each row (open_stage)
             elif kernel.is_reduction or len(outer) == 1:
                 if k == 0:
                     simd = "" if kernel.is_reduction else " simd"
@@ -311,26 +327,96 @@ class CppRenderer(KernelRenderer):
             self.store(store, lanes)
         self.emit(Scope(None, indent - 1), "}")
 
+    # -- reduction stages (the walk of the reduced loops: cpp_reduction.py) ---------------
+    def varies_in_stage(self, variable: str) -> bool:
+        # an outer reduction's blocked variable is set in the simd loop over lanes, inside the stage
+        return variable.startswith("r") or variable == self.block_var
+
+    @property
+    def reduced_fixed_in_stage(self) -> bool:
+        return self.block_var is None
+
+
     def open_stage(self, i: int, stage: Stage, outer: Scope) -> Scope:
+        """The accumulators, then the reduced loops: in chunks whose float partial sums go
+        into double totals, and for a threaded walk within a loop over segments of chunks."""
         if self.block_var is not None:
             return self.open_blocked_stage(stage, outer)
+        walk = self.walk
         self.nan_flags: dict[str, str] = {}
+        self.stage_accs = []  # (accumulation, its variable's name, whether its chunks are summed in double)
         for acc in stage.reductions:
             name = self.new_tmp("acc")
-            self.reduced_names[acc.name] = name
-            self.emit(outer, f"{self.register_type(acc.dtype)} {name} = {self.accumulator_init(acc)};")
+            self.stage_accs.append((acc, name, walk.chunked and _summed_in_chunks(acc)))
             if _nan_propagating(acc):
-                self.nan_flags[acc.name] = flag = self.new_tmp("nan")
-                self.emit(outer, f"int {flag} = 0;")
-        loops = [(f"r{k}", s) for k, s in enumerate(self.kernel.reduced) if s != 1]
+                self.nan_flags[acc.name] = self.new_tmp("nan")
         indent = outer.indent
-        for k, (var, size) in enumerate(loops):
-            if k == len(loops) - 1:
-                self.emit(Scope(None, indent), f"#pragma omp simd{self.simd_reductions(stage)}")
-            self.emit(Scope(None, indent), f"for (int64_t {var} = 0; {var} < {size}; {var}++) {{")
+        if walk.threaded:  # each segment's results in arrays, combined in order at close_stage
+            for acc, name, wide in self.stage_accs:
+                self.emit(outer, f"{self.register_type(acc.dtype)} {name};")
+                self.emit(outer, f"{'double' if wide else self.accumulator_type(acc)} {name}s[{SEGMENTS}];")
+                if acc.name in self.nan_flags:
+                    self.emit(outer, f"int {self.nan_flags[acc.name]}s[{SEGMENTS}];")
+            self.emit(outer, "#pragma omp parallel for schedule(static)")
+            self.emit(outer, f"for (int64_t rseg = 0; rseg < {SEGMENTS}; rseg++) {{")
             indent += 1
-        self.stage_loops = len(loops)
+        here = Scope(None, indent)
+        for acc, name, wide in self.stage_accs:
+            local = f"{name}l" if walk.threaded else name if not _multiplied_in_double(acc) else f"{name}d"
+            if wide:
+                self.emit(here, f"double {name}w = 0;")
+            else:
+                self.emit(here, f"{self.accumulator_type(acc)} {local} = {self.accumulator_init(acc)};")
+            self.reduced_names[acc.name] = f"{name}p" if wide else local
+            if acc.name in self.nan_flags:
+                self.emit(here, f"int {self.nan_flags[acc.name]} = 0;")
+        indent = self.open_row_loops(indent, stage)
         return Scope(outer, indent)
+
+    def open_row_loops(self, indent: int, stage: Stage | None) -> int:
+        """The reduced loops, from the chunk loop (if the walk has chunks) in; the innermost
+        gets `omp simd` with the stage's reduction clauses (none for a blocked stage, whose
+        simd loop runs over lanes: stage None). Returns the indent of the loop body."""
+        walk = self.walk
+        loops = [(var, "0", str(size)) for var, size in walk.loops]
+        self.chunk_open = walk.chunked
+        if walk.chunked:
+            chunks = walk.chunks
+            lo, hi = ("0", str(chunks)) if not walk.threaded else \
+                (f"rseg * {chunks} / {SEGMENTS}", f"(rseg + 1) * {chunks} / {SEGMENTS}")
+            self.emit(Scope(None, indent), f"for (int64_t rq = {lo}; rq < {hi}; rq++) {{")
+            indent += 1
+            body = Scope(None, indent)
+            rest, per_pass = "rq", walk.chunks_per_pass
+            var, size = walk.loops[walk.split]
+            first = f"{var}c" if walk.chunk > 1 else var  # a chunk of one iteration: the variable itself
+            self.emit(body, f"const int64_t {first} = ({rest} % {per_pass}) * {walk.chunk};" if walk.chunk > 1
+                      else f"const int64_t {first} = {rest} % {per_pass};")
+            rest = f"({rest} / {per_pass})"
+            for outer_var, outer_size in reversed(walk.loops[:walk.split]):
+                self.emit(body, f"const int64_t {outer_var} = {rest} % {outer_size};")
+                rest = f"({rest} / {outer_size})"
+            for acc, name, wide in (self.stage_accs if stage is not None else self.blocked_accs):
+                if wide and stage is not None:
+                    self.emit(body, f"{self.register_type(acc.dtype)} {name}p = 0;")
+                elif wide:
+                    self.emit(body, f"{self.register_type(acc.dtype)} {name}p[{OUTER_BLOCK}] = {{}};")
+            end = f"({var}c + {walk.chunk} < {size} ? {var}c + {walk.chunk} : INT64_C({size}))"
+            loops = ([(var, f"{var}c", end)] if walk.chunk > 1 else []) + loops[walk.split + 1:]
+        for k, (var, lo, hi) in enumerate(loops):
+            if k == len(loops) - 1 and stage is not None:
+                self.emit(Scope(None, indent), f"#pragma omp simd{self.simd_reductions(stage)}")
+            self.emit(Scope(None, indent), f"for (int64_t {var} = {lo}; {var} < {hi}; {var}++) {{")
+            indent += 1
+        self.row_loops = len(loops)
+        return indent
+
+    def close_row_loops(self, indent: int) -> int:
+        """Close what open_row_loops opened inside the chunk loop; returns the chunk body's indent
+        (the loop that was opened at `indent`'s level when there are no chunks)."""
+        for k in range(self.row_loops - 1, -1, -1):
+            self.emit(Scope(None, indent + self.chunk_open + k), "}")
+        return indent + self.chunk_open
 
     def simd_reductions(self, stage: Stage) -> str:
         """The `reduction(...)` clauses of a row stage's simd loop: one per operator, and `|`
@@ -343,30 +429,90 @@ class CppRenderer(KernelRenderer):
             by_op.setdefault("|", []).extend(self.nan_flags.values())
         return "".join(f" reduction({op}:{', '.join(names)})" for op, names in sorted(by_op.items()))
 
+    def close_stage(self, i: int, stage: Stage, outer: Scope) -> None:
+        if self.block_var is not None:
+            return self.close_blocked_stage(outer)
+        walk = self.walk
+        indent = outer.indent + walk.threaded
+        body = Scope(None, self.close_row_loops(indent))
+        if walk.chunked:
+            for acc, name, wide in self.stage_accs:
+                if wide:
+                    self.emit(body, f"{name}w += {name}p;")
+            self.emit(Scope(None, indent), "}")
+        if walk.threaded:
+            here = Scope(None, indent)
+            for acc, name, wide in self.stage_accs:
+                self.emit(here, f"{name}s[rseg] = {name}w;" if wide else f"{name}s[rseg] = {name}l;")
+                if acc.name in self.nan_flags:
+                    flag = self.nan_flags[acc.name]
+                    self.emit(here, f"{flag}s[rseg] = {flag};")
+            self.emit(outer, "}")
+            self.combine_segments(outer)
+        for acc, name, wide in self.stage_accs:
+            if wide and not walk.threaded:
+                self.emit(outer, f"{self.register_type(acc.dtype)} {name} = static_cast<{self.register_type(acc.dtype)}>({name}w);")
+            elif _multiplied_in_double(acc) and not walk.threaded:
+                self.emit(outer, f"{self.register_type(acc.dtype)} {name} = static_cast<{self.register_type(acc.dtype)}>({name}d);")
+            self.reduced_names[acc.name] = name
+            if acc.name in self.nan_flags:
+                self.emit(outer, f"if ({self.nan_flags[acc.name]}) {name} = NAN;")
+
+    def combine_segments(self, outer: Scope) -> None:
+        """Each accumulation's result from its segments' results, in segment order."""
+        loop = f"for (int64_t rseg = 0; rseg < {SEGMENTS}; rseg++)"
+        for acc, name, wide in self.stage_accs:
+            if wide:
+                self.emit(outer, f"double {name}w = 0;")
+                self.emit(outer, f"{loop} {name}w += {name}s[rseg];")
+                self.emit(outer, f"{name} = static_cast<{self.register_type(acc.dtype)}>({name}w);")
+            else:
+                combined = f"{name}c"
+                self.emit(outer, f"{self.accumulator_type(acc)} {combined} = {self.accumulator_init(acc)};")
+                self.emit(outer, f"{loop} {combined} = {_combined(acc, combined, f'{name}s[rseg]')};")
+                self.emit(outer, f"{name} = {combined};")
+            if acc.name in self.nan_flags:
+                flag = self.nan_flags[acc.name]
+                self.emit(outer, f"int {flag} = 0;")
+                self.emit(outer, f"{loop} {flag} |= {flag}s[rseg];")
+
     def open_blocked_stage(self, stage: Stage, outer: Scope) -> Scope:
         """Accumulator arrays over the block, the reduced loops, then the simd loop over lanes."""
         lane = f"{self.block_var}i"
+        self.blocked_accs = []
         for acc in stage.reductions:
             name = self.new_tmp("acc")
-            self.reduced_names[acc.name] = f"{name}[{lane}]"
+            wide = self.walk.chunked and _summed_in_chunks(acc)
+            self.blocked_accs.append((acc, name, wide))
             self.emit(outer, f"{self.register_type(acc.dtype)} {name}[{OUTER_BLOCK}];")
-            self.emit(outer, f"for (int64_t {lane} = 0; {lane} < {OUTER_BLOCK}; {lane}++) "
-                             f"{name}[{lane}] = {self.accumulator_init(acc)};")
-        loops = [(f"r{k}", s) for k, s in enumerate(self.kernel.reduced) if s != 1]
-        indent = outer.indent
-        for var, size in loops:
-            self.emit(Scope(None, indent), f"for (int64_t {var} = 0; {var} < {size}; {var}++) {{")
-            indent += 1
-        indent = self.open_lanes(indent)
-        self.stage_loops = len(loops) + 1
+            if wide:
+                self.emit(outer, f"double {name}w[{OUTER_BLOCK}] = {{}};")
+                self.reduced_names[acc.name] = f"{name}p[{lane}]"
+            else:
+                self.emit(outer, f"for (int64_t {lane} = 0; {lane} < {OUTER_BLOCK}; {lane}++) "
+                                 f"{name}[{lane}] = {self.accumulator_init(acc)};")
+                self.reduced_names[acc.name] = f"{name}[{lane}]"
+        indent = self.open_lanes(self.open_row_loops(outer.indent, None))
         return Scope(outer, indent)
 
-    def close_stage(self, i: int, stage: Stage, outer: Scope) -> None:
-        for k in range(self.stage_loops - 1, -1, -1):
-            self.emit(Scope(None, outer.indent + k), "}")
-        if self.block_var is None:
-            for acc_name, flag in self.nan_flags.items():
-                self.emit(outer, f"if ({flag}) {self.reduced_names[acc_name]} = NAN;")
+    def close_blocked_stage(self, outer: Scope) -> None:
+        lane = f"{self.block_var}i"
+        lanes = f"for (int64_t {lane} = 0; {lane} < {OUTER_BLOCK}; {lane}++)"
+        self.emit(Scope(None, outer.indent + self.chunk_open + self.row_loops), "}")  # the lanes
+        body = Scope(None, self.close_row_loops(outer.indent))
+        if self.chunk_open:
+            for acc, name, wide in self.blocked_accs:
+                if wide:
+                    self.emit(body, f"{lanes} {name}w[{lane}] += {name}p[{lane}];")
+            self.emit(outer, "}")
+        for acc, name, wide in self.blocked_accs:
+            if wide:
+                self.emit(outer, f"{lanes} {name}[{lane}] = static_cast<{self.register_type(acc.dtype)}>({name}w[{lane}]);")
+            self.reduced_names[acc.name] = f"{name}[{lane}]"
+
+    def accumulator_type(self, acc) -> str:
+        """A row stage's accumulator: floating products in double (cpp_reduction.py)."""
+        return "double" if _multiplied_in_double(acc) else self.register_type(acc.dtype)
 
     def accumulator_init(self, acc) -> str:
         if acc.dtype is torch.bool:
@@ -409,6 +555,25 @@ def _simd_operator(acc) -> str:
     if acc.dtype is torch.bool:
         return "||" if acc.reduce_op in (Op.SUM, Op.MAX) else "&&"
     return {Op.SUM: "+", Op.PROD: "*", Op.MAX: "max", Op.MIN: "min"}[acc.reduce_op]
+
+
+def _summed_in_chunks(acc) -> bool:
+    """A floating sum: its chunks' partial sums go into a double total (cpp_reduction.py)."""
+    return acc.reduce_op is Op.SUM and acc.dtype.is_floating_point
+
+
+def _multiplied_in_double(acc) -> bool:
+    """A floating product: each factor near 1 rounds the float product the same way (a
+    product of 300000 factors 1 + 1e-6 x was 0.2% off in float, eager's too): it runs in double."""
+    return acc.reduce_op is Op.PROD and acc.dtype.is_floating_point
+
+
+def _combined(acc, a: str, b: str) -> str:
+    """`acc`'s operator on two partial results (NaN of a floating max/min is its flag's business)."""
+    if acc.dtype is torch.bool:
+        return f"{a} || {b}" if acc.reduce_op in (Op.SUM, Op.MAX) else f"{a} && {b}"
+    return {Op.SUM: f"{a} + {b}", Op.PROD: f"{a} * {b}", Op.MAX: f"{b} > {a} ? {b} : {a}",
+            Op.MIN: f"{b} < {a} ? {b} : {a}"}[acc.reduce_op]
 
 
 def _nan_propagating(acc) -> bool:

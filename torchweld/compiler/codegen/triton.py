@@ -142,6 +142,18 @@ def _block_sizes(kernel: Kernel) -> tuple[int, int]:
     return xblock, rblock
 
 
+# A looped reduction's floating sums add each RBLOCK-wide step into a partial sum of a chunk
+# of CHUNK_STEPS steps, and the partials into a float64 running total (one add per chunk):
+# one float32 running sum per lane over a row of 1.5M elements (1465 adds a lane) was 20x
+# further from the exact sum than eager's (cpp_reduction.py does the same on the CPU).
+CHUNK_STEPS = 16
+
+
+def chunk_steps(rnumel: int, rblock: int) -> int:
+    """RBLOCK-wide steps of a looped reduction per chunk, or 0 for one running sum (a row of few steps)."""
+    return CHUNK_STEPS if -(-rnumel // rblock) > 2 * CHUNK_STEPS else 0
+
+
 def reads_across_rows(kernel: Kernel) -> bool:
     """Whether a reduction kernel reads its rows across, contiguous along its outputs
     (ir.contiguous_across): blocks then take many outputs and short stretches of rows."""
@@ -430,6 +442,19 @@ def _tw_pow(a, b):
 
 
 @triton.jit
+def _tw_tanh(x):
+    # tanh without libdevice: 1 - 2 / (1 + exp(2|x|)) from |x| = 0.625 on, Cephes' tanhf
+    # polynomial below, where that difference cancels (2 * sigmoid(2x) - 1 gave tanh(1e-7) = 0
+    # and tanh(-0.0) = +0.0); within a few ulp of torch.tanh, the sign of zero and NaN kept
+    z = x * x
+    small = ((((-5.70498872745e-3 * z + 2.06390887954e-2) * z - 5.37397155531e-2) * z + 1.33314422036e-1) * z
+             - 3.33332819422e-1) * z * x + x
+    large = 1.0 - 2.0 / (1.0 + tl.exp(2.0 * tl.abs(x)))
+    small = tl.where(x == 0, x, small)  # x + (-0.0 * ...) is +0.0
+    return tl.where(tl.abs(x) < 0.625, small, tl.where(x < 0, -large, large))
+
+
+@triton.jit
 def _tw_divide(n, packed):
     # n // d for 0 <= n < 2**31, from d's magic number and shift (size_args.packed_division)
     magic = (packed & 0xFFFFFFFF).to(tl.uint32)
@@ -464,7 +489,7 @@ class TritonRenderer(KernelRenderer):
         Op.LOG2: lambda a: f"tl.log2({a})",
         Op.SIN: lambda a: f"tl.sin({a})",
         Op.COS: lambda a: f"tl.cos({a})",
-        Op.TANH: lambda a: f"2 * tl.sigmoid(2 * {a}) - 1",
+        Op.TANH: lambda a: f"_tw_tanh({a})",
         # IEEE square roots: torch's precision, and no libdevice to link into the kernel
         # (tl.sqrt and tl.rsqrt lower to libdevice calls: ~50 ms more compile per kernel)
         Op.SQRT: lambda a: f"tl.sqrt_rn({a})",
@@ -627,9 +652,14 @@ class TritonRenderer(KernelRenderer):
     def open_stage(self, i: int, stage: Stage, outer: Scope) -> Scope:
         rnumel = math.prod(self.kernel.reduced)
         _, rblock = block_sizes(self.kernel)
+        looped = rnumel > rblock
+        steps = chunk_steps(rnumel, rblock) if looped else 0
+        self.partials = {}  # accumulation -> (its running total, the partial sum of the chunk)
         for acc in stage.reductions:
             name = self.new_tmp("acc")
             self.reduced_names[acc.name] = name
+            if steps and acc.reduce_op is Op.SUM and acc.dtype.is_floating_point:
+                self.partials[acc.name] = (name, f"{name}p")
             init = self.reduce_init[acc.reduce_op]
             dtype = self.register_type(acc.dtype)
             if acc.dtype is torch.bool:
@@ -637,15 +667,28 @@ class TritonRenderer(KernelRenderer):
             elif not acc.dtype.is_floating_point and acc.reduce_op in (Op.MAX, Op.MIN):
                 info = torch.iinfo(acc.dtype)
                 init = str(info.min if acc.reduce_op is Op.MAX else info.max)
+            if acc.name in self.partials:
+                dtype = "tl.float64"  # the running total of the chunks' partial sums
             self.emit(outer, f"{name} = tl.full([XBLOCK, RBLOCK], {init}, {dtype})")
-        looped = rnumel > rblock
         if not looped and self.row_scope is not None:
             # one block holds whole rows: the stages are one straight run of code, so a later
             # stage reads the values an earlier one loaded and computed instead of redoing
             # them (a layer norm's three passes load, and draw random numbers, once)
             return self.row_scope
         indent = outer.indent
-        if looped:
+        if steps:  # (rindex past the row's end is masked like the last step's)
+            self.emit(outer, f"for rchunk in range(0, {self.size(rnumel)}, RBLOCK * {steps}):")
+            indent += 1
+            for acc in stage.reductions:
+                if acc.name in self.partials:
+                    total, partial = self.partials[acc.name]
+                    self.emit(Scope(None, indent), f"{partial} = tl.full([XBLOCK, RBLOCK], 0, {self.register_type(acc.dtype)})")
+                    self.reduced_names[acc.name] = partial
+            self.emit(Scope(None, indent), f"for roffset in range(rchunk, rchunk + RBLOCK * {steps}, RBLOCK):")
+            indent += 1
+            inner = Scope(outer, indent)
+            self.emit(inner, "rindex = roffset + tl.arange(0, RBLOCK)[None, :]")
+        elif looped:
             self.emit(outer, f"for roffset in range(0, {self.size(rnumel)}, RBLOCK):")
             indent += 1
             inner = Scope(outer, indent)
@@ -662,12 +705,18 @@ class TritonRenderer(KernelRenderer):
         return inner
 
     def close_stage(self, i: int, stage: Stage, outer: Scope) -> None:
+        for total, partial in self.partials.values():
+            self.emit(Scope(None, outer.indent + 1), f"{total} = {total} + {partial}.to(tl.float64)")
         for acc in stage.reductions:
+            if acc.name in self.partials:
+                self.reduced_names[acc.name] = self.partials[acc.name][0]
             name = self.reduced_names[acc.name]
             fn = self.reduce_fn[acc.reduce_op]
             if acc.dtype is torch.bool:
                 fn = "tl.max" if acc.reduce_op in (Op.MAX, Op.SUM) else "tl.min"
                 self.emit(outer, f"{name} = {fn}({name}.to(tl.int8), 1)[:, None] != 0")
+            elif acc.name in self.partials:
+                self.emit(outer, f"{name} = {fn}({name}, 1)[:, None].to({self.register_type(acc.dtype)})")
             else:
                 self.emit(outer, f"{name} = {fn}({name}, 1)[:, None]")
 
