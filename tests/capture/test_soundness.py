@@ -726,3 +726,25 @@ def test_a_break_inside_with_inside_try_reaches_the_users_handler():
         return x
 
     run_both(fn, tensors(3))
+
+
+@pytest.mark.parametrize("evaluator", ["c", "python"])
+def test_hook_guards_run_again_only_after_a_hook_was_registered(evaluator):
+    """The guards that modules have no hooks are skipped while no hook handle was made since
+    they last held; one made on another module runs them (and they hold), one made on a module
+    the graph calls makes the entry a miss."""
+    inner = Doubler()
+    outer = nn.Sequential(nn.Linear(2, 2), inner)
+    backend = CountingBackend()
+    with torchweld.config.patch(guard_evaluator=evaluator):
+        compiled = torchweld.compile(outer, backend=backend)
+        x = torch.randn(2)
+        torch.testing.assert_close(compiled(x), outer(x))
+        nn.Linear(2, 2).register_forward_hook(lambda m, a, o: o)  # elsewhere: the guards run and hold
+        torch.testing.assert_close(compiled(x), outer(x))
+        torch.testing.assert_close(compiled(x), outer(x))
+        assert len(backend.graphs) == 1
+        handle = inner.register_forward_pre_hook(lambda m, a: (a[0] * 3,))
+        torch.testing.assert_close(compiled(x), outer(x))
+        handle.remove()
+        torch.testing.assert_close(compiled(x), outer(x))

@@ -58,7 +58,7 @@ class CacheEntry:
 
     def failing_guard(self, args: tuple, kwargs: dict) -> str | None:
         """The readable text of the first guard these arguments fail, if any."""
-        for guard in self.guards.guards:
+        for guard in self.guards.all_guards:
             single = _compile_check(self.signature, guard.expr, self.namespace)
             single.__defaults__, single.__kwdefaults__ = self.run.__defaults__, self.run.__kwdefaults__
             if not single(*args, **kwargs):

@@ -42,7 +42,7 @@
 
 /* -- interned names --------------------------------------------------------- */
 
-static PyObject *s_dtype, *s_device, *s_shape, *s_stride, *s_requires_grad;
+static PyObject *s_dtype, *s_device, *s_shape, *s_stride, *s_requires_grad, *s_get_device, *s_next_id;
 static PyObject *s_getattr, *s_getattribute, *s_dict, *s_parameters, *s_buffers, *s_modules, *s_func;
 static PyObject *object_getattribute; /* object.__getattribute__, the slot wrapper */
 static PyObject *absent;              /* a slot's value where its read found nothing */
@@ -50,7 +50,7 @@ static PyObject *absent;              /* a slot's value where its read found not
 static int init_statics(void) {
 #define INTERN(var, text) if (!(var = PyUnicode_InternFromString(text))) return -1;
     INTERN(s_dtype, "dtype") INTERN(s_device, "device") INTERN(s_shape, "shape")
-    INTERN(s_stride, "stride") INTERN(s_requires_grad, "requires_grad")
+    INTERN(s_stride, "stride") INTERN(s_requires_grad, "requires_grad") INTERN(s_get_device, "get_device") INTERN(s_next_id, "next_id")
     INTERN(s_getattr, "__getattr__") INTERN(s_getattribute, "__getattribute__")
     INTERN(s_dict, "__dict__") INTERN(s_parameters, "_parameters")
     INTERN(s_buffers, "_buffers") INTERN(s_modules, "_modules") INTERN(s_func, "__func__")
@@ -67,11 +67,12 @@ static const char *NODE_NAMES[] = {"arg", "const", "attr", "item", "module_entry
 
 enum CheckKind {
     CHECK_ID, CHECK_TYPE, CHECK_IS, CHECK_EQUALS, CHECK_LEN, CHECK_DICT_KEYS,
-    CHECK_SAME, CHECK_HASATTR, CHECK_TENSOR, CHECK_CALL_IS, CHECK_PYTHON, CHECK_INSTANCE_DICT, CHECK_LACKS
+    CHECK_SAME, CHECK_HASATTR, CHECK_TENSOR, CHECK_CALL_IS, CHECK_PYTHON, CHECK_INSTANCE_DICT, CHECK_LACKS,
+    CHECK_HELD_TENSOR, CHECK_FENCE
 };
 static const char *CHECK_NAMES[] = {
     "id", "type", "is", "equals", "len", "dict_keys", "same", "hasattr", "tensor", "call_is", "python",
-    "instance_dict", "lacks", NULL
+    "instance_dict", "lacks", "held_tensor", "fence", NULL
 };
 
 /* How a type reads attributes (see read_strategy). */
@@ -347,6 +348,15 @@ static int check_tensor(PyObject *t, PyObject **op) {
     return attr_is(t, s_requires_grad, op[5]);
 }
 
+/* t.dtype is D and t.get_device() == I and t.requires_grad is R: what a tensor a module holds
+ * (guarded by identity too) can change in place (`module.double()`, `.cuda()`, `requires_grad_`). */
+static int check_held_tensor(PyObject *t, PyObject **op) {
+    int ok;
+    if ((ok = attr_is(t, s_dtype, op[0])) != 1) return ok;
+    if ((ok = steal_equals(PyObject_CallMethodNoArgs(t, s_get_device), op[1])) != 1) return ok;
+    return attr_is(t, s_requires_grad, op[2]);
+}
+
 /* type(v) is C and v == K (any __eq__: the result's truth, as `and` takes it). */
 static int check_equals(PyObject *v, PyObject **op) {
     if ((PyObject *)Py_TYPE(v) != op[0]) return 0;
@@ -367,7 +377,8 @@ static int check_dict_keys(PyObject *v, PyObject *keys) {
 /* In the object's own __dict__: each name of op[0] holds an empty container, and no name of
  * op[1] is there (an nn.Module without hooks and without a forward of its own). */
 static int check_instance_dict(PyObject *v, PyObject **op) {
-    PyObject *dict = PyObject_GenericGetAttr(v, s_dict);
+    PyObject **slot = _PyObject_GetDictPtr(v);
+    PyObject *dict = slot != NULL && *slot != NULL ? Py_NewRef(*slot) : PyObject_GenericGetAttr(v, s_dict);
     if (dict == NULL) return -1;
     int ok = PyDict_Check(dict);
     for (Py_ssize_t i = 0; ok == 1 && i < PyTuple_GET_SIZE(op[0]); i++) {
@@ -440,6 +451,7 @@ static int run_check(Evaluator *ev, PyObject **slots, PyObject *const *args, Che
     }
     case CHECK_TENSOR: return check_tensor(v, c->op);
     case CHECK_INSTANCE_DICT: return check_instance_dict(v, c->op);
+    case CHECK_HELD_TENSOR: return check_held_tensor(v, c->op);
     case CHECK_LACKS: { /* key not in v (a globals dict, which a builtin's name must not shadow) */
         int has = PySequence_Contains(v, c->op[0]);
         return has < 0 ? -1 : !has;
@@ -455,11 +467,35 @@ static void release_slots(PyObject **slots, Py_ssize_t n) {
     for (Py_ssize_t i = 0; i < n; i++) Py_CLEAR(slots[i]);
 }
 
+/* A fence (op: RemovableHandle, [the count when last passed], n) and the n checks after it:
+ * while the count of hook handles torch made has not moved, those checks (no module has
+ * hooks) still hold and are skipped; else they run, and once they hold the count is noted. */
+static int run_fence(Evaluator *ev, PyObject **slots, PyObject *const *args, Py_ssize_t at) {
+    Check *fence = &ev->checks[at];
+    PyObject *count = PyObject_GetAttr(fence->op[0], s_next_id);
+    if (count == NULL) return -1;
+    int same = PyObject_RichCompareBool(count, PyList_GET_ITEM(fence->op[1], 0), Py_EQ);
+    int ok = same < 0 ? -1 : 1;
+    for (Py_ssize_t i = at + 1; same == 0 && ok == 1 && i <= at + fence->n; i++)
+        ok = run_check(ev, slots, args, &ev->checks[i]);
+    if (same == 0 && ok == 1 && PyList_SetItem(fence->op[1], 0, Py_NewRef(count)) < 0) ok = -1;
+    Py_DECREF(count);
+    return ok;
+}
+
 /* All checks in order: 1 they hold, 0 one fails (or raised an Exception), -1 a
  * BaseException that must propagate. */
 static int run_checks(Evaluator *ev, PyObject **slots, PyObject *const *args) {
     int ok = 1;
-    for (Py_ssize_t i = 0; i < ev->n_checks && ok == 1; i++) ok = run_check(ev, slots, args, &ev->checks[i]);
+    for (Py_ssize_t i = 0; i < ev->n_checks && ok == 1; i++) {
+        Check *c = &ev->checks[i];
+        if (c->kind == CHECK_FENCE) {
+            ok = run_fence(ev, slots, args, i);
+            i += c->n;
+        } else {
+            ok = run_check(ev, slots, args, c);
+        }
+    }
     if (ok < 0 && PyErr_ExceptionMatches(PyExc_Exception)) {
         PyErr_Clear();
         ok = 0;
@@ -567,7 +603,7 @@ static int parse_node(Evaluator *ev, PyObject *spec, Py_ssize_t index, Node *n) 
 }
 
 /* The number of operands each check kind takes. */
-static const int CHECK_ARITY[] = {1, 1, 1, 2, 2, 1, 0, 2, 6, 2, 1, 2, 1};
+static const int CHECK_ARITY[] = {1, 1, 1, 2, 2, 1, 0, 2, 6, 2, 1, 2, 1, 3, 3};
 
 /* One (kind, node, second, operands) tuple. */
 static int parse_check(Evaluator *ev, PyObject *spec, Check *c) {
@@ -580,7 +616,7 @@ static int parse_check(Evaluator *ev, PyObject *spec, Check *c) {
     if ((c->kind = kind_index(PyTuple_GET_ITEM(spec, 0), CHECK_NAMES)) < 0
         || node_index(PyTuple_GET_ITEM(spec, 1), ev->n_nodes, &c->node) < 0
         || node_index(PyTuple_GET_ITEM(spec, 2), ev->n_nodes, &c->second) < 0) return -1;
-    int takes_node = c->kind != CHECK_CALL_IS && c->kind != CHECK_PYTHON;
+    int takes_node = c->kind != CHECK_CALL_IS && c->kind != CHECK_PYTHON && c->kind != CHECK_FENCE;
     if (PyTuple_GET_SIZE(ops) != CHECK_ARITY[c->kind] || takes_node != (c->node >= 0)
         || (c->kind == CHECK_SAME) != (c->second >= 0)) {
         PyErr_Format(PyExc_ValueError, "guard_eval: malformed %s check", CHECK_NAMES[c->kind]);
@@ -599,6 +635,12 @@ static int parse_check(Evaluator *ev, PyObject *spec, Check *c) {
         break;
     case CHECK_INSTANCE_DICT:
         if (PyTuple_CheckExact(c->op[0]) && PyTuple_CheckExact(c->op[1])) return 0;
+        break;
+    case CHECK_FENCE: /* the checks it guards follow it */
+        if (!PyList_CheckExact(c->op[1]) || PyList_GET_SIZE(c->op[1]) != 1) break;
+        c->n = PyLong_AsSsize_t(c->op[2]);
+        if (c->n == -1 && PyErr_Occurred()) return -1;
+        if (c->n >= 0) return 0;
         break;
     case CHECK_HASATTR: /* its node reads the attribute */
         if (!PyUnicode_CheckExact(c->op[0]) || ev->nodes[c->node].kind != NODE_ATTR
@@ -648,6 +690,11 @@ static int evaluator_fill(Evaluator *ev, PyObject *nodes, PyObject *checks) {
     if (link_attribute_nodes(ev) < 0) return -1;
     for (Py_ssize_t i = 0; i < ev->n_checks; i++)
         if (parse_check(ev, PyList_GET_ITEM(checks, i), &ev->checks[i]) < 0) return -1;
+    for (Py_ssize_t i = 0; i < ev->n_checks; i++)
+        if (ev->checks[i].kind == CHECK_FENCE && i + ev->checks[i].n >= ev->n_checks) {
+            PyErr_SetString(PyExc_ValueError, "guard_eval: a fence guards more checks than follow it");
+            return -1;
+        }
     return 0;
 }
 

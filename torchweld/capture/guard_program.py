@@ -16,6 +16,7 @@ import types
 from typing import Callable
 
 import torch
+from torch.utils.hooks import RemovableHandle
 
 from torchweld import config, logs
 from torchweld.capture import guard_extension
@@ -43,6 +44,10 @@ def compile_guards(guards: GuardSet, params: list[str], namespace: dict) -> Call
     program = GuardProgram(params, namespace)
     for guard in guards.guards:
         program.add_guard(guard)
+    if guards.hook_guards:  # skipped while no hook handle was made since they last held
+        program.checks.append(("fence", -1, -1, (RemovableHandle, guards.hook_fence.seen, len(guards.hook_guards))))
+        for guard in guards.hook_guards:
+            program.add_guard(guard)
     return extension.Evaluator(len(params), program.nodes, program.checks, mirrored_module_getattr())
 
 
@@ -251,7 +256,7 @@ def call_is(p: GuardProgram, g: Guard) -> tuple:
 
 CHECK_RULES: dict[str, CheckRule] = {
     **{kind: check_of_source for kind in ("id", "type", "is", "equals", "len", "dict_keys", "tensor", "instance_dict",
-                                          "lacks")},
+                                          "lacks", "held_tensor")},
     "same": same_object,
     "hasattr": has_attribute,
     "call_is": call_is,

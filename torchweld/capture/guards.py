@@ -10,6 +10,7 @@ import weakref
 from typing import Callable
 
 import torch
+from torch.utils.hooks import RemovableHandle
 
 from torchweld.capture.sources import AttrSource, CallResultSource, ConstantSource, ItemSource, LocalSource, Source
 
@@ -20,7 +21,8 @@ class Guard:
     guard evaluator: tensor (type, dtype, device, shape, stride or None, requires_grad),
     id (id,), type (cls,), is (obj,), equals (cls, value), len (cls, n), dict_keys (keys,),
     same (first_source,), hasattr (attr, present), call_is (fn, result) with no source,
-    instance_dict (names of empty containers, names absent) on the object's own __dict__, lacks (key,);
+    instance_dict (names of empty containers, names absent) on the object's own __dict__, lacks (key,),
+    held_tensor (dtype, device index, requires_grad);
     python (): only `expr` says it."""
 
     text: str  # readable: "L['x']: Tensor(dtype=float32, shape=(4,), ...)"
@@ -51,22 +53,45 @@ def autocast_state() -> tuple | None:
     return _autocast_states.setdefault(state, state)
 
 
+class HookFence:
+    """How many hook handles torch had made (`RemovableHandle.next_id`: every register_*_hook
+    makes one) when the guards that modules have no hooks last held. While the count has not
+    moved, no hook was registered anywhere, and those guards (one per module called) need no
+    check: a call tests one integer instead of every module's hook dicts."""
+
+    def __init__(self) -> None:
+        self.seen = [RemovableHandle.next_id]  # a list: guard_eval.c updates it in place too
+
+    def unchanged(self) -> bool:
+        return RemovableHandle.next_id == self.seen[0]
+
+    def passed(self) -> bool:
+        """Called once the hook guards held again: later calls may skip them."""
+        self.seen[0] = RemovableHandle.next_id
+        return True
+
+
 class GuardSet:
     """Collects guards without duplicates and the constants their expressions name."""
 
     def __init__(self) -> None:
         self.guards: list[Guard] = []
+        # guards that modules have no hooks: checked after all others, and only where a hook
+        # handle was made since they last held (HookFence)
+        self.hook_guards: list[Guard] = []
+        self.hook_fence = HookFence()
         self.constants: dict[str, object] = {}  # name in the guard expression -> object
         self._seen: set[tuple[str, str]] = set()
         self._weak_targets: list[object] = []  # objects guarded by identity
+        self._fence_name = self.name_constant(self.hook_fence)  # named now: before any namespace is made
 
     # -- adding guards ---------------------------------------------------------
     def _add(self, key: tuple[str, str], text: str, expr: str, source: Source | None = None,
-             kind: str = "python", operands: tuple = ()) -> None:
+             kind: str = "python", operands: tuple = (), about_hooks: bool = False) -> None:
         if key in self._seen:
             return
         self._seen.add(key)
-        self.guards.append(Guard(text, expr, source, kind, operands))
+        (self.hook_guards if about_hooks else self.guards).append(Guard(text, expr, source, kind, operands))
 
     def name_constant(self, obj: object) -> str:
         """A name for `obj` in the entry function's namespace, which guards' and sources'
@@ -102,6 +127,16 @@ class GuardSet:
         operands = (type(t), t.dtype, t.device, tuple(t.shape), stride, t.requires_grad)
         expr = " and ".join(p.format(e=e) for p in parts)
         self._add((source.name(), "tensor"), text, expr, source, "tensor", operands)
+
+    def held_tensor(self, source: Source, t: torch.Tensor) -> None:
+        """For a tensor a module holds, guarded by identity too: what its owner can change in place
+        (`module.double()`, `.cuda()`, `requires_grad_()`), checked at a third of a full tensor
+        guard's cost (its shape and strides are not: only a `.data =` of another shape changes them)."""
+        e = source.expr()
+        text = f"{source.name()}: dtype={t.dtype}, device={t.device}, requires_grad={t.requires_grad}"
+        expr = (f"{e}.dtype is {self.name_constant(t.dtype)} and {e}.get_device() == {t.get_device()} "
+                f"and {e}.requires_grad is {t.requires_grad}")
+        self._add((source.name(), "tensor"), text, expr, source, "held_tensor", (t.dtype, t.get_device(), t.requires_grad))
 
     def constant(self, source: Source, value: object) -> None:
         e = source.expr()
@@ -168,7 +203,13 @@ class GuardSet:
         empty = " and ".join(f"not {e}.{name}" for name in MODULE_HOOK_DICTS)
         text = f"{source.name()} has no hooks and no forward of its own"
         self._add((source.name(), "plain_module"), text, f"{empty} and 'forward' not in {e}.__dict__", source,
-                  "instance_dict", (MODULE_HOOK_DICTS, ("forward",)))
+                  "instance_dict", (MODULE_HOOK_DICTS, ("forward",)), about_hooks=True)
+
+    def no_global_hooks(self, source: Source, cls: type) -> None:
+        """One of torch.nn.modules.module's global hook dicts is empty."""
+        e = source.expr()
+        self._add((source.name(), "len"), f"{source.name()} is empty", f"type({e}) is {self.name_constant(cls)} and len({e}) == 0",
+                  source, "len", (cls, 0), about_hooks=True)
 
     def grad_mode(self, enabled: bool) -> None:
         fn = self.name_constant(torch.is_grad_enabled)
@@ -211,19 +252,28 @@ class GuardSet:
             name = names[source.name()] = f"___v{len(names)}"
             return f"({name} := {own})"
 
-        parts = []
-        for guard in self.guards:
+        def spelled(guard: Guard) -> str:
             expr = guard.expr
             if guard.source is not None and not isinstance(guard.source, LocalSource):
                 plain = guard.source.expr()
                 first = spell(guard.source)  # "(___vK := <chain>)" the first time, else "___vK"
                 later = names.get(guard.source.name(), plain)
                 expr = expr.replace(plain, "\0", 1).replace(plain, later).replace("\0", first)
-            parts.append(f"({expr})")
+            return f"({expr})"
+
+        parts = [spelled(guard) for guard in self.guards]
+        if self.hook_guards:  # last: the variables they name first are read by no guard after them
+            fence = self._fence_name
+            hooks = " and ".join(spelled(guard) for guard in self.hook_guards)
+            parts.append(f"({fence}.unchanged() or ({hooks} and {fence}.passed()))")
         return " and ".join(parts) or "True"
 
+    @property
+    def all_guards(self) -> list[Guard]:
+        return [*self.guards, *self.hook_guards]
+
     def readable(self) -> list[str]:
-        return [g.text for g in self.guards]
+        return [g.text for g in self.all_guards]
 
     def watch_identity(self, on_death: Callable[[], None]) -> list[weakref.ref]:
         """Weak references that call `on_death` once an object guarded by identity dies

@@ -56,15 +56,16 @@ def guard_plain_call(tx: "Translator", module: torch.nn.Module, source: Source |
     guards = tx.output.guards
     for name in GLOBAL_MODULE_HOOK_DICTS:
         hooks = getattr(torch.nn.modules.module, name)
-        guards.length(ModuleGlobalSource("torch.nn.modules.module", name), type(hooks), 0)
+        guards.no_global_hooks(ModuleGlobalSource("torch.nn.modules.module", name), type(hooks))
     if source is not None:
         guards.plain_module(source)
 
 
 def guard_leaf_state(tx: "Translator", module: torch.nn.Module, source: Source) -> None:
     """A graph-leaf module's parameters and buffers (its children's too), which the graph's
-    example values and a backend's kernels assumed: each the same tensor, with the same
-    metadata (`lin.double()` changes a parameter in place; `requires_grad_(False)` too)."""
+    example values and a backend's kernels assumed: each the same tensor, with the same dtype,
+    device and requires_grad (`lin.double()` changes a parameter in place; `requires_grad_(False)`
+    too). Their shapes are not checked at each call: only `param.data = other` changes them."""
     guards = tx.output.guards
     for name, child in module.named_modules(remove_duplicate=False):
         child_source = source
@@ -79,7 +80,7 @@ def guard_leaf_state(tx: "Translator", module: torch.nn.Module, source: Source) 
                     guards.constant(entry, None)
                     continue
                 guards.identity(entry, tensor)
-                guards.tensor(entry, tensor)
+                guards.held_tensor(entry, tensor)
 
 
 def attribute_source(source: Source, obj: object, name: str) -> AttrSource:
