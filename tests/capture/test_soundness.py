@@ -748,3 +748,9 @@ def test_hook_guards_run_again_only_after_a_hook_was_registered(evaluator):
         torch.testing.assert_close(compiled(x), outer(x))
         handle.remove()
         torch.testing.assert_close(compiled(x), outer(x))
+
+
+def test_is_between_two_tensor_arguments():
+    fn = lambda x, y: (x is y, x + y)  # noqa: E731
+    a, b = torch.randn(2), torch.randn(2)
+    run_both(fn, [(a, b), (a, a), (b, a), (b, b)])

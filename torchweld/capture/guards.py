@@ -187,6 +187,11 @@ class GuardSet:
         text = f"{key!r} not in {source.name()}"
         self._add((source.name(), f"lacks {key!r}"), text, f"{key!r} not in {source.expr()}", source, "lacks", (key,))
 
+    def distinct(self, source: Source, other: Source) -> None:
+        """`source is not other`: the graph took them for two objects (`x is y` was False)."""
+        text = f"{source.name()} is not {other.name()}"
+        self._add((source.name(), f"distinct {other.name()}"), text, f"{source.expr()} is not {other.expr()}")
+
     def same_object(self, source: Source, first: Source) -> None:
         text = f"{source.name()} is {first.name()}"
         self._add((source.name(), "same"), text, f"{source.expr()} is {first.expr()}", source, "same", (first,))

@@ -87,6 +87,8 @@ def is_same(tx: "Translator", a: Value, b: Value) -> bool:
     if a is b:
         return True
     if isinstance(a, TensorValue) and isinstance(b, TensorValue):
+        if a.node is not b.node and a.source is not None and b.source is not None:
+            tx.output.guards.distinct(a.source, b.source)  # two tensors now: fn(a, a) later is a miss
         return a.node is b.node
     a_const, b_const = a.is_constant(), b.is_constant()
     if a_const and b_const:
