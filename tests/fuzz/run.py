@@ -16,6 +16,7 @@ import argparse
 import collections
 import datetime
 import json
+import logging
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -42,6 +43,7 @@ def _quiet_worker(raise_internal_errors: bool) -> None:
     import torchweld
 
     warnings.simplefilter("ignore")  # cache-limit and graph-break warnings, thousands of them
+    logging.getLogger("torchweld").setLevel(logging.ERROR)  # weld's "running it eagerly" lines, too
     torch.set_num_threads(1)
     torchweld.config.raise_internal_errors = raise_internal_errors
 
