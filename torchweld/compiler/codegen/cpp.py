@@ -401,7 +401,8 @@ class CppRenderer(KernelRenderer):
                     self.emit(body, f"{self.register_type(acc.dtype)} {name}p = 0;")
                 elif wide:
                     self.emit(body, f"{self.register_type(acc.dtype)} {name}p[{OUTER_BLOCK}] = {{}};")
-            end = f"({var}c + {walk.chunk} < {size} ? {var}c + {walk.chunk} : INT64_C({size}))"
+            end = f"{var}c + {walk.chunk}" if size % walk.chunk == 0 else \
+                f"({var}c + {walk.chunk} < {size} ? {var}c + {walk.chunk} : INT64_C({size}))"
             loops = ([(var, f"{var}c", end)] if walk.chunk > 1 else []) + loops[walk.split + 1:]
         for k, (var, lo, hi) in enumerate(loops):
             if k == len(loops) - 1 and stage is not None:

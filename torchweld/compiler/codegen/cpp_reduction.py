@@ -59,4 +59,13 @@ def reduced_loops(outer: tuple[int, ...], reduced: tuple[int, ...]) -> ReducedLo
         inner *= loops[split][1]
         split -= 1
     threaded = row >= THREADED_MIN and math.prod(outer) <= THREADED_MAX_OUTPUTS
-    return ReducedLoops(loops, split, max(1, CHUNK // inner), threaded)
+    return ReducedLoops(loops, split, _chunk(loops[split][1], max(1, CHUNK // inner)), threaded)
+
+
+def _chunk(size: int, most: int) -> int:
+    """Iterations per chunk of a loop of `size`: at most `most`, and a divisor of `size` not
+    below half of it where there is one, so that every chunk loop runs a fixed count."""
+    for chunk in range(most, most // 2, -1):
+        if size % chunk == 0:
+            return chunk
+    return most

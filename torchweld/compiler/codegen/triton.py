@@ -146,7 +146,7 @@ def _block_sizes(kernel: Kernel) -> tuple[int, int]:
 # of CHUNK_STEPS steps, and the partials into a float64 running total (one add per chunk):
 # one float32 running sum per lane over a row of 1.5M elements (1465 adds a lane) was 20x
 # further from the exact sum than eager's (cpp_reduction.py does the same on the CPU).
-CHUNK_STEPS = 16
+CHUNK_STEPS = 32
 
 
 def chunk_steps(rnumel: int, rblock: int) -> int:
