@@ -49,6 +49,10 @@ CASES = [
     ("column sums", lambda x: (x * 2.0).sum(0), lambda x: (x * 2.0).sum(0), lambda: [_uniform((10**6, 16))]),
     ("row sums", lambda x: (x * 2.0).sum(1), lambda x: (x * 2.0).sum(1), lambda: [_uniform((64, 50_000))]),
     ("sums over two dims", lambda x: x.sum((0, 2)), lambda x: x.sum((0, 2)), lambda: [_uniform((300, 3, 3000))]),
+    ("short column sums", lambda x: x.sum(0), lambda x: x.sum(0), lambda: [_normal(2000, 16, seed=15)]),
+    ("few long columns", lambda x: x.sum(0) * 2, lambda x: x.sum(0) * 2, lambda: [_normal(300_000, 5, seed=16)]),
+    ("few long columns over two dims", lambda x: x.sum((0, 1)), lambda x: x.sum((0, 1)),
+     lambda: [_normal(50_000, 3, 8, seed=17)]),
 ]
 
 
@@ -81,6 +85,20 @@ def test_the_threaded_walk_splits_rows_into_fixed_segments():
     assert "for (int64_t rq" not in short_rows and "double" not in short_rows  # as before: one float sum per lane
 
 
+def test_few_columns_share_their_rows_across_threads():
+    """A column sum of few columns (one block of a C++ outer reduction) ran on one thread:
+    16 columns of 6.25e6 rows took 33 ms on 16 cores, torch.compile 4.3. Its rows now go to
+    segments as a row sum's do, each block of columns summed in chunks of CHUNK / 16 rows."""
+    x = _normal(THREADED_MIN // 4, 5, seed=18)
+    x[1000, 2] = float("nan")
+    fn = lambda x: [x.sum(0), x.amax(0), x.amin(0), (x > 1).any(0)]  # noqa: E731
+    compiled = weld_compile(fn, [x])
+    source = compiled.kernel_sources["cpp"]
+    assert "x0b" in source and f"rseg < {SEGMENTS}" in source
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), fn(x), equal_nan=True)
+
+
 def test_reduced_loops_cut_the_outermost_loop_whose_inner_ones_fit_a_chunk():
     assert not reduced_loops((8,), (CHUNK,)).chunked
     walk = reduced_loops((16,), (3, 2000, 1, 100))  # 16 outputs: threads share those
@@ -89,6 +107,8 @@ def test_reduced_loops_cut_the_outermost_loop_whose_inner_ones_fit_a_chunk():
     walk = reduced_loops((), (5 * THREADED_MIN,))
     assert walk.split == 0 and walk.chunk == CHUNK and walk.threaded
     assert walk.chunks == -(-5 * THREADED_MIN // CHUNK)
+    columns = reduced_loops((1,), (THREADED_MIN // 16,), lanes=16)  # an outer reduction's block of 16
+    assert columns.chunk == CHUNK // 16 and columns.threaded
 
 
 def test_max_min_nan_and_integer_sums_over_threaded_rows():

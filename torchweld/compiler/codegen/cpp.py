@@ -248,10 +248,12 @@ class CppRenderer(KernelRenderer):
         numel = math.prod(kernel.outer) * max(math.prod(kernel.reduced), 1)
         parallel = f" if({numel} > 32768)" if numel else ""
         self.block_var = _outer_reduction_var(kernel, outer)
-        self.walk = reduced_loops(kernel.outer, kernel.reduced)
         if self.block_var is not None:
-            self.walk = dataclasses.replace(self.walk, threaded=False)  # its threads share the outer loop
-            return self.open_blocked_kernel(outer, parallel)
+            # threads share its blocks of columns, or, where there are few, its rows
+            blocks = math.prod(s for _, s in outer[:-1]) * -(-outer[-1][1] // OUTER_BLOCK)
+            self.walk = reduced_loops((blocks,), kernel.reduced, lanes=OUTER_BLOCK)
+            return self.open_blocked_kernel(outer, "" if self.walk.threaded else parallel)
+        self.walk = reduced_loops(kernel.outer, kernel.reduced)
         if split:
             outer = outer[:-1]
         self.open_loops = len(outer)
@@ -281,7 +283,8 @@ class CppRenderer(KernelRenderer):
     def open_blocked_kernel(self, outer: list, parallel: str) -> Scope:
         """Outer loops of an outer reduction: the last one steps by OUTER_BLOCK (see the module doc)."""
         var, size = outer[-1]
-        self.emit(Scope(None, 1), f"#pragma omp parallel for collapse({len(outer)}){parallel}")
+        if not self.walk.threaded:
+            self.emit(Scope(None, 1), f"#pragma omp parallel for collapse({len(outer)}){parallel}")
         indent = 1
         for v, s in outer[:-1]:
             self.emit(Scope(None, indent), f"for (int64_t {v} = 0; {v} < {s}; {v}++) {{")
@@ -478,36 +481,67 @@ class CppRenderer(KernelRenderer):
                 self.emit(outer, f"{loop} {flag} |= {flag}s[rseg];")
 
     def open_blocked_stage(self, stage: Stage, outer: Scope) -> Scope:
-        """Accumulator arrays over the block, the reduced loops, then the simd loop over lanes."""
-        lane = f"{self.block_var}i"
+        """Accumulator arrays over the block, the reduced loops, then the simd loop over lanes;
+        for a threaded walk, each segment's arrays (combined in order at close_blocked_stage)."""
+        lane, walk = f"{self.block_var}i", self.walk
+        lanes = f"for (int64_t {lane} = 0; {lane} < {OUTER_BLOCK}; {lane}++)"
         self.blocked_accs = []
+        indent = outer.indent
         for acc in stage.reductions:
             name = self.new_tmp("acc")
-            wide = self.walk.chunked and _summed_in_chunks(acc)
+            wide = walk.chunked and _summed_in_chunks(acc)
             self.blocked_accs.append((acc, name, wide))
             self.emit(outer, f"{self.register_type(acc.dtype)} {name}[{OUTER_BLOCK}];")
+            if walk.threaded:
+                self.emit(outer, f"{'double' if wide else self.register_type(acc.dtype)} "
+                                 f"{name}s[{SEGMENTS}][{OUTER_BLOCK}];")
+        if walk.threaded:
+            self.emit(outer, "#pragma omp parallel for schedule(static)")
+            self.emit(outer, f"for (int64_t rseg = 0; rseg < {SEGMENTS}; rseg++) {{")
+            indent += 1
+        here = Scope(None, indent)
+        for acc, name, wide in self.blocked_accs:
+            local = f"{name}l" if walk.threaded else name
             if wide:
-                self.emit(outer, f"double {name}w[{OUTER_BLOCK}] = {{}};")
+                self.emit(here, f"double {name}w[{OUTER_BLOCK}] = {{}};")
                 self.reduced_names[acc.name] = f"{name}p[{lane}]"
             else:
-                self.emit(outer, f"for (int64_t {lane} = 0; {lane} < {OUTER_BLOCK}; {lane}++) "
-                                 f"{name}[{lane}] = {self.accumulator_init(acc)};")
-                self.reduced_names[acc.name] = f"{name}[{lane}]"
-        indent = self.open_lanes(self.open_row_loops(outer.indent, None))
+                if walk.threaded:
+                    self.emit(here, f"{self.register_type(acc.dtype)} {local}[{OUTER_BLOCK}];")
+                self.emit(here, f"{lanes} {local}[{lane}] = {self.accumulator_init(acc)};")
+                self.reduced_names[acc.name] = f"{local}[{lane}]"
+        indent = self.open_lanes(self.open_row_loops(indent, None))
         return Scope(outer, indent)
 
     def close_blocked_stage(self, outer: Scope) -> None:
-        lane = f"{self.block_var}i"
+        lane, walk = f"{self.block_var}i", self.walk
         lanes = f"for (int64_t {lane} = 0; {lane} < {OUTER_BLOCK}; {lane}++)"
-        self.emit(Scope(None, outer.indent + self.chunk_open + self.row_loops), "}")  # the lanes
-        body = Scope(None, self.close_row_loops(outer.indent))
+        indent = outer.indent + walk.threaded
+        self.emit(Scope(None, indent + self.chunk_open + self.row_loops), "}")  # the lanes
+        body = Scope(None, self.close_row_loops(indent))
         if self.chunk_open:
             for acc, name, wide in self.blocked_accs:
                 if wide:
                     self.emit(body, f"{lanes} {name}w[{lane}] += {name}p[{lane}];")
+            self.emit(Scope(None, indent), "}")
+        if walk.threaded:
+            here = Scope(None, indent)
+            for acc, name, wide in self.blocked_accs:
+                self.emit(here, f"{lanes} {name}s[rseg][{lane}] = {name}w[{lane}];" if wide
+                          else f"{lanes} {name}s[rseg][{lane}] = {name}l[{lane}];")
             self.emit(outer, "}")
+            for acc, name, wide in self.blocked_accs:
+                total = f"{name}c"
+                self.emit(outer, f"{lanes} {{")
+                self.emit(Scope(None, outer.indent + 1), f"{'double' if wide else self.register_type(acc.dtype)} "
+                                                          f"{total} = {0 if wide else self.accumulator_init(acc)};")
+                part = f"{name}s[rseg][{lane}]"
+                self.emit(Scope(None, outer.indent + 1), f"for (int64_t rseg = 0; rseg < {SEGMENTS}; rseg++) "
+                                                          f"{total} = {f'{total} + {part}' if wide else _combined(acc, total, part)};")
+                self.emit(Scope(None, outer.indent + 1), f"{name}[{lane}] = static_cast<{self.register_type(acc.dtype)}>({total});")
+                self.emit(outer, "}")
         for acc, name, wide in self.blocked_accs:
-            if wide:
+            if wide and not walk.threaded:
                 self.emit(outer, f"{lanes} {name}[{lane}] = static_cast<{self.register_type(acc.dtype)}>({name}w[{lane}]);")
             self.reduced_names[acc.name] = f"{name}[{lane}]"
 
@@ -570,11 +604,11 @@ def _multiplied_in_double(acc) -> bool:
 
 
 def _combined(acc, a: str, b: str) -> str:
-    """`acc`'s operator on two partial results (NaN of a floating max/min is its flag's business)."""
+    """`acc`'s operator on two partial results (NaN-propagating for a floating max/min)."""
     if acc.dtype is torch.bool:
         return f"{a} || {b}" if acc.reduce_op in (Op.SUM, Op.MAX) else f"{a} && {b}"
-    return {Op.SUM: f"{a} + {b}", Op.PROD: f"{a} * {b}", Op.MAX: f"{b} > {a} ? {b} : {a}",
-            Op.MIN: f"{b} < {a} ? {b} : {a}"}[acc.reduce_op]
+    return {Op.SUM: f"{a} + {b}", Op.PROD: f"{a} * {b}", Op.MAX: f"tw_max({a}, {b})",
+            Op.MIN: f"tw_min({a}, {b})"}[acc.reduce_op]
 
 
 def _nan_propagating(acc) -> bool:

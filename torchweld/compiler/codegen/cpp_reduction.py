@@ -46,20 +46,23 @@ class ReducedLoops:
         return math.prod(size for _, size in self.loops[:self.split]) * self.chunks_per_pass
 
 
-def reduced_loops(outer: tuple[int, ...], reduced: tuple[int, ...]) -> ReducedLoops:
+def reduced_loops(outer: tuple[int, ...], reduced: tuple[int, ...], lanes: int = 1) -> ReducedLoops:
     """The walk for a kernel with outer loop sizes `outer` and reduced loop sizes `reduced`:
     the split loop is the outermost one whose loops under it take at most CHUNK elements;
-    a chunk is as many of its iterations as fit in CHUNK elements (at least one)."""
+    a chunk is as many of its iterations as fit in CHUNK elements (at least one). `lanes`:
+    the outputs each step of the reduced loops adds to at once, a lane each (an outer
+    reduction's block of columns): its chunks take CHUNK / lanes steps, as many adds a lane
+    as a row's chunk gives each SIMD lane."""
     loops = tuple((f"r{k}", size) for k, size in enumerate(reduced) if size != 1)
-    row = math.prod(size for _, size in loops)
-    if row <= CHUNK:
+    row, most = math.prod(size for _, size in loops), max(1, CHUNK // lanes)
+    if row <= most:
         return ReducedLoops(loops, None, 0, False)
     split, inner = len(loops) - 1, 1
-    while split > 0 and inner * loops[split][1] <= CHUNK:
+    while split > 0 and inner * loops[split][1] <= most:
         inner *= loops[split][1]
         split -= 1
-    threaded = row >= THREADED_MIN and math.prod(outer) <= THREADED_MAX_OUTPUTS
-    return ReducedLoops(loops, split, _chunk(loops[split][1], max(1, CHUNK // inner)), threaded)
+    threaded = row * lanes >= THREADED_MIN and math.prod(outer) <= THREADED_MAX_OUTPUTS
+    return ReducedLoops(loops, split, _chunk(loops[split][1], max(1, most // inner)), threaded)
 
 
 def _chunk(size: int, most: int) -> int:
