@@ -1,0 +1,408 @@
+"""Eager, torch.compile and torchweld on the benchmark models (bench/models.py), side by side
+in one run; each row is appended as a record to bench/records/<suite>.jsonl (bench/records.py)
+and bench/render.py makes bench/RESULTS.md and the README's table from the records.
+The shape of PyTorch's benchmarks/dynamo harness:
+
+    python bench/harness.py --device cuda --phase inference --only resnet50,densenet121 --cold
+    python bench/harness.py --device cuda --phase training --compilers eager,torch,torchweld --cold
+    python bench/harness.py --device cpu --phase inference --only chain,mlp --cold --warm
+
+What is measured, per row and compiler:
+- `cold_s` (with --cold): the compile() call and the first call (the first three under
+  reduce-overhead, where torch.compile records its CUDA graph on the third; a training step
+  is forward, loss, backward and Adam), in a fresh process of that compiler's own whose
+  torchweld, Triton and Inductor caches start empty. Without --cold the caches are the
+  user's, as found, and the figure is `first_s`. `warm_s` (with --warm): the same in a
+  second fresh process, with the caches the first filled.
+- `ms`: steady state, the median over --repeat rounds of a round's time per call (each round
+  a run of back-to-back calls, synchronized at both ends). On CUDA each compiler is timed in
+  its fresh process (nothing another compiler left behind weighs on it); on the CPU, where
+  a shared machine's load swings, all compilers are timed in one process, in turns, round by
+  round, so that the swings hit all of them alike (--timing chooses).
+- `speedup`: eager's ms over this compiler's; `cold_vs_torch`: its cold_s over torch.compile's.
+- `peak_mib` / `reserved_mib` (CUDA): torch.cuda.max_memory_allocated / _reserved from before
+  the model was built, over the cold calls and the timed ones, in the fresh process.
+- `max_diff`: the largest absolute difference of the first output (training: the first loss)
+  from eager's, and `rel_diff` that over eager's largest absolute value.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import gc
+import json
+import math
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the checkout: bench.models, tests.models
+
+COMPILERS = ("eager", "torch", "torchweld")
+MODES = ("default", "reduce-overhead", "max-autotune")
+DTYPES = ("float32", "float16", "bfloat16")
+SUITE = "models"
+
+
+# =============================================================================
+# Timing
+# =============================================================================
+
+
+def _sync(device: str) -> None:
+    import torch
+
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def calls_per_round(fn, device: str, seconds: float) -> int:
+    """How many back-to-back calls of `fn` fill about `seconds` (at least 1), from three timed ones."""
+    _sync(device)
+    t0 = time.perf_counter()
+    for _ in range(3):
+        fn()
+    _sync(device)
+    per_call = (time.perf_counter() - t0) / 3
+    return max(1, math.ceil(seconds / max(per_call, 1e-7)))
+
+
+def steady(fns: dict, device: str = "cpu", repeat: int = 5, min_time: float = 1.0, warmup: int = 3) -> dict:
+    """Milliseconds per call of each of `fns` (argument-less callables): `repeat` rounds, each
+    giving every function a run of back-to-back calls of about min_time/repeat seconds in
+    turn (a, b, c, a, b, c, ...), so that a shared machine's load swings hit all of them
+    alike. {name: (median ms per call, [ms per call of each round])}."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    gc.collect()  # the compiles' garbage collected now, not in a timed round
+    counts = {name: calls_per_round(fn, device, min_time / repeat) for name, fn in fns.items()}
+    rounds = {name: [] for name in fns}
+    for _ in range(repeat):
+        for name, fn in fns.items():
+            _sync(device)
+            t0 = time.perf_counter()
+            for _ in range(counts[name]):
+                fn()
+            _sync(device)
+            rounds[name].append((time.perf_counter() - t0) / counts[name] * 1e3)
+    return {name: (statistics.median(r), r) for name, r in rounds.items()}
+
+
+# =============================================================================
+# One compiler on one row: what a fresh process runs
+# =============================================================================
+
+
+def compile_with(compiler: str, fn, mode: str, options: dict):
+    """`fn` (a module or the step function) as `compiler` compiles it."""
+    if compiler == "eager":
+        return fn
+    mode = None if mode == "default" else mode
+    if compiler == "torch":
+        import torch
+
+        torch._dynamo.reset()
+        return torch.compile(fn, mode=mode)
+    if compiler == "torchweld":
+        import torchweld
+
+        torchweld.reset()
+        return torchweld.compile(fn, backend="weld", mode=mode, options=options or None)
+    raise SystemExit(f"unknown compiler {compiler!r}; known: {', '.join(COMPILERS)}")
+
+
+def make_callable(job: dict, compiler: str, case):
+    """(the argument-less call the row times, what a call returns as a detached copy). Inference
+    calls the compiled model under no_grad; training runs one step: zero_grad, forward, loss,
+    backward, Adam, with the model compiled or (whole_step) the step function compiled."""
+    import torch
+
+    if job["phase"] == "inference":
+        case.model.eval()
+        compiled = compile_with(compiler, case.model, job["mode"], job["options"])
+
+        def infer():
+            with torch.no_grad():
+                return compiled(*case.inputs)
+        return infer
+
+    case.model.train()
+    opt = torch.optim.Adam(case.model.parameters(), lr=1e-3)
+    model = case.model if job["whole_step"] else compile_with(compiler, case.model, job["mode"], job["options"])
+
+    def step():
+        opt.zero_grad(True)
+        loss = case.loss(model(*case.inputs), case.target)
+        loss.backward()
+        opt.step()
+        return loss.detach()
+    if job["whole_step"]:
+        step = compile_with(compiler, step, job["mode"], job["options"])
+    return step
+
+
+def first_calls(job: dict) -> int:
+    return 3 if job["mode"] == "reduce-overhead" else 1
+
+
+def run_worker(job: dict) -> dict:
+    """One compiler on one row, in this fresh process: cold (or first) calls, then, with
+    job["time"], the steady state. Saves the first output to job["out"]."""
+    import torch
+
+    from bench.models import BENCHMARKS
+
+    device, compiler = job["device"], job["compiler"]
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    case = BENCHMARKS[job["model"]].make(device, job["quick"], getattr(torch, job["dtype"]))
+    _sync(device)
+    t0 = time.perf_counter()
+    fn = make_callable(job, compiler, case)
+    out = fn()
+    # a copy, before later calls: under CUDA graphs a replay overwrites what the last one returned
+    out = out.detach().float().cpu().clone()
+    for _ in range(first_calls(job) - 1):
+        fn()
+    _sync(device)
+    first_s = time.perf_counter() - t0
+    result = {"label": case.label, "first_s": first_s}
+    torch.save(out, job["out"])
+    if job["time"]:
+        ms, rounds = steady({compiler: fn}, device, job["repeat"], job["min_time"])[compiler]
+        result.update(ms=ms, rounds_ms=rounds)
+    if device == "cuda":
+        result["peak_mib"] = torch.cuda.max_memory_allocated() / 2 ** 20
+        result["reserved_mib"] = torch.cuda.max_memory_reserved() / 2 ** 20
+    result["max_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return result
+
+
+def in_fresh_process(job: dict, caches: dict[str, str] | None) -> dict:
+    """run_worker(job) in a process of its own; `caches` sets its cache directories (torchweld's,
+    Triton's, Inductor's), None leaves the user's. {"error": ...} where it failed."""
+    env = dict(os.environ)
+    env.pop("TORCHWELD_BENCH_RECORDS", None)
+    if caches:
+        env.update(caches)
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(job)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    if proc.returncode or not lines:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+        return {"error": f"exit {proc.returncode}: " + " | ".join(tail)[-400:]}
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def empty_caches(root: str, compiler: str) -> dict[str, str]:
+    folder = os.path.join(root, compiler)
+    return {"TORCHWELD_CACHE_DIR": os.path.join(folder, "torchweld"),
+            "TRITON_CACHE_DIR": os.path.join(folder, "triton"),
+            "TORCHINDUCTOR_CACHE_DIR": os.path.join(folder, "inductor")}
+
+
+# =============================================================================
+# A row: every compiler, then the ratios
+# =============================================================================
+
+
+def time_in_turns(job: dict, compilers: list[str], caches: dict[str, dict] | None) -> dict:
+    """ms per call of every compiler, timed in this process in turns (see `steady`); each
+    compiles with the caches its cold process filled."""
+    import torch
+
+    import torchweld
+    from bench.models import BENCHMARKS
+
+    benchmark = BENCHMARKS[job["model"]]
+    fns, failed = {}, {}
+    for compiler in compilers:
+        case = benchmark.make(job["device"], job["quick"], getattr(torch, job["dtype"]))
+        cache_dir = (caches or {}).get(compiler, {}).get("TORCHWELD_CACHE_DIR") or torchweld.config.cache_dir
+        try:
+            with torchweld.config.patch(cache_dir=cache_dir):
+                fn = make_callable(job, compiler, copy.deepcopy(case) if job["phase"] == "training" else case)
+                fn()
+            fns[compiler] = fn
+        except Exception as e:  # noqa: BLE001 - one compiler failing should not end the row
+            failed[compiler] = {"error": f"{type(e).__name__}: {e}"[:400]}
+    timed = steady(fns, job["device"], job["repeat"], job["min_time"]) if fns else {}
+    return {**{c: {"ms": ms, "rounds_ms": r} for c, (ms, r) in timed.items()}, **failed}
+
+
+def run_row(job: dict, compilers: list[str], args) -> dict:
+    """{compiler: figures} for one row, with speedups and differences from eager."""
+    import torch
+
+    figures: dict[str, dict] = {}
+    outputs: dict[str, torch.Tensor] = {}
+    with tempfile.TemporaryDirectory(prefix="torchweld-harness-") as tmp:
+        caches = {c: empty_caches(tmp, c) for c in compilers} if args.cold else None
+        timed_here = args.timing == "fresh"
+        for compiler in compilers:
+            worker = dict(job, compiler=compiler, time=timed_here, out=os.path.join(tmp, f"{compiler}.pt"))
+            got = in_fresh_process(worker, caches[compiler] if caches else None)
+            if "error" not in got:
+                got["cold_s" if args.cold else "first_s"] = got.pop("first_s")
+                got["cold_calls"] = first_calls(job)
+                outputs[compiler] = torch.load(worker["out"])
+                if args.warm:
+                    again = in_fresh_process(dict(worker, time=False, out=worker["out"] + ".warm"),
+                                             caches[compiler] if caches else None)
+                    got["warm_s"] = again.get("first_s", math.nan)
+            figures[compiler] = got
+            print(f"  {compiler:10s} {_summary(got)}", flush=True)
+        if not timed_here:
+            ok = [c for c in compilers if "error" not in figures[c]]
+            for compiler, timed in time_in_turns(job, ok, caches).items():
+                figures[compiler].update(timed)
+    label = next((f.pop("label") for f in figures.values() if "label" in f), None)
+    for f in figures.values():
+        f.pop("label", None)
+    add_ratios(figures, outputs)
+    return {"label": label, "compilers": figures}
+
+
+def add_ratios(figures: dict[str, dict], outputs: dict) -> None:
+    eager, torch_ = figures.get("eager", {}), figures.get("torch", {})
+    cold = "cold_s" if "cold_s" in torch_ or "cold_s" in eager else "first_s"
+    for compiler, f in figures.items():
+        if f.get("ms") and eager.get("ms"):
+            f["speedup"] = eager["ms"] / f["ms"]
+        if compiler not in ("eager", "torch") and f.get(cold) and torch_.get(cold):
+            f["cold_vs_torch"] = f[cold] / torch_[cold]
+        if compiler in outputs and "eager" in outputs and outputs[compiler].shape == outputs["eager"].shape:
+            diff = (outputs[compiler] - outputs["eager"]).abs().max().item()
+            f["max_diff"] = diff
+            f["rel_diff"] = diff / max(outputs["eager"].abs().max().item(), 1e-12)
+
+
+def _summary(f: dict) -> str:
+    if "error" in f:
+        return "failed: " + f["error"][:200]
+    parts = [f"{k} {f[k]:.3f}" for k in ("ms", "cold_s", "first_s", "warm_s", "peak_mib") if f.get(k) is not None]
+    return ", ".join(parts)
+
+
+def print_table(label: str, figures: dict[str, dict]) -> None:
+    header = f"{'':10s} {'ms':>9s} {'x eager':>8s} {'cold s':>8s} {'x tc cold':>9s} {'warm s':>7s} " \
+             f"{'peak MiB':>9s} {'max diff':>9s}"
+    print(f"{label}\n{header}")
+
+    def num(f, key, fmt):
+        return format(f[key], fmt) if f.get(key) is not None else "-"
+    for compiler, f in figures.items():
+        if "error" in f:
+            print(f"{compiler:10s} failed: {f['error'][:150]}")
+            continue
+        cold = f.get("cold_s", f.get("first_s"))
+        print(f"{compiler:10s} {num(f, 'ms', '9.3f'):>9s} {num(f, 'speedup', '.2f'):>8s} "
+              f"{(format(cold, '.2f') if cold is not None else '-'):>8s} {num(f, 'cold_vs_torch', '.3f'):>9s} "
+              f"{num(f, 'warm_s', '.2f'):>7s} {num(f, 'peak_mib', '.0f'):>9s} {num(f, 'max_diff', '.1e'):>9s}")
+
+
+# =============================================================================
+# Command line
+# =============================================================================
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", action="append", default=[],
+                        help="benchmark names, comma-separated or repeated (bench/models.py: "
+                             "chain, add_mul, mlp, cnn, block, tiny_mlp, resnet50, densenet121, bert, gpt2, llama); "
+                             "default: the device's usual rows")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda where there is one")
+    parser.add_argument("--phase", choices=("inference", "training"), default="inference")
+    parser.add_argument("--mode", choices=MODES, default="default")
+    parser.add_argument("--compilers", default=",".join(COMPILERS), help="comma-separated: eager,torch,torchweld")
+    parser.add_argument("--whole-step", action="store_true",
+                        help="training: compile the whole step (zero_grad, forward, loss, backward, Adam), as the "
+                             "torch.compile tutorial does, rather than the model alone (Adam native)")
+    parser.add_argument("--cold", action="store_true",
+                        help="each compiler's process starts with empty torchweld, Triton and Inductor caches")
+    parser.add_argument("--warm", action="store_true",
+                        help="then time the first call again in a second fresh process, the caches filled")
+    parser.add_argument("--repeat", type=int, default=5, help="timed rounds (the median is reported)")
+    parser.add_argument("--min-time", type=float, default=2.0, help="seconds of timed calls per compiler, all rounds")
+    parser.add_argument("--dtype", choices=DTYPES, default="float32")
+    parser.add_argument("--quick", action="store_true", help="smaller sizes (the row's label says which)")
+    parser.add_argument("--timing", choices=("fresh", "turns"), default=None,
+                        help="steady state in each compiler's fresh process (CUDA's default) or in this "
+                             "process, compilers in turns (the CPU's default)")
+    parser.add_argument("--options", default="{}", help="torchweld options as JSON")
+    parser.add_argument("--suite", default=SUITE, help="records go to bench/records/SUITE.jsonl")
+    parser.add_argument("--records-dir", default=None, help="another records directory (tests)")
+    parser.add_argument("--no-record", action="store_true")
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    args.only = [name.strip() for item in args.only for name in item.split(",") if name.strip()]
+    args.compilers = [c.strip() for c in args.compilers.split(",") if c.strip()]
+    for c in args.compilers:
+        if c not in COMPILERS:
+            parser.error(f"unknown compiler {c!r}; known: {', '.join(COMPILERS)}")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.worker:
+        print("RESULT " + json.dumps(run_worker(json.loads(args.worker))), flush=True)
+        return 0
+    import torch
+
+    from bench import records
+    from bench.models import available, select
+
+    if args.records_dir:
+        os.environ["TORCHWELD_BENCH_RECORDS"] = args.records_dir
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no CUDA device here")
+    args.timing = args.timing or ("fresh" if device == "cuda" else "turns")
+    options = json.loads(args.options)
+    where = torch.cuda.get_device_name() if device == "cuda" else f"CPU, {torch.get_num_threads()} threads"
+    print(f"torch {torch.__version__}, {where}, {args.phase}, mode {args.mode}, {args.dtype}; "
+          f"each compiler in a fresh process ({'empty caches' if args.cold else 'caches as found'}), "
+          f"steady state {'there' if args.timing == 'fresh' else 'here, in turns'}")
+    failures = 0
+    for benchmark in select(args.only, device, args.phase):
+        if not available(benchmark):
+            print(f"{benchmark.name}: {benchmark.needs} is not installed; skipped")
+            continue
+        job = {"model": benchmark.name, "device": device, "phase": args.phase, "mode": args.mode,
+               "dtype": args.dtype, "quick": args.quick, "whole_step": args.whole_step and args.phase == "training",
+               "options": options, "repeat": args.repeat, "min_time": args.min_time}
+        print(f"{benchmark.name}:", flush=True)
+        figures = run_row(job, args.compilers, args)
+        label = figures.pop("label") or benchmark.name
+        print_table(label, figures["compilers"])
+        failures += sum("error" in f for f in figures["compilers"].values())
+        row = {"model": benchmark.name, "label": label, "phase": args.phase, "step": _step(job), "mode": args.mode,
+               "device": device, "dtype": args.dtype}
+        if not args.no_record:
+            record = records.make_record(args.suite, figures, options=_options(args), row=row)
+            path = records.append(args.suite, record)
+            print(f"  appended to {path}")
+    return 1 if failures else 0
+
+
+def _step(job: dict) -> str | None:
+    if job["phase"] != "training":
+        return None
+    return "whole step" if job["whole_step"] else "model"
+
+
+def _options(args) -> dict:
+    return {k: v for k, v in vars(args).items() if k not in ("worker", "records_dir")}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,79 @@
+"""bench/ stays runnable: the harness measures a tiny model on the CPU with eager and
+torchweld, each in a fresh process, and appends a record; render.py makes the results page,
+the README's table and a diff between commits from records."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from bench import render
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return proc
+
+
+def test_harness_records_a_row_and_render_shows_it(tmp_path):
+    run("bench/harness.py", "--device", "cpu", "--only", "tiny_mlp", "--compilers", "eager,torchweld", "--cold",
+        "--repeat", "2", "--min-time", "0.1", "--records-dir", str(tmp_path))
+    [record] = [json.loads(line) for line in (tmp_path / "models.jsonl").read_text().splitlines()]
+    assert record["bench"] == "models" and record["source"] == "run"
+    for key in ("commit", "host", "cpu", "cores", "python", "versions", "command", "date"):
+        assert record[key], key
+    assert record["versions"]["torch"] and record["gpu"] is None
+    assert "bench/harness.py" in record["command"] and "--only tiny_mlp" in record["command"]
+    assert record["row"] == {"model": "tiny_mlp", "label": "tiny MLP d16 b8", "phase": "inference", "step": None,
+                             "mode": "default", "device": "cpu", "dtype": "float32"}
+    eager, weld = record["figures"]["compilers"]["eager"], record["figures"]["compilers"]["torchweld"]
+    assert "error" not in weld, weld
+    assert eager["ms"] > 0 and weld["ms"] > 0 and weld["cold_s"] > 0 and len(weld["rounds_ms"]) == 2
+    assert weld["speedup"] == eager["ms"] / weld["ms"]
+    assert weld["max_diff"] < 1e-4  # the first output against eager's
+
+    page = run("bench/render.py", "--records-dir", str(tmp_path), "--stdout").stdout
+    assert "## CPU, inference, default mode, float32" in page
+    [line] = [ln for ln in page.splitlines() if ln.startswith("| tiny MLP d16 b8 |")]
+    assert record["commit"][:7] in line and f"({weld['speedup']:.2f}x)" in line
+
+    commit = record["commit"][:10]
+    diff = run("bench/render.py", "--records-dir", str(tmp_path), "--diff", commit, commit).stdout
+    assert "| tiny MLP d16 b8 |" in diff and "(+0.0%)" in diff
+
+
+def record(date: str, commit: str, weld_ms: float, **row) -> dict:
+    row = {"model": "resnet50", "label": "resnet50 b32", "phase": "inference", "step": None, "mode": "default",
+           "device": "cuda", "dtype": "float32", **row}
+    return {"bench": "models", "source": "run", "date": date, "commit": commit, "dirty": False, "host": "h",
+            "gpu": "NVIDIA H100 80GB HBM3", "command": "python bench/harness.py", "options": {}, "row": row,
+            "figures": {"compilers": {"eager": {"ms": 6.0, "speedup": 1.0},
+                                      "torch": {"ms": 3.0, "speedup": 2.0, "cold_s": 20.0},
+                                      "torchweld": {"ms": weld_ms, "speedup": 6.0 / weld_ms, "cold_s": 2.0,
+                                                    "cold_vs_torch": 0.1}}}}
+
+
+def test_latest_record_per_row_readme_table_and_diff(tmp_path):
+    lines = [record("2026-01-01T00:00:00+00:00", "a" * 40, 4.0),
+             record("2026-01-02T00:00:00+00:00", "b" * 40, 2.0),
+             record("2026-01-02T00:00:00+00:00", "b" * 40, 1.0, model="bert", label="BERT b8 s128",
+                    mode="reduce-overhead")]
+    (tmp_path / "models.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    page = render.render_results(tmp_path)
+    assert "| resnet50 b32 | 6.000 | 3.000 (2.00x) | 2.000 (3.00x) |" in page  # the latest, not the first
+    assert "4.000" not in page
+
+    readme = tmp_path / "README.md"
+    readme.write_text("# x\n\nbefore\n<!-- results:begin -->\nold table\n<!-- results:end -->\nafter\n")
+    render.main(["--readme", "--records-dir", str(tmp_path), "--out", str(readme)])
+    text = readme.read_text()
+    assert text.startswith("# x\n\nbefore\n<!-- results:begin -->") and text.endswith("<!-- results:end -->\nafter\n")
+    assert "old table" not in text
+    assert "| H100, float32 | weld | torch.compile | cold, weld / tc | commit |" in text
+    assert "| resnet50 b32 inference | 3.00x | 2.00x | 0.100 | bbbbbbb |" in text
+    assert "| reduce-overhead: BERT inference | 6.00x | 2.00x | 0.100 | bbbbbbb |" in text
+
+    diff = render.render_diff("aaaa", "bbbb", tmp_path)
+    assert "| resnet50 b32 |" in diff and "4.000 -> 2.000 (-50.0%)" in diff and "BERT" not in diff
