@@ -67,7 +67,7 @@ def compile_training(gm: torch.fx.GraphModule, example_inputs: list, options: di
     # Started with the forward's lowering, on densenet121's step, it took the forward's
     # lowering, scheduling and rendering from 3.2 to 6.7 s and its kernels went to the compile
     # workers first, while the main thread waited for the forward's. (Whole first steps came
-    # out within noise either way: bench/RESULTS.md, twenty-fifth measurement.)
+    # out within noise either way: bench/DECISIONS.md#backward-ahead.)
     assumed = [n.meta.get("val") for n in part.backward.graph.nodes if n.op == "placeholder"]
     started: list[Future | None] = []
 

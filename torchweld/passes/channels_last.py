@@ -63,7 +63,7 @@ def to_channels_last(gm: torch.fx.GraphModule, weights: bool = False) -> torch.f
     with `weights=True` (for a compiler that then computes that once); otherwise oneDNN
     converts them itself, from C++. cuDNN's own conversion is a strided aten copy per
     weight: resnet50's 17 took 82 us of a 3 ms call on the H100, weld's kernels for the
-    same 69-81 us (a scratch profile, bench/RESULTS.md, thirty-fourth measurement)."""
+    same 69-81 us (a scratch profile, bench/DECISIONS.md#cuda-weights-channels-last)."""
     convs = conv_nodes(gm)
     if not convs:
         return gm

@@ -16,9 +16,9 @@ flat index unravels into, and the integer constants of index arithmetic and comp
 (strides, offsets, a concatenation's bounds). An unravelling's divisions take their divisor's
 magic number and shift (`magic_division`, Granlund and Montgomery's division by invariant
 integers, one int64 argument): a fixed multiply-high and shift instead of a division
-sequence. Timed on single 2M-element kernels on the H100 (`bench/divide_cost.py`), literals,
-runtime `%` and magic numbers came out within the noise of such timings (bench/RESULTS.md,
-twenty-fifth measurement). Divisors inside expressions (an upsampling's `// 2`) and the
+sequence. Timed on single 2M-element kernels on the H100 (`bench/investigations/divide_cost.py`),
+literals, runtime `%` and magic numbers came out within the noise of such timings
+(bench/DECISIONS.md#size-args). Divisors inside expressions (an upsampling's `// 2`) and the
 operands of other operations stay literals.
 """
 from __future__ import annotations

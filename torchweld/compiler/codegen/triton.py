@@ -23,12 +23,12 @@ OUTER_XBLOCK, OUTER_PROGRAMS = 64, 128  # reductions read across rows (reads_acr
 # A row-wise reduction's block holds this many elements, whole rows where they fit: one
 # row of 768 (padded to 1024) a block, 8 elements a thread. On the H100 four rows a block
 # (4096) took GPT-2's training step 170 us longer in its generated kernels, BERT's 120 us;
-# inference was level (bench/RESULTS.md, nineteenth measurement).
+# inference was level (bench/DECISIONS.md#row-block).
 ROW_BLOCK_ELEMENTS = 1024
 # A pointwise kernel's block, with Triton's default 4 warps (8 elements a thread). On one H100
 # host, 2048-element blocks with 8 warps took 3-7% longer on memory-bound kernels of 4M-64M
 # floats (batch norm + add + ReLU, an add/mul chain), on another as long, and 1-2% less on the
-# 12-op transcendental chain (bench/pointwise_launch.py; bench/RESULTS.md, thirty-fourth measurement).
+# 12-op transcendental chain (bench/investigations/pointwise_launch.py; bench/DECISIONS.md#launch-xblock).
 POINTWISE_XBLOCK = 1024
 STREAMING = 1 << 22  # elements from which a pointwise kernel's data outgrows L2: its loads evict first
 INT32_LIMIT = 1 << 31
@@ -173,7 +173,8 @@ def launch_config(kernel: Kernel) -> dict:
     if kernel.is_reduction and xblock * rblock >= 1024 and draws_random(kernel):
         # Philox for each element a thread holds, unrolled: 4 a thread, not 8, halve the code
         # Triton compiles. GPT-2's dropout + residual + layer norm kernels, the slowest of its
-        # training step to compile, 0.26 -> 0.21 s for sm_90; its step within noise (RESULTS.md).
+        # training step to compile, 0.26 -> 0.21 s for sm_90; its step within noise
+        # (bench/DECISIONS.md#random-warps).
         config["num_warps"] = 8
     return config
 
