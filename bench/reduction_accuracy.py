@@ -11,12 +11,7 @@ elements). torchweld's C++ sums add float partials of 1024 elements into double 
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import os
 import pathlib
-import platform
-import subprocess
 import sys
 
 import torch
@@ -24,11 +19,10 @@ import torch.nn.functional as F
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the checkout
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "bench" / "investigations"))
 import torchweld  # noqa: E402
-from compare import steady  # noqa: E402  (bench/compare.py: timing in turns)
-
-RECORDS = ROOT / "bench" / "records" / "reduction_accuracy.jsonl"
+from bench import records  # noqa: E402
+from compare import steady  # noqa: E402  (bench/investigations/compare.py: timing in turns)
 
 
 def cases(n: int, device: str) -> list[tuple[str, object, list]]:
@@ -82,30 +76,9 @@ def main() -> None:
 
 
 def append_record(rows: list[dict], options: argparse.Namespace) -> None:
-    def git(*command: str) -> str | None:
-        try:
-            return subprocess.run(["git", *command], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
-        except (OSError, subprocess.CalledProcessError):
-            return None
-
-    record = {
-        "bench": "reduction_accuracy",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "commit": git("rev-parse", "HEAD"),
-        "dirty": bool(git("status", "--porcelain", "--untracked-files=no", "--", "torchweld")),
-        "host": platform.node(),
-        "cores": os.cpu_count(),
-        "threads": torch.get_num_threads(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "device": torch.cuda.get_device_name() if options.device == "cuda" else "cpu",
-        "command": "python bench/reduction_accuracy.py " + " ".join(sys.argv[1:]),
-        "options": vars(options),
-        "figures": rows,
-    }
-    RECORDS.parent.mkdir(parents=True, exist_ok=True)
-    with RECORDS.open("a") as f:
-        f.write(json.dumps(record) + "\n")
+    device = torch.cuda.get_device_name() if options.device == "cuda" else "cpu"
+    records.append("reduction_accuracy", records.make_record(
+        "reduction_accuracy", rows, options=vars(options), threads=torch.get_num_threads(), device=device))
 
 
 if __name__ == "__main__":

@@ -13,19 +13,15 @@ Exit status 1 if any scenario did not end well.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
-import platform
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-RECORDS = ROOT / "bench" / "records" / "reliability.jsonl"
-sys.path.insert(0, str(ROOT))  # the checkout: tests.reliability
+sys.path.insert(0, str(ROOT))  # the checkout: tests.reliability, bench.records
+from bench import records  # noqa: E402
 from tests.reliability import (  # noqa: E402
     DAMAGES, Outcome, environment, read_only, run_concurrently, run_interrupted, run_program, unwritable_home)
 
@@ -107,39 +103,9 @@ def print_table(rows: list[dict]) -> None:
 
 
 def append_record(rows: list[dict], options: argparse.Namespace) -> None:
-    import torch
+    import torch  # noqa: F401  (records name its build: 2.13.0+cpu)
 
-    def git(*args: str) -> str | None:
-        try:
-            return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
-        except (OSError, subprocess.CalledProcessError):
-            return None
-
-    record = {
-        "bench": "reliability",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "commit": git("rev-parse", "HEAD"),
-        "dirty": bool(git("status", "--porcelain", "--untracked-files=no", "--", "torchweld")),
-        "host": platform.node(),
-        "cpu": _cpu_name(),
-        "cores": os.cpu_count(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "command": "python bench/reliability.py " + " ".join(sys.argv[1:]),
-        "options": vars(options),
-        "figures": rows,
-    }
-    RECORDS.parent.mkdir(parents=True, exist_ok=True)
-    with RECORDS.open("a") as f:
-        f.write(json.dumps(record) + "\n")
-
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
-    except OSError:
-        return platform.processor()
+    records.append("reliability", records.make_record("reliability", rows, options=vars(options)))
 
 
 def main() -> int:

@@ -181,8 +181,9 @@ def render_results(directory: Path | None = None) -> str:
         out += ["No records yet: run `python bench/harness.py` (see its docstring).", ""]
     for group, recs_ in groups.items():
         out += [f"## {section_title(group + ('',))}", ""] + table(recs_) + [""]
-        commands = sorted({r.get("command", "") for r in recs_})
-        out += ["Commands: " + "; ".join(f"`{c}`" for c in commands if c), ""]
+        commands = sorted({(r.get("command", ""), r.get("source") == "diary") for r in recs_})
+        out += ["Commands: " + "; ".join(f"`{c}`" + (" (diary: the script is under bench/investigations/ now)" if diary
+                                                     else "") for c, diary in commands if c), ""]
     out += other_suites(directory)
     return "\n".join(out).rstrip() + "\n"
 

@@ -1,7 +1,7 @@
 """Run a bench script with module constants of torchweld changed, for an A/B of a tuning constant.
 
     python3 bench/with_constants.py torchweld.compiler.codegen.triton:ROW_BLOCK_ELEMENTS=4096 \
-        -- bench/profile_train_gpu.py --model GPT-2 --skip-eager
+        -- bench/investigations/profile_train_gpu.py --model GPT-2 --skip-eager
 
 Each `module:NAME=value` (an int, a float, or else a string) is set before the script runs, in
 this process; the script then runs as `__main__` with the arguments after `--`.

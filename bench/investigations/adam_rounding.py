@@ -1,6 +1,6 @@
-"""The caching allocator's rounding at Adam's peak in a training row of bench/compare.py.
+"""The caching allocator's rounding at Adam's peak in a training row of bench/investigations/compare.py.
 
-    python3 bench/adam_rounding.py BERT weld      (then `... BERT tc`: one compiler per process)
+    python3 bench/investigations/adam_rounding.py BERT weld      (then `... BERT tc`: one compiler per process)
 
 Three steps, then a fourth in which the moment just before Adam's `_foreach_addcdiv_` (every
 parameter's temporary alive: where BERT's step peaks) is captured with

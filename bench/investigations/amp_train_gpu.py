@@ -1,6 +1,6 @@
 """A transformers GPT-2's training step under torch.autocast on CUDA: eager vs weld vs torch.compile.
 
-    python3 bench/amp_train_gpu.py [--dtype bfloat16|float16] [--batch 8] [--size 256]
+    python3 bench/investigations/amp_train_gpu.py [--dtype bfloat16|float16] [--batch 8] [--size 256]
                                    [--where around|inside] [--compilers torch.compile weld]
 
 The model (default config, dropout 0) runs its forward inside `torch.autocast("cuda", dtype)`;

@@ -1,7 +1,7 @@
 """Tracing a captured graph to aten: torch's make_fx against weld's own recorder
 (compiler/aten_trace.py), on the same graph, in one process, in turns.
 
-    .venv/bin/python bench/aten_trace_cpu.py [--runs 5]
+    .venv/bin/python bench/investigations/aten_trace_cpu.py [--runs 5]
 
 Rows: transformers' GPT-2 (12 layers, batch 2, 64 tokens) and BERT (batch 2, 64 tokens)
 from their default configs, and torchvision's resnet50 (batch 2, 64x64) where torchvision

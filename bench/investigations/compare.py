@@ -1,6 +1,6 @@
 """Eager vs torch.compile vs torchweld (weld backend), side by side in one run.
 
-    .venv/bin/python bench/compare.py [--quick]
+    .venv/bin/python bench/investigations/compare.py [--quick]
 
 Reports steady-state time per call, speedup over eager, and the cold compile
 time (first call, with an empty torchweld kernel cache and inductor's caches off;
@@ -22,55 +22,14 @@ import sys
 import time
 
 os.environ.setdefault("TORCHINDUCTOR_FORCE_DISABLE_CACHES", "1")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout: tests.models
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the checkout: bench.models
 
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 
 import torchweld  # noqa: E402
-from tests.models import Block  # noqa: E402  (the transformer block the tests compile too)
+from bench.models import CNN, Block, Chain, LastHidden, mlp  # noqa: E402, F401  (the models, defined once)
 from torchweld import config  # noqa: E402
-
-
-def chain(t):
-    for _ in range(2):
-        t = torch.sin(t) * 1.5 + 0.5
-        t = torch.tanh(t) - torch.exp(-t.abs())
-        t = torch.sigmoid(t) * t
-    return t
-
-
-class Chain(nn.Module):
-    def forward(self, t):
-        return chain(t)
-
-
-def mlp(width=1024, layers=4):
-    return nn.Sequential(*[nn.Sequential(nn.Linear(width, width), nn.LayerNorm(width), nn.GELU())
-                           for _ in range(layers)])
-
-
-class CNN(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.body = nn.Sequential(
-            nn.Conv2d(3, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(inplace=True), nn.MaxPool2d(2),
-            nn.Conv2d(32, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(inplace=True), nn.MaxPool2d(2),
-            nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10))
-
-    def forward(self, x):
-        return self.body(x)
-
-
-class LastHidden(nn.Module):
-    """A transformers model returning the tensor its output dataclass holds."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, ids):
-        return self.model(ids).last_hidden_state
 
 
 def weld_compile(model):

@@ -3,7 +3,7 @@ the Triton compiles each graph needs (distinct function, launch configuration an
 specialization: what the compile workers get), with and without chained concatenations
 (compiler/cat_chains.py, options={"chain_concatenations": False}).
 
-    python3 bench/compile_counts.py densenet121 [--train] [--shape 32 3 224 224]
+    python3 bench/investigations/compile_counts.py densenet121 [--train] [--shape 32 3 224 224]
 
 Inference: the model in eval under no_grad, one graph. --train: the model in train mode, its
 joint graph partitioned (min-cut) into the forward and backward graphs weld compiles. The

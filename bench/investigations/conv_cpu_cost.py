@@ -1,6 +1,6 @@
 """CPU time to enqueue one convolution, against the same product as a matrix multiply.
 
-    python3 bench/conv_cpu_cost.py
+    python3 bench/investigations/conv_cpu_cost.py
 
 densenet121 at batch 16 is bound by the host: its 120 cuDNN convolutions cost more CPU
 than the GPU spends on them. A 1x1 convolution with stride 1 and no padding on a

@@ -1,6 +1,6 @@
 """What a kernel's sizes cost the GPU when they are arguments instead of literals.
 
-    python3 bench/divide_cost.py        (CUDA)
+    python3 bench/investigations/divide_cost.py        (CUDA)
 
 Three memory-bound kernels of 2M float32 elements, written as weld renders them, each with
 its divisors as literals ("const"), as runtime arguments with plain // and % ("runtime"),

@@ -1,6 +1,6 @@
 """Where the CPU time before and around a compiled call goes, for one model on CUDA.
 
-    python3 bench/entry_overhead.py [--model GPT-2|BERT] [--device cuda|cpu] [--guards c|python]
+    python3 bench/investigations/entry_overhead.py [--model GPT-2|BERT] [--device cuda|cpu] [--guards c|python]
 
 Prints per call: the guard check alone (the entry's `check`), the whole entry with the
 GPU idle (CPU time to enqueue everything), the CUDA-event latency, and the GPU busy time,

@@ -1,6 +1,6 @@
 """GPU inference: eager vs torch.compile vs torchweld (weld backend), float32, one run.
 
-    python3 bench/gpu_inference.py [--only NAME ...] [--mode MODE] [--skip-inductor] [--options JSON]
+    python3 bench/investigations/gpu_inference.py [--only NAME ...] [--mode MODE] [--skip-inductor] [--options JSON]
 
 Rows (issue 4): the 12-op elementwise chain on 16M floats, torchvision resnet50
 (batch 32, 224x224) and densenet121 (batch 16, 3x128x128), transformers' BERT
@@ -27,16 +27,14 @@ import time
 
 os.environ.setdefault("TORCHINDUCTOR_FORCE_DISABLE_CACHES", "1")
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the checkout
+
 import torch  # noqa: E402
 
 import torchweld  # noqa: E402
-from compare import chain  # noqa: E402  (bench/compare.py: the 12-op elementwise chain)
+from bench.models import add_mul_chain, chain  # noqa: E402  (the elementwise chains, defined once)
 from profile_weld_gpu import latency_ms, throughput_ms  # noqa: E402  (CUDA-event timings)
 from torchweld import config  # noqa: E402
-
-
-def add_mul_chain(t):  # memory-bound: compared with the copy bandwidth
-    return ((t + 1.0) * 2.0 + 3.0) * 0.5
 
 
 def cases(only: set[str] | None):

@@ -1,7 +1,7 @@
 """Adam's `opt.step()` alone: native against captured and compiled by torchweld.
 
-    python3 bench/optimizer_step.py [--params 364] [--size 16] [--device cpu|cuda] [--backend weld]
-    python3 bench/optimizer_step.py --shapes-of densenet121 --device cuda   # torchvision's shapes
+    python3 bench/investigations/optimizer_step.py [--params 364] [--size 16] [--device cpu|cuda] [--backend weld]
+    python3 bench/investigations/optimizer_step.py --shapes-of densenet121 --device cuda   # torchvision's shapes
 
 Makes `--params` parameters of `--size` floats (or a torchvision model's parameter shapes) with gradients, then times `opt.step()` run
 natively and through `torchweld.compile` (median ms of 200 calls after warm-up; on CUDA each

@@ -1,13 +1,13 @@
 """Launch sizes for weld's pointwise Triton kernels: XBLOCK x num_warps, with and without
 weld's eviction hints, on kernel bodies of the shapes weld generates (CUDA only).
 
-    python3 bench/pointwise_launch.py [--bodies chain1,chain12,bnrelu,bnaddrelu,bn2addrelu]
+    python3 bench/investigations/pointwise_launch.py [--bodies chain1,chain12,bnrelu,bnaddrelu,bn2addrelu]
 
 Each body is written as weld writes it (flat `xindex`, per-channel loads at `xindex % C`) and
 timed with `triton.testing.do_bench` (L2 flushed between runs) at resnet50's activation sizes
 and at 1M-64M floats; a row per size and body, microseconds per launch for each
 configuration (E: streamed loads evict first, per-channel ones evict last, as weld emits;
--: no hints). bench/RESULTS.md, thirty-fourth measurement, has the H100's figures behind
+-: no hints). bench/DECISIONS.md#launch-xblock has the H100's figures behind
 `compiler/codegen/triton.py`'s POINTWISE_XBLOCK.
 """
 from __future__ import annotations

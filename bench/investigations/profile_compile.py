@@ -1,6 +1,6 @@
-"""Where weld's cold compile time goes, for one GPU case of bench/gpu_inference.py.
+"""Where weld's cold compile time goes, for one GPU case of bench/investigations/gpu_inference.py.
 
-    python3 bench/profile_compile.py densenet121 [--mode MODE] [--top 30] [--cprofile] [--thread-cpu] [--blocked] [--train]
+    python3 bench/investigations/profile_compile.py densenet121 [--mode MODE] [--top 30] [--cprofile] [--thread-cpu] [--blocked] [--train]
 
 Runs the first call (capture, lowering, scheduling, code generation, Triton
 compiles, the first run) in this fresh process with empty torchweld and Triton
@@ -17,7 +17,7 @@ seconds each thread of this process used in it and the whole machine's busy core
 time (another thread holding the GIL, or every core busy). With --blocked, the main thread is sampled
 every 2 ms, and each interval in which it used less than half a core is charged to where it was
 then: the frames at which the first call waited, longest first. With --train, the case is a training row of
-bench/compare.py (densenet121, resnet50, BERT, GPT-2) and the first call is its first
+bench/investigations/compare.py (densenet121, resnet50, BERT, GPT-2) and the first call is its first
 step: the model compiled, forward, loss, backward (the backward's compile included), Adam.
 """
 from __future__ import annotations

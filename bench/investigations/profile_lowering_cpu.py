@@ -1,6 +1,6 @@
 """Where a cold training compile's lowering and scheduling go, on the CPU.
 
-    .venv/bin/python bench/profile_lowering_cpu.py [--layers 12] [--sort tottime] [--top 30]
+    .venv/bin/python bench/investigations/profile_lowering_cpu.py [--layers 12] [--sort tottime] [--top 30]
 
 Compiles a transformers GPT-2 (default config, batch 2, 64 tokens) for training with
 weld in a fresh cache, its backward at the first backward (not ahead, in a thread), with

@@ -1,7 +1,7 @@
 """Where a CPU train step goes: eager, torch.compile and weld timed in turns, with the
 minor page faults each takes per step, then weld's generated C++ kernels timed one by one.
 
-    OMP_WAIT_POLICY=PASSIVE .venv/bin/python bench/profile_train_cpu.py [--model block|mlp|cnn]
+    OMP_WAIT_POLICY=PASSIVE .venv/bin/python bench/investigations/profile_train_cpu.py [--model block|mlp|cnn]
         [--steps 20] [--rounds 3] [--top 10] [--skip-inductor]
 
 A step is forward, MSE loss against a fixed target and backward (no optimizer). The
@@ -19,10 +19,10 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 import torchweld  # noqa: E402
 import torchweld.runtime.cpp_loader as cpp_loader  # noqa: E402
-from compare import CNN, mlp  # noqa: E402  (bench/ is sys.path[0])
+from bench.models import CNN, mlp  # noqa: E402
 from tests.models import Block  # noqa: E402
 
 MODELS = {

@@ -1,16 +1,16 @@
 """Where a training step's time goes: eager vs weld, the torch.compile tutorial's step.
 
-    python3 bench/profile_train_gpu.py [--model densenet121|resnet50|BERT|GPT-2] [--batch 16] [--size 128]
+    python3 bench/investigations/profile_train_gpu.py [--model densenet121|resnet50|BERT|GPT-2] [--batch 16] [--size 128]
                                        [--mode MODE] [--options JSON] [--steps 20] [--compile-profile]
                                        [--compile-optimizer] [--inductor]
 
 One step = opt.zero_grad(True); loss = loss_fn(model(x), y); loss.backward(); opt.step() with
 Adam, float32, on CUDA. torchvision models take 3x<size>x<size> images and CrossEntropyLoss;
-BERT and GPT-2 (transformers' default configs, as in bench/compare.py) take <size> tokens and
+BERT and GPT-2 (transformers' default configs, as in bench/investigations/compare.py) take <size> tokens and
 the mean squared error of their last hidden state against a random target. For eager and for weld (the model compiled with
 torchweld.compile(backend="weld", mode=MODE); the optimizer runs natively, or with
 --compile-optimizer as weld compiles it) it prints:
-  - ms per step: median of CUDA-event timings of single steps (what bench/compare.py reports);
+  - ms per step: median of CUDA-event timings of single steps (what bench/investigations/compare.py reports);
   - per phase (forward+loss, backward, optimizer): CPU ms to enqueue it, and the wall ms
     between CUDA events around it (the larger of CPU and GPU time when the GPU waits);
   - GPU busy time per step: the sum of kernel, memcpy and memset durations (torch.profiler),

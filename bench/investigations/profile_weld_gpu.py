@@ -1,11 +1,11 @@
 """Where weld's GPU time goes: eager vs weld (vs torch.compile) per model, one run.
 
-    python3 bench/profile_weld_gpu.py [--only chain resnet50 densenet121 BERT GPT-2] [--inductor]
+    python3 bench/investigations/profile_weld_gpu.py [--only chain resnet50 densenet121 BERT GPT-2] [--inductor]
                                       [--iters 50] [--options JSON] [--mode MODE]
 
 For each case it prints, for eager, for weld (torchweld.compile(backend="weld")) and,
 with --inductor, for torch.compile, float32 inference under no_grad:
-  - latency: median of CUDA-event timings of one call each (what bench/gpu_inference.py
+  - latency: median of CUDA-event timings of one call each (what bench/investigations/gpu_inference.py
     reports; includes any CPU launch overhead the GPU waits for), the contenders' calls
     taken in turn so that the host's slower spells fall on all of them;
   - throughput: CUDA-event time of `iters` back-to-back calls / iters (GPU-bound);
@@ -28,15 +28,14 @@ import math
 import os
 import pstats
 import statistics
+import sys
 import time
 
 import torch
 
-import torchweld
-
-
-def add_mul_chain(t):
-    return ((t + 1.0) * 2.0 + 3.0) * 0.5
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the checkout
+import torchweld  # noqa: E402
+from bench.models import add_mul_chain  # noqa: E402, F401  (the add/mul chain, defined once)
 
 
 # -- timing ---------------------------------------------------------------------------
@@ -232,7 +231,7 @@ def sweep_chain_kernel(graph, x, nbytes: int, iters: int) -> None:
 
 
 def model_case(case: str, iters: int, options: dict, inductor: bool, dump: str | None, mode: str | None) -> None:
-    """A model row of bench/gpu_inference.py: eager, weld and (with `inductor`) torch.compile."""
+    """A model row of bench/investigations/gpu_inference.py: eager, weld and (with `inductor`) torch.compile."""
     from gpu_inference import cases
 
     found = cases({case})
@@ -268,7 +267,7 @@ def model_case(case: str, iters: int, options: dict, inductor: bool, dump: str |
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", nargs="*", default=["chain", "resnet50"],
-                        help="chain and/or first words of bench/gpu_inference.py's rows: resnet50 densenet121 BERT GPT-2")
+                        help="chain and/or first words of bench/investigations/gpu_inference.py's rows: resnet50 densenet121 BERT GPT-2")
     parser.add_argument("--inductor", action="store_true", help="time torch.compile (default mode) beside them")
     parser.add_argument("--iters", type=int, default=50)
     parser.add_argument("--options", default="{}", help="torchweld options as JSON, for the model cases")

@@ -1,6 +1,6 @@
 """A dropout in training mode plus an add: eager vs torch.compile vs torchweld, timed in turns.
 
-    .venv/bin/python bench/random_ops.py [--numel N] [--device cpu|cuda]
+    .venv/bin/python bench/investigations/random_ops.py [--numel N] [--device cpu|cuda]
 
 weld draws the mask inside the fused kernel (Op.RAND, Philox); eager draws it with
 aten's bernoulli_ (CPU) or its fused dropout kernel (CUDA). Results differ from eager's
@@ -15,9 +15,9 @@ import sys
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the checkout
 import torchweld  # noqa: E402
-from compare import steady  # noqa: E402  (bench/compare.py: timing in turns)
+from compare import steady  # noqa: E402  (bench/investigations/compare.py: timing in turns)
 
 P = 0.1
 

@@ -1,6 +1,6 @@
 """Peak CUDA memory of a training step, phase by phase, eager against the compilers.
 
-    python3 bench/train_memory.py resnet50 [eager weld tc] [--mode reduce-overhead]
+    python3 bench/investigations/train_memory.py resnet50 [eager weld tc] [--mode reduce-overhead]
 
 For a training row of compare.py (resnet50, BERT, GPT-2, densenet121), each compiler in turn
 in this process runs three steps. The first (cold: compiles, and under reduce-overhead the

@@ -1,6 +1,6 @@
 """Steady-state GPU memory of the tutorial's train step, one compiler per process.
 
-    python3 bench/train_step_memory.py [--compiler eager|weld] [--model densenet121] [--batch 16] [--size 128]
+    python3 bench/investigations/train_step_memory.py [--compiler eager|weld] [--model densenet121] [--batch 16] [--size 128]
 
 One step = opt.zero_grad(True); CrossEntropyLoss(model(x), y).backward(); opt.step() with Adam,
 float32, CUDA; with --compiler weld the whole step function is compiled by torchweld. After 3

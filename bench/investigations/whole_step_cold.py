@@ -1,6 +1,6 @@
 """Where the tutorial's whole training step spends its cold compile, phase by phase.
 
-    TORCHWELD_COMPILE_TRACE=trace.json python3 bench/whole_step_cold.py [densenet121|resnet50]
+    TORCHWELD_COMPILE_TRACE=trace.json python3 bench/investigations/whole_step_cold.py [densenet121|resnet50]
 
 One process, empty Triton and torchweld caches: the step (`opt.zero_grad(True)`, forward,
 CrossEntropyLoss, `loss.backward()`, Adam's `opt.step()`; batch 16, 3x128x128, float32,
