@@ -103,3 +103,24 @@ def test_a_cached_function_of_constants_is_folded_and_one_of_tensors_is_inlined(
         assert_same(compiled(x), uses_cached_functions(x))
     assert CALLS == ["scale"]  # one real call, cached, whatever compiled or ran eagerly
     assert len(backend.graphs) == 2
+
+
+def test_map_filter_and_reduce_over_python_values_are_one_graph():
+    def fn(x, values):
+        doubled = map(lambda v: v * 2, filter(lambda v: v > 0, values))
+        product = functools.reduce(lambda a, b: a * b, [1, 2, 3], 1)
+        pairs = list(map(lambda a, b: a + b, [1, 2], (10, 20, 30)))
+        truthy = list(filter(None, [0, 1, "", "a"]))
+        return x * sum(doubled) + product, pairs, truthy
+
+    compiled, backend = check_program(fn, (torch.randn(3), [1, -2, 3]), (torch.randn(3), [4, 5]))
+    assert len(backend.graphs) == 2  # the second list of values is a guard miss, not a break
+
+
+def test_map_over_an_iterator_pulls_lazily():
+    def fn(x):
+        it = iter([1, 2, 3, 4])
+        first = next(map(lambda v: v * 10, it))  # map took one item of `it`
+        return x * (first + sum(it))
+
+    check_program(fn, (torch.randn(2),))

@@ -444,3 +444,56 @@ def test_a_sliced_module_list_follows_the_depth_attribute():
         model.depth = depth
         assert_same(compiled(x), model(x))
     assert len(backend.graphs) == 2
+
+
+class _Walked(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList([torch.nn.Linear(3, 3), torch.nn.Linear(3, 3)])
+        self.register_buffer("scale", torch.ones(3))
+
+    def forward(self, x):
+        for p in self.parameters():
+            x = x + p.sum()
+        for name, b in self.named_buffers():
+            x = x * b
+        count = sum(1 for _ in self.modules()) + len(list(self.named_children()))
+        return x * count, [n for n, _ in self.named_parameters()]
+
+
+def test_a_forward_that_walks_its_parameters_and_modules():
+    model = _Walked()
+    backend = CountingBackend()
+    compiled = torchweld.compile(model, backend=backend)
+    for _ in range(2):
+        x = torch.randn(2, 3)
+        assert_same(compiled(x), model(x))
+    assert len(backend.graphs) == 1
+    model.layers.append(torch.nn.Linear(3, 3))  # a new parameter: the walk is guarded
+    x = torch.randn(2, 3)
+    assert_same(compiled(x), model(x))
+    assert len(backend.graphs) == 2
+
+
+def _stochastic_depth(x):
+    return x
+
+
+def _log_usage(obj):  # torchvision.utils._log_api_usage_once, as its layers call it
+    module = obj.__module__
+    if not module.startswith("torchvision"):
+        module = f"torchvision.internal.{module}"
+    name = obj.__class__.__name__
+    if isinstance(obj, type(_stochastic_depth)):
+        name = obj.__name__
+    torch._C._log_api_usage_once(f"{module}.{name}")
+
+
+def test_torchvisions_usage_logging_of_a_function_is_no_break():
+    def fn(x):
+        _log_usage(_stochastic_depth)
+        _log_usage(torch.nn.functional.relu)
+        return _stochastic_depth(x) * 2
+
+    _, backend = check_program(fn, (torch.randn(3),), compare_counts=False)  # torch.compile 2.13: 3 graphs
+    assert len(backend.graphs) == 1

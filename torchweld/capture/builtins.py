@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
+import functools
 import inspect
 import operator
 from typing import Callable
@@ -221,6 +222,49 @@ def _next(tx, it: Value, *default: Value) -> Value:
             return default[0]
         raise Unsupported("next() on an exhausted iterator raises StopIteration")
     return item
+
+
+@rule(map)
+def _map(tx, fn: Value, *iterables: Value) -> Value:
+    """`map(fn, ...)`: an iterator calling `fn` (inlined) as it is pulled, as Python's does."""
+    if not iterables:
+        raise Unsupported("map() must have at least two arguments (the eager call raises TypeError)")
+    rows = _zip(tx, *iterables)
+    rows = rows if isinstance(rows, IteratorValue) else IteratorValue(rows.items(tx))
+
+    def step() -> Value | None:
+        row = rows.next()
+        return None if row is None else fn.call(tx, row.items(tx), {})
+
+    return LazyIteratorValue(step)
+
+
+@rule(filter)
+def _filter(tx, fn: Value, iterable: Value) -> Value:
+    """`filter(fn, it)`: the items for which `fn` (inlined), or their own truth for None, holds."""
+    items = iterable if isinstance(iterable, IteratorValue) else IteratorValue(iterable.items(tx))
+    keep_truthy = fn.is_constant() and fn.as_constant() is None
+
+    def step() -> Value | None:
+        while (item := items.next()) is not None:
+            if (item if keep_truthy else fn.call(tx, [item], {})).truth(tx):
+                return item
+        return None
+
+    return LazyIteratorValue(step)
+
+
+@rule(functools.reduce)
+def _reduce(tx, fn: Value, iterable: Value, *initial: Value) -> Value:
+    items = list(_one_at_a_time(tx, iterable))
+    if initial:
+        items.insert(0, initial[0])
+    if not items:
+        raise Unsupported("reduce() of an empty iterable with no initial value (the eager call raises TypeError)")
+    total = items[0]
+    for item in items[1:]:
+        total = fn.call(tx, [total, item], {})
+    return total
 
 
 @rule(list)

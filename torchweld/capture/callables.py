@@ -5,6 +5,8 @@ from __future__ import annotations
 import functools
 import types
 
+import torch
+
 from torchweld.capture.sources import AttrSource, Source
 from torchweld.capture.values import (
     ConstantValue, DictValue, ListValue, SequenceValue, TupleValue, Value, const,
@@ -204,6 +206,8 @@ class TorchCallableValue(Value):
         compiling = _compiling_answer(self.fn)
         if compiling is not None:
             return ConstantValue(compiling)
+        if self.fn is torch._C._log_api_usage_once:  # usage telemetry (torchvision's layers): no graph node
+            return ConstantValue(None)
         name = getattr(self.fn, "__name__", "")
         _check_graphable(name)
         if _is_runtime_query(name) and all(v.is_constant() for v in [*args, *kwargs.values()]):

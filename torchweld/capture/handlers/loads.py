@@ -143,7 +143,18 @@ def load_attr(tx, inst):
     obj = tx.pop()
     method_form = sys.version_info >= (3, 12) and inst.arg & 1
     # the method form is loaded as a bound method, with a NULL beside it: [NULL, method] or [method, NULL]
-    push_maybe_callable(tx, obj.getattr(tx, inst.argval), with_null=bool(method_form))
+    push_maybe_callable(tx, attribute(tx, obj, inst.argval), with_null=bool(method_form))
+
+
+def attribute(tx, obj: Value, name: str) -> Value:
+    """`obj.name`; `obj.__class__` is the type capture knows it by (fixed by the guard on `obj`,
+    or made in the frame), for any kind of value: torchvision reads a function's."""
+    from torchweld.capture.new_objects import NewObjectValue
+    from torchweld.capture.objects import ClassValue
+
+    if name == "__class__" and not isinstance(obj, NewObjectValue):
+        return ClassValue(obj.python_type())
+    return obj.getattr(tx, name)
 
 
 @handles("LOAD_METHOD", until=(3, 11))
