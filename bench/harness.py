@@ -7,6 +7,15 @@ The shape of PyTorch's benchmarks/dynamo harness:
     python bench/harness.py --device cuda --phase training --compilers eager,torch,torchweld --cold
     python bench/harness.py --device cpu --phase inference --only chain,mlp --cold --warm
 
+The README's table (bench/render.py README_ROWS) comes from five runs on one GPU host, then
+`python bench/render.py && python bench/render.py --readme`:
+
+    python bench/harness.py --device cuda --cold --only chain,resnet50,densenet121,bert,gpt2,llama
+    python bench/harness.py --device cuda --cold --mode reduce-overhead --only resnet50,densenet121,bert,gpt2
+    python bench/harness.py --device cuda --cold --phase training --only resnet50,bert,gpt2
+    python bench/harness.py --device cuda --cold --phase training --whole-step --only densenet121
+    python bench/harness.py --device cuda --cold --phase training --whole-step --mode reduce-overhead --only densenet121
+
 What is measured, per row and compiler:
 - `cold_s` (with --cold): the compile() call and the first call (the first three under
   reduce-overhead, where torch.compile records its CUDA graph on the third; a training step
@@ -24,6 +33,8 @@ What is measured, per row and compiler:
   the model was built, over the cold calls and the timed ones, in the fresh process.
 - `max_diff`: the largest absolute difference of the first output (training: the first loss)
   from eager's, and `rel_diff` that over eager's largest absolute value.
+OMP_WAIT_POLICY is PASSIVE unless the environment sets it (records keep the environment's
+OMP_*, MALLOC_*, TORCHWELD_* and TRITON_* variables).
 """
 from __future__ import annotations
 
@@ -43,6 +54,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the checkout: bench.models, tests.models
+# OpenMP threads that spin while waiting wait long for one the shared machine descheduled: a
+# tiny training step took 200 ms instead of 1.5 on the 2-core machine. Every CPU row of the
+# diary ran with PASSIVE; set before torch is imported, here and in the workers.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 COMPILERS = ("eager", "torch", "torchweld")
 MODES = ("default", "reduce-overhead", "max-autotune")

@@ -10,7 +10,8 @@ Every record has these keys; a suite adds its own under "figures" (and, for the 
               bench/investigations/RESULTS-diary.md, with "diary_section")
     date      UTC, ISO 8601, seconds
     commit    git HEAD of the checkout (full hash); dirty: torchweld/ had uncommitted changes
-    host, cpu, cores, gpu (None without CUDA), python, versions {torch, triton, ...}, torch
+    host, cpu, cores, gpu (None without CUDA), python, versions {torch, triton, ...}, torch,
+    environment (the OMP_*, MALLOC_*, TORCHWELD_*, TORCHINDUCTOR_* and TRITON_* variables set)
     command   the command line as typed, relative to the checkout
     options   the parsed command-line options
     figures   what was measured
@@ -34,6 +35,7 @@ from typing import Iterator
 
 ROOT = Path(__file__).resolve().parents[1]
 VERSIONED = ("torch", "triton", "torchvision", "transformers", "numpy")
+ENVIRONMENT = ("OMP_", "MALLOC_", "TORCHWELD_", "TORCHINDUCTOR_", "TRITON_", "CUDA_VISIBLE_DEVICES")  # recorded
 
 
 def records_dir() -> Path:
@@ -99,6 +101,8 @@ def provenance() -> dict:
         "python": platform.python_version(),
         "versions": found,
         "torch": found["torch"],  # also at the top, as the first records of fuzz and reliability have it
+        "environment": {k: v for k, v in sorted(os.environ.items())
+                        if k.startswith(ENVIRONMENT) and k != "TORCHWELD_BENCH_RECORDS"},
     }
 
 
