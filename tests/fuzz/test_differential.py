@@ -44,13 +44,13 @@ def check(data, backend: str) -> None:
         pytest.fail(f"{outcome.report()}\n=== standalone script ===\n{case.script()}", pytrace=False)
 
 
-@fuzz_settings(examples=300)
+@fuzz_settings(examples=200)
 @given(data=st.data())
 def test_capture_only_programs_match_eager(data):
     check(data, "eager")
 
 
-@fuzz_settings(examples=30)
+@fuzz_settings(examples=25)
 @given(data=st.data())
 def test_weld_programs_match_eager(data):
     check(data, "weld")
