@@ -417,8 +417,8 @@ class GraphLowering:
         base = aliasing.base_of(node)
         own = aliasing.own_layout(base)
         layout = own if node is base else aliasing.layout_in(aliasing.fake_of(node), aliasing.fake_of(base))
-        whole = layout is not None and layout == own and tuple(result.shape) == tuple(own.shape)
-        new = result if whole or node is base else self.scattered(base, layout, result, node)
+        whole = node is base or (layout is not None and layout == own and tuple(result.shape) == tuple(own.shape))
+        new = result if whole else self.scattered(base, layout, result, node)
         count = self.writes_to[base] = self.writes_to.get(base, 0) + 1
         self.latest[base] = new
         self.env[node], self.read_at[node] = result, count
