@@ -39,7 +39,6 @@ OMP_*, MALLOC_*, TORCHWELD_* and TRITON_* variables).
 from __future__ import annotations
 
 import argparse
-import copy
 import gc
 import json
 import math
@@ -133,10 +132,19 @@ def compile_with(compiler: str, fn, mode: str, options: dict):
     raise SystemExit(f"unknown compiler {compiler!r}; known: {', '.join(COMPILERS)}")
 
 
-def make_callable(job: dict, compiler: str, case):
-    """(the argument-less call the row times, what a call returns as a detached copy). Inference
-    calls the compiled model under no_grad; training runs one step: zero_grad, forward, loss,
-    backward, Adam, with the model compiled or (whole_step) the step function compiled."""
+def make_optimizer(job: dict, case):
+    """Adam over the case's parameters for a training row (None for inference). Made before a
+    cold timer starts: its constructor imports torch._dynamo, which no compiler should be charged
+    (bench/DECISIONS.md#cold-includes-compile)."""
+    import torch
+
+    return torch.optim.Adam(case.model.parameters(), lr=1e-3) if job["phase"] == "training" else None
+
+
+def make_callable(job: dict, compiler: str, case, opt=None):
+    """The argument-less call the row times, returning what the compiled code returned. Inference
+    calls the compiled model under no_grad; training runs one step with `opt`: zero_grad, forward,
+    loss, backward, Adam, with the model compiled or (whole_step) the step function compiled."""
     import torch
 
     if job["phase"] == "inference":
@@ -149,7 +157,6 @@ def make_callable(job: dict, compiler: str, case):
         return infer
 
     case.model.train()
-    opt = torch.optim.Adam(case.model.parameters(), lr=1e-3)
     model = case.model if job["whole_step"] else compile_with(compiler, case.model, job["mode"], job["options"])
 
     def step():
@@ -178,9 +185,10 @@ def run_worker(job: dict) -> dict:
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     case = BENCHMARKS[job["model"]].make(device, job["quick"], getattr(torch, job["dtype"]))
+    opt = make_optimizer(job, case)
     _sync(device)
     t0 = time.perf_counter()
-    fn = make_callable(job, compiler, case)
+    fn = make_callable(job, compiler, case, opt)
     out = fn()
     # a copy, before later calls: under CUDA graphs a replay overwrites what the last one returned
     out = out.detach().float().cpu().clone()
@@ -243,7 +251,7 @@ def time_in_turns(job: dict, compilers: list[str], caches: dict[str, dict] | Non
         cache_dir = (caches or {}).get(compiler, {}).get("TORCHWELD_CACHE_DIR") or torchweld.config.cache_dir
         try:
             with torchweld.config.patch(cache_dir=cache_dir):
-                fn = make_callable(job, compiler, copy.deepcopy(case) if job["phase"] == "training" else case)
+                fn = make_callable(job, compiler, case, make_optimizer(job, case))
                 fn()
             fns[compiler] = fn
         except Exception as e:  # noqa: BLE001 - one compiler failing should not end the row
