@@ -219,6 +219,8 @@ def suite_summary(r: dict) -> str:
     if r.get("bench") == "reliability" and isinstance(figures, list):
         good = sum(1 for f in figures if f.get("correct") and f.get("warnings") == f.get("expected_warnings"))
         return f"{good} of {len(figures)} scenarios ended well"
+    if isinstance(figures, list):
+        return f"{len(figures)} rows"
     if isinstance(figures, dict):
         plain = [f"{k} {v}" for k, v in figures.items() if isinstance(v, (int, float, str)) and not isinstance(v, bool)]
         return ", ".join(plain[:6]) or "figures in the record"
