@@ -497,3 +497,60 @@ def test_torchvisions_usage_logging_of_a_function_is_no_break():
 
     _, backend = check_program(fn, (torch.randn(3),), compare_counts=False)  # torch.compile 2.13: 3 graphs
     assert len(backend.graphs) == 1
+
+
+HOOK_LOG: list = []
+
+
+def _scale_input(module, args):
+    return (args[0] * 2,)
+
+
+def _shift_output(module, args, output):
+    HOOK_LOG.append(output.shape[0])
+    return output + 1
+
+
+def _kwargs_pre_hook(module, args, kwargs):
+    return (args[0] - 1,), kwargs
+
+
+def _kwargs_hook(module, args, kwargs, output):
+    return output * 3
+
+
+@pytest.mark.parametrize("backend", ["eager", "weld"])
+def test_forward_hooks_are_inlined_into_one_graph(backend):
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4))
+    handles = [model[0].register_forward_pre_hook(_scale_input), model[0].register_forward_hook(_shift_output),
+               model[2].register_forward_pre_hook(_kwargs_pre_hook, with_kwargs=True),
+               model[2].register_forward_hook(_kwargs_hook, with_kwargs=True)]
+    counting = CountingBackend() if backend == "eager" else None
+    compiled = torchweld.compile(lambda x: model(x) * 2, backend=counting or backend)
+    try:
+        for _ in range(2):
+            x = torch.randn(3, 4)
+            HOOK_LOG.clear()
+            expected, eager_log = model(x) * 2, list(HOOK_LOG)
+            HOOK_LOG.clear()
+            torch.testing.assert_close(compiled(x), expected)
+            assert HOOK_LOG == eager_log
+        if counting is not None:
+            assert len(counting.graphs) == 1
+        handles.pop().remove()  # removing a hook recompiles
+        x = torch.randn(3, 4)
+        torch.testing.assert_close(compiled(x), model(x) * 2)
+    finally:
+        for h in handles:
+            h.remove()
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(compiled(x), model(x) * 2)
+
+
+def test_a_module_with_backward_hooks_is_called_as_eager_calls_it():
+    model = nn.Linear(3, 3)
+    grads = []
+    model.register_full_backward_hook(lambda m, gin, gout: grads.append(gout[0].shape))
+    compiled = torchweld.compile(lambda x: model(x).sum(), backend="eager")
+    compiled(torch.randn(2, 3, requires_grad=True)).backward()
+    assert grads == [torch.Size([2, 3])]

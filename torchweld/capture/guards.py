@@ -192,6 +192,13 @@ class GuardSet:
         text = f"{source.name()} is not {other.name()}"
         self._add((source.name(), f"distinct {other.name()}"), text, f"{source.expr()} is not {other.expr()}")
 
+    def keys_are(self, source: Source, cls: type, keys: list) -> None:
+        """`source` is a `cls` whose keys are `keys`, in order (an OrderedDict of hooks)."""
+        e = source.expr()
+        text = f"type({source.name()}) is {cls.__name__} and list({source.name()}) == {keys!r}"
+        self._add((source.name(), "keys"), text, f"type({e}) is {self.name_constant(cls)} and list({e}) == {keys!r}",
+                  source)
+
     def same_object(self, source: Source, first: Source) -> None:
         text = f"{source.name()} is {first.name()}"
         self._add((source.name(), "same"), text, f"{source.expr()} is {first.expr()}", source, "same", (first,))

@@ -199,10 +199,18 @@ class NNModuleValue(Value):
         raise Unsupported(f"indexing module {type(m).__name__}")
 
     def call(self, tx, args, kwargs):
+        from torchweld.capture import module_hooks
+
         m = self.module
-        if _has_hooks(m):
-            raise Unsupported(f"module {type(m).__name__} has hooks; capture does not run them yet")
+        if _has_hooks(m):  # as nn.Module.__call__ runs them, around the forward (inlined: a graph's
+            # call_module node would run the module's hooks a second time)
+            forward = _attribute(tx, self, m, "forward", self.source)
+            return module_hooks.call_with_hooks(tx, self, args, kwargs, lambda a, k: forward.call(tx, a, k))
         guard_plain_call(tx, m, self.source)
+        return self._forward(tx, args, kwargs)
+
+    def _forward(self, tx, args, kwargs):
+        m = self.module
         if is_standard_module(m) and not is_stateless_standard_module(m):
             if self.source is None:
                 raise Unsupported(f"calling a {type(m).__name__} made inside the compiled function")
