@@ -120,7 +120,7 @@ def _start_cuda_helpers(workers: bool) -> None:
 # (else at the backend's entry, for graphs of WORKERS_FROM_NODES): 16 workers took ~2 s to be
 # ready on the H100 host, and GPT-2's first kernels waited 0.4 s for them when started at the
 # backend. GPT-2's cold first call 2.12-2.37 s against 2.38-2.67; resnet50's 2.91-3.28 against
-# 2.97-2.98 (bench/with_constants.py ...:WORKERS_AT_FIRST_CALL=0 -- bench/profile_compile.py).
+# 2.97-2.98 (bench/with_constants.py ...:WORKERS_AT_FIRST_CALL=0 -- bench/investigations/profile_compile.py).
 WORKERS_AT_FIRST_CALL = True
 
 
