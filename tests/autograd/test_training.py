@@ -696,3 +696,24 @@ def test_outputs_that_view_an_input_written_in_place_stay_views_of_it():
         torch.testing.assert_close((total, transposed, x, w.grad), (eager_total, eager_transposed, x_eager, w_eager.grad))
         assert transposed.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
         assert transposed.stride() == eager_transposed.stride() and same.data_ptr() == x.data_ptr()
+
+
+def test_an_output_that_is_an_input_is_that_input():
+    """`x.to(x.dtype)` is x in eager; a custom autograd Function returns a view of it instead,
+    so the compiled call's output was a new tensor."""
+    import torchweld
+
+    def fn(x, w):
+        return x.to(torch.float32), (x * w).sum()
+
+    compiled = torchweld.compile(fn)
+    for call in range(3):
+        x = torch.randn(3, 4, requires_grad=True)
+        w = torch.randn(4, requires_grad=True)
+        same, total = compiled(x, w)
+        assert same is x
+        (same.sum() + total).backward()
+        x_eager, w_eager = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+        eager_same, eager_total = fn(x_eager, w_eager)
+        (eager_same.sum() + eager_total).backward()
+        torch.testing.assert_close((x.grad, w.grad), (x_eager.grad, w_eager.grad))

@@ -28,6 +28,7 @@ def _compare(fn, make_inputs, calls: int = 3):
         for a, b in zip(mine, theirs):
             torch.testing.assert_close(a, b)
         for g, w in zip(pytree.tree_leaves(got), pytree.tree_leaves(want)):
+            assert [g is a for a in mine] == [w is b for b in theirs], "an output is an input where eager's is not"
             shares = [_storage(g) == _storage(a) for a in mine]
             assert shares == [_storage(w) == _storage(b) for b in theirs], "an output views other inputs than eager's"
             if any(shares):
@@ -228,3 +229,12 @@ def test_a_written_input_the_wrapper_restrided_gets_its_new_values():
         theirs = mine.clone()
         torch.testing.assert_close(compiled(mine), fn(theirs))
         torch.testing.assert_close(mine, theirs)
+
+
+def test_a_view_with_the_inputs_layout_is_a_view_not_the_input():
+    """y.view(2, 2).flatten() has y's layout: weld returned y itself, eager a new view of it
+    (whose requires_grad_, resize_ or attributes do not reach y)."""
+    cases = [lambda y: y.view(2, 2).flatten(), lambda y: (y.unsqueeze(0).squeeze(0), y.view(-1), y)]
+    for fn in cases:
+        torchweld.reset()
+        _compare(fn, lambda call: [torch.arange(4.0) + call])

@@ -153,6 +153,9 @@ class JointGraph:
     # outputs that view (or are) a primal the graph writes in place: the functional graph
     # computes them from the new value, and they go out as views of the primal once written
     written_primal_views: dict = dataclasses.field(default_factory=dict)
+    # output -> primal for the outputs that are a primal itself (`x.to(x.dtype)`): eager
+    # returns that very tensor, which a custom autograd Function cannot (it returns a view)
+    primal_outputs: dict = dataclasses.field(default_factory=dict)
 
     @property
     def num_tangents(self) -> int:
@@ -206,9 +209,10 @@ def trace_joint(gm: torch.fx.GraphModule, state: list[ModuleState], primals: lis
     output.args = ([*outs, *new_values, *grads],)
     fn.gm.recompile()
     resident = frozenset(i for i, p in enumerate(primals) if i < n_state or isinstance(p, torch.nn.Parameter))
-    written = {i: alias for i, alias in aliases.items() if alias[0] in fn.mutated_placeholders}
+    itself = {i: alias[0] for i, alias in aliases.items() if flat_out[i] is prims[alias[0]]}
+    written = {i: alias for i, alias in aliases.items() if alias[0] in fn.mutated_placeholders and i not in itself}
     return JointGraph(fn.gm, len(primals), k, out_spec, diff_outputs, fn.mutated_placeholders, grad_primals,
-                      resident, input_views, written)
+                      resident, input_views, written, itself)
 
 
 def _primal_alias(out: object, prims: list) -> tuple[int, tuple, tuple, int] | None:

@@ -39,6 +39,7 @@ class TrainingGraph:
     forward_lends: bool = False
     input_view_outputs: frozenset = frozenset()  # outputs that view a primal (JointGraph's)
     written_primal_views: dict = dataclasses.field(default_factory=dict)  # JointGraph's
+    primal_outputs: dict = dataclasses.field(default_factory=dict)  # JointGraph's
 
     def __post_init__(self) -> None:
         # worked out once, not per call: which saved values are primals that the write-back
@@ -141,5 +142,7 @@ def _dense(t: torch.Tensor) -> torch.Tensor:
 
 
 def run(graph: TrainingGraph, primals: list[torch.Tensor]):
-    outputs = CompiledFunction.apply(graph, *primals)
-    return pytree.tree_unflatten(list(outputs), graph.out_spec)
+    outputs = list(CompiledFunction.apply(graph, *primals))
+    for i, j in graph.primal_outputs.items():  # the primal itself, as eager returns it
+        outputs[i] = primals[j]
+    return pytree.tree_unflatten(outputs, graph.out_spec)

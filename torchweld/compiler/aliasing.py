@@ -41,6 +41,15 @@ def base_of(node: torch.fx.Node) -> torch.fx.Node:
     return node
 
 
+def tensor_of(node: torch.fx.Node) -> torch.fx.Node:
+    """The node whose tensor object `node`'s is: through in-place ops, which return their first
+    argument itself (`x.add_(1).mul_(2)` is x), not through views, which are new tensors."""
+    while node.op == "call_function" and mutates(node) and _returns_first_argument(node) \
+            and node.args and isinstance(node.args[0], torch.fx.Node):
+        node = node.args[0]
+    return node
+
+
 def _returns_first_argument(node: torch.fx.Node) -> bool:
     returns = node.target._schema.returns
     return len(returns) == 1 and returns[0].alias_info is not None and returns[0].alias_info.is_write

@@ -116,6 +116,9 @@ class LoweredGraph:
     outputs: list  # TensorValue (stored, strided) or a Python constant
     mutated_inputs: list[InputWrite]  # in the order the graph makes them
     externs: list[str]  # one line per extern call, for logs and tests
+    # outputs that eager returns as views of an input: a view object of their own, even
+    # where their layout is the input's (y.view(2, 2).flatten() is not y)
+    view_outputs: frozenset = frozenset()
 
 
 class GraphLowering:
@@ -296,6 +299,7 @@ class GraphLowering:
         self.draw_seeds()
         placeholders = iter(example_inputs)
         outputs: list = []
+        view_outputs: frozenset = frozenset()
         for node in self.gm.graph.nodes:
             self.node = node
             if node.op == "placeholder":
@@ -318,8 +322,10 @@ class GraphLowering:
                 self.env[node] = self.call_function(node, rules)
                 self.read_at[node] = self.writes_to.get(aliasing.base_of(node), 0)
             elif node.op == "output":
-                outputs = [self.output_value(a) if isinstance(a, torch.fx.Node) else a
-                           for a in pytree.tree_leaves(node.args[0])]
+                leaves = pytree.tree_leaves(node.args[0])
+                outputs = [self.output_value(a) if isinstance(a, torch.fx.Node) else a for a in leaves]
+                view_outputs = frozenset(i for i, a in enumerate(leaves) if isinstance(a, torch.fx.Node)
+                                         and self.views_an_input(a, outputs[i]))
             else:
                 raise LoweringError(f"unexpected {node.op} node {node.name} in an aten graph")
         self.drop_unused_seeds()
@@ -331,7 +337,8 @@ class GraphLowering:
         if output_strides is not None:
             outputs = [self.in_strides(v, s) for v, s in zip(outputs, output_strides)]
         writes = [dataclasses.replace(w, value=self.as_output(w.value)) for w in self.input_writes]
-        return LoweredGraph(self.buffers, self.input_names, self.constants, outputs, writes, self.externs)
+        return LoweredGraph(self.buffers, self.input_names, self.constants, outputs, writes, self.externs,
+                            view_outputs)
 
     def call_function(self, node: torch.fx.Node, rules):
         target = node.target
@@ -457,6 +464,13 @@ class GraphLowering:
         self.input_writes = [w for w in self.input_writes
                              if w.target != write.target or not (whole or w.layout == write.layout)]
         self.input_writes.append(write)
+
+    def views_an_input(self, node: torch.fx.Node, value: object) -> bool:
+        """Whether output `node` is a view (not the tensor itself) of a graph input or constant, as
+        output_value returns it."""
+        base = aliasing.base_of(node)
+        return (aliasing.tensor_of(node) is not base and isinstance(value, TensorValue) and value.layout is not None
+                and value.root == self.input_of.get(base))
 
     def output_value(self, node: torch.fx.Node):
         """What the graph returns for `node`: a view of a graph input (or the input itself

@@ -153,7 +153,8 @@ class WrapperRenderer:
                         self.emit(f"_workspace_{origin}.append({self.tensor(name, layout)})")
                     self.emit(f"del {name}")
         self.write_back(in_place, params)
-        outs = ", ".join(self.output(v) for v in g.outputs)
+        outs = ", ".join(self.view(v.root, v.layout) if i in g.view_outputs else self.output(v)
+                         for i, v in enumerate(g.outputs))
         self.emit(f"return ({outs}{',' if len(g.outputs) == 1 else ''})")
         return "\n".join(self.lines) + "\n"
 
@@ -270,6 +271,10 @@ class WrapperRenderer:
             if name in self.read:
                 self.emit(f"if {name}.stride() != {layout.stride}: "
                           f"{name} = _restride({name}, {layout.shape}, {layout.stride})")
+
+    def view(self, root: str, layout: Layout) -> str:
+        """A new view of `root` at `layout`, whatever root's own layout is."""
+        return f"{root}.as_strided({layout.shape}, {layout.stride}, {root}.storage_offset() + {layout.offset})"
 
     def output(self, value: object) -> str:
         if isinstance(value, TensorValue):
