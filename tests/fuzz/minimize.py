@@ -65,17 +65,18 @@ def minimize(case: Case, fails: Callable[[Case], bool], budget_s: float = 600.0,
              log: Callable[[str], None] = lambda s: None) -> Case:
     deadline = time.monotonic() + budget_s
     runs = 0
-    changed = True
-    while changed and time.monotonic() < deadline:
-        changed = False
-        for candidate in _candidates(case):
-            if time.monotonic() >= deadline:
-                break
-            runs += 1
-            if fails(candidate):
-                case, changed = candidate, True
-                log(f"  {runs} runs: {len(case.calls)} calls, {len(case.source.splitlines())} lines")
-                break
+    position, since_success = 0, 0  # after a removal, go on from where it was (not from the start)
+    while time.monotonic() < deadline:
+        candidates = list(_candidates(case))
+        if not candidates or since_success >= len(candidates):
+            break  # a whole round of candidates without a success
+        position %= len(candidates)
+        runs += 1
+        if fails(candidates[position]):
+            case, since_success = candidates[position], 0
+            log(f"  {runs} runs: {len(case.calls)} calls, {len(case.source.splitlines())} lines")
+        else:
+            position, since_success = position + 1, since_success + 1
     source = re.sub(r"\n{4,}", "\n\n\n", case.source)
     return dataclasses.replace(case, source=source, origin=case.origin + " (minimized)")
 
