@@ -124,3 +124,14 @@ def test_map_over_an_iterator_pulls_lazily():
         return x * (first + sum(it))
 
     check_program(fn, (torch.randn(2),))
+
+
+def test_next_of_reversed_is_an_iterator():
+    import collections
+
+    def fn(x):
+        od = collections.OrderedDict([("a", 1), ("b", 2)])
+        empty = collections.OrderedDict()
+        return x * next(reversed(od.values())), next(reversed(empty.values()), x)
+
+    check_program(fn, (torch.randn(2),), compare_counts=False)

@@ -149,3 +149,25 @@ def test_a_manager_capture_cannot_inline_runs_in_python():
     report = torchweld.explain(under_a_lock)(x)
     assert report.graph_count == 0 and report.graph_break_count == 1
     assert "this one runs in Python" in str(report.break_reasons[0])
+
+
+_LIN_FOR_GRAD_MODE = torch.nn.Linear(2, 2)
+
+
+def _enable_grad_block_breaking_in_a_loop(x):
+    for _ in range(2):
+        with torch.enable_grad():
+            if x.sum() > 0:  # a break inside the block: the resume function enters it again
+                pass
+    return _LIN_FOR_GRAD_MODE.weight.sum()  # after the block: the caller's grad mode again
+
+
+def test_a_block_entered_again_at_a_break_restores_the_mode_outside_it():
+    """The context rebuilt at a break restores the mode outside the `with`, not the mode the
+    entry code happens to be in when it rebuilds it (found by the differential fuzzer)."""
+    compiled = torchweld.compile(_enable_grad_block_breaking_in_a_loop, backend="eager")
+    for mode in (False, True, False):
+        with torch.set_grad_enabled(mode):
+            out, expected = compiled(torch.ones(2)), _enable_grad_block_breaking_in_a_loop(torch.ones(2))
+            assert out.requires_grad == expected.requires_grad
+            assert torch.is_grad_enabled() == mode

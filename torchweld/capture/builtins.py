@@ -204,7 +204,9 @@ def _zip(tx, *iterables: Value, strict: Value = ConstantValue(False)) -> Value:
 
 @rule(reversed)
 def _reversed(tx, seq: Value) -> Value:
-    return ListValue(list(reversed(seq.items(tx))))
+    if isinstance(seq, IteratorValue):
+        raise Unsupported("reversed() of an iterator (the eager call raises TypeError)")
+    return IteratorValue(list(reversed(seq.items(tx))))
 
 
 @rule(iter)

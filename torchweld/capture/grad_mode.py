@@ -42,6 +42,13 @@ class GradModeExitValue(Value):
         return ConstantValue(None)
 
 
+def entered_again(enabled: bool, previous: bool) -> torch.set_grad_enabled:
+    """A grad-mode context made again at a graph break, whose `__exit__` restores `previous`
+    (the mode outside the `with`, whatever the mode is when the context is remade)."""
+    torch._C._set_grad_enabled(previous)
+    return torch.set_grad_enabled(enabled)
+
+
 def grad_mode_call(tx: "Translator", fn: object, args: list[Value], kwargs: dict[str, Value]) -> Value | None:
     """The value of calling `fn` if it is a grad-mode function or class, else None."""
     if fn is torch.no_grad:

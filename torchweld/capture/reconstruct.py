@@ -16,7 +16,7 @@ import torch
 
 from torchweld.capture.autocast import AutocastExitValue
 from torchweld.capture.collection_values import DefaultDictValue, DequeValue, SetValue
-from torchweld.capture.grad_mode import GradModeExitValue
+from torchweld.capture.grad_mode import GradModeExitValue, entered_again
 from torchweld.capture.new_objects import NewObjectValue
 from torchweld.capture.objects import NNModuleValue
 from torchweld.capture.python_contexts import PythonContextExitValue
@@ -134,7 +134,7 @@ class Reconstructor:
             return self._new_object(value)
         if isinstance(value, GradModeExitValue):  # inside `with torch.no_grad():` - enter it again
             context = value.context
-            ctx = self._build_once(value, lambda: f"{self.const(torch.set_grad_enabled)}({context.enabled})")
+            ctx = self._build_once(value, lambda: f"{self.const(entered_again)}({context.enabled}, {context.previous})")
             return f"{ctx}.__exit__"
         if isinstance(value, AutocastExitValue):  # inside `with torch.autocast(...)`: enter it again
             args = ", ".join(self.const(a) for a in value.context.args)
