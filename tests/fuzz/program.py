@@ -9,7 +9,7 @@ import textwrap
 
 from tests.fuzz.case import GRAD_MODES, Call, Case
 from tests.fuzz.draw import Draw, RandomDraw
-from tests.fuzz.statements import TEMPLATES, TENSOR
+from tests.fuzz.statements import TEMPLATES
 
 HEADER = """\
 import collections

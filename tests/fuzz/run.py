@@ -14,23 +14,16 @@ from __future__ import annotations
 
 import argparse
 import collections
-import datetime
-import json
 import logging
 import multiprocessing
 import multiprocessing.connection
-import os
-import platform
 import shlex
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 from tests.fuzz.program import case_from_seed
 
-ROOT = Path(__file__).resolve().parents[2]
-RECORDS = ROOT / "bench" / "records" / "fuzz.jsonl"
 
 
 # -- the worker ----------------------------------------------------------------------------
@@ -188,15 +181,15 @@ def summarize(results: list[dict], seconds: float) -> dict:
     examples = {}
     for r in results:
         examples.setdefault(r["signature"], (r["case_seed"], r["backend"]))
-    return {
+    return {  # the first six plain figures are bench/render.py's one-line summary
         "programs": len(results),
-        "programs_eager": sum(r["backend"] == "eager" for r in results),
-        "programs_weld": sum(r["backend"] == "weld" for r in results),
         "calls": sum(r["calls"] for r in results),
-        "ok": kinds["ok"],
         "differences": differences,
         "crashes": kinds["crash"],
         "timeouts": kinds["timeout"],
+        "ok": kinds["ok"],
+        "programs_eager": sum(r["backend"] == "eager" for r in results),
+        "programs_weld": sum(r["backend"] == "weld" for r in results),
         "generator_errors": kinds["generator"],
         "by_kind": dict(kinds.most_common()),
         "distinct_signatures": len(signatures),
@@ -220,43 +213,15 @@ def print_summary(figures: dict) -> None:
 
 
 def append_record(figures: dict, options) -> None:
-    def git(*args):
-        try:
-            return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
-        except (OSError, subprocess.CalledProcessError):
-            return None
-    import numpy
-    import torch
+    """One record in bench/records/fuzz.jsonl, written as every bench suite writes them."""
+    from bench import records
 
-    record = {
-        "bench": "fuzz",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "commit": git("rev-parse", "HEAD"),
-        "dirty": bool(git("status", "--porcelain", "--untracked-files=no", "--", "torchweld")),
-        "host": platform.node(),
-        "cpu": _cpu_name(),
-        "cores": os.cpu_count(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "numpy": numpy.__version__,
-        "command": "python -m tests.fuzz.run " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
-        "options": {k: v for k, v in vars(options).items() if k not in ("out",)},
-        "figures": figures,
-    }
-    RECORDS.parent.mkdir(parents=True, exist_ok=True)
-    with RECORDS.open("a") as f:
-        f.write(json.dumps(record) + "\n")
-    print(f"appended a record to {RECORDS.relative_to(ROOT)}")
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
+    argv = sys.argv[1:]
+    command = (records.command_line() if sys.argv[0].endswith("fuzz.py")
+               else "python -m tests.fuzz.run " + " ".join(shlex.quote(a) for a in argv))
+    path = records.append("fuzz", records.make_record(
+        "fuzz", figures, options={k: v for k, v in vars(options).items() if k != "out"}, command=command))
+    print(f"appended a record to {path}")
 
 
 # -- one case, in this process ----------------------------------------------------------------
