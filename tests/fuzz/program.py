@@ -121,6 +121,19 @@ HANDLES = []
 {initial_hooks}""", {}, 0.5),  # of the programs with nn_module
 }
 
+WRAPPER = """
+
+class Wrapper(torch.nn.Module):
+    def __init__(self, net):
+        super().__init__()
+        self.net = net  # M, a submodule: its parameters, buffers and hooks are the model's
+
+    def forward(self, *args, **kwargs):
+        return f(*args, **kwargs)
+
+
+MODEL = Wrapper(M)
+"""
 FORWARD_EXTRAS = ["", "        if self.training:\n            z = z + 1\n", "        self.steps += 1\n",
                   "        self.calls += 1\n", "        z = torch.nn.functional.dropout(z, 0.5, self.training)\n"]
 PREFIX = {"S": "t", "V": "t", "M": "t", "int": "i", "float": "f", "bool": "b", "str": "s", "tlist": "l",
@@ -252,8 +265,14 @@ class ProgramGenerator:
         source = (HEADER + "\n\n" + self._setup() + f"def f({signature}):\n"
                   + textwrap.indent("\n".join(lines), "    ") + "\n")
         calls = self._calls(params, defaults, kwonly)
+        target = "f"
+        if "nn_module" in self.features and d.chance(0.2):  # drawn last: earlier choices stay as they were
+            target = "MODEL"  # torchweld.compile(an nn.Module): a CompiledModule, its forward calling f
+            source += WRAPPER
+            self.tags.add("compiled_module")
         tags = sorted(self.tags | self.features | {t for c in calls for t in self._call_tags(c)})
-        return Case(source=source, calls=calls, backend=self.backend, features=tuple(tags), origin=origin)
+        return Case(source=source, calls=calls, backend=self.backend, target=target, features=tuple(tags),
+                    origin=origin)
 
     def _parameters(self) -> tuple[list[str], list[str], list[str]]:
         d = self.draw
