@@ -90,6 +90,8 @@ import torch
 
 import torchweld
 
+torchweld.config.raise_internal_errors = True  # as in the test suite (users get an eager fallback)
+
 SOURCE = \'\'\'{source}\'\'\'
 
 
