@@ -717,3 +717,25 @@ def test_an_output_that_is_an_input_is_that_input():
         eager_same, eager_total = fn(x_eager, w_eager)
         (eager_same.sum() + eager_total).backward()
         torch.testing.assert_close((x.grad, w.grad), (x_eager.grad, w_eager.grad))
+
+
+def test_a_tensor_saved_for_backward_changed_in_place_runs_eagerly(caplog):
+    """`t = maximum(x, w); w[1:] = 0`: eager's forward runs (a backward through t would fail);
+    weld's joint trace ran that backward at compile time and raised to the user."""
+    import logging
+
+    import torchweld
+
+    def fn(x, w):
+        t = torch.maximum(x, w)
+        w[1:] = 0.0
+        return t
+
+    compiled = torchweld.compile(fn)
+    with caplog.at_level(logging.WARNING, logger="torchweld.weld"):
+        for _ in range(3):
+            x, w = torch.randn(3, 4, requires_grad=True), torch.randn(3, 4)
+            w_eager = w.clone()
+            torch.testing.assert_close(compiled(x, w), fn(x, w_eager))
+            torch.testing.assert_close(w, w_eager)
+    assert "saved for backward" in caplog.text

@@ -113,3 +113,20 @@ def test_training_batch_norm_and_its_backward_match_torchs_decompositions(device
             if want is not None:
                 assert got.dtype == want.dtype
                 torch.testing.assert_close(got, want, atol=atol, rtol=rtol)
+
+
+def test_softmax_of_integers_raises_as_eager():
+    """aten's softmax kernels refuse integer tensors; the decomposition computed zeros."""
+    import torchweld
+
+    for fn in (lambda x: torch.softmax(x, -1), lambda x: torch.log_softmax(x, 0)):
+        compiled = torchweld.compile(fn)
+        x = torch.randint(-3, 4, (3, 4))
+        with pytest.raises(NotImplementedError) as eager:
+            fn(x)
+        for _ in range(2):
+            with pytest.raises(NotImplementedError) as ours:
+                compiled(x)
+            assert str(ours.value) == str(eager.value)
+        y = torch.randn(3, 4)
+        torch.testing.assert_close(compiled(y), fn(y))

@@ -196,7 +196,15 @@ def trace_joint(gm: torch.fx.GraphModule, state: list[ModuleState], primals: lis
                                                      device=flat_out[i].device)) for i in diff_outputs]
         diff, wrt = [flat_out[i] for i in diff_outputs], [prims[i] for i in grad_primals]
         with recorder:
-            grads = torch.autograd.grad(diff, wrt, tangents, allow_unused=True) if diff and wrt else [None] * len(wrt)
+            try:
+                grads = torch.autograd.grad(diff, wrt, tangents, allow_unused=True) if diff and wrt else [None] * len(wrt)
+            except RuntimeError as e:
+                if "modified by an inplace operation" not in str(e):
+                    raise
+                # `t = maximum(x, w); w[1:] = 0`: eager's forward runs, and only a backward through t
+                # would fail, where the joint trace runs that backward now
+                raise FunctionalizationError("the graph changes in place a tensor an earlier op saved for "
+                                             "backward") from e
     traced = recorder.graph_module([*flat_out, *grads])
     # functionalize appends new values after all outputs; move them before the grads.
     fn = functionalize(traced)

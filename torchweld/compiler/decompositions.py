@@ -11,7 +11,7 @@ the two multiplications by 1 torch's traces for alpha and beta: a 12-layer GPT-2
 traced in 0.38-0.40 s instead of 0.46 on the development CPU.
 
 Batch norm in inference (running statistics): see `_normalized`. In training: see
-`_batch_norm_training` and `native_batch_norm_backward`.
+`_batch_norm_training` and `native_batch_norm_backward`. Softmax of integers: `softmax`.
 """
 from __future__ import annotations
 
@@ -21,7 +21,22 @@ from torch._decomp import get_decompositions
 aten = torch.ops.aten
 
 _TORCH = get_decompositions([aten.addmm.default, aten.native_batch_norm.default, aten.cudnn_batch_norm.default,
-                             aten.native_batch_norm_backward.default])
+                             aten.native_batch_norm_backward.default, aten._softmax.default,
+                             aten._log_softmax.default])
+
+
+def softmax(x, dim, half_to_float):
+    """torch's decomposition for floating x; aten's own kernel, which refuses it, for integer x
+    (the decomposition computed a softmax of int64 as zeros where eager raises)."""
+    if not x.is_floating_point():
+        return NotImplemented
+    return _TORCH[aten._softmax.default](x, dim, half_to_float)
+
+
+def log_softmax(x, dim, half_to_float):
+    if not x.is_floating_point():
+        return NotImplemented
+    return _TORCH[aten._log_softmax.default](x, dim, half_to_float)
 
 
 def addmm(self, mat1, mat2, *, beta=1, alpha=1):
@@ -152,6 +167,8 @@ OWN_BACKWARD = {
 
 OWN = {
     aten.addmm.default: addmm,
+    aten._softmax.default: softmax,
+    aten._log_softmax.default: log_softmax,
     aten.native_batch_norm.default: native_batch_norm,
     aten._native_batch_norm_legit_no_training.default: native_batch_norm_no_training,
     aten.cudnn_batch_norm.default: cudnn_batch_norm,
