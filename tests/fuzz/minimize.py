@@ -71,6 +71,9 @@ def minimize(case: Case, fails: Callable[[Case], bool], budget_s: float = 600.0,
         if not candidates or since_success >= len(candidates):
             break  # a whole round of candidates without a success
         position %= len(candidates)
+        if candidates[position] == case:  # a removal that changes nothing (`pass` for `pass`)
+            position, since_success = position + 1, since_success + 1
+            continue
         runs += 1
         if fails(candidates[position]):
             case, since_success = candidates[position], 0
@@ -138,7 +141,7 @@ def _simpler_sources(source: str) -> Iterator[str]:
     blocks = list({id(b): b for node in ast.walk(f) for b in _blocks(node)}.values())  # outer blocks first
     for block in blocks:  # one statement left out (`pass` where it was alone), the last first
         for stmt in reversed(block):
-            if isinstance(stmt, ast.Return) and block is f.body:
+            if isinstance(stmt, ast.Return) and block is f.body or isinstance(stmt, ast.Pass):
                 continue
             if len(block) == 1:
                 yield _replace_lines(lines, stmt.lineno, stmt.end_lineno, [" " * stmt.col_offset + "pass"])
