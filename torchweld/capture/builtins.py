@@ -13,6 +13,7 @@ import torch
 
 from torchweld.capture import operators
 from torchweld.capture.collection_values import SetValue
+from torchweld.capture.exceptions import CapturedRaise
 from torchweld.capture.objects import ClassValue, NNModuleValue
 from torchweld.capture.reconstruct import same_object_every_call
 from torchweld.capture.sources import Source
@@ -84,9 +85,10 @@ def _fold_call(fn: object, args: list[Value], kwargs: dict[str, Value]) -> Value
     a = [v.as_constant() for v in args]
     k = {n: v.as_constant() for n, v in kwargs.items()}
     try:
-        return const(fn(*a, **k))
-    except Exception as e:
-        raise Unsupported(f"{getattr(fn, '__name__', fn)} raised {type(e).__name__}: {e} at capture time") from None
+        result = fn(*a, **k)
+    except Exception as e:  # the eager call raises it: a handler of the frame's may catch it
+        raise CapturedRaise.like(e) from None
+    return const(result)
 
 
 _UNARY = {operator.neg, operator.pos, operator.invert, operator.not_, operator.abs, operator.truth}
@@ -222,7 +224,7 @@ def _next(tx, it: Value, *default: Value) -> Value:
     if item is None:
         if default:
             return default[0]
-        raise Unsupported("next() on an exhausted iterator raises StopIteration")
+        raise CapturedRaise.of(StopIteration)
     return item
 
 
@@ -353,7 +355,7 @@ def _min_max(fn):
         if not items:
             if "default" in kwargs:
                 return kwargs["default"]
-            raise Unsupported(f"{fn.__name__}() of an empty sequence (the eager call raises ValueError)")
+            raise CapturedRaise.of(ValueError, f"{fn.__name__}() arg is an empty sequence")
         keyed = _keyed(tx, items, key)
         try:
             best = fn(range(len(keyed)), key=lambda i: keyed[i][0])  # the first of equals, as Python picks

@@ -26,10 +26,12 @@ def _constant_args(args: list[Value], kwargs: dict[str, Value]) -> tuple[list, d
 
 def _evaluated(what: str, run):
     """`run()` at capture time; an exception it raises is the eager run's, at the user's line."""
+    from torchweld.capture.exceptions import CapturedRaise
+
     try:
         return run()
     except (LookupError, ValueError, TypeError, ArithmeticError) as e:
-        raise Unsupported(f"{what} raised {type(e).__name__}: {e} (the eager run raises it)") from None
+        raise CapturedRaise.like(e) from None
 
 
 class ConstantMethodValue(Value):
@@ -126,7 +128,9 @@ def _mutate_dict(tx, d: DictValue, name: str, args: list[Value], kwargs: dict[st
             return e.pop(key)
         if len(args) > 1:
             return args[1]
-        raise Unsupported(f"dict.pop of a missing key {key!r}")
+        from torchweld.capture.exceptions import CapturedRaise
+
+        raise CapturedRaise.of(KeyError, key)
     elif name == "setdefault":
         return e.setdefault(args[0].as_constant(), args[1] if len(args) > 1 else ConstantValue(None))
     elif name == "clear":

@@ -72,10 +72,11 @@ def _translate_frame(fn: types.FunctionType, args: tuple, kwargs: dict, settings
     bound = inspect.signature(fn, follow_wrapped=False).bind(*args, **kwargs)
     bound.apply_defaults()
     _log_bytecode(fn)
-    stop_at, failure = None, None
+    stop_at, failure, model_exceptions = None, None, True
     while True:
         tx = _translator(fn, dict(bound.arguments))
         tx.stop_at = stop_at
+        tx.output.model_exceptions = model_exceptions
         try:
             result = tx.run()
             rebuild = Reconstructor()
@@ -84,6 +85,9 @@ def _translate_frame(fn: types.FunctionType, args: tuple, kwargs: dict, settings
             body = [*rebuild.lines, *replay, f"return {return_expr}"]
             return _graph_entry(fn, tx, rebuild, body, settings, start)
         except StopBeforeBreak:
+            if model_exceptions and _handling_a_captured_raise(tx):  # its exception state cannot be
+                stop_at, failure, model_exceptions = None, None, False  # rebuilt natively: raises end the capture
+                continue
             try:
                 return _break_entry(fn, tx, failure, settings, start)
             except Unsupported as e:  # the state at the break cannot be rebuilt natively
@@ -109,6 +113,11 @@ def _translate_frame(fn: types.FunctionType, args: tuple, kwargs: dict, settings
                           f"{type(e).__name__}: {e}; running it eagerly. Please report this.", stacklevel=2)
             failure = Unsupported(f"internal error in torchweld: {type(e).__name__}: {e}", where)
             return _eager_entry(fn, tx.output, failure, time.perf_counter() - start)
+
+
+def _handling_a_captured_raise(tx: Translator) -> bool:
+    """Whether the break falls inside an `except` block that a captured raise entered."""
+    return bool(tx.exc_stack)
 
 
 def _detached(error: Unsupported) -> Unsupported:

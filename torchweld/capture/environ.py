@@ -35,7 +35,9 @@ class EnvironValue(Value):
     def getitem(self, tx: "Translator", key: Value) -> Value:
         value = self.read(tx, key)
         if value is None:
-            raise Unsupported(f"os.environ[{key.as_constant()!r}] is not set (the eager run raises KeyError)")
+            from torchweld.capture.exceptions import CapturedRaise
+
+            raise CapturedRaise.of(KeyError, key.as_constant())
         return ConstantValue(value)
 
     def contains(self, tx: "Translator", key: Value) -> bool:

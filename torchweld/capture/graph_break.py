@@ -36,12 +36,12 @@ _JUMPS_ON_TRUTH = {
 }
 _JUMPS_KEEPING_VALUE = {"JUMP_IF_TRUE_OR_POP": True, "JUMP_IF_FALSE_OR_POP": False}
 _STATEMENTS = {"CALL", "CALL_KW", "CALL_FUNCTION_EX", "STORE_ATTR", "STORE_SUBSCR", "STORE_GLOBAL", "BINARY_OP",
-               "COMPARE_OP", "BINARY_SUBSCR", "UNARY_NOT", "TO_BOOL", "LOAD_ATTR", "LOAD_METHOD"}
+               "COMPARE_OP", "BINARY_SUBSCR", "UNARY_NOT", "TO_BOOL", "LOAD_ATTR", "LOAD_METHOD", "RAISE_VARARGS"}
 BREAKABLE = set(_JUMPS_ON_TRUTH) | set(_JUMPS_KEEPING_VALUE) | _STATEMENTS
 
 
 def can_break_at(code: types.CodeType, inst: dis.Instruction) -> bool:
-    return inst.opname in BREAKABLE
+    return inst.opname in BREAKABLE and not (inst.opname == "RAISE_VARARGS" and inst.arg == 0)  # bare raise
 
 
 # handlers that only pass an exception on: a `with` block's cleanup (it calls __exit__, then
@@ -92,6 +92,10 @@ class BreakCodegen:
         locals_now = self._locals()
         if inst.opname in _JUMPS_ON_TRUTH or inst.opname in _JUMPS_KEEPING_VALUE:
             return self._branch(inputs[0], below, locals_now)
+        if inst.opname == "RAISE_VARARGS":  # the graph and the side effects before it ran: raise natively
+            exception = self.rebuild.expr(inputs[0])
+            cause = f" from {self.rebuild.expr(inputs[1])}" if inst.arg == 2 else ""
+            return self.lines + [f"raise {exception}{cause}"]
         outputs = self._statement(inputs)
         return self.lines + [f"return {self._resume_call(tx.ip + 1, below + outputs, locals_now)}"]
 
@@ -153,11 +157,11 @@ class BreakCodegen:
             if name in tx.code.co_cellvars:
                 cell = tx.cells.get(name)
                 if isinstance(cell, CellValue) and cell.contents is not None:
-                    exprs[name] = self._temp(f"___l_{name}", self.rebuild.expr(cell.contents))
+                    exprs[name] = self._temp(_local_temp(name), self.rebuild.expr(cell.contents))
             elif name in tx.pending_locals:  # never read by the graph: the argument as it came
                 exprs[name] = LocalSource(name).expr()
             elif name in defined:
-                exprs[name] = self._temp(f"___l_{name}", self.rebuild.expr(tx.locals[name]))
+                exprs[name] = self._temp(_local_temp(name), self.rebuild.expr(tx.locals[name]))
         return exprs
 
     def _resume_call(self, index: int, stack: list[tuple[str, str | None]], locals_now: dict[str, str],
@@ -195,6 +199,8 @@ class BreakCodegen:
             return 3
         if name in ("STORE_ATTR", "BINARY_OP", "COMPARE_OP", "BINARY_SUBSCR"):
             return 2
+        if name == "RAISE_VARARGS":
+            return inst.arg
         return 1
 
     def _statement(self, inputs: list[Value]) -> list[tuple[str, str | None]]:
@@ -289,6 +295,11 @@ class BreakCodegen:
         if wrapper is None:
             wrapper = self.settings.wrappers[key] = CompiledFunction(function, self.settings)
         return self.rebuild.const(wrapper)
+
+
+def _local_temp(name: str) -> str:
+    """The temporary holding local `name` (pytest's rewritten asserts name locals `@py_assert1`)."""
+    return f"___l_{name}" if name.isidentifier() else f"___l_{name.encode().hex()}"
 
 
 class _Expr(Value):

@@ -65,7 +65,9 @@ def _bind(code: types.CodeType, n_defaults: int, kwdefault_names: list[str], arg
     try:
         bound = inspect.signature(stand_in).bind(*args, **kwargs)
     except TypeError as e:
-        raise Unsupported(f"calling {code.co_qualname}: {e} (the eager call raises TypeError)") from None
+        from torchweld.capture.exceptions import CapturedRaise
+
+        raise CapturedRaise.of(TypeError, f"{code.co_qualname}() {e}") from None
     bound.apply_defaults()
     # inspect renames the implicit `.0` argument of comprehensions; code names are the truth
     n_params = code.co_argcount + code.co_kwonlyargcount

@@ -147,7 +147,9 @@ class NewObjectValue(Value):
         fallback = _lookup(self.cls, "__getattr__")
         if fallback is not None and isinstance(fallback[1], types.FunctionType):
             return self.class_attribute(tx, "__getattr__").call(tx, [ConstantValue(name)], {})
-        raise Unsupported(f"{self.cls.__qualname__} object has no attribute {name!r} (the eager run raises AttributeError)")
+        from torchweld.capture.exceptions import CapturedRaise
+
+        raise CapturedRaise.of(AttributeError, f"{self.cls.__qualname__!r} object has no attribute {name!r}")
 
     def class_attribute(self, tx: "Translator", name: str, after: type | None = None) -> Value:
         """`name` looked up on the class (from the class after `after`, for `super()`), bound to this object."""

@@ -422,6 +422,8 @@ class ClassValue(Value):
             raise Unsupported(f"creating a {self.cls.__qualname__} (a module with parameters) inside a compiled function")
         if self.cls in COLLECTION_CLASSES:  # deque(), defaultdict(list)
             return construct_collection(tx, self.cls, args, kwargs)
+        if isinstance(self.cls, type) and issubclass(self.cls, BaseException):  # raise ValueError("no")
+            return construct_exception(self.cls, args, kwargs)
         if self.cls in (torch.device, torch.dtype, torch.finfo, torch.iinfo):
             return const(self.cls(*[a.as_constant() for a in args], **{k: v.as_constant() for k, v in kwargs.items()}))
         from torchweld.capture.new_objects import construct
@@ -442,6 +444,17 @@ def autograd_function_apply(cls: type) -> Callable:
 
     apply.__name__ = apply.__qualname__ = f"{cls.__name__}_apply"
     return apply
+
+
+def construct_exception(cls: type, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    """An exception object made in the frame, where its class stores only its arguments."""
+    from torchweld.capture.exceptions import ExceptionValue
+
+    own_init = any("__init__" in vars(k) or "__new__" in vars(k)
+                   for k in cls.__mro__[:cls.__mro__.index(BaseException)] if k.__flags__ & (1 << 9))
+    if kwargs or own_init:
+        raise Unsupported(f"creating a {cls.__qualname__} with keyword arguments or its own __init__")
+    return ExceptionValue(cls, args)
 
 
 class SuperValue(Value):

@@ -6,6 +6,7 @@ import operator
 from typing import TYPE_CHECKING, Callable
 
 from torchweld.capture.collection_values import set_operator
+from torchweld.capture.exceptions import CapturedRaise
 from torchweld.capture.values import (
     ConstantValue, DictValue, ListValue, NullValue, SequenceValue, TensorTruthValue, TensorValue, TupleValue, Value, const,
 )
@@ -26,9 +27,10 @@ _INPLACE_TO_PLAIN = {
 def _fold(fn: Callable, *args: Value) -> Value:
     values = [a.as_constant() for a in args]
     try:
-        return const(fn(*values))
+        result = fn(*values)
     except Exception as e:  # the eager run raises the same error at the user's line
-        raise Unsupported(f"{getattr(fn, '__name__', fn)} raised {type(e).__name__}: {e} at capture time") from None
+        raise CapturedRaise.like(e) from None
+    return const(result)
 
 
 def binary(tx: "Translator", fn: Callable, a: Value, b: Value) -> Value:
@@ -172,7 +174,7 @@ def setitem(tx: "Translator", obj: Value, key: Value, value: Value) -> None:
             else:
                 obj.elements[k] = value
         except (IndexError, TypeError, ValueError) as e:
-            raise Unsupported(f"list item assignment raised {type(e).__name__}: {e} (the eager run raises it)") from None
+            raise CapturedRaise.like(e) from None
         return
     if isinstance(obj, DictValue):
         obj.mutate(tx)
@@ -196,7 +198,7 @@ def delitem(tx: "Translator", obj: Value, key: Value) -> None:
         try:
             del container[k]
         except (LookupError, TypeError) as e:
-            raise Unsupported(f"del of item {k!r} raised {type(e).__name__} (the eager run raises it)") from None
+            raise CapturedRaise.like(e) from None
         return
     raise Unsupported(f"del on items of {obj} is not supported in capture")
 

@@ -36,6 +36,10 @@ class OutputGraph:
         self.root = torch.nn.Module()  # owns the submodules `call_module` nodes name
         self.guards = GuardSet()
         self.side_effects = SideEffects()
+        # exceptions raised in captured code unwind to captured handlers (capture/exceptions.py);
+        # False: each ends the capture where it is raised (a retry where a handler cannot be rebuilt)
+        self.model_exceptions = True
+        self.caught_raise = False  # a captured handler caught one
         self.mutable_inputs: dict[int, tuple[object, Value]] = {}  # id -> (list/dict, its one Value)
         self.fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
         self.grad_enabled = self.initial_grad_enabled = torch.is_grad_enabled()

@@ -16,6 +16,7 @@ import torch
 
 from torchweld.capture.autocast import AutocastExitValue
 from torchweld.capture.collection_values import DefaultDictValue, DequeValue, SetValue
+from torchweld.capture.exceptions import ExceptionValue
 from torchweld.capture.grad_mode import GradModeExitValue, entered_again
 from torchweld.capture.new_objects import NewObjectValue
 from torchweld.capture.objects import NNModuleValue
@@ -132,6 +133,8 @@ class Reconstructor:
             return self._build_once(value, lambda: "iter([" + ", ".join(self.expr(v) for v in value.remaining) + "])")
         if isinstance(value, NewObjectValue):
             return self._new_object(value)
+        if isinstance(value, ExceptionValue):  # made anew, as `raise ValueError(...)` makes it
+            return f"{self.const(value.exc_type)}({', '.join(self.expr(a) for a in value.args)})"
         if isinstance(value, GradModeExitValue):  # inside `with torch.no_grad():` - enter it again
             context = value.context
             ctx = self._build_once(value, lambda: f"{self.const(entered_again)}({context.enabled}, {context.previous})")

@@ -44,6 +44,7 @@ def make_resume_code(code: types.CodeType, dis_index: int, stack_layout: tuple[s
         while instructions[dis_index].opname == "EXTENDED_ARG":  # a jump's target: the instruction it prefixes
             dis_index += 1
         code, dis_index = original, index_map[dis_index]
+        live_locals = tuple(_original_name(name) for name in live_locals)
     return _make_resume_code(code, dis_index, stack_layout, live_locals)
 
 
@@ -90,8 +91,8 @@ def _make_resume_code(code: types.CodeType, dis_index: int, stack_layout: tuple[
                 prologue.append(Instr("GET_ITER"))
     prologue.append(Instr("JUMP_FORWARD", target))
 
-    resumed = Bytecode(prologue + body)
-    resumed.argnames = stack_args + list(live_locals)
+    resumed = Bytecode(prologue + _renamed_locals(body, live_locals))
+    resumed.argnames = stack_args + [_parameter_name(name) for name in live_locals]
     resumed.argcount = len(resumed.argnames)
     resumed.posonlyargcount = 0
     resumed.kwonlyargcount = 0
@@ -113,6 +114,33 @@ def _make_resume_code(code: types.CodeType, dis_index: int, stack_layout: tuple[
     body_start = len(prologue)
     _ORIGINS[new_code] = (code, {real[body_start + k]: originals[k] for k in range(len(originals))})
     return new_code
+
+
+def _parameter_name(name: str) -> str:
+    """A local's name as a parameter may spell it (pytest's rewritten asserts use `@py_assert1`)."""
+    return name if name.isidentifier() else f"___local_{name.encode().hex()}"
+
+
+def _original_name(name: str) -> str:
+    """The local's own name, where `_parameter_name` renamed it."""
+    return bytes.fromhex(name[len("___local_"):]).decode() if name.startswith("___local_") else name
+
+
+def _renamed_locals(body: list, names: tuple[str, ...]) -> list:
+    """`body` with the locals in `names` that are no identifiers renamed as parameters spell them."""
+    renamed = {n: _parameter_name(n) for n in names if not n.isidentifier()}
+    if not renamed:
+        return body
+    out = []
+    for item in body:
+        if isinstance(item, Instr) and "FAST" in item.name:
+            arg = item.arg
+            new = tuple(renamed.get(a, a) for a in arg) if isinstance(arg, tuple) else renamed.get(arg, arg)
+            if new != arg:
+                item = item.copy()
+                item.arg = new
+        out.append(item)
+    return out
 
 
 def _keep_handler_depths(code: types.CodeType, body: list, label_offsets: dict) -> None:

@@ -14,6 +14,7 @@ import inspect
 import sys
 import types
 
+from torchweld.capture.exceptions import CapturedRaise, unwind
 from torchweld.capture.output_graph import OutputGraph
 from torchweld.capture.sources import BuiltinSource, GlobalSource, GlobalsSource, ModuleGlobalSource, Source
 from torchweld.capture.values import CellValue, Value
@@ -65,6 +66,7 @@ class Translator:
         self.stop_at: tuple[int, int] | None = None  # (instruction index, visit) to stop before
         self.visits: dict[int, int] = {}  # how often the top-level frame reached each instruction
         self.yielded: list[Value] | None = None  # a generator expression run to completion collects here
+        self.exc_stack: list[Value] = []  # the exceptions being handled (PUSH_EXC_INFO ... POP_EXCEPT)
 
     # -- running ---------------------------------------------------------------
     def run(self) -> Value:
@@ -83,13 +85,27 @@ class Translator:
             try:
                 if handler is None:
                     raise Unsupported(f"unsupported opcode {inst.opname}")
-                handler(self, inst)
+                try:
+                    handler(self, inst)
+                except CapturedRaise as raised:
+                    self._unwind(raised)
             except Unsupported as e:
                 located = e.at(self.location())
                 if self.parent is None and located.break_point is None:
                     located.break_point = (self.ip - 1, self.visits[self.ip - 1])
                 raise located from e.__cause__
         return self.returned
+
+    def _unwind(self, raised: CapturedRaise) -> None:
+        """Send an exception the last instruction raised to this frame's handler for it; without
+        one, to the caller's instruction (an inlined call) or, at the top, end the capture there."""
+        if self.output.model_exceptions and unwind(self, raised, self.ip - 1):
+            self.output.caught_raise = True
+            return
+        if self.output.model_exceptions and self.parent is not None:
+            raise raised
+        name = raised.value.exc_type.__name__
+        raise Unsupported(f"raises {name} (the eager run raises it, and no captured handler catches it)")
 
     def location(self) -> UserLocation:
         return UserLocation(self.code.co_filename, self.lineno, self.code.co_name)

@@ -304,7 +304,9 @@ class SequenceValue(Value):
         try:
             return self.elements[index]
         except IndexError:
-            raise Unsupported(f"index {index} out of range for a {self.container_type.__name__} of {len(self.elements)}") from None
+            from torchweld.capture.exceptions import CapturedRaise
+
+            raise CapturedRaise.of(IndexError, f"{self.container_type.__name__} index out of range") from None
 
     def getattr(self, tx: "Translator", name: str) -> Value:
         from torchweld.capture.callables import ContainerMethodValue
@@ -371,7 +373,9 @@ class DictValue(Value):
     def getitem(self, tx: "Translator", key: Value) -> Value:
         k = key.as_constant()
         if k not in self.entries:
-            raise Unsupported(f"key {k!r} not in dict")
+            from torchweld.capture.exceptions import CapturedRaise
+
+            raise CapturedRaise.of(KeyError, k)
         return self.entries[k]
 
     def mutate(self, tx: "Translator") -> None:

@@ -46,4 +46,4 @@ def handles(*names: str, since: tuple[int, int] | None = None, until: tuple[int,
     return register
 
 
-from torchweld.capture.handlers import build, calls, control, loads, ops, stack  # noqa: E402,F401
+from torchweld.capture.handlers import build, calls, control, exceptions, loads, ops, stack  # noqa: E402,F401

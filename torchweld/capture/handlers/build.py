@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from torchweld.capture.handlers import handles
 from torchweld.capture.collection_values import SetValue
+from torchweld.capture.exceptions import CapturedRaise
 from torchweld.capture.values import ConstantValue, DictValue, ListValue, TensorValue, TupleValue
 from torchweld.errors import Unsupported
 
@@ -132,7 +133,7 @@ def dict_update(tx, inst):
 def unpack_sequence(tx, inst):
     items = tx.pop().items(tx)
     if len(items) != inst.arg:
-        raise Unsupported(f"unpacking {len(items)} values into {inst.arg} names (the eager call raises ValueError)")
+        raise CapturedRaise.of(ValueError, f"unpacking {len(items)} values into {inst.arg} names")
     tx.stack.extend(reversed(items))
 
 
@@ -141,7 +142,7 @@ def unpack_ex(tx, inst):
     before, after = inst.arg & 0xFF, inst.arg >> 8
     items = tx.pop().items(tx)
     if len(items) < before + after:
-        raise Unsupported("not enough values to unpack (the eager call raises ValueError)")
+        raise CapturedRaise.of(ValueError, "not enough values to unpack")
     middle = ListValue(items[before:len(items) - after])
     ordered = items[:before] + [middle] + items[len(items) - after:]
     tx.stack.extend(reversed(ordered))

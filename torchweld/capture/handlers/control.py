@@ -101,11 +101,6 @@ def return_const(tx, inst):
     tx.returned = const(inst.argval)
 
 
-@handles("RAISE_VARARGS")
-def raise_varargs(tx, inst):
-    raise Unsupported("raise: the eager run raises the exception")
-
-
 @handles("RETURN_GENERATOR")
 def return_generator(tx, inst):
     if tx.yielded is None:

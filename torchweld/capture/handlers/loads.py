@@ -171,11 +171,6 @@ def store_attr(tx, inst):
     obj.setattr(tx, inst.argval, value)
 
 
-@handles("LOAD_ASSERTION_ERROR")
-def load_assertion_error(tx, inst):
-    raise Unsupported("a failing assert: the eager run raises AssertionError")
-
-
 @handles("IMPORT_NAME")
 def import_name(tx, inst):
     from torchweld.capture.objects import PythonModuleValue
