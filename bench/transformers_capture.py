@@ -2,12 +2,14 @@
 torchweld's capture against torch.compile's (dynamo), each with a backend that only counts
 the graphs and runs them eagerly. Also checks the output against eager.
 
-    .venv/bin/python bench/transformers_capture.py [--train] [family ...]
+    .venv/bin/python bench/transformers_capture.py [--train] [--eager-attention] [family ...]
 
 A family with more graphs than torch.compile's is marked `<<<` and the first distinct break
 reasons follow it. With --train, each family's training step (forward, `out.square().mean()`,
 backward; every dropout probability set to 0, so that neither side draws) is compiled with
 the weld backend and compared with eager's: outputs and every parameter's gradient.
+With --eager-attention, each model runs transformers' classic attention path
+(`config._attn_implementation = "eager"`) instead of the default (sdpa).
 Needs `transformers` (in the test extras).
 """
 from __future__ import annotations
@@ -86,7 +88,7 @@ def example_input(name: str) -> torch.Tensor:
 def train_step_matches(name: str) -> bool:
     """One weld-compiled training step against eager's: output and gradients."""
     torch.manual_seed(0)
-    model, x = FAMILIES[name]().train(), example_input(name)
+    model, x = build(name, eager_attention=False).train(), example_input(name)
     if name == "wav2vec2":
         model.config.mask_time_prob = 0.0  # its SpecAugment mask comes from numpy's generator
     for module in model.modules():
@@ -110,18 +112,29 @@ def _same_grad(ours: torch.Tensor | None, eager: torch.Tensor | None) -> bool:
     return ours is not None and torch.allclose(ours, eager, atol=1e-4, rtol=1e-3)
 
 
+def build(name: str, eager_attention: bool) -> torch.nn.Module:
+    model = FAMILIES[name]()
+    if eager_attention:
+        for module in model.modules():
+            config = getattr(module, "config", None)
+            if config is not None and hasattr(config, "_attn_implementation"):
+                config._attn_implementation = "eager"
+    return model
+
+
 def main() -> None:
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
     train = "--train" in sys.argv
-    names = [a for a in sys.argv[1:] if a != "--train"] or list(FAMILIES)
+    eager_attention = "--eager-attention" in sys.argv
+    names = [a for a in sys.argv[1:] if not a.startswith("--")] or list(FAMILIES)
     print(f"torch {torch.__version__}, transformers {t.__version__}, Python {sys.version.split()[0]}")
     print(f"{'family':16s} {'weld graphs':>11s} {'tc graphs':>9s} {'weld capture s':>14s}  matches eager"
           + ("  weld train step matches eager" if train else ""))
     fewer_or_equal = 0
     for name in names:
         torch.manual_seed(0)
-        model, x = FAMILIES[name]().eval(), example_input(name)
+        model, x = build(name, eager_attention).eval(), example_input(name)
         with torch.no_grad():
             expected = model(x)[0]
             ours, theirs = CountingBackend(), CountingBackend()
