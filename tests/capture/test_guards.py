@@ -260,8 +260,7 @@ class TwoLayers(nn.Module):
         return self.b(y)
 
 
-@pytest.mark.parametrize("backend", ["eager", pytest.param("weld", marks=pytest.mark.xfail(
-    reason="weld's wrapper namespace (functions and their globals) is a cycle holding the parameters"))])
+@pytest.mark.parametrize("backend", ["eager", "weld"])
 @pytest.mark.parametrize("breaks", [False, True])
 def test_dropped_model_is_freed_without_the_cyclic_gc(backend, breaks):
     """No reference cycle runs from a compiled function's cache to the user's model: dropping

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import weakref
 from typing import Callable
 
 import torch
@@ -216,5 +217,9 @@ def _codegen(sched: Schedule, out_spec, options: dict, handed_over: Callable[[],
         for kind, src in sources.items():
             text += [f"{kind} kernels: {paths[kind]}", src]
         output_code_log.info("\n".join(text))
-    return CompiledGraph(namespace["call"], out_spec, sched, wrapper_source, sources, paths,
-                         fn_boxed=namespace.get("call_boxed"))
+    compiled = CompiledGraph(namespace["call"], out_spec, sched, wrapper_source, sources, paths,
+                             fn_boxed=namespace.get("call_boxed"))
+    # the wrapper's functions and their globals (kernels, the parameters as constants) are a cycle:
+    # emptied once the graph is dropped, they go at once, not at the next cyclic collection
+    weakref.finalize(compiled, namespace.clear)
+    return compiled
