@@ -247,6 +247,10 @@ class BuiltinBaseMethod(Value):
                 raise Unsupported(f"object.__init__() of a {obj.cls.__qualname__} takes no arguments (the eager run raises)")
             return ConstantValue(None)
         if obj.entries is not None and self.base is not object:
+            if name == "copy" and self.base is collections.OrderedDict:  # OrderedDict.copy: self.__class__(self)
+                copied = NewObjectValue(obj.cls, obj.cls_source)
+                copied.entries.entries.update(obj.entries.entries)
+                return copied
             if name == "__getitem__":
                 return obj.entries.getitem(tx, args[0])
             if name == "__contains__":

@@ -309,9 +309,13 @@ def fake_errors_unlogged():
         logger.removeFilter(quiet)
 
 
-# products whose fake-tensor rules accept operands of different dtypes, which their kernels refuse
+# operations whose fake-tensor rules accept operands of different dtypes, which their kernels refuse:
+# products (any two dtypes), and normalizations (float64 beside another: eager's CPU kernels take
+# a bfloat16 or float16 input with float32 parameters, but nothing else mixed)
 _MATMUL_NAMES = {"linear", "mm", "matmul", "__matmul__", "__rmatmul__", "addmm", "addmv", "mv", "dot", "vdot", "bilinear"}
 _MATMUL_MODULES = (torch.nn.Linear, torch.nn.Bilinear, torch.nn.RNNBase, torch.nn.MultiheadAttention)
+_NORM_NAMES = {"batch_norm", "layer_norm", "group_norm", "instance_norm"}
+_NORM_MODULES = (torch.nn.modules.batchnorm._NormBase, torch.nn.LayerNorm, torch.nn.GroupNorm)
 
 
 def _check_matmul_dtypes(target: object, root: torch.nn.Module, operands: list) -> None:
@@ -320,13 +324,17 @@ def _check_matmul_dtypes(target: object, root: torch.nn.Module, operands: list) 
     what = _describe(target)
     if isinstance(target, str) and hasattr(root, target):  # call_module: its name
         module = getattr(root, target)
-        if not isinstance(module, _MATMUL_MODULES):
+        if not isinstance(module, (*_MATMUL_MODULES, *_NORM_MODULES)):
             return
+        norm = isinstance(module, _NORM_MODULES)
         operands, what = [*operands, *module.parameters()], _describe(module)
-    elif (target if isinstance(target, str) else getattr(target, "__name__", "")) not in _MATMUL_NAMES:
-        return
+    else:
+        name = target if isinstance(target, str) else getattr(target, "__name__", "")
+        if name not in _MATMUL_NAMES and name not in _NORM_NAMES:
+            return
+        norm = name in _NORM_NAMES
     dtypes = {t.dtype for t in pytree.tree_leaves(operands) if isinstance(t, torch.Tensor) and t.is_floating_point()}
-    if len(dtypes) > 1:
+    if len(dtypes) > 1 and (not norm or torch.float64 in dtypes):
         raise Unsupported(f"{what} of {' and '.join(sorted(map(str, dtypes)))} tensors "
                           "(the eager run raises: its operands must have one dtype)")
 
