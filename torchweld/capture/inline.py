@@ -85,8 +85,9 @@ def inline_user_function(tx: "Translator", fn_value: "UserFunctionValue | Nested
     code = fn_value.code if nested else fn_value.fn.__code__
     # a generator expression runs to completion at capture time: its items are all known
     is_genexpr = code.co_name == "<genexpr>" and code.co_flags & inspect.CO_GENERATOR
-    if code.co_flags & _NOT_INLINABLE and not is_genexpr:
-        raise Unsupported(f"{code.co_qualname} is a generator or coroutine; capture does not inline those")
+    is_generator = bool(code.co_flags & inspect.CO_GENERATOR) and not is_genexpr
+    if code.co_flags & _NOT_INLINABLE and not is_genexpr and not is_generator:
+        raise Unsupported(f"{code.co_qualname} is a coroutine or async generator; capture does not inline those")
     if tx.depth >= config.inline_depth_limit:
         raise Unsupported(f"inlining deeper than config.inline_depth_limit={config.inline_depth_limit} (recursion?)")
 
@@ -133,6 +134,10 @@ def inline_user_function(tx: "Translator", fn_value: "UserFunctionValue | Nested
 
     f_globals = fn_value.f_globals if nested else fn_value.fn.__globals__
     child = Translator(code, f_globals, tx.output, symbolic_locals, cells, parent=tx)
+    if is_generator:  # its body runs a step at a time, as its consumer pulls
+        from torchweld.capture.generators import GeneratorValue
+
+        return GeneratorValue(child)
     if is_genexpr:
         child.yielded = []
         child.run()

@@ -203,6 +203,14 @@ class NewObjectValue(Value):
             raise Unsupported(f"{self.cls.__qualname__}.{name} is a descriptor capture does not model")
         self.attributes.entries[name] = value
 
+    def delete(self, name: str) -> None:
+        """`del obj.name`."""
+        if name not in self.attributes.entries:
+            from torchweld.capture.exceptions import CapturedRaise
+
+            raise CapturedRaise.of(AttributeError, name)
+        del self.attributes.entries[name]
+
     def call(self, tx, args, kwargs):
         if _lookup(self.cls, "__call__") is None:
             raise Unsupported(f"{self.cls.__qualname__} object is not callable")

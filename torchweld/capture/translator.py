@@ -67,10 +67,12 @@ class Translator:
         self.visits: dict[int, int] = {}  # how often the top-level frame reached each instruction
         self.yielded: list[Value] | None = None  # a generator expression run to completion collects here
         self.exc_stack: list[Value] = []  # the exceptions being handled (PUSH_EXC_INFO ... POP_EXCEPT)
+        self.is_generator = False  # a generator's body, run a step at a time (capture/generators.py)
+        self.paused_at: Value | None = None  # what its last step yielded
 
     # -- running ---------------------------------------------------------------
     def run(self) -> Value:
-        while self.returned is None:
+        while self.returned is None and self.paused_at is None:
             if self.ip >= len(self.instructions):
                 raise Unsupported("fell off the end of the bytecode").at(self.location())
             inst = self.instructions[self.ip]

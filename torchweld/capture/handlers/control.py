@@ -103,14 +103,17 @@ def return_const(tx, inst):
 
 @handles("RETURN_GENERATOR")
 def return_generator(tx, inst):
-    if tx.yielded is None:
+    if tx.yielded is None and not tx.is_generator:
         raise Unsupported("generators are not captured; the generator runs eagerly")
     tx.push(ConstantValue(None))  # the generator object, popped right away
 
 
 @handles("YIELD_VALUE")
 def yield_value(tx, inst):
-    if tx.yielded is None:
-        raise Unsupported("yield outside a generator expression")
-    tx.yielded.append(tx.pop())
+    if tx.is_generator:  # a generator advanced by its consumer: pause here (capture/generators.py)
+        tx.paused_at = tx.pop()
+    elif tx.yielded is not None:
+        tx.yielded.append(tx.pop())
+    else:
+        raise Unsupported("yield outside a generator")
     tx.push(ConstantValue(None))  # what the consumer sends back

@@ -164,6 +164,16 @@ def load_method(tx, inst):
     tx.push(obj.getattr(tx, inst.argval))
 
 
+@handles("DELETE_ATTR")
+def delete_attr(tx, inst):
+    from torchweld.capture.new_objects import NewObjectValue
+
+    obj = tx.pop()
+    if not isinstance(obj, NewObjectValue):
+        raise Unsupported(f"deleting attribute {inst.argval!r} of {obj}, an object from outside the frame")
+    obj.delete(inst.argval)
+
+
 @handles("STORE_ATTR")
 def store_attr(tx, inst):
     obj = tx.pop()
