@@ -108,6 +108,8 @@ def load(case: Case) -> types.ModuleType:
     finally:
         torch.set_default_dtype(dtype)
         torch.set_grad_enabled(grad)
+    if not hasattr(module, case.target):
+        raise GeneratorError(f"the program's module has no {case.target!r} to compile")
     return module
 
 
