@@ -2,14 +2,15 @@
 torchweld's capture against torch.compile's (dynamo), each with a backend that only counts
 the graphs and runs them eagerly. Also checks the output against eager.
 
-    .venv/bin/python bench/transformers_capture.py [--train] [--eager-attention] [family ...]
+    .venv/bin/python bench/transformers_capture.py [--train] [--eager-attention] [--record] [family ...]
 
 A family with more graphs than torch.compile's is marked `<<<` and the first distinct break
 reasons follow it. With --train, each family's training step (forward, `out.square().mean()`,
 backward; every dropout probability set to 0, so that neither side draws) is compiled with
 the weld backend and compared with eager's: outputs and every parameter's gradient.
 With --eager-attention, each model runs transformers' classic attention path
-(`config._attn_implementation = "eager"`) instead of the default (sdpa).
+(`config._attn_implementation = "eager"`) instead of the default (sdpa). With --record,
+the rows are appended to bench/records/capture.jsonl.
 Needs `transformers` (in the test extras).
 """
 from __future__ import annotations
@@ -131,32 +132,63 @@ def main() -> None:
     print(f"torch {torch.__version__}, transformers {t.__version__}, Python {sys.version.split()[0]}")
     print(f"{'family':16s} {'weld graphs':>11s} {'tc graphs':>9s} {'weld capture s':>14s}  matches eager"
           + ("  weld train step matches eager" if train else ""))
-    fewer_or_equal = 0
+    rows = []
     for name in names:
         torch.manual_seed(0)
-        model, x = build(name, eager_attention).eval(), example_input(name)
-        with torch.no_grad():
-            expected = model(x)[0]
-            ours, theirs = CountingBackend(), CountingBackend()
-            start = time.perf_counter()
-            out = torchweld.compile(model, backend=ours)(x)[0]
-            seconds = time.perf_counter() - start
-            torch._dynamo.reset()
-            torch.compile(model, backend=theirs)(x)
-            behind = len(ours.graphs) > len(theirs.graphs)
-            fewer_or_equal += not behind
+        row = compare(name, build(name, eager_attention).eval(), example_input(name))
         trained = f"  {train_step_matches(name)}" if train else ""
-        print(f"{name:16s} {len(ours.graphs):11d} {len(theirs.graphs):9d} {seconds:14.2f}  "
-              f"{torch.allclose(out, expected, atol=1e-5)}{trained}{'  <<<' if behind else ''}")
-        if behind:
-            with torch.no_grad():
-                seen = set()
-                for reason in torchweld.explain(model)(x).break_reasons:
-                    text = str(reason).splitlines()[0]
-                    if text not in seen and len(seen) < 3:
-                        seen.add(text)
-                        print(f"    {text[:240]}")
-    print(f"{fewer_or_equal} of {len(names)} families in no more graphs than torch.compile's")
+        if train:
+            row["train_step_matches"] = trained.strip() == "True"
+        rows.append(row)
+        print_row(row, trained)
+    report(rows, "families", "transformers_eager_attention" if eager_attention else "transformers")
+
+
+def first_output(out):
+    """The first tensor of a model's output (a tensor, a tuple or a ModelOutput)."""
+    return out if isinstance(out, torch.Tensor) else out[0]
+
+
+def compare(name: str, model: torch.nn.Module, x: torch.Tensor) -> dict:
+    """Graphs of torchweld's capture and of torch.compile's for one model, and whether
+    torchweld's output equals eager's."""
+    with torch.no_grad():
+        expected = first_output(model(x))
+        ours, theirs = CountingBackend(), CountingBackend()
+        start = time.perf_counter()
+        out = first_output(torchweld.compile(model, backend=ours)(x))
+        seconds = time.perf_counter() - start
+        torch._dynamo.reset()
+        torch.compile(model, backend=theirs)(x)
+        row = {"model": name, "torchweld_graphs": len(ours.graphs), "torch_compile_graphs": len(theirs.graphs),
+               "capture_s": round(seconds, 3), "matches_eager": bool(torch.allclose(out, expected, atol=1e-5))}
+        if row["torchweld_graphs"] > row["torch_compile_graphs"]:
+            reasons = []
+            for reason in torchweld.explain(model)(x).break_reasons:
+                text = str(reason).splitlines()[0]
+                if text not in reasons and len(reasons) < 3:
+                    reasons.append(text)
+            row["break_reasons"] = reasons
+    return row
+
+
+def print_row(row: dict, extra: str = "") -> None:
+    behind = row["torchweld_graphs"] > row["torch_compile_graphs"]
+    print(f"{row['model']:16s} {row['torchweld_graphs']:11d} {row['torch_compile_graphs']:9d} {row['capture_s']:14.2f}  "
+          f"{row['matches_eager']}{extra}{'  <<<' if behind else ''}")
+    for text in row.get("break_reasons", []):
+        print(f"    {text[:240]}")
+
+
+def report(rows: list[dict], kind: str, suite_row: str) -> None:
+    """The summary line, and with --record a record of every row in bench/records/capture.jsonl."""
+    fewer_or_equal = sum(r["torchweld_graphs"] <= r["torch_compile_graphs"] for r in rows)
+    print(f"{fewer_or_equal} of {len(rows)} {kind} in no more graphs than torch.compile's")
+    if "--record" in sys.argv:
+        from bench import records
+
+        path = records.append("capture", records.make_record("capture", rows, row={"sweep": suite_row}))
+        print(f"recorded in {path}")
 
 
 if __name__ == "__main__":
