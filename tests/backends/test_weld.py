@@ -189,3 +189,63 @@ def test_batch_norm_statistics_are_updated_behind_a_reshape():
             torch.testing.assert_close(compiled(x), reference(x))
             for (name, mine), theirs in zip(model.state_dict().items(), reference.state_dict().values()):
                 torch.testing.assert_close(mine, theirs, msg=name)
+
+
+def _batch_norm_calls_match_eager(fn, model: nn.Module, between=lambda call, model: None, calls: int = 4):
+    """`fn(model, x)` compiled and eagerly (on a copy of `model`), for `calls` calls with
+    `between(call, model)` changing both models first: outputs, and every entry of the state
+    dicts (running statistics, batch counters) after each call, as eager's."""
+    import copy
+
+    import torchweld
+
+    reference = copy.deepcopy(model)
+    compiled = torchweld.compile(fn)
+    for call in range(calls):
+        between(call, model)
+        between(call, reference)
+        x = torch.randn(6, 4) + call
+        with torch.set_grad_enabled(call % 2 == 0):
+            torch.testing.assert_close(compiled(model, x), fn(reference, x))
+        for (name, mine), theirs in zip(model.state_dict().items(), reference.state_dict().values()):
+            torch.testing.assert_close(mine, theirs, msg=f"call {call}: {name}")
+
+
+def test_a_changed_batch_norm_momentum_reaches_the_kernels():
+    """Fuzz case 21000326: `bn.momentum = 0.5` between calls. weld's kernels held the momentum
+    of the first call (capture does not guard a leaf module's settings): the running
+    statistics came out wrong. A setting met before reuses its compiled graph."""
+    def between(call, model):
+        model[1].momentum = [0.1, 0.1, 0.5, None, 0.1][call]
+        model[1].eps = 1e-3 if call == 4 else 1e-5
+
+    def fn(model, x):
+        return model(x) * 2
+
+    model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
+    _batch_norm_calls_match_eager(fn, model, between, calls=5)
+
+
+def test_a_batch_norm_called_twice_under_no_grad_updates_its_counter_twice(caplog):
+    """A training-mode batch norm called twice in one inference graph: the second
+    `num_batches_tracked.add_(1)` writes the first one's result, which the lowering took for a
+    view of the constant it could not place (the graph ran eagerly)."""
+    def fn(model, x):
+        t = model[1](x)
+        return model(t) + model[1](x)
+
+    with caplog.at_level(logging.WARNING, logger="torchweld.weld"):
+        _batch_norm_calls_match_eager(fn, nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)))
+    assert "weld cannot" not in caplog.text
+
+
+def test_a_batch_norm_with_a_cumulative_average_runs_as_captured(caplog):
+    """momentum=None divides by the batch counter as a Python number: capture reads the real
+    buffer, weld's trace a fake one (DataDependentOutputException, raised to the user)."""
+    def fn(model, x):
+        return model(x).relu()
+
+    model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4, momentum=None))
+    with caplog.at_level(logging.WARNING, logger="torchweld.weld"):
+        _batch_norm_calls_match_eager(fn, model)
+    assert "weld cannot trace this graph" in caplog.text

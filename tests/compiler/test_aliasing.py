@@ -238,3 +238,86 @@ def test_a_view_with_the_inputs_layout_is_a_view_not_the_input():
     for fn in cases:
         torchweld.reset()
         _compare(fn, lambda call: [torch.arange(4.0) + call])
+
+
+def test_detach_is_a_tensor_of_its_own():
+    """`x.detach()` is a new tensor sharing x's memory in eager; weld returned x itself. A view of
+    an intermediate returned beside it (`t, t.view(-1)`, `t, t.detach()`) is another tensor too."""
+    for fn in [lambda y: y.detach(), lambda y: (y.detach(), y.detach(), y),
+               lambda y: (lambda t: (t, t))(y.detach()), lambda y: y.add_(1).detach()]:
+        torchweld.reset()
+        _compare(fn, lambda call: [torch.arange(4.0) + call])
+    for fn in [lambda y: (lambda t: (t, t.detach()))(y + 1), lambda y: (lambda t: (t, t.view(-1), t[:]))(y * 2),
+               lambda y: (lambda t: (t, t.detach(), t))(y + 1)]:
+        torchweld.reset()
+        compiled = torchweld.compile(fn)
+        for call in range(3):
+            y = torch.arange(4.0) + call
+            got, want = compiled(y), fn(y.clone())
+            torch.testing.assert_close(got, want)
+            assert [[a is b for b in got] for a in got] == [[a is b for b in want] for a in want]
+            assert len({_storage(t) for t in got}) == 1
+
+
+def _sharing(make_other):
+    """Inputs (x, y): on odd calls y = make_other(x), sharing x's memory; on even ones a tensor of its own."""
+    def inputs(call):
+        x = torch.arange(16.0).reshape(4, 4) + call
+        return [x, make_other(x) if call % 2 else make_other(x.clone())]
+    return inputs
+
+
+@pytest.mark.parametrize("make_other", [lambda x: x.detach(), lambda x: x[:], lambda x: x.t()],
+                         ids=["detach", "slice", "transpose"])
+def test_an_input_sharing_memory_with_a_written_input_sees_the_write(make_other):
+    """Fuzzer class 10: x and y = x.detach() are two inputs; a write into y (here through a view)
+    must reach x's later reads. weld's kernels read x as it was: such calls run as captured."""
+    def fn(x, y):
+        y[1:].mul_(-1)
+        return x - y, x.sum()
+
+    _compare(fn, _sharing(make_other), calls=4)
+
+
+def test_a_written_view_input_of_another_input():
+    """y = x[1] written whole (`add_`, an assignment through it) while x is read after."""
+    def fn(x, y):
+        y.add_(1)
+        y[0] = x[0, 0]
+        return x * 2
+
+    _compare(fn, _sharing(lambda x: x[1]), calls=4)
+
+
+def test_written_inputs_whose_memory_does_not_meet_run_the_kernels():
+    """x[0] and x[1] share a storage but no element: the check lets the compiled kernels run."""
+    from torchweld.backends import lookup_backend
+    from torchweld.runtime.input_overlap import OverlapChecked
+
+    def fn(a, b):
+        a.mul_(2)
+        return a + b
+
+    gm = torch.fx.symbolic_trace(fn)
+    with torch.no_grad():
+        compiled = lookup_backend("weld")(gm, [torch.randn(4), torch.randn(4)])
+    assert isinstance(compiled, OverlapChecked)
+    ran = []
+    compiled.exact = lambda *args: ran.append(args) or gm(*args)
+    for rows, exact in [((0, 1), False), ((1, 1), True), ((1, 0), False)]:
+        x, x_eager = torch.arange(8.0).reshape(2, 4), torch.arange(8.0).reshape(2, 4)
+        with torch.no_grad():
+            got = compiled(x[rows[0]], x[rows[1]])
+        torch.testing.assert_close(got, fn(x_eager[rows[0]], x_eager[rows[1]]))
+        torch.testing.assert_close(x, x_eager)
+        assert bool(ran) == exact
+        ran.clear()
+
+
+def test_graphs_that_write_nothing_are_not_checked():
+    from torchweld.backends import lookup_backend
+    from torchweld.compiler.driver import CompiledGraph
+
+    gm = torch.fx.symbolic_trace(lambda a, b: a * b + 1)
+    with torch.no_grad():
+        assert isinstance(lookup_backend("weld")(gm, [torch.randn(4), torch.randn(4)]), CompiledGraph)

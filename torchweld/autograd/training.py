@@ -14,6 +14,7 @@ from torchweld.autograd.joint import JointGraph, ModuleState, StateReader, modul
 from torchweld.autograd.partition import Partition, partition
 from torchweld.autograd.runtime import TrainingGraph, run
 from torchweld.compiler.graph_modules import graph_module
+from torchweld.runtime.input_overlap import WrittenOverlap
 from torchweld.runtime.write_back import WriteBack
 
 log = logging.getLogger("torchweld.weld")
@@ -27,14 +28,23 @@ class CompiledTrainingGraph:
     """The callable weld returns for a graph that needs autograd."""
 
     def __init__(self, gm: torch.fx.GraphModule, state: list[ModuleState], tensor_positions: list[int],
-                 joint: JointGraph, part: Partition, graph: TrainingGraph):
+                 joint: JointGraph, part: Partition, graph: TrainingGraph, exact=None):
         self.gm, self.state, self.tensor_positions = gm, state, tensor_positions
         self.joint, self.partition, self.graph = joint, part, graph
         self.state_reader = StateReader(gm, state)
+        # a graph that writes tensors in place runs `exact` (the captured graph, op by op) on a
+        # call where one of them shares memory with an input (runtime/input_overlap.py)
+        self.exact = exact
+        self.overlap = None
+        if joint.mutated_primals and exact is not None:
+            self.overlap = WrittenOverlap(joint.mutated_primals,
+                                          range(len(state), len(state) + len(tensor_positions)))
 
     def __call__(self, *args):
         primals = self.state_reader.read()
         primals += [args[i] for i in self.tensor_positions]
+        if self.overlap is not None and self.overlap.found(primals):
+            return self.exact(*args)
         return run(self.graph, primals)
 
 
@@ -47,6 +57,7 @@ def compile_training(gm: torch.fx.GraphModule, example_inputs: list, options: di
     state = module_state(gm)
     tensor_positions = [i for i, x in enumerate(example_inputs) if isinstance(x, torch.Tensor)]
     primals = [s.read(gm) for s in state] + [example_inputs[i] for i in tensor_positions]
+    exact = gm.forward
     if len(tensor_positions) != len(example_inputs):
         # Non-tensor inputs are baked into the graph: capture guards their values.
         gm = _bind_constants(gm, example_inputs)
@@ -104,7 +115,7 @@ def compile_training(gm: torch.fx.GraphModule, example_inputs: list, options: di
                           joint.mutated_primals, joint.grad_primals, part.saved, write_back,
                           forward_lends=cudagraphs is not None, input_view_outputs=joint.input_view_outputs,
                           written_primal_views=joint.written_primal_views, primal_outputs=joint.primal_outputs)
-    return CompiledTrainingGraph(gm, state, tensor_positions, joint, part, graph)
+    return CompiledTrainingGraph(gm, state, tensor_positions, joint, part, graph, exact)
 
 
 def compile_aten(gm: torch.fx.GraphModule, example_inputs: list, options: dict, what: str,

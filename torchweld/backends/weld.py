@@ -10,7 +10,8 @@ import torch
 import torch.utils._pytree as pytree
 
 from torchweld.backends import register_backend
-from torchweld.backends.weld_declines import warn_declined, why_declined
+from torchweld.backends.module_settings import SettingsGuarded, leaf_settings
+from torchweld.backends.weld_declines import UNTRACEABLE, warn_declined, why_declined
 
 log = logging.getLogger("torchweld.weld")
 
@@ -23,6 +24,9 @@ def _compile_training(gm: torch.fx.GraphModule, example_inputs: list, mode: str 
                                 cudagraphs=cudagraph_wrapper(mode, options, gm))
     except TrainingUnsupported as e:
         log.warning("weld cannot compile this graph for training, running it eagerly: %s", e)
+        return gm.forward
+    except UNTRACEABLE as e:
+        log.warning("weld cannot trace this graph for training, running it eagerly: %s: %s", type(e).__name__, e)
         return gm.forward
 
 
@@ -77,6 +81,14 @@ def weld(gm: torch.fx.GraphModule, example_inputs: list, mode=None, options=None
         log.warning("weld runs this graph without its kernels (%s): %s", detail, kind.value)
         warn_declined(kind)
         return gm.forward
+    settings = leaf_settings(gm)
+    if not settings:
+        return _weld(gm, example_inputs, mode, options)
+    # the leaf modules' settings (bn.momentum) are numbers in weld's kernels: checked at each call
+    return SettingsGuarded(lambda inputs: _weld(gm, inputs, mode, options), settings, gm.forward, example_inputs)
+
+
+def _weld(gm: torch.fx.GraphModule, example_inputs: list, mode, options: dict):
     grad_tensors = reads_grad_tensors(gm, example_inputs)
     training = grad_tensors and records_autograd(gm)
     if _on_cuda(gm, example_inputs):
@@ -93,9 +105,33 @@ def weld(gm: torch.fx.GraphModule, example_inputs: list, mode=None, options=None
     except (LoweringError, CppCompileError) as e:
         log.warning("weld cannot compile this graph, running it eagerly: %s", e)
         compiled = gm.forward
-    compiled = with_cudagraphs(compiled, gm, mode, options)
-    compiled = _without_grad(compiled) if grad_tensors else compiled
-    return _detaching_views(compiled, gm, example_inputs)
+    except UNTRACEABLE as e:
+        log.warning("weld cannot trace this graph, running it eagerly: %s: %s", type(e).__name__, e)
+        compiled = gm.forward
+    call = with_cudagraphs(compiled, gm, mode, options)
+    call = _without_grad(call) if grad_tensors else call
+    call = _detaching_views(call, gm, example_inputs)
+    return _exact_where_written_inputs_overlap(call, compiled, gm)
+
+
+def _exact_where_written_inputs_overlap(call, compiled, gm: torch.fx.GraphModule):
+    """`call`, or for a graph whose kernels write tensors in place, `call` on the calls where no
+    written tensor shares memory with another input and the captured graph on the others
+    (runtime/input_overlap.py)."""
+    from torchweld.compiler.driver import CompiledGraph
+    from torchweld.runtime.input_overlap import OverlapChecked, WrittenOverlap
+
+    if not isinstance(compiled, CompiledGraph) or not compiled.schedule.graph.mutated_inputs:
+        return call
+    lowered = compiled.schedule.graph
+    targets = {w.target for w in lowered.mutated_inputs}
+    names = lowered.input_names
+    constants = [name for name in targets if name not in names and name in lowered.constants]
+    written = [i for i, name in enumerate(names) if name in targets]
+    written += [len(names) + k for k in range(len(constants))]
+    inputs = [i for i, name in enumerate(names) if name is not None]
+    return OverlapChecked(call, gm.forward, WrittenOverlap(written, inputs),
+                          [lowered.constants[name] for name in constants])
 
 
 def _start_cuda_helpers(workers: bool) -> None:

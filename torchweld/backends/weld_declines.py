@@ -14,6 +14,15 @@ import warnings
 
 import torch
 import torch.utils._pytree as pytree
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException, DynamicOutputShapeException, UnsupportedOperatorException,
+)
+
+# What weld's trace with fake tensors raises where the graph reads tensor data as a Python
+# number (a training-mode BatchNorm with momentum=None divides by its batch counter) or runs
+# an op without a fake kernel: capture ran those module calls on the real parameters and
+# buffers, weld's trace runs them on fakes. Such a graph runs as captured.
+UNTRACEABLE = (DataDependentOutputException, DynamicOutputShapeException, UnsupportedOperatorException)
 
 DEVICES_WITH_CODEGEN = frozenset({"cpu", "cuda"})
 SYMBOLIC_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)

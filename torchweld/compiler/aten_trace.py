@@ -72,6 +72,9 @@ class AtenRecorder(TorchDispatchMode):
         self._constants = 0  # get_attr constants so far, for their names
         self._reals: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(fake) -> (fake, real it stands for)
         self._placeholders: list[torch.fx.Node] = []
+        # id(detach's result) -> (that result, its input): recorded as its input's node, but a
+        # graph output that eager returns as a tensor object of its own (`graph_module`)
+        self._detached: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     # -- building the graph --------------------------------------------------------
 
@@ -112,10 +115,22 @@ class AtenRecorder(TorchDispatchMode):
         return node
 
     def graph_module(self, outputs: list) -> torch.fx.GraphModule:
-        """The recording as a GraphModule returning `outputs` (a flat list), dead code removed."""
-        self.graph.output([self.node_of(o) for o in outputs])
+        """The recording as a GraphModule returning `outputs` (a flat list), dead code removed.
+        An output that `detach` made is an `aten.alias` of its input's node: in eager a new
+        tensor object (`x.detach() is not x`), where the node alone would return the input."""
+        aliases: dict[int, torch.fx.Node] = {}
+        self.graph.output([self._output_node(o, aliases) for o in outputs])
         self.graph.eliminate_dead_code()
         return graph_module(self.root, self.graph)
+
+    def _output_node(self, value, aliases: dict[int, torch.fx.Node]):
+        if not isinstance(value, torch.Tensor) or id(value) not in self._detached:
+            return self.node_of(value)
+        node = aliases.get(id(value))
+        if node is None:
+            node = aliases[id(value)] = self.graph.call_function(aten.alias.default, (self.node_of(value),))
+            node.meta["val"] = value
+        return node
 
     def _argument(self, value):
         """An op's argument as a node's: tensors become their nodes, in lists and tuples too
@@ -136,6 +151,7 @@ class AtenRecorder(TorchDispatchMode):
         if func is aten.detach.default:  # below autograd an alias of its input: the same node
             out = func(*args, **kwargs)
             self._bind(out, self.node_of(args[0]))
+            self._detached[id(out)] = (out, args[0])
             return out
         decomposition = self.decompositions.get(func)
         if decomposition is not None:

@@ -324,8 +324,10 @@ class GraphLowering:
             elif node.op == "output":
                 leaves = pytree.tree_leaves(node.args[0])
                 outputs = [self.output_value(a) if isinstance(a, torch.fx.Node) else a for a in leaves]
+                returned = self.tensors_by_root(leaves, outputs)
                 view_outputs = frozenset(i for i, a in enumerate(leaves) if isinstance(a, torch.fx.Node)
-                                         and self.views_an_input(a, outputs[i]))
+                                         and (self.views_an_input(a, outputs[i])
+                                              or self.views_another_output(a, outputs[i], returned)))
             else:
                 raise LoweringError(f"unexpected {node.op} node {node.name} in an aten graph")
         self.drop_unused_seeds()
@@ -392,7 +394,7 @@ class GraphLowering:
         if self.read_at.get(node, 0) == count:
             return value
         val = node.meta.get("val")
-        if node is base:
+        if aliasing.tensor_of(node) is base:  # the base itself, or an in-place op's result, which is it
             value = self.latest[base]
         elif isinstance(val, (list, tuple)):  # the views a split or an unbind made
             value = [self.view_of(base, v, node) for v in val]
@@ -423,8 +425,9 @@ class GraphLowering:
             raise LoweringError(f"in-place update of {node.name} with {type(result).__name__}")
         base = aliasing.base_of(node)
         own = aliasing.own_layout(base)
-        layout = own if node is base else aliasing.layout_in(aliasing.fake_of(node), aliasing.fake_of(base))
-        whole = node is base or (layout is not None and layout == own and tuple(result.shape) == tuple(own.shape))
+        itself = aliasing.tensor_of(node) is base  # not a view: a constant's meta is real, the ops' fake
+        layout = own if itself else aliasing.layout_in(aliasing.fake_of(node), aliasing.fake_of(base))
+        whole = itself or (layout is not None and layout == own and tuple(result.shape) == tuple(own.shape))
         new = result if whole else self.scattered(base, layout, result, node)
         count = self.writes_to[base] = self.writes_to.get(base, 0) + 1
         self.latest[base] = new
@@ -472,6 +475,24 @@ class GraphLowering:
         return (aliasing.tensor_of(node) is not base and isinstance(value, TensorValue) and value.layout is not None
                 and value.root == self.input_of.get(base))
 
+    @staticmethod
+    def tensors_by_root(leaves: list, outputs: list) -> dict[str, set]:
+        """{buffer: the nodes of the tensor objects (aliasing.tensor_of) the outputs stored there are}."""
+        found: dict[str, set] = {}
+        for node, value in zip(leaves, outputs):
+            if isinstance(node, torch.fx.Node) and isinstance(value, TensorValue):
+                found.setdefault(value.root, set()).add(aliasing.tensor_of(node))
+        return found
+
+    def views_another_output(self, node: torch.fx.Node, value: object, returned: dict[str, set]) -> bool:
+        """Whether output `node` is a view (not the tensor itself) of memory that another output,
+        another tensor object in eager, returns too (`returned`: tensors_by_root): `t, t.view(-1)`
+        or `t, t.detach()` are two tensors, where both values would return `t`'s buffer."""
+        tensor = aliasing.tensor_of(node)
+        if tensor is aliasing.base_of(node) or not isinstance(value, TensorValue) or value.layout is None:
+            return False
+        return len(returned.get(value.root, ())) > 1
+
     def output_value(self, node: torch.fx.Node):
         """What the graph returns for `node`: a view of a graph input (or the input itself
         after an in-place write) as a view of that input, as eager returns it; else its value."""
@@ -481,7 +502,8 @@ class GraphLowering:
         if target is None or not isinstance(value, TensorValue) or (node is base and not self.writes_to.get(base)):
             return value
         own = self.buffers[target].layout
-        layout = own if node is base else aliasing.layout_in(aliasing.fake_of(node), aliasing.fake_of(base))
+        itself = aliasing.tensor_of(node) is base
+        layout = own if itself else aliasing.layout_in(aliasing.fake_of(node), aliasing.fake_of(base))
         if layout is None or value.dtype != self.buffers[target].dtype:
             return value
         index = aliasing.view_index(own, layout)
