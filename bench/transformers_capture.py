@@ -174,7 +174,7 @@ def compare(name: str, model: torch.nn.Module, x: torch.Tensor) -> dict:
 
 def print_row(row: dict, extra: str = "") -> None:
     behind = row["torchweld_graphs"] > row["torch_compile_graphs"]
-    print(f"{row['model']:16s} {row['torchweld_graphs']:11d} {row['torch_compile_graphs']:9d} {row['capture_s']:14.2f}  "
+    print(f"{row['model']:28s} {row['torchweld_graphs']:11d} {row['torch_compile_graphs']:9d} {row['capture_s']:14.2f}  "
           f"{row['matches_eager']}{extra}{'  <<<' if behind else ''}")
     for text in row.get("break_reasons", []):
         print(f"    {text[:240]}")

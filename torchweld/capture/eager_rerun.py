@@ -5,7 +5,7 @@ A graph runs before the Python side effects it was captured among are replayed, 
 outside any `try` of the user's code. An error the fake run could not foresee (a value out
 of range, an operation a kernel does not implement for a dtype) would then skip the user's
 `except`, and the side effects made before it. Where the graph changes nothing (no
-in-place change of a tensor, no module buffer updated), nothing has
+in-place change of an input or of a view of one, no module buffer updated), nothing has
 happened yet when it raises: the frame is run again as plain Python, which raises the
 error at the user's line (or handles it, as the user wrote), after its side effects.
 A graph that draws random numbers has its generators' states saved before each call and
@@ -30,6 +30,7 @@ def rerun_generators(gm: torch.fx.GraphModule) -> list[torch.Generator] | None:
     from torchweld.capture.output_graph import draws_random, is_pure_node
 
     devices: set[torch.device] = set()
+    inputs = _input_storages(gm)
     for node in gm.graph.nodes:
         if node.op == "call_module":
             module = gm.get_submodule(node.target)
@@ -41,11 +42,40 @@ def rerun_generators(gm: torch.fx.GraphModule) -> list[torch.Generator] | None:
             continue  # the rerun starts in the frame's own grad mode (EagerRerun restores it)
         elif node.op in ("call_function", "call_method") and not is_pure_node(node):
             name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
-            if not draws_random(name) or name.endswith("_") or node.kwargs.get("out") is not None \
-                    or node.kwargs.get("inplace"):
+            changed = node.kwargs.get("out", node.args[0] if node.args else None)
+            if draws_random(name) and not (name.endswith("_") or "out" in node.kwargs or node.kwargs.get("inplace")):
+                devices.update(_devices_of(node))
+            elif not _is_intermediate(changed, inputs):  # an in-place change of an input, or a view of one
                 return None
-            devices.update(_devices_of(node))
     return [_generator(d) for d in sorted(devices, key=str)]
+
+
+def _input_storages(gm: torch.fx.GraphModule) -> set | None:
+    """The storages of the graph's inputs (as their example values hold them); None if unknown."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    storages = set()
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            example = node.meta.get("example_value")
+            if not isinstance(example, torch.Tensor):
+                return None
+            storages.add(StorageWeakRef(example.untyped_storage()))
+    return storages
+
+
+def _is_intermediate(changed: object, inputs: set | None) -> bool:
+    """Whether what an in-place operation changes is a tensor the graph made (its example value
+    shares no storage with an input: views share their base's), so a second run sees nothing."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    example = changed.meta.get("example_value") if isinstance(changed, torch.fx.Node) else None
+    if inputs is None or not isinstance(example, torch.Tensor):
+        return False
+    try:
+        return StorageWeakRef(example.untyped_storage()) not in inputs
+    except (RuntimeError, NotImplementedError):
+        return False
 
 
 def _module_changes_nothing(module: torch.nn.Module) -> bool:

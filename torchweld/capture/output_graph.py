@@ -333,8 +333,9 @@ def _check_matmul_dtypes(target: object, root: torch.nn.Module, operands: list) 
         if name not in _MATMUL_NAMES and name not in _NORM_NAMES:
             return
         norm = name in _NORM_NAMES
-    dtypes = {t.dtype for t in pytree.tree_leaves(operands) if isinstance(t, torch.Tensor) and t.is_floating_point()}
-    if len(dtypes) > 1 and (not norm or torch.float64 in dtypes):
+    tensors = [t for t in pytree.tree_leaves(operands) if isinstance(t, torch.Tensor)]
+    dtypes = {t.dtype for t in tensors if t.is_floating_point() or not norm}  # a norm's int arguments: counts
+    if len(dtypes) > 1 and (not norm or torch.float64 in dtypes or not all(d.is_floating_point for d in dtypes)):
         raise Unsupported(f"{what} of {' and '.join(sorted(map(str, dtypes)))} tensors "
                           "(the eager run raises: its operands must have one dtype)")
 

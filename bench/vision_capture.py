@@ -1,0 +1,62 @@
+"""How many graphs capture makes of real vision models built from torchvision's and timm's
+constructors (no weights): torchweld's capture against torch.compile's, each with a backend
+that only counts the graphs and runs them eagerly, and the output checked against eager's.
+
+    python bench/vision_capture.py [--record] [model ...]
+
+torchvision and timm load their operators with torch's CUDA build: on this CPU machine, run
+it in a CPython 3.12 venv with `pip install torch==2.13.0 torchvision==0.28.0 timm` (the
+3.12 venv `make test PYTHON=python3.12 VENV=.venv312` makes has that torch). With --record,
+the rows are appended to bench/records/capture.jsonl.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import warnings
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench.transformers_capture import compare, print_row, report  # noqa: E402
+
+TORCHVISION = ["resnet18", "resnet50", "densenet121", "mobilenet_v3_small", "efficientnet_b0", "convnext_tiny",
+               "vit_b_16", "swin_t", "regnet_y_400mf", "shufflenet_v2_x0_5", "inception_v3", "mnasnet0_5",
+               "squeezenet1_0", "googlenet", "maxvit_t"]
+TIMM = ["resnet18d", "efficientnet_b0", "vit_tiny_patch16_224", "convnext_atto", "mobilevitv2_050", "deit_tiny_patch16_224"]
+
+
+def build(name: str) -> tuple[torch.nn.Module, torch.Tensor]:
+    if name.startswith("timm:"):
+        import timm
+
+        model = timm.create_model(name[len("timm:"):], pretrained=False)
+    else:
+        import torchvision
+
+        kwargs = {"aux_logits": False, "init_weights": False} if name in ("inception_v3", "googlenet") else {}
+        model = getattr(torchvision.models, name)(weights=None, **kwargs)
+    size = 299 if name == "inception_v3" else 224
+    return model.eval(), torch.randn(1, 3, size, size)
+
+
+def main() -> None:
+    warnings.filterwarnings("ignore")
+    logging.disable(logging.WARNING)
+    torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
+    names = [a for a in sys.argv[1:] if not a.startswith("--")] or [*TORCHVISION, *(f"timm:{n}" for n in TIMM)]
+    print(f"torch {torch.__version__}, Python {sys.version.split()[0]}")
+    print(f"{'model':28s} {'weld graphs':>11s} {'tc graphs':>9s} {'weld capture s':>14s}  matches eager")
+    rows = []
+    for name in names:
+        torch.manual_seed(0)
+        model, x = build(name)
+        row = compare(name, model, x)
+        rows.append(row)
+        print_row(row)
+    report(rows, "models", "vision")
+
+
+if __name__ == "__main__":
+    main()
