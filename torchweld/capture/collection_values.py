@@ -11,7 +11,7 @@ from __future__ import annotations
 import collections
 from typing import TYPE_CHECKING, Iterable
 
-from torchweld.capture.values import ConstantValue, DictValue, ListValue, SequenceValue, TensorValue, Value, const
+from torchweld.capture.values import ConstantValue, DictValue, ListValue, TensorValue, Value, const
 from torchweld.errors import Unsupported
 
 if TYPE_CHECKING:

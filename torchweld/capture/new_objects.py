@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from torchweld.capture.sources import AttrSource, Source
-from torchweld.capture.values import ConstantValue, DictValue, Value, const
+from torchweld.capture.values import ConstantValue, DictValue, Value
 from torchweld.errors import Unsupported
 
 if TYPE_CHECKING:

@@ -14,7 +14,6 @@ comparison and clamp of the loop variable is decided, so the loop is a plain,
 vectorized copy or computation rather than clamped gathers and selects."""
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import torch
