@@ -172,3 +172,22 @@ def test_a_block_entered_again_at_a_break_restores_the_mode_outside_it():
             out, expected = compiled(torch.ones(2)), _enable_grad_block_breaking_in_a_loop(torch.ones(2))
             assert out.requires_grad == expected.requires_grad
             assert torch.is_grad_enabled() == mode
+
+
+def _in_a_profiler_range(x):
+    with torch.autograd.profiler.record_function("my range"):
+        y = x * 2
+    return y + 1
+
+
+def _break_in_a_profiler_range(x):
+    with torch.autograd.profiler.record_function("my range"):
+        y = x * 2
+        print("", end="")  # a graph break inside the range
+    return y + 1
+
+
+def test_a_profiler_range_is_no_break():
+    _, backend = check_program(_in_a_profiler_range, (torch.randn(3),), compare_counts=False)
+    assert len(backend.graphs) == 1
+    check_program(_break_in_a_profiler_range, (torch.randn(3),), compare_counts=False)
