@@ -55,8 +55,6 @@ DECOMPOSED_OPS = [
     aten.clamp_max,
     aten.masked_fill,
     aten.rsub,
-    aten.lerp,
-    aten.addcmul,
     aten.addcdiv,
     aten.logsumexp,
     aten.norm,

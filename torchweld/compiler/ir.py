@@ -88,6 +88,9 @@ class Op(enum.Enum):
     BITWISE_XOR = enum.auto()
     # -- ternary -----------------------------------------------------------------
     WHERE = enum.auto()
+    # args: (a, b, c): a * b + c rounded once, as aten's fused kernels compute add's alpha, lerp
+    # and addcmul (Vectorized fmadd). C++ kernels contract nothing else (-ffp-contract=off)
+    FMA = enum.auto()
     # -- conversion --------------------------------------------------------------
     CAST = enum.auto()  # dtype: the target dtype
     # -- random numbers ----------------------------------------------------------
@@ -123,7 +126,7 @@ class OpSet:
         Op.EXP, Op.EXPM1, Op.LOG, Op.LOG1P, Op.LOG2, Op.SIN, Op.COS, Op.TAN, Op.TANH, Op.ATAN,
         Op.SQRT, Op.RSQRT, Op.SIGMOID, Op.ERF, Op.POW, Op.ATAN2,
     })
-    Elementwise = Unary | Binary | {Op.WHERE, Op.CAST}
+    Elementwise = Unary | Binary | {Op.WHERE, Op.FMA, Op.CAST}
     Reduce = frozenset({Op.SUM, Op.PROD, Op.MAX, Op.MIN})
 
 

@@ -100,6 +100,14 @@ def binop(op: Op) -> Callable[[Expr, Expr], Expr]:
     return lambda a, b: Expr(op, a.dtype, (a, b))
 
 
+def fused_multiply_add(a: Expr, b: Expr, c: Expr) -> Expr:
+    """a * b + c rounded once, where aten's kernel for one op computes it so (add's alpha, lerp,
+    addcmul: Vectorized fmadd, or g++ contracting its scalar loop); integers as two ops."""
+    if a.dtype.is_floating_point:
+        return Expr(Op.FMA, a.dtype, (a, b, c))
+    return binop(Op.ADD)(binop(Op.MUL)(a, b), c)
+
+
 # =============================================================================
 # Pointwise
 # =============================================================================
@@ -174,9 +182,12 @@ def add_sub(L, node, a, b, alpha=1):
             raise NotImplementedError("bool subtraction")
         return make_pointwise(L, node, binop(Op.LOGICAL_OR), [a, b], torch.bool)
 
+    if alpha != 1 and dtype.is_floating_point:  # aten takes alpha in the tensors' dtype (a half's 0.3 is 0.2998)
+        alpha = torch.tensor(alpha, dtype=dtype).item()
+
     def fn(x, y):
-        if alpha != 1:
-            y = Expr(Op.MUL, y.dtype, (y, ir.const(alpha, y.dtype)))
+        if alpha != 1:  # aten: fmadd(y, alpha, x), and x - alpha * y as x + (-alpha) * y
+            return fused_multiply_add(y, ir.const(alpha if op is Op.ADD else -alpha, y.dtype), x)
         return Expr(op, x.dtype, (x, y))
 
     return make_pointwise(L, node, fn, [a, b], upcast(dtype))
@@ -393,8 +404,9 @@ def addcmul_addcdiv(L, node, x, a, b, value=1):
         if divide:
             term = binop(Op.TRUEDIV)(t1, t2)
             term = term if value == 1 else binop(Op.MUL)(ir.const(value, term.dtype), term)
-        else:
-            term = binop(Op.MUL)(binop(Op.MUL)(ir.const(value, t1.dtype), t1), t2) if value != 1 else binop(Op.MUL)(t1, t2)
+        else:  # aten: x + value * a * b, its last product and the sum contracted into one fma
+            scaled = binop(Op.MUL)(ir.const(value, t1.dtype), t1) if value != 1 else t1
+            return fused_multiply_add(scaled, t2, s)
         return binop(Op.ADD)(s, term)
 
     return make_pointwise(L, node, fn, [x, a, b], upcast(out_val(node).dtype))
@@ -403,13 +415,14 @@ def addcmul_addcdiv(L, node, x, a, b, value=1):
 @lowers(aten.lerp)
 def lerp(L, node, start, end, weight):
     """aten's formula, exact at both ends: start + w * (end - start) where |w| < 0.5, else
-    end - (end - start) * (1 - w); for a tensor weight (Adam's live betas) a select per
-    element between the two."""
+    end - (end - start) * (1 - w), each one fma as aten's kernel computes it
+    (fmadd(w, diff, start), fmadd(w - 1, diff, end)); for a tensor weight (Adam's live betas)
+    a select per element between the two."""
     def near_start(s, diff, w):
-        return binop(Op.ADD)(s, binop(Op.MUL)(w, diff))
+        return fused_multiply_add(w, diff, s)
 
     def near_end(e, diff, w):
-        return binop(Op.SUB)(e, binop(Op.MUL)(diff, binop(Op.SUB)(ir.const(1, w.dtype), w)))
+        return fused_multiply_add(binop(Op.SUB)(w, ir.const(1, w.dtype)), diff, e)
 
     if isinstance(weight, TensorValue):
         def fn(s, e, w):
@@ -419,9 +432,12 @@ def lerp(L, node, start, end, weight):
 
         return make_pointwise(L, node, fn, [start, end, weight], upcast(out_val(node).dtype))
 
-    def fn(s, e):  # the formula chosen once; 1 - w in the compute dtype, as aten's kernel computes it
+    def fn(s, e):  # the formula chosen once; w - 1 in the compute dtype, as aten's kernel computes it
         diff, w = binop(Op.SUB)(e, s), ir.const(weight, s.dtype)
-        return near_start(s, diff, w) if abs(weight) < 0.5 else near_end(e, diff, w)
+        if abs(weight) < 0.5:
+            return near_start(s, diff, w)
+        below = (torch.tensor(weight, dtype=s.dtype) - 1).item()  # computed here: a renderer may fold it in double
+        return fused_multiply_add(ir.const(below, s.dtype), diff, e)
 
     return make_pointwise(L, node, fn, [start, end], upcast(out_val(node).dtype))
 

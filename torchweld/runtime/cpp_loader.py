@@ -16,7 +16,10 @@ from torchweld.disk_cache import LIBRARY_FORMAT, compiler_build, content_hash, l
 from torchweld.runtime.native_target import native_target
 
 CXX = os.environ.get("CXX", "g++")
-CXXFLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math",
+# -ffp-contract=off: `x * y + z` of two ops rounds twice, as eager's two kernels do (g++'s default
+# fused them into one fma: a quarter of the elements differed from eager's in the last bit); the
+# fmas eager's kernels make inside one op are explicit (ir.Op.FMA). Cost: bench/DECISIONS.md#no-fp-contraction
+CXXFLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off",
             "-shared", "-fPIC", "-std=c++17", "-w"]
 
 if ctypes.util.find_library("mvec"):  # glibc's vector math: lets loops calling expf etc. vectorize

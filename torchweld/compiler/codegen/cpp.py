@@ -54,6 +54,8 @@ TW_MATH1(exp) TW_MATH1(expm1) TW_MATH1(log) TW_MATH1(log1p) TW_MATH1(log2) TW_MA
 TW_MATH1(tan) TW_MATH1(tanh) TW_MATH1(atan) TW_MATH1(sqrt) TW_MATH1(erf) TW_MATH1(floor) TW_MATH1(ceil)
 TW_MATH1(trunc) TW_MATH1(nearbyint)
 TW_MATH2(pow) TW_MATH2(atan2) TW_MATH2(fmod) TW_MATH2(copysign)
+static inline float fma(float x, float y, float z) { return __builtin_fmaf(x, y, z); }
+static inline double fma(double x, double y, double z) { return __builtin_fma(x, y, z); }
 static inline float abs(float x) { return __builtin_fabsf(x); }
 static inline double abs(double x) { return __builtin_fabs(x); }
 template <typename T> static inline T abs(T x) { return x < 0 ? -x : x; }
@@ -179,6 +181,7 @@ class CppRenderer(KernelRenderer):
         Op.LOGICAL_OR: lambda a, b: f"{a} || {b}",
         Op.LOGICAL_XOR: lambda a, b: f"{a} != {b}",
         Op.WHERE: lambda c, a, b: f"{c} ? {a} : {b}",
+        Op.FMA: lambda a, b, c: f"tw::fma({a}, {b}, {c})",
         Op.RAND: lambda seed, offset: f"tw_rand({seed}, {offset})",
     }
     reduce_init = {Op.SUM: "0", Op.PROD: "1", Op.MAX: "-INFINITY", Op.MIN: "INFINITY"}

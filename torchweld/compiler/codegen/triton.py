@@ -508,6 +508,7 @@ class TritonRenderer(KernelRenderer):
         Op.LOGICAL_OR: lambda a, b: f"{a} | {b}",
         Op.LOGICAL_XOR: lambda a, b: f"{a} ^ {b}",
         Op.WHERE: lambda c, a, b: f"tl.where({c}, {a}, {b})",
+        Op.FMA: lambda a, b, c: f"tl.fma({a}, {b}, {c})",
         Op.RAND: lambda seed, offset: f"tl.rand({seed}, ({offset}).to(tl.uint32))",
         Op.POW: lambda a, b: _pow_code(a, b),
     }
