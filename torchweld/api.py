@@ -1,16 +1,22 @@
 """`torchweld.compile` and what it returns: a CompiledFunction (a function with a
 cache of guarded entries) or a CompiledModule (an nn.Module sharing the
-original's parameters, buffers and submodules)."""
+original's parameters, buffers and submodules).
+
+Both can be copied (`copy.deepcopy`) and pickled (`torch.save` of a whole model): a copy
+holds the original module (copied with it) or function and the CompileRequest it was
+compiled with, and no compiled code: it compiles again, lazily, at its first call."""
 from __future__ import annotations
 
+import dataclasses
 import functools
+import pickle
 import sys
 import warnings
 from typing import Callable
 
 import torch
 
-from torchweld.backends import backend_name, backend_warm_up, lookup_backend
+from torchweld.backends import backend_name, backend_warm_up, check_options, lookup_backend, registered_name
 from torchweld.capture import handlers
 from torchweld.capture.builder import marked_disabled
 from torchweld.capture.cache import LIVE_CACHES
@@ -30,16 +36,55 @@ def compile(model: Callable | None = None, *, fullgraph: bool = False, dynamic: 
         raise InvalidArgument(f"unknown mode {mode!r}; choose one of {', '.join(repr(m) for m in MODES)}")
     if options is not None and not isinstance(options, dict):
         raise InvalidArgument(f"options must be a dict, got {type(options).__name__}")
-    settings = CompileSettings(
-        backend=lookup_backend(backend, mode=mode, options=options), backend_name=backend_name(backend),
-        fullgraph=fullgraph, mode=mode, options=options, dynamic=dynamic, warm_up=backend_warm_up(backend),
-    )
+    check_options(backend, options)
+    request = CompileRequest(backend, fullgraph=fullgraph, dynamic=dynamic, mode=mode,
+                             options=None if options is None else dict(options))
     if model is None:
-        return functools.partial(_compile_one, settings=settings, disable=disable)
-    return _compile_one(model, settings=settings, disable=disable)
+        return functools.partial(_compile_one, request=request, disable=disable)
+    return _compile_one(model, request=request, disable=disable)
 
 
-def _compile_one(model: Callable, settings: CompileSettings, disable: bool):
+@dataclasses.dataclass(frozen=True, eq=False)
+class CompileRequest:
+    """What `torchweld.compile` was asked (its own copy of the options): enough to compile the
+    same function again in a copy of a compiled model, or after it is loaded."""
+
+    backend: str | Callable
+    fullgraph: bool = False
+    dynamic: bool | None = None
+    mode: str | None = None
+    options: dict | None = None
+
+    def settings(self) -> CompileSettings:
+        """Fresh settings: each compiled function made from them has caches of its own."""
+        backend = self.backend
+        return CompileSettings(
+            backend=lookup_backend(backend, mode=self.mode, options=self.options), backend_name=backend_name(backend),
+            fullgraph=self.fullgraph, mode=self.mode, options=self.options, dynamic=self.dynamic,
+            warm_up=backend_warm_up(backend),
+        )
+
+    def __deepcopy__(self, memo: dict) -> "CompileRequest":
+        """The same backend (a compiler, not state), the options in a dict of the copy's own."""
+        return dataclasses.replace(self, options=None if self.options is None else dict(self.options))
+
+    def __reduce__(self):
+        """Pickled with the backend by its registered name where it has one; a backend callable
+        that cannot be pickled is named in the error."""
+        backend = registered_name(self.backend) or self.backend
+        if not isinstance(backend, str):
+            try:
+                pickle.dumps(backend)
+            except Exception as e:
+                raise pickle.PicklingError(
+                    f"torchweld: cannot pickle the backend {backend_name(backend)!r} this model was compiled with "
+                    f"({type(e).__name__}: {e}). Define the backend at the top level of a module, or register it "
+                    "with torchweld.register_backend('name') and compile with backend='name'."
+                ) from None
+        return (CompileRequest, (backend, self.fullgraph, self.dynamic, self.mode, self.options))
+
+
+def _compile_one(model: Callable, request: CompileRequest, disable: bool):
     if disable or marked_disabled(model):  # decided once, not per call
         return model
     if not handlers.reads_bytecode_of(sys.version_info[:2]):
@@ -50,12 +95,12 @@ def _compile_one(model: Callable, settings: CompileSettings, disable: bool):
             "runs as it is, not compiled", RuntimeWarning, stacklevel=3)
         return model
     if isinstance(model, torch.nn.Module):
-        return CompiledModule(model, settings)
+        return CompiledModule(model, request)
     if not callable(model):
         raise InvalidArgument(
             f"torchweld.compile expects a function or an nn.Module, got {type(model).__name__} object {model!r}"
         )
-    return CompiledFunction(model, settings)
+    return CompiledFunction(model, request.settings(), request)
 
 
 def disable(fn: Callable) -> Callable:
@@ -74,12 +119,18 @@ class CompiledModule(torch.nn.Module):
     the original's parameters, buffers and submodules, so `state_dict()` keys,
     `.to()`, `.train()`/`.eval()` and attribute reads behave as on the original."""
 
-    def __init__(self, module: torch.nn.Module, settings: CompileSettings):
+    def __init__(self, module: torch.nn.Module, request: CompileRequest):
         super().__init__()
         self.__dict__["_orig_mod"] = module  # not a registered child: keys stay unprefixed
         for shared in ("_parameters", "_buffers", "_modules", "_non_persistent_buffers_set"):
             self.__dict__[shared] = module.__dict__[shared]
-        self.__dict__["_compiled_forward"] = CompiledFunction(type(module).forward.__get__(module), settings)
+        forward = type(module).forward.__get__(module)
+        self.__dict__["_compiled_forward"] = CompiledFunction(forward, request.settings(), request)
+
+    def __reduce__(self):
+        """A copy (`copy.deepcopy`, pickle, `torch.save`) holds a copy of the original module and
+        the compile request; nothing compiled: the copy compiles at its first call."""
+        return (CompiledModule, (self._orig_mod, self._compiled_forward.request))
 
     def forward(self, *args, **kwargs):
         module = self._orig_mod

@@ -349,14 +349,15 @@ def test_cuda_graphs_share_one_side_stream_and_its_cublas_workspace():
 @pytest.mark.parametrize("outputs", ["copy", "track"])
 def test_cuda_reduce_overhead_matches_eager(backend, outputs):
     model = Small().cuda()
-    options = {"cudagraph_outputs": outputs}
+    from torchweld.runtime.cudagraphs import CudaGraphRecorder
+    pool = CudaGraphPool(CudaGraphRecorder())
+    options = {"cudagraph_outputs": outputs, "cudagraph_pool": pool}
     fast = torchweld.compile(model, backend=backend, mode="reduce-overhead", options=options)
     with torch.no_grad():
         xs = [torch.randn(4, 8, device="cuda") for _ in range(4)] + [torch.randn(6, 8, device="cuda")]
         outs = [fast(x) for x in xs]
         for x, out in zip(xs, outs):
             torch.testing.assert_close(out, model(x))
-    pool = options["cudagraph_pool"]
     assert pool.graphs_recorded >= 2
     assert (pool.handle is None) == (outputs == "track")  # tracked recordings have pools of their own
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from torchweld.backends import register_backend
+from torchweld.backends import Option, register_backend
 
 
 @register_backend("cudagraphs")
@@ -25,3 +25,11 @@ def cudagraphs(gm: torch.fx.GraphModule, example_inputs: list, mode=None, option
                        mutated_input_indices=mutated_placeholders(gm),
                        outputs=options.get("cudagraph_outputs", "copy"),
                        graph_reason=graph_reason(gm, pool.recorder.device_type), guarded=True)
+
+
+cudagraphs.known_options = {
+    "cudagraph_outputs": Option("what a replay hands out: 'copy' (default) or 'track' (the recording's own buffers)",
+                                choices=("copy", "track")),
+    "cudagraph_pool": Option("a runtime.cudagraphs.CudaGraphPool to share between compiled models (default: one "
+                             "per compiled model)", types=(object,)),
+}

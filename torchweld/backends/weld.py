@@ -9,7 +9,7 @@ import logging
 import torch
 import torch.utils._pytree as pytree
 
-from torchweld.backends import register_backend
+from torchweld.backends import Option, register_backend
 from torchweld.backends.module_settings import SettingsGuarded, leaf_settings
 from torchweld.backends.weld_declines import UNTRACEABLE, warn_declined, why_declined
 
@@ -72,9 +72,40 @@ def records_autograd(gm: torch.fx.GraphModule) -> bool:
 WORKERS_FROM_NODES = 100
 
 
+# Every key `options=` takes for weld; torchweld.compile refuses any other (backends.check_options).
+OPTIONS = {
+    "fuse_attention": Option("softmax(q @ k^T * scale) @ v becomes one scaled_dot_product_attention call "
+                             "(passes/fuse_attention.py); default True"),
+    "chain_concatenations": Option("a concatenation that extends an earlier one reads it instead of all its "
+                                   "inputs again (compiler/cat_chains.py); default True"),
+    "freeze": Option("inference: fold batch norms into convolutions and compute what depends only on "
+                     "parameters once (compiler/constant_folding.py); default False"),
+    "channels_last": Option("convolutions in channels-last (passes/channels_last.py); default True"),
+    "cudagraphs": Option("record CUDA graphs (runtime/cudagraphs.py); default: on for mode='reduce-overhead' "
+                         "and 'max-autotune'"),
+    "max_autotune": Option("time candidate kernels and keep the fastest (runtime/autotune.py); default: on "
+                           "for mode='max-autotune' and 'max-autotune-no-cudagraphs'"),
+    "cudagraph_outputs": Option("what a CUDA-graph replay hands out: 'copy' (default) or 'track' (the "
+                                "recording's own buffers)", choices=("copy", "track")),
+    "cudagraph_pool": Option("a runtime.cudagraphs.CudaGraphPool to share between compiled models (default: "
+                             "one per compiled model)", types=(object,)),
+    "autotuner": Option("the runtime.autotune.Autotuner that times candidates (default: a new one)", types=(object,)),
+    "autotune_timer": Option("the timer an Autotuner made here uses (tests)", types=(object,)),
+    "split_reductions": Option("Triton: a long reduction runs in two kernels, split across blocks; default True"),
+    "cpu_codegen": Option("the code CPU kernels are written in: 'cpp' (default) or 'triton' (through Triton's "
+                          "interpreter, for tests)", choices=("cpp", "triton")),
+    "training_codegen": Option("training: compile the forward and backward graphs with weld's kernels "
+                               "(False: run the partitioned aten graphs); default True"),
+    "backward_ahead": Option("training: compile the backward in a thread while the forward compiles; default True"),
+    "partition": Option("training: what the forward saves for the backward: 'min_cut' (default) or 'save_all'",
+                        choices=("min_cut", "save_all")),
+}
+
+
 @register_backend("weld")
 def weld(gm: torch.fx.GraphModule, example_inputs: list, mode=None, options=None):
-    options = {} if options is None else options  # kept, not copied: it carries the model's graph pool
+    # the BackendOptions of this compiled model (backends.lookup_backend): graphs share its `shared`
+    options = {} if options is None else options
     declined = why_declined(gm, example_inputs)
     if declined is not None:
         kind, detail = declined
@@ -172,6 +203,7 @@ def warm_up(args: tuple, kwargs: dict) -> None:
 
 
 weld.warm_up = warm_up
+weld.known_options = OPTIONS
 
 
 def _on_cuda(gm: torch.fx.GraphModule, example_inputs: list) -> bool:
@@ -284,8 +316,8 @@ def cudagraph_wrapper(mode: str | None, options: dict | None, gm: torch.fx.Graph
     CUDA graphs, else `wrap(fn, name, static_input_indices=(), mutated_input_indices=(),
     outputs="copy", lent_from=None)` recording `fn` into this model's pool; with `gm`, the captured graph,
     nothing is recorded when it holds what cannot be (CPU tensors, synchronizing ops).
-    Call it on the options dict the backend received (not a copy), e.g. for a forward
-    over (params..., inputs...):
+    Call it on the options the backend received (not a copy: its `shared` holds the model's
+    pool), e.g. for a forward over (params..., inputs...):
 
         wrap = cudagraph_wrapper(mode, options, gm)
         if wrap:
@@ -313,8 +345,8 @@ def cudagraph_wrapper(mode: str | None, options: dict | None, gm: torch.fx.Graph
 def with_cudagraphs(compiled, gm: torch.fx.GraphModule, mode: str | None, options: dict | None):
     """`compiled` recorded as CUDA graphs when the mode or options ask for it (runtime/cudagraphs.py).
 
-    The pool lives in `options`, the dict torchweld.compile hands every backend
-    call of one compiled model, so all graphs of that model share it. The graph's inputs
+    The pool lives in `options.shared` (backends.BackendOptions: one per compiled model, handed
+    to every backend call of that model), so all graphs of that model share it. The graph's inputs
     are the captured frame's, whose guards check each tensor's layout (`guarded`)."""
     if not cudagraphs_enabled(mode, options) or options is None:
         return compiled

@@ -20,6 +20,8 @@ from typing import Callable
 
 import weakref
 
+import torch
+
 from torchweld import timing
 from torchweld.capture.guard_program import compile_guards
 from torchweld.capture.guards import GuardSet
@@ -58,12 +60,35 @@ class CacheEntry:
 
     def failing_guard(self, args: tuple, kwargs: dict) -> str | None:
         """The readable text of the first guard these arguments fail, if any."""
+        guard = self._first_failing(args, kwargs)
+        return None if guard is None else guard.text
+
+    def failed_guard_message(self, args: tuple, kwargs: dict) -> str | None:
+        """The first guard these arguments fail, with what they hold instead, for the `recompiles`
+        log and the cache-size-limit warning: `L['x'].shape == (4,) (got (8,))`."""
+        guard = self._first_failing(args, kwargs)
+        if guard is None:
+            return None
+        if guard.source is None:
+            read = guard.operands[0] if guard.kind == "call_is" else None
+        else:
+            read = self._with_defaults(_compile_reader(self.signature, guard.source.expr(), self.namespace))
+        try:
+            value = read(*args, **kwargs) if guard.source is not None else (read() if read else _UNREAD)
+        except Exception as e:  # the source itself is gone: an attribute deleted, a key removed
+            return f"{guard.text} (got {type(e).__name__}: {_short(str(e))})"
+        return _failure_text(guard, value)
+
+    def _first_failing(self, args: tuple, kwargs: dict):
         for guard in self.guards.all_guards:
-            single = _compile_check(self.signature, guard.expr, self.namespace)
-            single.__defaults__, single.__kwdefaults__ = self.run.__defaults__, self.run.__kwdefaults__
+            single = self._with_defaults(_compile_check(self.signature, guard.expr, self.namespace))
             if not single(*args, **kwargs):
-                return guard.text
+                return guard
         return None
+
+    def _with_defaults(self, f: Callable) -> Callable:
+        f.__defaults__, f.__kwdefaults__ = self.run.__defaults__, self.run.__kwdefaults__
+        return f
 
 
 def signature_of(code: types.CodeType) -> tuple[str, str]:
@@ -121,6 +146,76 @@ def _compile_check(signature: str, guard_expr: str, namespace: dict) -> Callable
     return namespace.pop("___check")
 
 
+def _compile_reader(signature: str, expr: str, namespace: dict) -> Callable:
+    """`expr` (a source's) as a function with the frame's signature that returns its value."""
+    source = f"def ___read({signature}):\n    return {expr}\n"
+    exec(compile(source, "<torchweld guard>", "exec"), namespace)
+    return namespace.pop("___read")
+
+
+_UNREAD = object()  # a guard whose value has no source to read again
+
+
+def _short(text: str, limit: int = 80) -> str:
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _named(obj: object) -> str:
+    name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None)
+    return f"<{name}>" if isinstance(name, str) else f"<{type(obj).__name__} object at {id(obj):#x}>"
+
+
+def _failure_text(guard, value: object) -> str:
+    """`guard`'s condition and, beside it, what `value` (its source's value now) is instead."""
+    kind, ops = guard.kind, guard.operands
+    name = guard.source.name() if guard.source is not None else ""
+    if kind == "tensor":
+        if type(value) is not ops[0]:
+            return f"type({name}) is {ops[0].__name__} (got {type(value).__name__})"
+        stride = tuple(value.stride()) if value.layout is torch.strided else None
+        parts = (("dtype", ops[1], value.dtype), ("device", ops[2], value.device), ("shape", ops[3], tuple(value.shape)),
+                 ("stride()", ops[4], stride), ("requires_grad", ops[5], value.requires_grad))
+        for field, expected, actual in parts:
+            if expected != actual and not (field == "stride()" and expected is None):
+                return f"{name}.{field} == {expected!r} (got {actual!r})"
+    elif kind == "held_tensor" and isinstance(value, torch.Tensor):
+        for field, expected, actual in (("dtype", ops[0], value.dtype), ("get_device()", ops[1], value.get_device()),
+                                        ("requires_grad", ops[2], value.requires_grad)):
+            if expected != actual:
+                return f"{name}.{field} == {expected!r} (got {actual!r})"
+    elif kind in ("equals", "len", "type") and type(value) is not ops[0]:
+        return f"{guard.text} (got {_short(type(value).__qualname__)})"
+    elif kind == "len":
+        return f"{guard.text} (got len {len(value)})"
+    elif kind == "id":
+        return f"{guard.text} (got {_named(value)})"
+    elif kind == "dict_keys":
+        return f"{guard.text} (got {_short(repr(list(value)) if isinstance(value, dict) else type(value).__qualname__)})"
+    elif kind == "lacks":
+        return f"{guard.text} (got {ops[0]!r} present)"
+    elif kind == "instance_dict":
+        own = vars(value) if hasattr(value, "__dict__") else {}
+        found = [n for n in ops[0] if own.get(n)] + [n for n in ops[1] if n in own]
+        return f"{guard.text} (got {', '.join(found) or 'a hook registered'})"
+    elif kind == "hasattr":
+        return guard.text
+    if value is _UNREAD:
+        return guard.text
+    return f"{guard.text} (got {_value_text(value)})"
+
+
+def _value_text(value: object) -> str:
+    """A short description of `value` (no tensor data, no module tree)."""
+    if isinstance(value, torch.Tensor):
+        return f"{type(value).__name__}(dtype={value.dtype}, shape={tuple(value.shape)})"
+    if isinstance(value, torch.nn.Module):
+        return _named(value)
+    try:
+        return _short(repr(value))
+    except Exception:  # a repr that raises
+        return _named(value)
+
+
 @dataclasses.dataclass(frozen=True)
 class UserLine:
     """A statement of an entry that runs the user's own code natively (the instruction at a
@@ -156,6 +251,8 @@ def build_entry(fn: types.FunctionType, guards: GuardSet, body: list[str | UserL
     exec(_compile_at_user_lines(source, fn.__code__, user_lines), namespace)
     run = namespace.pop("___entry")
     run.__code__ = run.__code__.replace(co_name=fn.__code__.co_name, co_qualname=fn.__code__.co_qualname)
+    # a call with the wrong arguments raises the TypeError eager raises: "f() takes 1 positional argument..."
+    run.__name__, run.__qualname__ = fn.__name__, fn.__qualname__
     check = _compile_check(signature, guard_test, namespace)
     for f in (run, check):
         f.__defaults__ = fn.__defaults__

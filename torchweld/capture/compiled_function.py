@@ -1,16 +1,26 @@
 """A compiled function: a Python function plus its cache of guarded entries.
-Calling it tries each entry in order; a miss translates the frame afresh."""
+Calling it tries each entry in order; a miss translates the frame afresh.
+
+torch.compiler's stance is honoured here (torch_controls.stance): "force_eager" runs
+the function as it is, "eager_on_recompile" runs a miss eagerly, "fail_on_recompile"
+raises at a miss, "eager_then_compile" runs the first call eagerly. A copy or a pickle
+holds the function and its CompileRequest, never the cache."""
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
+import os
+import sys
 import threading
 import types
 import warnings
 import weakref
 from typing import Callable
 
-from torchweld import config, logs
+import torch
+
+from torchweld import config, logs, torch_controls
 from torchweld.capture.cache import LIVE_CACHES, MISS, CacheEntry
 from torchweld.capture.convert_frame import CompileSettings, translate_frame
 from torchweld.errors import InvalidArgument
@@ -38,10 +48,15 @@ def _python_function(fn: Callable) -> tuple[types.FunctionType, object | None]:
 class CompiledFunction:
     """A function with a cache of entries, each a (guards, compiled graph) pair."""
 
-    def __init__(self, fn: Callable, settings: CompileSettings):
+    def __init__(self, fn: Callable, settings: CompileSettings, request: object | None = None):
         self._fn, self._owner = _python_function(fn)
         functools.update_wrapper(self, fn)
         self._settings = settings
+        self._target = fn  # as given: what a copy compiles again
+        # torchweld.compile's CompileRequest (api.py), whose settings() a copy compiles with;
+        # None for the resume functions and callees capture compiles itself
+        self.request = request
+        self._ran_eagerly_first = False  # the first call under the "eager_then_compile" stance
         self._entries: list[CacheEntry] = []
         # every entry not yet released, which a finalizer releases once this function is dropped
         self._unreleased: list[CacheEntry] = []
@@ -58,6 +73,8 @@ class CompiledFunction:
         if self._owner is not None:
             args = (self._owner, *args)
         fn = self._fn
+        if torch_controls.stance() == "force_eager":
+            return fn(*args, **kwargs)
         if fn.__defaults__ is not self._defaults or fn.__kwdefaults__ is not self._kwdefaults:
             self._follow_defaults()
         runs = self._runs
@@ -70,6 +87,18 @@ class CompiledFunction:
     def __get__(self, obj, objtype=None):
         return self if obj is None else types.MethodType(self, obj)
 
+    # -- copies ----------------------------------------------------------------
+    def __reduce__(self):
+        """`copy.deepcopy`, pickle, `torch.save`: a module-level compiled function (a decorated
+        `def`) is pickled by name, as functions are; any other is made again from its function
+        and its CompileRequest, with an empty cache."""
+        if getattr(sys.modules.get(self.__module__), self.__qualname__, None) is self:
+            return self.__qualname__
+        if self.request is None:
+            raise TypeError(f"torchweld: {self._fn.__qualname__} is compiled by torchweld itself (a resume function "
+                            "or a callee at a graph break) and cannot be copied or pickled; copy what the user compiled")
+        return (_compiled_again, (self._target, self.request))
+
     # -- cache ---------------------------------------------------------------
     def _follow_defaults(self) -> None:
         with self._lock:
@@ -81,8 +110,7 @@ class CompiledFunction:
         with self._lock:  # another thread may have added an entry since `tried` was read
             entry = next((e for e in self._entries if e.alive and e.run not in tried and e.check(*args, **kwargs)), None)
             if entry is None:
-                if len(self._entries) >= config.cache_size_limit:
-                    self._warn_limit(args, kwargs)
+                if not self._may_compile(args, kwargs):
                     return self._fn(*args, **kwargs)
                 self._log_recompile(args, kwargs)
                 entry = translate_frame(self._fn, args, kwargs, self._settings)
@@ -118,23 +146,56 @@ class CompiledFunction:
                 self._unreleased.remove(entry)
                 entry.release()
 
+    def _may_compile(self, args: tuple, kwargs: dict) -> bool:
+        """Whether a call no entry takes may be compiled; False runs it eagerly (where its arguments
+        do not fit the function, that eager call raises the TypeError eager raises)."""
+        try:
+            inspect.signature(self._fn, follow_wrapped=False).bind(*args, **kwargs)
+        except TypeError:
+            return False
+        stance = torch_controls.stance()
+        if stance == "eager_on_recompile":
+            return False
+        if stance == "fail_on_recompile":
+            self._fail_on_recompile(args, kwargs)
+        if stance in ("eager_then_compile", "aot_eager_then_compile") and not self._ran_eagerly_first:
+            self._ran_eagerly_first = True
+            return False
+        if len(self._entries) >= config.cache_size_limit:
+            self._warn_limit(args, kwargs)
+            return False
+        return True
+
+    def _fail_on_recompile(self, args: tuple, kwargs: dict) -> None:
+        code = self._fn.__code__
+        message = (f"torchweld: {code.co_filename}:{code.co_firstlineno}: {self._fn.__qualname__} would be "
+                   f"{'compiled again' if self._entries else 'compiled'} while torch.compiler.set_stance('fail_on_recompile') "
+                   "is in effect")
+        reasons = self._miss_reasons(args, kwargs)
+        if reasons:
+            message += ", because:\n" + "\n".join(f"- guard failed: {r}" for r in reasons)
+        raise RuntimeError(message)
+
+    def _miss_reasons(self, args: tuple, kwargs: dict) -> list[str]:
+        return [e.failed_guard_message(args, kwargs) or "(entry invalidated)" for e in self._entries]
+
     def _log_recompile(self, args: tuple, kwargs: dict) -> None:
         log = logs.get("recompiles")
         if not self._entries or not log.isEnabledFor(logging.INFO):
             return
-        reasons = [e.failing_guard(args, kwargs) or "(entry invalidated)" for e in self._entries]
+        reasons = self._miss_reasons(args, kwargs)
         log.info("recompiling %s: %s", self._fn.__qualname__, "; ".join(f"guard failed: {r}" for r in reasons))
 
     def _warn_limit(self, args: tuple, kwargs: dict) -> None:
         if self._limit_warned:
             return
         self._limit_warned = True
-        guard = self._entries[-1].failing_guard(args, kwargs)
+        guard = self._entries[-1].failed_guard_message(args, kwargs)
         warnings.warn(
             f"torchweld: {self._fn.__qualname__} reached config.cache_size_limit={config.cache_size_limit} "
             f"compiled versions; new inputs now run eagerly. The guard that kept failing: {guard}. "
             "If this input varies on purpose (a shape, a Python number), raise cache_size_limit or make it a tensor.",
-            stacklevel=3,
+            stacklevel=_user_stacklevel(),
         )
 
     def reset(self) -> None:
@@ -147,6 +208,25 @@ class CompiledFunction:
     @property
     def cache_entries(self) -> list[CacheEntry]:
         return list(self._entries)
+
+
+_TORCHWELD_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_MODULE_CALL_FILE = torch.nn.modules.module.__file__  # nn.Module.__call__ of a CompiledModule
+
+
+def _user_stacklevel() -> int:
+    """The `stacklevel` of a warning raised by its caller that names the user's line: the first
+    frame outside torchweld and nn.Module's call machinery."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and (frame.f_code.co_filename.startswith(_TORCHWELD_DIR)
+                                 or frame.f_code.co_filename == _MODULE_CALL_FILE):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def _compiled_again(fn: Callable, request) -> CompiledFunction:
+    """A copy's or a loaded pickle's compiled function: `fn` compiled as `request` asks, nothing cached."""
+    return CompiledFunction(fn, request.settings(), request)
 
 
 def _release_all(entries: list[CacheEntry]) -> None:

@@ -198,12 +198,19 @@ class CudaGraphPool:
 def pool_for(options: dict, recorder: GraphRecorder | None = None) -> CudaGraphPool:
     """The pool of the compiled model whose backend received `options`.
 
-    `torchweld.compile` hands every backend call of one compiled model the same
-    options dict, so the pool is kept there, under "cudagraph_pool". A user may
-    put their own `CudaGraphPool` there to share one pool between models."""
+    A user may put their own `CudaGraphPool` under "cudagraph_pool" to share one pool
+    between models. Otherwise `torchweld.compile` hands every backend call of one compiled
+    model the same `backends.BackendOptions`, and the pool is kept in its `shared` (never in
+    the user's dict). A plain dict (a backend called directly) gets a pool of its own."""
     pool = options.get("cudagraph_pool")
+    if pool is not None:
+        return pool
+    shared = getattr(options, "shared", None)
+    if shared is None:
+        return CudaGraphPool(recorder or CudaGraphRecorder())
+    pool = shared.get("cudagraph_pool")
     if pool is None:
-        pool = options["cudagraph_pool"] = CudaGraphPool(recorder or CudaGraphRecorder())
+        pool = shared["cudagraph_pool"] = CudaGraphPool(recorder or CudaGraphRecorder())
     return pool
 
 
