@@ -221,3 +221,180 @@ def test_the_users_options_are_never_written():
     assert backend_options is not options and list(backend_options.shared) == ["cudagraph_pool"]
     options["cudagraph_outputs"] = "track"  # a change after compile reaches no compiled model
     assert backend_options["cudagraph_outputs"] == "copy"
+
+
+# =============================================================================
+# 2. torch.compiler's controls
+# =============================================================================
+
+
+def sin_plus_one(x):
+    return torch.sin(x) + 1
+
+
+def both_compilers(fn):
+    """(torchweld's counting backend, torchweld-compiled fn), (torch's, torch-compiled fn)."""
+    ours, theirs = CountingBackend(), CountingBackend()
+    return (ours, torchweld.compile(fn, backend=ours)), (theirs, torch.compile(fn, backend=theirs))
+
+
+@pytest.fixture
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def test_force_eager_runs_both_compilers_natively(fresh_dynamo):
+    x = torch.randn(3)
+    for backend, compiled in both_compilers(sin_plus_one):
+        with torch.compiler.set_stance("force_eager"):
+            torch.testing.assert_close(compiled(x), sin_plus_one(x))
+        assert backend.graphs == []
+        compiled(x)
+        assert len(backend.graphs) == 1
+        with torch.compiler.set_stance("force_eager"):  # a compiled entry is not used either
+            torch.testing.assert_close(compiled(x), sin_plus_one(x))
+    model = Block()
+    compiled = torchweld.compile(model, backend=(backend := CountingBackend()))
+    y = torch.randn(2, 4)
+    with torch.compiler.set_stance("force_eager"):
+        torch.testing.assert_close(compiled(y), model(y))
+    assert backend.graphs == []
+
+
+def test_eager_on_recompile_keeps_what_was_compiled(fresh_dynamo):
+    for backend, compiled in both_compilers(sin_plus_one):
+        compiled(torch.randn(3))
+        with torch.compiler.set_stance("eager_on_recompile"):
+            for x in (torch.randn(3), torch.randn(4, 2)):  # a hit, then a miss that runs eagerly
+                torch.testing.assert_close(compiled(x), sin_plus_one(x))
+        assert len(backend.graphs) == 1
+        compiled(torch.randn(4, 2))  # default again: compiled
+        assert len(backend.graphs) == 2
+
+
+def test_fail_on_recompile_raises_with_the_failing_guard(fresh_dynamo):
+    (ours, mine), (theirs, torchs) = both_compilers(sin_plus_one)
+    for compiled in (mine, torchs):
+        with torch.compiler.set_stance("fail_on_recompile"), pytest.raises(RuntimeError, match="fail_on_recompile"):
+            compiled(torch.randn(3))  # a first compile is refused too, as torch.compile refuses it
+        compiled(torch.randn(3))
+        with torch.compiler.set_stance("fail_on_recompile"):
+            compiled(torch.randn(3))  # a hit is fine
+            with pytest.raises(RuntimeError, match="fail_on_recompile") as raised:
+                compiled(torch.randn(5))
+        if compiled is mine:
+            assert "guard failed: L['x'].shape == (3,) (got (5,))" in str(raised.value)
+            assert __file__ in str(raised.value)
+    assert len(ours.graphs) == len(theirs.graphs) == 1
+
+
+def test_eager_then_compile_runs_the_first_call_eagerly(fresh_dynamo):
+    for backend, compiled in both_compilers(sin_plus_one):
+        with torch.compiler.set_stance("eager_then_compile"):
+            compiled(torch.randn(3))
+            assert backend.graphs == []
+            compiled(torch.randn(3))
+        assert len(backend.graphs) == 1
+
+
+def helper_in_graph(x, scale):
+    return torch.cos(x) * scale
+
+
+def uses_allowed(x):
+    return helper_in_graph(x + 1, 2.0) - 1
+
+
+def test_allow_in_graph_makes_one_graph_node(fresh_dynamo):
+    torch.compiler.allow_in_graph(helper_in_graph)
+    try:
+        x = torch.randn(4)
+        for backend, compiled in both_compilers(uses_allowed):
+            torch.testing.assert_close(compiled(x), uses_allowed(x))
+            targets = [n.target for n in backend.graphs[0].graph.nodes if n.op == "call_function"]
+            assert helper_in_graph in targets, targets
+        torch.testing.assert_close(torchweld.compile(uses_allowed)(x), uses_allowed(x))  # weld traces through it
+    finally:
+        torch._dynamo.disallow_in_graph(helper_in_graph)
+    backend = CountingBackend()
+    torchweld.compile(uses_allowed, backend=backend)(torch.randn(4))
+    targets = [n.target for n in backend.graphs[0].graph.nodes if n.op == "call_function"]
+    assert helper_in_graph not in targets  # no longer marked: inlined
+
+
+SETTING = {"scale": 3.0}
+
+
+@torch.compiler.assume_constant_result
+def configured_scale():
+    return SETTING["scale"]
+
+
+def scaled(x):
+    return x * configured_scale()
+
+
+def test_assume_constant_result_is_a_constant_of_the_graph(fresh_dynamo):
+    x = torch.randn(4)
+    for backend, compiled in both_compilers(scaled):
+        torch.testing.assert_close(compiled(x), x * 3.0)
+        assert not any(n.target is configured_scale for n in backend.graphs[0].graph.nodes)
+        SETTING["scale"] = 5.0  # the promise broken: both compilers keep the answer they assumed
+        try:
+            torch.testing.assert_close(compiled(x), x * 3.0)
+        finally:
+            SETTING["scale"] = 3.0
+
+
+def breaks_in_the_middle(x):
+    y = torch.sin(x)
+    torch._dynamo.graph_break()
+    return torch.cos(y)
+
+
+def test_graph_break_in_user_code_breaks_the_graph(fresh_dynamo):
+    x = torch.randn(4)
+    for backend, compiled in both_compilers(breaks_in_the_middle):
+        torch.testing.assert_close(compiled(x), breaks_in_the_middle(x))
+        assert len(backend.graphs) == 2
+    report = torchweld.explain(breaks_in_the_middle)(x)
+    assert report.graph_break_count == 1
+    assert "graph_break() asks for a graph break here" in str(report)
+
+
+def test_torch_compiler_reset_leaves_torchweld_alone_and_torchweld_reset_clears_it():
+    compiled = torchweld.compile(sin_plus_one, backend="eager")
+    compiled(torch.randn(2))
+    torch.compiler.reset()  # torch's caches only: torch has no hook torchweld could follow
+    assert len(compiled.cache_entries) == 1
+    torchweld.reset()
+    assert compiled.cache_entries == []
+
+
+def test_torch_logs_maps_onto_torchweld_artifacts():
+    from torchweld import logs
+
+    assert logs.from_torch_logs("+dynamo,graph_breaks,recompiles_verbose,-guards,output_code") == \
+        "graph_breaks,+recompiles,output_code"
+    with torchweld.config.patch(logs=None, torch_logs="graph_breaks,+inductor"):
+        assert logging.getLogger("torchweld.graph_breaks").isEnabledFor(logging.INFO)
+        assert not logging.getLogger("torchweld.guards").isEnabledFor(logging.INFO)
+    with torchweld.config.patch(logs="", torch_logs="graph_breaks"):  # TORCHWELD_LOGS set: it alone counts
+        assert not logging.getLogger("torchweld.graph_breaks").isEnabledFor(logging.INFO)
+
+
+def test_torch_logs_in_the_environment(tmp_path):
+    import subprocess
+    import sys
+
+    script = ("import torch, torchweld\n"
+              "def f(x):\n    y = x + 1\n    print('out')\n    return y * 2\n"
+              "torchweld.compile(f, backend='eager')(torch.randn(2))\n")
+    env = {k: v for k, v in __import__("os").environ.items() if k != "TORCHWELD_LOGS"}
+    env["TORCH_LOGS"] = "graph_breaks"
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120,
+                          cwd=str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert "[torchweld torchweld.graph_breaks]" in done.stderr and "print" in done.stderr

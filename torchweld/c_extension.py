@@ -21,6 +21,7 @@ import types
 from pathlib import Path
 from typing import Callable, TypeVar
 
+from torchweld import config
 from torchweld.disk_cache import LIBRARY_FORMAT, compiler_build, content_hash, load_library, write_source
 
 CFLAGS = ["-O2", "-shared", "-fPIC"]
@@ -82,9 +83,9 @@ def load_extension(source: Path, module_name: str, folder: str) -> types.ModuleT
 
 
 def _compiler() -> str:
-    """$CC, else the first C compiler on PATH."""
-    if "CC" in os.environ:
-        return os.environ["CC"]
+    """config.cc ($CC), else the first C compiler on PATH."""
+    if config.cc:
+        return config.cc
     return next((cc for cc in ("cc", "gcc", "clang") if shutil.which(cc)), "cc")
 
 

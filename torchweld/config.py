@@ -1,13 +1,27 @@
 """Every knob torchweld has, in one place; tests change them with `config.patch`.
 
 This is the only module-level mutable state in torchweld (besides append-only
-import-time registries such as the opcode table and the backend registry).
+import-time registries such as the opcode table and the backend registry), and the
+only module that reads environment variables: each TORCHWELD_* variable (and CC, CXX)
+sets the knob it is named beside, once, when torchweld is imported. (Triton's own TRITON_*
+variables are Triton's: runtime/ only passes them on to its compile workers. A captured
+program's `os.environ.get(...)` is the user's code, modelled by capture/environ.py.)
 """
 from __future__ import annotations
 
 import contextlib
 import os
 from typing import Iterator
+
+
+def _int_from_env(name: str, default: int | None) -> int | None:
+    value = os.environ.get(name, "")
+    if not value:
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"the environment variable {name}={value!r} must be an integer") from None
 
 # -- capture -----------------------------------------------------------------
 cache_size_limit: int = 8  # cache entries per code object; past it the frame runs eagerly
@@ -22,7 +36,11 @@ raise_internal_errors: bool = False
 guard_evaluator: str = os.environ.get("TORCHWELD_GUARDS", "c")
 
 # -- logs (also set by the TORCHWELD_LOGS environment variable) ---------------
-logs: str = os.environ.get("TORCHWELD_LOGS", "")  # e.g. "graph_breaks,guards,+recompiles"
+# e.g. "graph_breaks,guards,+recompiles" (logs.py). None (TORCHWELD_LOGS unset): the artifacts of
+# torch.compile's TORCH_LOGS that torchweld has too (graph_breaks, recompiles, recompiles_verbose as
+# +recompiles, guards, graph, graph_code, output_code, bytecode); torch's others are ignored here.
+logs: str | None = os.environ.get("TORCHWELD_LOGS")
+torch_logs: str = os.environ.get("TORCH_LOGS", "")
 
 # -- disk cache (torchweld/cache_root.py, torchweld/disk_cache.py) ----------------
 # Where generated kernels, the libraries built from them and the guard evaluator are kept
@@ -50,6 +68,21 @@ size_generic_kernels: bool = os.environ.get("TORCHWELD_SIZE_GENERIC_KERNELS", "1
 # per thread; open it in chrome://tracing or https://ui.perfetto.dev): which phases overlap,
 # and which one the first call waits for. Empty: none.
 compile_trace: str = os.environ.get("TORCHWELD_COMPILE_TRACE", "")
+# The C++ compiler CPU kernels are built with (runtime/cpp_loader.py): $CXX, else g++.
+cxx: str = os.environ.get("CXX", "g++")
+# The C compiler the C helpers are built with (c_extension.py: the guard evaluator, the kernel
+# launcher): $CC, else (empty) the first of cc, gcc, clang on PATH.
+cc: str = os.environ.get("CC", "")
+# Triton compile worker processes (runtime/triton_workers.py); None: one per core, up to 16.
+compile_workers: int | None = _int_from_env("TORCHWELD_COMPILE_WORKERS", None)
+# How much lower the compile workers' CPU priority is than this process's (os.nice; 0: the same).
+# Triton's front end in 16 workers took time from the parent's threads rendering the kernels they
+# wait for (densenet121's cold training step, H100 host).
+worker_niceness: int = _int_from_env("TORCHWELD_WORKER_NICENESS", 10)
+# Threads that load worker-compiled Triton kernels (runtime/triton_launch.py); 0: its LOADING_THREADS.
+loading_threads: int = _int_from_env("TORCHWELD_LOADING_THREADS", 0)
+# Threads that compile Triton kernels in this process where no worker does; 0: one per core, up to 32.
+compile_threads: int = _int_from_env("TORCHWELD_COMPILE_THREADS", 0)
 
 
 @contextlib.contextmanager

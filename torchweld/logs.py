@@ -1,7 +1,9 @@
 """Named log artifacts (`TORCHWELD_LOGS=graph_breaks,+guards`) on the `torchweld` logger.
 
 Each artifact is a child logger, `torchweld.<name>`. Naming it turns it on at
-INFO; a leading `+` turns on DEBUG detail. `all` turns every artifact on.
+INFO; a leading `+` turns on DEBUG detail. `all` turns every artifact on. Where
+TORCHWELD_LOGS is unset, torch.compile's TORCH_LOGS turns on the artifacts torchweld
+has too (TORCH_ARTIFACTS).
 """
 from __future__ import annotations
 
@@ -36,11 +38,29 @@ def parse(spec: str) -> dict[str, int]:
     return levels
 
 
+# TORCH_LOGS artifact -> torchweld's counterpart (a leading "+" asks for its DEBUG detail)
+TORCH_ARTIFACTS = {"graph_breaks": "graph_breaks", "recompiles": "recompiles", "recompiles_verbose": "+recompiles",
+                   "guards": "guards", "graph": "graph", "graph_code": "graph_code", "output_code": "output_code",
+                   "bytecode": "bytecode"}
+
+
+def from_torch_logs(spec: str) -> str:
+    """TORCH_LOGS's artifacts that torchweld has too, in TORCHWELD_LOGS's form:
+    `"+dynamo,graph_breaks,recompiles_verbose"` -> `"graph_breaks,+recompiles"`."""
+    items = []
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        plus, name = item.startswith("+"), item.lstrip("+-")
+        mapped = TORCH_ARTIFACTS.get(name)
+        if mapped is not None and not item.startswith("-"):
+            items.append("+" + mapped.lstrip("+") if plus else mapped)
+    return ",".join(items)
+
+
 def configure() -> None:
-    """Apply `torchweld.config.logs` to the artifact loggers."""
+    """Apply `torchweld.config.logs` (where None, config.torch_logs's counterparts) to the artifact loggers."""
     from torchweld import config
 
-    levels = parse(config.logs)
+    levels = parse(config.logs if config.logs is not None else from_torch_logs(config.torch_logs))
     for artifact in ARTIFACTS:
         logger = logging.getLogger(f"torchweld.{artifact}")
         logger.setLevel(levels.get(artifact, logging.WARNING))

@@ -550,7 +550,7 @@ def test_tiny_gpt2_matches_eager_and_recompiles_when_it_should(evaluator):
 # ---------------------------------------------------------------------------
 def test_no_compiler_falls_back_to_python_and_says_so_once(monkeypatch, tmp_path, caplog):
     monkeypatch.setattr(config, "cache_dir", str(tmp_path))
-    monkeypatch.setenv("CC", "no-such-compiler-tw")
+    monkeypatch.setattr(config, "cc", "no-such-compiler-tw")  # CC=no-such-compiler-tw
     guard_extension.load.cache_clear()
     try:
         with caplog.at_level(logging.WARNING, logger="torchweld.guards"), config.patch(guard_evaluator="c"):

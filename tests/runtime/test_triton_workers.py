@@ -12,6 +12,7 @@ import time
 import pytest
 import torch
 
+import torchweld
 from torchweld.runtime import triton_worker_main
 from torchweld.runtime.triton_workers import WorkerPool, install_key
 
@@ -332,26 +333,29 @@ def test_start_in_background_starts_the_pool_once_and_not_when_workers_are_off(m
     calls = []
     monkeypatch.setattr(triton_workers, "_pool", None)
     monkeypatch.setattr(triton_workers, "worker_pool", lambda: calls.append(1) or started.set())
-    monkeypatch.setenv("TORCHWELD_COMPILE_WORKERS", "0")
-    triton_workers.start_in_background()
-    assert not started.wait(0.2) and calls == []
-    monkeypatch.setenv("TORCHWELD_COMPILE_WORKERS", "2")
-    triton_workers.start_in_background()
-    assert started.wait(5) and calls == [1]
+    with torchweld.config.patch(compile_workers=0):  # TORCHWELD_COMPILE_WORKERS=0
+        triton_workers.start_in_background()
+        assert not started.wait(0.2) and calls == []
+    with torchweld.config.patch(compile_workers=2):
+        triton_workers.start_in_background()
+        assert started.wait(5) and calls == [1]
 
 
 def test_workers_run_at_a_lower_priority_than_the_parent(monkeypatch):
     """One worker per core must not starve the parent's threads that render the kernels they wait for."""
     import subprocess
 
+    from torchweld.runtime.triton_workers import _niceness_arguments
+
     code = ("import os, sys; sys.path.insert(0, sys.argv[1]); import triton_worker_main as m; "
             "before = os.nice(0); m._lower_priority(); print(os.nice(0) - before)")
     folder = os.path.dirname(triton_worker_main.__file__)
-    monkeypatch.delenv("TORCHWELD_WORKER_NICENESS", raising=False)
-    raised = subprocess.run([sys.executable, "-c", code, folder], capture_output=True, text=True, check=True)
+    raised = subprocess.run([sys.executable, "-c", code, folder, *_niceness_arguments()], capture_output=True,
+                            text=True, check=True)
     assert int(raised.stdout) == min(triton_worker_main.NICENESS, 19 - os.nice(0))
-    monkeypatch.setenv("TORCHWELD_WORKER_NICENESS", "0")
-    same = subprocess.run([sys.executable, "-c", code, folder], capture_output=True, text=True, check=True)
+    with torchweld.config.patch(worker_niceness=0):  # TORCHWELD_WORKER_NICENESS=0
+        same = subprocess.run([sys.executable, "-c", code, folder, *_niceness_arguments()], capture_output=True,
+                              text=True, check=True)
     assert int(same.stdout) == 0
 
 

@@ -14,8 +14,10 @@ from typing import TYPE_CHECKING
 import torch
 
 from torchweld.capture.autocast import AUTOCAST_METHODS
+from torchweld import torch_controls
 from torchweld.capture.callables import (
-    CachedFunctionValue, OpaqueCallableValue, PartialValue, TorchCallableValue, UserFunctionValue,
+    AllowedInGraphValue, AssumedConstantValue, CachedFunctionValue, OpaqueCallableValue, PartialValue,
+    TorchCallableValue, UserFunctionValue,
 )
 from torchweld.capture.environ import EnvironValue
 from torchweld.capture.objects import (
@@ -80,6 +82,12 @@ def wrap(tx: "Translator", obj: object, source: Source | None, guard: bool = Tru
 
     if marked_disabled(obj):
         return OpaqueCallableValue(obj, f"{getattr(obj, '__qualname__', obj)} is marked with torchweld.disable", source)
+    if torch_controls.is_graph_break(obj):
+        return OpaqueCallableValue(obj, "torch._dynamo.graph_break() asks for a graph break here", source)
+    if torch_controls.is_torch_compiled(obj):  # torch.compile's own wrapper: run it as it is, compiled by torch
+        what = f"module {type(obj._orig_mod).__name__}" if isinstance(obj, torch.nn.Module) else obj.__qualname__
+        return OpaqueCallableValue(obj, f"{what} was compiled with torch.compile: it runs as it is, outside torchweld's graph",
+                                   source)
     if isinstance(obj, torch.Tensor):
         if source is None:
             raise Unsupported("a tensor reached the frame without a source to read it from")
@@ -143,6 +151,14 @@ def wrap(tx: "Translator", obj: object, source: Source | None, guard: bool = Tru
             guards.identity(source, obj)
         wrapped = wrap(tx, obj.__wrapped__, AttrSource(source, "__wrapped__") if source else None, guard)
         return CachedFunctionValue(obj, wrapped, source)
+    if isinstance(obj, types.FunctionType) and torch_controls.allowed_in_graph(obj):
+        if guards:
+            guards.identity(source, obj)
+        return AllowedInGraphValue(obj, source)
+    if torch_controls.assumed_constant(obj):
+        if guards:
+            guards.identity(source, obj)
+        return AssumedConstantValue(obj, source)
     if isinstance(obj, types.FunctionType) and is_marked_by_torch_to_run_eagerly(obj):
         return OpaqueCallableValue(obj, f"{obj.__qualname__} is marked by torch to run without compilers", source)
     if is_torch_callable(obj):

@@ -6,6 +6,7 @@ import functools
 import types
 
 import torch
+import torch.utils._pytree as pytree
 
 from torchweld.capture.sources import AttrSource, Source
 from torchweld.capture.values import (
@@ -375,6 +376,62 @@ def asked_each_call(tx, fn: Value, answer: object, args: tuple, kwargs: dict) ->
     guards = tx.output.guards
     function = fn.source or guards.source_of(fn.real_object())
     return wrap(tx, answer, guards.call_result_source(function, args, kwargs))
+
+
+class AllowedInGraphValue(Value):
+    """A function marked with `torch.compiler.allow_in_graph`: one graph node, as a torch
+    function is (capture does not look inside it; the backend traces through it)."""
+
+    def __init__(self, fn: types.FunctionType, source: Source | None = None):
+        self.fn = fn
+        self.source = source
+
+    def real_object(self) -> object:
+        return self.fn
+
+    def python_type(self) -> type:
+        return types.FunctionType
+
+    def as_constant(self) -> object:
+        return self.fn
+
+    def call(self, tx, args, kwargs):
+        return tx.output.call_function(self.fn, args, kwargs)
+
+
+class AssumedConstantValue(Value):
+    """A function marked with `torch.compiler.assume_constant_result`: called once, at capture,
+    with constant arguments; its answer is a constant of the graph and, as under torch.compile,
+    never checked again (the marker is the user's promise that it cannot change)."""
+
+    def __init__(self, fn: types.FunctionType, source: Source | None = None):
+        self.fn = fn
+        self.source = source
+
+    def real_object(self) -> object:
+        return self.fn
+
+    def python_type(self) -> type:
+        return types.FunctionType
+
+    def as_constant(self) -> object:
+        return self.fn
+
+    def call(self, tx, args, kwargs):
+        from torchweld.capture.builder import wrap
+
+        name = self.fn.__qualname__
+        if not all(v.is_constant() for v in [*args, *kwargs.values()]):
+            raise Unsupported(f"{name} is marked with assume_constant_result and is called with a value that is not "
+                              "a constant")
+        a, k = _constant_args(args, kwargs)
+        try:
+            answer = self.fn(*a, **k)
+        except Exception as e:  # the eager call raises it at the user's line
+            raise Unsupported(f"{name} (assume_constant_result) raised {type(e).__name__}: {e}") from None
+        if any(isinstance(leaf, torch.Tensor) for leaf in pytree.tree_leaves(answer)):
+            raise Unsupported(f"{name} is marked with assume_constant_result and returned a tensor")
+        return wrap(tx, answer, None, guard=False)
 
 
 class OpaqueCallableValue(Value):

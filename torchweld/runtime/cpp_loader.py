@@ -12,10 +12,10 @@ import os
 import shutil
 import threading
 
+from torchweld import config
 from torchweld.disk_cache import LIBRARY_FORMAT, compiler_build, content_hash, library, load_library, write_source
 from torchweld.runtime.native_target import native_target
 
-CXX = os.environ.get("CXX", "g++")
 # -ffp-contract=off: `x * y + z` of two ops rounds twice, as eager's two kernels do (g++'s default
 # fused them into one fma: a quarter of the elements differed from eager's in the last bit); the
 # fmas eager's kernels make inside one op are explicit (ir.Op.FMA). Cost: bench/DECISIONS.md#no-fp-contraction
@@ -58,7 +58,7 @@ def load_kernels(source: str, names: list[str], n_args: dict[str, int]) -> tuple
 
 
 def library_key(source: str) -> str:
-    return content_hash(source, CXX, " ".join(CXXFLAGS), native_target(CXX), LIBRARY_FORMAT)
+    return content_hash(source, config.cxx, " ".join(CXXFLAGS), native_target(config.cxx), LIBRARY_FORMAT)
 
 
 def _lock_for(key: str) -> threading.Lock:
@@ -79,13 +79,13 @@ def _cache_errors():
 
 
 def _compile(source: str, key: str, path: str) -> None:
-    if shutil.which(CXX) is None:
-        raise CppCompileError(f"no C++ compiler {CXX!r} on PATH; install g++ or set CXX")
+    if shutil.which(config.cxx) is None:
+        raise CppCompileError(f"no C++ compiler {config.cxx!r} on PATH; install g++ or set CXX")
     try:
         source_path = write_source("cpp", f"k{key}.cpp", source)
     except OSError as e:  # not the library's folder refusing it: no folder takes the source
         raise CppCompileError(f"cannot write the kernels' source to torchweld's cache: {e}") from e
-    compiler_build([CXX, *CXXFLAGS, source_path, *LDLIBS], CppCompileError)(path)
+    compiler_build([config.cxx, *CXXFLAGS, source_path, *LDLIBS], CppCompileError)(path)
 
 
 @functools.lru_cache(maxsize=None)

@@ -40,6 +40,7 @@ from pathlib import Path
 
 import torch
 
+from torchweld import config as torchweld_config
 from torchweld import timing
 from torchweld.c_extension import ExtensionBuildError, load_extension, loaded_once
 
@@ -101,14 +102,14 @@ LOADING_THREADS = 4
 
 def _executor(loading: bool) -> ThreadPoolExecutor:
     """The threads that load worker-compiled kernels (`loading`: LOADING_THREADS, or
-    TORCHWELD_LOADING_THREADS), or those that compile kernels themselves: one per core
-    up to 32, or TORCHWELD_COMPILE_THREADS."""
+    config.loading_threads), or those that compile kernels themselves: one per core
+    up to 32, or config.compile_threads."""
     pool = _pools.get(loading)
     if pool is None:
         if loading:
-            count = int(os.environ.get("TORCHWELD_LOADING_THREADS", 0)) or LOADING_THREADS
+            count = torchweld_config.loading_threads or LOADING_THREADS
         else:
-            count = int(os.environ.get("TORCHWELD_COMPILE_THREADS", 0)) or min(32, os.cpu_count() or 1)
+            count = torchweld_config.compile_threads or min(32, os.cpu_count() or 1)
         pool = _pools[loading] = ThreadPoolExecutor(max_workers=count, thread_name_prefix="torchweld-triton")
     return pool
 

@@ -1,11 +1,11 @@
 """A Triton compile worker: a separate process that compiles kernels into Triton's disk cache.
 
-Started by `triton_workers.WorkerPool` as `python <this file>`, never imported by
+Started by `triton_workers.WorkerPool` as `python <this file> --niceness N`, never imported by
 torchweld: it imports Triton and the standard library only (no torch, no CUDA
 context), so it starts in well under a second. Triton's front end is Python, so
 threads in one process compile one kernel at a time; processes compile many.
 
-Started as `python <this file> --fork FD,FD,...`, the process imports Triton once and forks
+Started as `python <this file> --fork FD,FD,... --niceness N`, the process imports Triton once and forks
 one worker per pair of descriptors (triton_workers.WorkerPool does this: sixteen processes
 each importing Triton at once took CPU time from the parent's capture on the H100 host).
 
@@ -174,13 +174,20 @@ def _import_compiler() -> None:
 # Workers run at a lower priority than the parent: one per core, they would otherwise take CPU
 # time from the parent's threads that render the kernels they are waiting for (lowering,
 # rendering and loading on the main thread ran at ~40% of a core during densenet121's cold
-# training step on the H100 host). TORCHWELD_WORKER_NICENESS changes it (0: the parent's).
+# training step on the H100 host). The parent passes config.worker_niceness
+# (TORCHWELD_WORKER_NICENESS) as `--niceness N`; 0: the parent's priority.
 NICENESS = 10
+
+
+def _argument(name: str) -> str | None:
+    """The value after `name` on this process's command line, or None."""
+    args = sys.argv[1:]
+    return args[args.index(name) + 1] if name in args[:-1] else None
 
 
 def _lower_priority() -> None:
     try:
-        os.nice(int(os.environ.get("TORCHWELD_WORKER_NICENESS", NICENESS)))
+        os.nice(int(_argument("--niceness") or NICENESS))
     except (OSError, ValueError, AttributeError):  # not permitted, or no nice() here (Windows)
         pass
 
@@ -222,8 +229,9 @@ def main() -> None:
         return
     sys.path[:] = path
     _import_compiler()  # now, while the parent is still lowering its graph, not on the first request
-    if sys.argv[1:2] == ["--fork"]:
-        stdin, stdout = fork_workers([int(fd) for fd in sys.argv[2].split(",")], stdout)
+    fork = _argument("--fork")
+    if fork is not None:
+        stdin, stdout = fork_workers([int(fd) for fd in fork.split(",")], stdout)
     while True:
         message = read_message(stdin)
         if message is None:

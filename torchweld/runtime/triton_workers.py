@@ -33,6 +33,7 @@ import threading
 import time
 from concurrent.futures import Future
 
+from torchweld import config as torchweld_config
 from torchweld.c_extension import loaded_once
 from torchweld.runtime.triton_worker_main import read_message, write_message
 
@@ -43,10 +44,14 @@ MAX_WORKERS = 16
 
 
 def worker_count() -> int:
-    configured = os.environ.get("TORCHWELD_COMPILE_WORKERS")
-    if configured is not None:
-        return max(0, int(configured))
+    if torchweld_config.compile_workers is not None:
+        return max(0, torchweld_config.compile_workers)
     return min(MAX_WORKERS, os.cpu_count() or 1)
+
+
+def _niceness_arguments() -> list[str]:
+    """The worker's command-line arguments for config.worker_niceness (the worker reads no config)."""
+    return ["--niceness", str(torchweld_config.worker_niceness)]
 
 
 class WorkerPool:
@@ -72,7 +77,8 @@ class WorkerPool:
             threading.Thread(target=self._serve, args=(slot,), daemon=True, name="torchweld-triton-worker").start()
 
     def _start(self) -> subprocess.Popen:
-        process = subprocess.Popen([sys.executable, self._script], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        process = subprocess.Popen([sys.executable, self._script, *_niceness_arguments()], stdin=subprocess.PIPE,
+                                   stdout=subprocess.PIPE)
         write_message(process.stdin, list(sys.path))
         return process
 
@@ -87,7 +93,8 @@ class WorkerPool:
             ends.append((request_write, reply_read))
             passed += [request_read, reply_write]
         try:
-            self._first = subprocess.Popen([sys.executable, self._script, "--fork", ",".join(map(str, passed))],
+            self._first = subprocess.Popen([sys.executable, self._script, "--fork", ",".join(map(str, passed)),
+                                            *_niceness_arguments()],
                                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, pass_fds=passed)
         except OSError as e:
             log.debug("cannot start the Triton compile workers' first process: %s", e)
