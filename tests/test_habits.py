@@ -398,3 +398,85 @@ def test_torch_logs_in_the_environment(tmp_path):
                           cwd=str(tmp_path))
     assert done.returncode == 0, done.stderr
     assert "[torchweld torchweld.graph_breaks]" in done.stderr and "print" in done.stderr
+
+
+# =============================================================================
+# 4. what weld cannot compile runs eagerly, with a reason
+# =============================================================================
+
+
+def plus_imaginary(a):
+    return a * a + 1j
+
+
+@pytest.mark.parametrize("fn,make", [
+    (plus_imaginary, lambda: torch.randn(5)),
+    (lambda z: z * z + 1, lambda: torch.randn(5, dtype=torch.complex64)),
+    (lambda x: torch.fft.fft(x).abs(), lambda: torch.randn(8)),
+], ids=["complex constant", "complex input", "complex intermediate"])
+def test_complex_values_run_with_a_log_line(fn, make, caplog):
+    with caplog.at_level(logging.WARNING, logger="torchweld.weld"):
+        compiled = torchweld.compile(fn)
+        for x in (make(), make()):
+            torch.testing.assert_close(compiled(x), fn(x))
+    assert any("complex" in r.getMessage() and "runs as captured" in r.getMessage() for r in caplog.records)
+
+
+def test_complex_constant_in_training():
+    a = torch.randn(3, requires_grad=True)
+    torchweld.compile(lambda a: (a * a + 1j).real.sum())(a).backward()
+    torch.testing.assert_close(a.grad, 2 * a.detach())
+
+
+@pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")
+@pytest.mark.parametrize("layout", ["csr", "coo"])
+def test_sparse_inputs_run_with_a_log_line(layout, caplog):
+    def scaled_product(a, b):
+        return (a @ b).relu() * 2
+
+    def sparse():
+        dense = torch.randn(4, 4) * (torch.rand(4, 4) > 0.5)
+        return dense.to_sparse_csr() if layout == "csr" else dense.to_sparse()
+
+    with caplog.at_level(logging.WARNING, logger="torchweld.weld"):
+        for backend in ("weld", "eager"):
+            compiled = torchweld.compile(scaled_product, backend=backend)
+            for a in (sparse(), sparse()):
+                b = torch.randn(4, 3)
+                torch.testing.assert_close(compiled(a, b), scaled_product(a, b))
+    if layout == "csr":  # captured, and run by weld as captured
+        assert any("a tensor of layout torch.sparse_csr" in r.getMessage() for r in caplog.records)
+    else:  # not captured: the frame runs eagerly
+        assert "only dense torch.Tensor inputs are captured" in str(torchweld.explain(scaled_product)(sparse(), b))
+    double = torchweld.compile(lambda a: a * 2)
+    a = sparse()
+    torch.testing.assert_close(double(a).to_dense(), a.to_dense() * 2)
+
+
+class WithTorchCompiledPart(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = torch.compile(nn.Sequential(nn.Linear(4, 4), nn.ReLU()), backend="eager")
+        self.fc = nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.fc(self.inner(x) + 1).sum()
+
+
+def test_a_torch_compiled_submodule_runs_as_it_is(fresh_dynamo):
+    model = WithTorchCompiledPart()
+    backend = CountingBackend()
+    compiled = torchweld.compile(model, backend=backend)
+    x = torch.randn(3, 4)
+    compiled(x).backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    model(x).backward()
+    for got, expected in zip(grads, [p.grad for p in model.parameters()]):
+        torch.testing.assert_close(got, expected)
+    assert all(not any(isinstance(m, type(model.inner)) for m in g.modules()) for g in backend.graphs)
+    report = torchweld.explain(WithTorchCompiledPart())(x)
+    assert report.graph_break_count == 1
+    assert "module Sequential was compiled with torch.compile: it runs as it is" in str(report)
+    weld = torchweld.compile(model)
+    torch.testing.assert_close(weld(x), model(x))

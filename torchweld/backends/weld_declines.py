@@ -1,11 +1,14 @@
 """Which graphs the weld backend runs as they are (gm.forward) instead of compiling them,
-and why: tensors on a device weld generates no code for, and symbolic sizes.
+and why: tensors on a device weld generates no code for, symbolic sizes, sparse tensors
+and complex numbers.
 
 weld's kernels are C++ for CPU tensors and Triton for CUDA ones; a meta tensor's (or
 any other device's) data pointer handed to a C++ kernel crashed the process. Its
 lowering computes with the example inputs' sizes: a graph whose sizes are symbolic
 (torch.compile marks a dim dynamic when a second call changes it) would be compiled
-for the first size and give wrong answers for every other one.
+for the first size and give wrong answers for every other one. Its kernels index strided
+memory and compute in real numbers: a sparse tensor (CSR, COO, ...) has no strides, and a
+complex one (`a * a + 1j`) no loop IR type; eager's kernels run such graphs.
 """
 from __future__ import annotations
 
@@ -33,6 +36,8 @@ class Decline(enum.Enum):
 
     DEVICE = "weld generates kernels for CPU and CUDA tensors only"
     SYMBOLIC_SIZES = "weld does not compile symbolic sizes yet; the graph runs as captured, without weld's kernels"
+    SPARSE = "weld's kernels read strided tensors only; a graph with a sparse tensor runs as captured"
+    COMPLEX = "weld's kernels compute in real numbers; a graph with complex values runs as captured"
 
 
 def why_declined(gm: torch.fx.GraphModule, example_inputs: list) -> tuple[Decline, str] | None:
@@ -41,9 +46,19 @@ def why_declined(gm: torch.fx.GraphModule, example_inputs: list) -> tuple[Declin
     for t in tensors:
         if isinstance(t, torch.Tensor) and t.device.type not in DEVICES_WITH_CODEGEN:
             return Decline.DEVICE, f"a tensor on {t.device}"
-    for value in tensors + _example_values(gm):
+    examples = _example_values(gm)
+    for value in tensors + examples:
         if is_symbolic(value):
             return Decline.SYMBOLIC_SIZES, f"{value!r} is symbolic"
+    for t in tensors + examples:
+        if isinstance(t, torch.Tensor) and t.layout is not torch.strided:
+            return Decline.SPARSE, f"a tensor of layout {t.layout}"
+    for t in tensors + examples:
+        if isinstance(t, torch.Tensor) and t.is_complex():
+            return Decline.COMPLEX, f"a tensor of dtype {t.dtype}"
+    for node in gm.graph.nodes:
+        if any(isinstance(a, complex) for a in pytree.tree_leaves((node.args, node.kwargs))):
+            return Decline.COMPLEX, f"the complex constant in {node.format_node()}"
     return None
 
 

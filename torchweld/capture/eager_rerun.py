@@ -58,7 +58,7 @@ def _input_storages(gm: torch.fx.GraphModule) -> set | None:
     for node in gm.graph.nodes:
         if node.op == "placeholder":
             example = node.meta.get("example_value")
-            if not isinstance(example, torch.Tensor):
+            if not isinstance(example, torch.Tensor) or example.layout is not torch.strided:  # sparse: no storage
                 return None
             storages.add(StorageWeakRef(example.untyped_storage()))
     return storages
