@@ -340,7 +340,7 @@ def test_compile_times_report_each_phase_and_log_each_frame(caplog):
     with torchweld.config.patch(logs="compile_times"), caplog.at_level(logging.INFO, logger="torchweld"), \
             torch.no_grad():
         torch.testing.assert_close(compiled(x), model(x))
-    table = torchweld.compile_times()
+    table = torchweld.compile_times("str")
     rows = {line.split()[0]: line.split()[1:] for line in table.splitlines()[1:]}
     for phase in ("capture", "backend", "weld.aten_graph", "weld.lower", "weld.schedule", "weld.render", "guards"):
         assert rows[phase][0] == "1" and float(rows[phase][1]) >= 0, table
@@ -348,7 +348,8 @@ def test_compile_times_report_each_phase_and_log_each_frame(caplog):
     [message] = [r.getMessage() for r in caplog.records if r.name == "torchweld.compile_times"]
     assert message.startswith("compiling Sequential.forward: capture ") and "weld.lower" in message
     timing.reset()
-    assert torchweld.compile_times() == "no compile has run yet"
+    assert torchweld.compile_times("str") == "no compile has run yet"
+    assert torchweld.compile_times() == {}
 
 
 def test_compile_trace_shows_each_phase_on_its_thread(tmp_path):

@@ -480,3 +480,42 @@ def test_a_torch_compiled_submodule_runs_as_it_is(fresh_dynamo):
     assert "module Sequential was compiled with torch.compile: it runs as it is" in str(report)
     weld = torchweld.compile(model)
     torch.testing.assert_close(weld(x), model(x))
+
+
+# =============================================================================
+# 5. compile_times() as data, the passes as functions
+# =============================================================================
+
+
+def test_compile_times_is_data_and_a_table_on_request():
+    from torchweld import timing
+
+    timing.reset()
+    assert torchweld.compile_times() == {}
+    torchweld.compile(sin_plus_one, backend="eager")(torch.randn(3))
+    times = torchweld.compile_times()
+    assert isinstance(times, dict) and "capture" in times and all(isinstance(s, float) for s in times.values())
+    table = torchweld.compile_times("str")
+    assert table.splitlines()[0].split() == ["phase", "calls", "seconds"] and "capture" in table
+    phases, seconds = torchweld.compile_times(repr="csv", aggregate=True)  # torch's csv form
+    assert phases == list(times) and [float(s) for s in seconds] == pytest.approx(list(times.values()), abs=1e-5)
+    from torch._dynamo.utils import compile_times as torch_compile_times
+
+    headers, values = torch_compile_times(repr="csv", aggregate=True)
+    assert isinstance(headers, list) and isinstance(values, list)  # the same shape of answer
+    with pytest.raises(ValueError, match="repr must be"):
+        torchweld.compile_times("json")
+
+
+def test_fuse_conv_bn_is_the_pass():
+    from torchweld.passes import fuse_conv_bn
+
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU()).eval()
+    with torch.no_grad():
+        model[1].running_mean.uniform_(-1, 1)
+        model[1].running_var.uniform_(0.5, 2)
+    folded = fuse_conv_bn(model)
+    called = [folded.get_submodule(n.target) for n in folded.graph.nodes if n.op == "call_module"]
+    assert [type(m) for m in called] == [nn.Conv2d, nn.ReLU]
+    x = torch.randn(2, 3, 8, 8)
+    torch.testing.assert_close(folded(x), model(x), rtol=1e-4, atol=1e-5)

@@ -9,7 +9,7 @@ from torchweld.backends import list_backends, register_backend
 from torchweld.errors import BackendCompilerFailed, InvalidArgument, Unsupported
 from torchweld.tools.explain import ExplainOutput, explain
 
-compile_times = timing.table  # where compile time went, per phase: torchweld.compile_times()
+compile_times = timing.compile_times  # where compile time went, per phase: {phase: seconds}, or repr="str"
 
 logs.configure()
 

@@ -2,7 +2,8 @@
 
     with timing.phase("weld.lower"):
         ...
-    print(torchweld.compile_times())    # one row per phase: calls, total seconds
+    torchweld.compile_times()                # {phase: total seconds}
+    print(torchweld.compile_times("str"))    # one row per phase: calls, total seconds
 
 Phases nest (the backend's time includes lowering's); each row is inclusive
 of the phases inside it. A training graph's backward compiles in a background thread
@@ -99,6 +100,23 @@ def table(times: dict[str, tuple[int, float]] | None = None) -> str:
     lines = [f"{'phase':{width}}  calls  seconds"]
     lines += [f"{name:{width}}  {calls:5d}  {seconds:7.3f}" for name, (calls, seconds) in times.items()]
     return "\n".join(lines)
+
+
+def compile_times(repr: str = "dict", aggregate: bool = True) -> dict[str, float] | str | tuple[list[str], list[str]]:
+    """Where compile time went in this process: `torchweld.compile_times()`.
+
+    repr="dict" (the default): {phase: total seconds}; "str": a table of phase, calls and
+    seconds; "csv": (phases, seconds as text), the form of torch._dynamo.utils.compile_times(repr="csv").
+    torchweld keeps each phase's total, not each call's: `aggregate` (torch's, which sums a
+    phase's calls when True) is accepted for the same signature, and sums either way."""
+    times = snapshot()
+    if repr == "dict":
+        return {name: seconds for name, (_, seconds) in times.items()}
+    if repr == "str":
+        return table(times)
+    if repr == "csv":
+        return list(times), [f"{seconds:.6f}" for _, seconds in times.values()]
+    raise ValueError(f"compile_times: repr must be 'dict', 'str' or 'csv', not {repr!r}")
 
 
 def log_frame(function: str, before: dict[str, tuple[int, float]]) -> None:

@@ -78,7 +78,7 @@ def main():
     guard_ms = timed_ms(lambda: entry.check(captured), "cpu")
     print(f"  torchweld step   {step_ms:8.3f} ms   cold compile {cold:6.1f} s   "
           f"guards {guard_ms:.3f} ms ({len(entry.guards.guards)} guards)")
-    print("  " + torchweld.compile_times().replace("\n", "\n  "))
+    print("  " + torchweld.compile_times("str").replace("\n", "\n  "))
 
 
 if __name__ == "__main__":

@@ -212,7 +212,7 @@ def main() -> None:
         if blocked:
             blocked.stop()
             blocked.print(args.top)
-    print(torchweld.compile_times())
+    print(torchweld.compile_times("str"))
     hits = sum(compiles)
     print(f"Triton compiles in this process: {len(compiles)}, of which cache hits {hits}")
     if cpu_rows is not None:

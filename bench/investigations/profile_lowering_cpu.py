@@ -49,7 +49,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp, config.patch(cache_dir=tmp):
         compiled = torchweld.compile(model, backend="weld", options={"backward_ahead": False})
         compiled(x).last_hidden_state.square().mean().backward()
-    print(torchweld.compile_times())
+    print(torchweld.compile_times("str"))
     out = io.StringIO()
     pstats.Stats(profiler, stream=out).sort_stats(args.sort).print_stats(args.top)
     print(out.getvalue())

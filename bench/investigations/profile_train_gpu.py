@@ -318,7 +318,7 @@ def main() -> None:
         if profiler:
             profiler.disable()
         print(f"  weld cold first step: {time.perf_counter() - t0:.1f} s")
-        print("\n".join("    " + line for line in torchweld.compile_times().splitlines()))
+        print("\n".join("    " + line for line in torchweld.compile_times("str").splitlines()))
         if profiler:
             for key in ("cumulative", "tottime"):
                 out = io.StringIO()

@@ -42,7 +42,7 @@ def main() -> None:
         step(x, y)
         torch.cuda.synchronize()
         print(f"step {i}: {time.perf_counter() - start:.2f} s", flush=True)
-    print(torchweld.compile_times())
+    print(torchweld.compile_times("str"))
 
 
 if __name__ == "__main__":

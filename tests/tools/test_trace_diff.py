@@ -73,6 +73,17 @@ def test_hand_fusion_shows_exactly_the_fused_ops(fusion_traces):
     assert diff == OpsDiff(added=("aten::addcmul",), deleted=("aten::add", "aten::mul"), increased=(), decreased=(), unchanged=())
 
 
+def test_ops_diff_is_a_mapping_as_htas_dict_is(fusion_traces):
+    diff = ops_diff(*fusion_traces)
+    assert diff["added"] == ("aten::addcmul",) and diff["deleted"] == ("aten::add", "aten::mul")
+    assert list(diff) == ["added", "deleted", "increased", "decreased", "unchanged"] and len(diff) == 5
+    assert dict(diff) == {"added": ("aten::addcmul",), "deleted": ("aten::add", "aten::mul"), "increased": (),
+                          "decreased": (), "unchanged": ()}
+    assert "added" in diff and "nope" not in diff and diff.get("nope") is None
+    with pytest.raises(KeyError):
+        diff["nope"]
+
+
 def test_compare_traces_counts_and_durations(fusion_traces):
     df = compare_traces(*fusion_traces)
     assert list(df.columns) == list(COLUMNS)

@@ -36,6 +36,7 @@ import os
 import sys
 import uuid
 import zlib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Sequence, Union
 
@@ -221,14 +222,29 @@ def _check_same_size(control: TraceSet, test: TraceSet) -> None:
 
 
 @dataclasses.dataclass(frozen=True)
-class OpsDiff:
-    """Operator and kernel names by how their call count changed from control to test."""
+class OpsDiff(Mapping):
+    """Operator and kernel names by how their call count changed from control to test; also a
+    mapping of those five names to the tuples, as HTA's ops_diff dict is: `diff["added"]`."""
 
     added: tuple[str, ...]  # only in the test set
     deleted: tuple[str, ...]  # only in the control set
     increased: tuple[str, ...]  # in both, called more often in the test set
     decreased: tuple[str, ...]  # in both, called less often in the test set
     unchanged: tuple[str, ...]  # in both, called as often
+
+    def __getitem__(self, kind: str) -> tuple[str, ...]:
+        if kind not in self._kinds():
+            raise KeyError(kind)
+        return getattr(self, kind)
+
+    def __iter__(self):
+        return iter(self._kinds())
+
+    def __len__(self) -> int:
+        return len(self._kinds())
+
+    def _kinds(self) -> tuple[str, ...]:
+        return tuple(field.name for field in dataclasses.fields(self))
 
     def __str__(self) -> str:
         lines = []
