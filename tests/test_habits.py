@@ -519,3 +519,85 @@ def test_fuse_conv_bn_is_the_pass():
     assert [type(m) for m in called] == [nn.Conv2d, nn.ReLU]
     x = torch.randn(2, 3, 8, 8)
     torch.testing.assert_close(folded(x), model(x), rtol=1e-4, atol=1e-5)
+
+
+# =============================================================================
+# 3. recompile messages show what was found; argument errors name the user's function
+# =============================================================================
+
+
+def recompile_messages(fn, calls, caplog) -> list[str]:
+    with torchweld.config.patch(logs="recompiles"), caplog.at_level(logging.INFO, logger="torchweld"):
+        for args in calls:
+            fn(*args)
+    return [r.getMessage() for r in caplog.records if r.name == "torchweld.recompiles"]
+
+
+def test_recompile_messages_show_the_value_found(caplog):
+    def scale(x, k, flag):
+        return x * k if flag else x
+
+    compiled = torchweld.compile(scale, backend="eager")
+    x = torch.randn(4)
+    calls = [(x, 3, True), (torch.randn(8), 3, True), (x.double(), 3, True), (x, 4, True), (x, 3.0, True),
+             (x, 3, False)]
+    messages = recompile_messages(compiled, calls, caplog)
+    assert "guard failed: L['x'].shape == (4,) (got (8,))" in messages[0]
+    assert "guard failed: L['x'].dtype == torch.float32 (got torch.float64)" in messages[1]
+    assert "guard failed: L['k'] == 3 (got 4)" in messages[2]
+    assert "guard failed: L['k'] == 3 (got float)" in messages[3]
+    assert "guard failed: L['flag'] is True (got False)" in messages[4]
+
+
+def test_recompile_messages_for_modules_and_grad_mode(caplog):
+    model = Block()
+    compiled = torchweld.compile(model, backend="eager")
+    x = torch.randn(2, 4)
+    with torchweld.config.patch(logs="recompiles"), caplog.at_level(logging.INFO, logger="torchweld"):
+        compiled(x)
+        model.lin = nn.Linear(4, 4)
+        compiled(x)
+        model.eval()
+        compiled(x)
+        with torch.no_grad():
+            compiled(x)
+    messages = [r.getMessage() for r in caplog.records if r.name == "torchweld.recompiles"]
+    assert "L['self'].lin is <Linear object at" in messages[0] and "(got <Linear object at" in messages[0]
+    assert "L['self'].lin.training is True (got False)" in messages[1]
+    assert "torch.is_grad_enabled() is True (got False)" in messages[2]
+
+
+def test_the_cache_size_limit_warning_points_at_the_users_line_for_a_module():
+    compiled = torchweld.compile(Block(), backend="eager")
+    with torchweld.config.patch(cache_size_limit=1):
+        compiled(torch.randn(2, 4))
+        with pytest.warns(UserWarning, match=r"L\['x'\]\.shape == \(2, 4\) \(got \(3, 4\)\)") as caught:
+            compiled(torch.randn(3, 4))
+    assert caught[0].filename == __file__
+
+
+def eager_error(fn, *args, **kwargs) -> str:
+    with pytest.raises(TypeError) as raised:
+        fn(*args, **kwargs)
+    return str(raised.value)
+
+
+def test_argument_errors_name_the_users_function():
+    def two(a, b):
+        return a + b
+
+    class Model(nn.Module):
+        def forward(self, x):
+            return x + 1
+
+    x = torch.randn(2)
+    model = Model()
+    compiled, module = torchweld.compile(two, backend="eager"), torchweld.compile(model, backend="eager")
+    for attempt in range(2):  # before any entry exists, then through a compiled entry
+        for args, kwargs in (((x, x, x), {}), ((x,), {}), ((x, x), {"c": 1})):
+            expected = eager_error(two, *args, **kwargs)
+            assert expected.startswith("test_argument_errors_name_the_users_function.<locals>.two() ")
+            assert eager_error(compiled, *args, **kwargs) == expected
+        assert eager_error(module, x, x) == eager_error(model, x, x) == \
+            "test_argument_errors_name_the_users_function.<locals>.Model.forward() takes 2 positional arguments but 3 were given"
+        compiled(x, x), module(x)
