@@ -46,11 +46,83 @@ def test_copy_into_input():
     torch.testing.assert_close(out, x * x.mean(0))
 
 
-def test_inplace_on_a_view_is_refused():
+def _check_functional(fn, *inputs):
+    """`fn` traced, functionalized, and run on copies of `inputs`: no in-place op left, the
+    outputs and the mutated inputs' new values as eager's."""
+    want_inputs = [x.clone() for x in inputs]
+    want = fn(*want_inputs)
+    result = functionalize(trace(fn, *[x.clone() for x in inputs]))
+    assert not has_mutation(result.gm)
+    got = result.gm(*[x.clone() for x in inputs])
+    torch.testing.assert_close(got[:len(want)], want)
+    for i, new in zip(result.mutated_placeholders, got[len(want):]):
+        torch.testing.assert_close(new, want_inputs[i])
+    unchanged = set(range(len(inputs))) - set(result.mutated_placeholders)
+    for i in unchanged:
+        torch.testing.assert_close(inputs[i], want_inputs[i])
+    return result
+
+
+def test_writes_through_views_of_an_intermediate_read_later():
+    """`y[0].add_(1)` then `y` read: the write is a select_scatter into y (view_inverses.py)."""
     def fn(x):
         y = x * 1
         y[0].add_(1)
-        return [y]
+        y[:, 1:].mul_(2)
+        y.t()[0].sub_(3)
+        return [y, y.sum()]
 
-    with pytest.raises(FunctionalizationError, match="view"):
-        functionalize(trace(fn, torch.randn(3, 2)))
+    _check_functional(fn, torch.randn(3, 4))
+
+
+@pytest.mark.parametrize("write", ["select", "slice", "transpose", "diagonal", "unsqueeze", "unbind", "split",
+                                   "chain", "view"])
+def test_writes_through_views_of_an_input(write):
+    def fn(x, buf):
+        if write == "select":
+            buf[1].add_(x[0, :3])
+        elif write == "slice":
+            buf[:, ::2].mul_(2)
+        elif write == "transpose":
+            buf.t()[1].copy_(x[0, :3])
+        elif write == "diagonal":
+            buf.diagonal().add_(1)
+        elif write == "unsqueeze":
+            buf.unsqueeze(0)[0, 1].mul_(3)
+        elif write == "unbind":
+            buf.unbind(0)[2].add_(5)
+        elif write == "split":
+            buf.split([1, 2], 1)[1].mul_(-1)
+        elif write == "chain":
+            buf[1:][0][1:].add_(7)
+        else:
+            buf.view(9)[2:5].add_(1)
+        return [x * buf.sum()]
+
+    result = _check_functional(fn, torch.randn(3, 4), torch.randn(3, 3))
+    assert result.mutated_placeholders == [1]
+
+
+def test_views_taken_before_a_write_and_read_after_it_see_it():
+    """A view of the written tensor taken before the write, read after: taken again of its new value."""
+    def fn(x, buf):
+        row, col = buf[0], buf[:, 1]
+        buf[0, 1:].mul_(2)
+        buf.add_(1)
+        t = x * 1
+        tt = t.t()
+        t[1].zero_()
+        return [row + col, tt * 2, t]
+
+    _check_functional(fn, torch.randn(3, 3), torch.randn(3, 3))
+
+
+def test_write_through_an_as_strided_view_of_a_tensor_with_gaps_is_refused():
+    """as_strided's offsets and strides place elements in a copy laid out as the original only
+    where that has no gaps: refused (the graph then runs eagerly)."""
+    def fn(x):
+        x.as_strided((2,), (1,), x.storage_offset() + 1).add_(1)
+        return [x * 2]
+
+    with pytest.raises(FunctionalizationError, match="gaps"):
+        functionalize(trace(fn, torch.randn(4, 3)[::2]))

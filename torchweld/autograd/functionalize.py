@@ -9,6 +9,7 @@ import operator
 
 import torch
 
+from torchweld.autograd import view_inverses
 from torchweld.compiler.aten_graph import pure_overload
 from torchweld.compiler.op_effects import is_view, mutates
 
@@ -56,6 +57,7 @@ def functionalize(gm: torch.fx.GraphModule) -> Functionalized:
     placeholders = [n for n in nodes if n.op == "placeholder"]
     current: dict[torch.fx.Node, torch.fx.Node] = {}  # a mutated node -> the node holding its value now
     root: dict[torch.fx.Node, torch.fx.Node] = {}  # a pure node -> the node it rewrote in place
+    stands_for: dict[torch.fx.Node, torch.fx.Node] = {}  # a written base's new value -> the base
     latest = lambda a: current.get(a, a) if isinstance(a, torch.fx.Node) else a
     for node in nodes:
         if node.op == "output":
@@ -68,25 +70,35 @@ def functionalize(gm: torch.fx.GraphModule) -> Functionalized:
         if base is None:
             continue
         original = root.get(base, base)
-        scattered = None  # the base an as_strided view writes through, when its base is read later
-        if is_view(original) and not _only_view_read_later(original, node, position):
-            scattered = _strided_base(original)
-            if scattered is None:
-                raise FunctionalizationError(f"in-place {node.target} on a view ({original.name}) is not supported")
-            _check_no_stale_views(scattered, node, position, allowed=original)
+        target = functional_variant(node.target)
+        # a write of data (not `unsqueeze_`'s of metadata) through a view of a tensor read later:
+        # (that tensor, the chain of views to the written one)
+        scattered = None
+        if view_inverses.is_view_node(original) and not is_view_op(target) \
+                and not _only_view_read_later(original, node, position, stands_for):
+            view_base, views = view_inverses.chain(original, stop=stands_for.keys())
+            why = view_inverses.why_not_invertible(view_base, views)
+            if why is not None:
+                raise FunctionalizationError(f"in-place {node.target} on a view ({original.name}): {why}")
+            scattered = (view_base, views)
+            holders = _holders(view_base, current, stands_for)
+        else:
+            holders = _holders(base, current, stands_for) | {original}
         if original.op == "call_function" and original.target is operator.getitem \
                 and not isinstance(original.meta.get("val"), torch.Tensor):
             raise FunctionalizationError(f"in-place {node.target} on {original.name} is not supported")
-        _check_no_stale_views(original, node, position)
+        stale = {}  # views taken before this write of data and read after it, with those later readers
+        for holder in [*holders, original] if not is_view_op(target) else ():
+            stale.update(_stale_views(holder, node, position, allowed=original))
         with graph.inserting_before(node):
-            pure = graph.call_function(functional_variant(node.target), *_with_defaults(node))
-            if scattered is not None:  # the base's new value: the view's elements written into it
-                new_base = graph.call_function(aten.as_strided_scatter.default,
-                                               (latest(scattered), pure, *original.args[1:]))
-                new_base.meta = dict(scattered.meta)
-                position[new_base] = position[node]
-        pure.meta = dict(node.meta)
-        position[pure] = position[node]
+            pure = graph.call_function(target, *_with_defaults(node))
+            pure.meta = dict(node.meta)
+            position[pure] = position[node]
+            if scattered is not None:  # the viewed tensor's new value: the view's elements written into it
+                new_base = view_inverses.scatter(graph, scattered[1], latest(scattered[0]), pure)
+                stands_for[new_base] = scattered[0]
+            if stale:
+                _view_again(graph, stale, new_base if scattered is not None else pure, node, position, stands_for)
         root[pure] = original
         node.replace_all_uses_with(pure)
         graph.erase_node(node)
@@ -95,8 +107,11 @@ def functionalize(gm: torch.fx.GraphModule) -> Functionalized:
                 current[k] = pure
         current[original] = pure
         current[base] = pure
-        if scattered is not None:
-            current[scattered] = new_base
+        if scattered is not None:  # the viewed tensor, by whichever node holds its value now, is the new base
+            for k, v in list(current.items()):
+                if v is scattered[0]:
+                    current[k] = new_base
+            current[scattered[0]] = new_base
     output = next(n for n in graph.nodes if n.op == "output")
     flat = list(output.args[0])
     flat = [latest(a) for a in flat]
@@ -123,40 +138,67 @@ def _with_defaults(node: torch.fx.Node) -> tuple[tuple, dict]:
     return tuple(args), kwargs
 
 
-def _strided_base(view: torch.fx.Node) -> torch.fx.Node | None:
-    """The base `view` is an `as_strided` of, when an as_strided_scatter can write it back."""
-    if view.target is aten.as_strided.default and isinstance(view.args[0], torch.fx.Node) \
-            and not is_view(view.args[0]) and isinstance(view.args[0].meta.get("val"), torch.Tensor):
-        return view.args[0]
-    return None
+def _holders(node: torch.fx.Node, current: dict, stands_for: dict) -> set[torch.fx.Node]:
+    """The nodes that held the value of the tensor `node` holds now, before earlier writes to it:
+    views taken of them before this write may be read after it."""
+    found = {node} | {k for k, v in current.items() if v is node}
+    while node in stands_for:
+        node = stands_for[node]
+        found.add(node)
+    return found
 
 
-def _check_no_stale_views(base: torch.fx.Node, mutation: torch.fx.Node, position: dict,
-                          allowed: torch.fx.Node | None = None) -> None:
-    """Refuse when a view of `base` taken before `mutation` is read after it (it would see the write);
-    `allowed` is the view being written, whose later readers are given its new value."""
-    stack = [u for u in base.users if is_view(u) and u is not allowed and position.get(u, 0) < position[mutation]]
+def _stale_views(base: torch.fx.Node, mutation: torch.fx.Node, position: dict,
+                 allowed: torch.fx.Node | None = None) -> dict[torch.fx.Node, list[torch.fx.Node]]:
+    """The views of `base` taken before `mutation` and read after it (which must see the write),
+    each with those later readers; `allowed` is the view being written, whose later readers
+    are given its new value."""
+    stale = {}
+    stack = [u for u in base.users if view_inverses.is_view_node(u) and u is not allowed and position.get(u, 0) < position[mutation]]
+    seen = set()
     while stack:
         view = stack.pop()
-        for user in view.users:
-            if position.get(user, -1) > position[mutation]:
-                raise FunctionalizationError(
-                    f"{view.name}, a view of {base.name}, is read after {mutation.target} writes {base.name}")
-            if is_view(user):
-                stack.append(user)
+        if view in seen:
+            continue
+        seen.add(view)
+        later = [user for user in view.users if user is not allowed and position.get(user, -1) > position[mutation]]
+        if later:
+            stale[view] = later
+        stack.extend(user for user in view.users if user is not allowed and view_inverses.is_view_node(user)
+                     and position.get(user, -1) < position[mutation])
+    return stale
 
 
-def _only_view_read_later(view: torch.fx.Node, mutation: torch.fx.Node, position: dict) -> bool:
+def _view_again(graph: torch.fx.Graph, stale: dict, new_value: torch.fx.Node, mutation: torch.fx.Node,
+                position: dict, stands_for: dict) -> None:
+    """Each stale view's later readers read the same view, taken again by the same ops, of the
+    written tensor's new value (view_inverses.view_again)."""
+    for view, later in stale.items():
+        base, views = view_inverses.chain(view, stop=stands_for.keys())
+        why = view_inverses.why_not_invertible(base, views)
+        if why is not None:
+            raise FunctionalizationError(f"{view.name}, a view of {base.name}, is read after {mutation.target} "
+                                         f"writes {base.name} ({why})")
+        again = view_inverses.view_again(graph, views, new_value)
+        position[again] = position[mutation]
+        for user in later:
+            user.replace_input_with(view, again)
+
+
+def _only_view_read_later(view: torch.fx.Node, mutation: torch.fx.Node, position: dict,
+                          stands_for: dict[torch.fx.Node, torch.fx.Node]) -> bool:
     """Whether writing `view` in place is the same as rebinding it: its base is an
     intermediate (not an input) that nothing but `view` reaches after `mutation`
     (batch norm's decomposition, say, returns an as_strided view of a fresh result
-    that an in-place ReLU then writes)."""
-    base = view
-    while is_view(base):
-        base = base.args[0]
-    if base.op != "call_function":
+    that an in-place ReLU then writes). `stands_for`: a base made by an earlier write
+    through a view -> the node it is the new value of, which later readers still name."""
+    base, _ = view_inverses.chain(view, stop=stands_for.keys())
+    bases = [base]
+    while bases[-1] in stands_for:
+        bases.append(stands_for[bases[-1]])
+    if any(b.op != "call_function" for b in bases):
         return False  # a view of an input: the write must reach the input
-    stack, seen = [base], set()
+    stack, seen = list(bases), set()
     while stack:
         node = stack.pop()
         if node in seen:
@@ -167,6 +209,13 @@ def _only_view_read_later(view: torch.fx.Node, mutation: torch.fx.Node, position
                 continue
             if user.op == "output" or position.get(user, -1) > position[mutation]:
                 return False
-            if is_view(user):
+            if view_inverses.is_view_node(user):
                 stack.append(user)
     return True
+
+
+def is_view_op(target: torch._ops.OpOverload) -> bool:
+    """Does the aten op `target` return a view of its first argument (`unsqueeze`: its in-place
+    form, `unsqueeze_`, changes the tensor's metadata, not its data)?"""
+    returns = target._schema.returns
+    return not target._schema.is_mutable and bool(returns) and returns[0].alias_info is not None

@@ -188,9 +188,10 @@ def trace_joint(gm: torch.fx.GraphModule, state: list[ModuleState], primals: lis
                                              "(a later gradient flows through that change)")
         diff_outputs = [i for i, o in enumerate(flat_out) if isinstance(o, torch.Tensor) and o.requires_grad]
         prim_ids = {id(p) for p in prims}
-        input_views = frozenset(i for i, o in enumerate(flat_out)
-                                if isinstance(o, torch.Tensor) and o._is_view() and id(o._base) in prim_ids)
         aliases = {i: found for i, o in enumerate(flat_out) if (found := _primal_alias(o, prims)) is not None}
+        input_views = frozenset(i for i, o in enumerate(flat_out)
+                                if isinstance(o, torch.Tensor) and o._is_view()
+                                and (id(o._base) in prim_ids or (i in aliases and o is not prims[aliases[i][0]])))
         # one tangent input per output that needs a gradient, after the primals
         tangents = [recorder.placeholder(torch.empty(flat_out[i].shape, dtype=flat_out[i].dtype,
                                                      device=flat_out[i].device)) for i in diff_outputs]
@@ -225,11 +226,18 @@ def trace_joint(gm: torch.fx.GraphModule, state: list[ModuleState], primals: lis
 
 def _primal_alias(out: object, prims: list) -> tuple[int, tuple, tuple, int] | None:
     """(primal index, sizes, strides, storage offset less the primal's) where the traced
-    output `out` is a primal or a view of one; else None."""
-    if not isinstance(out, torch.Tensor):
+    output `out` is a primal or a view of one; else None. A primal that is itself a view (the
+    caller's `big[1:]`) has the same `_base` as its views: the one primal sharing `out`'s
+    memory is the one it views."""
+    if not isinstance(out, torch.Tensor) or out.layout is not torch.strided:
         return None
     base = out._base if out._is_view() else out
-    for j, p in enumerate(prims):
-        if p is base:
-            return j, tuple(out.shape), tuple(out.stride()), out.storage_offset() - p.storage_offset()
-    return None
+    found = [j for j, p in enumerate(prims) if p is out] or [j for j, p in enumerate(prims) if p is base]
+    if not found and out._is_view():
+        storage = out.untyped_storage()._cdata
+        found = [j for j, p in enumerate(prims) if p._is_view() and p.layout is torch.strided
+                 and p.untyped_storage()._cdata == storage]
+    if len(found) != 1:
+        return None
+    p = prims[found[0]]
+    return found[0], tuple(out.shape), tuple(out.stride()), out.storage_offset() - p.storage_offset()
