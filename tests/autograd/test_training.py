@@ -830,3 +830,30 @@ def test_a_written_input_sharing_memory_with_another_input_in_training():
             loss.backward()
             results.append((loss, twice, x, y, w.grad))
         torch.testing.assert_close(*results)
+
+
+def test_outputs_that_view_an_input_can_be_changed_in_place():
+    """A custom autograd Function's output that views its input may not be changed in place
+    ("Output 0 of CompiledFunction is a view and is being modified inplace"); eager's view may.
+    Such outputs are taken again of the input outside the Function. Gradients as eager's."""
+    import torchweld
+
+    w = torch.randn(4, 3, requires_grad=True)
+
+    def fn(x):
+        v = x.t()
+        print(end="")  # a graph break: v leaves the graph
+        v.add_(1)
+        return v * 2, x[1:]
+
+    compiled = torchweld.compile(fn)
+    for call in range(3):
+        results = []
+        for f in (compiled, fn):
+            w.grad = None
+            leaf = torch.randn(3, 4, generator=torch.Generator().manual_seed(call), requires_grad=True)
+            twice, rows = f(leaf * 1)
+            rows.mul_(w[0, 0])
+            ((twice * w).sum() + rows.sum()).backward()
+            results.append((twice, rows, leaf.grad, w.grad, rows._is_view()))
+        torch.testing.assert_close(*results)

@@ -321,3 +321,25 @@ def test_graphs_that_write_nothing_are_not_checked():
     gm = torch.fx.symbolic_trace(lambda a, b: a * b + 1)
     with torch.no_grad():
         assert isinstance(lookup_backend("weld")(gm, [torch.randn(4), torch.randn(4)]), CompiledGraph)
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["inference", "training"])
+def test_in_place_ops_on_memory_their_argument_shares_in_part_raise_as_eager(grad):
+    """Fuzz case 33000141: `y = x[0]; x.add_(y)` raises in eager (aten's memory-overlap check:
+    "some elements of the input tensor and the written-to tensor refer to a single memory
+    location"); weld computed it. Such a graph runs as captured. A whole overlap (x.add_(x))
+    and none (x[0].copy_(x[1])) run weld's kernels, as eager's run."""
+    cases = {"x.add_(x[0])": (lambda x: x.add_(x[0]), True), "x[1:].mul_(x[:-1])": (lambda x: x[1:].mul_(x[:-1]), True),
+             "x[:2].copy_(x[1:])": (lambda x: x[:2].copy_(x[1:]), True), "x.add_(x)": (lambda x: x.add_(x), False),
+             "x[0].copy_(x[1])": (lambda x: x[0].copy_(x[1]), False)}
+    for name, (fn, raises) in cases.items():
+        torchweld.reset()
+        compiled = torchweld.compile(lambda x: fn(x * 1) * 2)
+        for call in range(2):
+            x = torch.randn(3, 4, generator=torch.Generator().manual_seed(call), requires_grad=grad)
+            if raises:
+                for f in (compiled, lambda x: fn(x * 1) * 2):
+                    with pytest.raises(RuntimeError, match="refer to a single memory location"):
+                        f(x)
+            else:
+                torch.testing.assert_close(compiled(x), fn(x * 1) * 2, msg=name)

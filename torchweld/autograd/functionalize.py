@@ -10,6 +10,7 @@ import operator
 import torch
 
 from torchweld.autograd import view_inverses
+from torchweld.compiler import aliasing
 from torchweld.compiler.aten_graph import pure_overload
 from torchweld.compiler.op_effects import is_view, mutates
 
@@ -69,6 +70,9 @@ def functionalize(gm: torch.fx.GraphModule) -> Functionalized:
         base = mutated_argument(node)
         if base is None:
             continue
+        refused = aliasing.write_eager_refuses(node)
+        if refused is not None:
+            raise FunctionalizationError(f"eager's {node.target} raises here ({refused})")
         original = root.get(base, base)
         target = functional_variant(node.target)
         # a write of data (not `unsqueeze_`'s of metadata) through a view of a tensor read later:

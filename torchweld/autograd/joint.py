@@ -156,6 +156,10 @@ class JointGraph:
     # output -> primal for the outputs that are a primal itself (`x.to(x.dtype)`): eager
     # returns that very tensor, which a custom autograd Function cannot (it returns a view)
     primal_outputs: dict = dataclasses.field(default_factory=dict)
+    # output -> (primal, sizes, strides, storage offset in the primal's memory) for the outputs that
+    # view a primal the graph does not write: taken again of the primal outside the custom
+    # Function, so that they are autograd's views of it (a custom Function's may not be changed in place)
+    primal_views: dict = dataclasses.field(default_factory=dict)
 
     @property
     def num_tangents(self) -> int:
@@ -220,8 +224,9 @@ def trace_joint(gm: torch.fx.GraphModule, state: list[ModuleState], primals: lis
     resident = frozenset(i for i, p in enumerate(primals) if i < n_state or isinstance(p, torch.nn.Parameter))
     itself = {i: alias[0] for i, alias in aliases.items() if flat_out[i] is prims[alias[0]]}
     written = {i: alias for i, alias in aliases.items() if alias[0] in fn.mutated_placeholders and i not in itself}
+    views = {i: alias for i, alias in aliases.items() if i not in itself and i not in written}
     return JointGraph(fn.gm, len(primals), k, out_spec, diff_outputs, fn.mutated_placeholders, grad_primals,
-                      resident, input_views, written, itself)
+                      resident, input_views, written, itself, views)
 
 
 def _primal_alias(out: object, prims: list) -> tuple[int, tuple, tuple, int] | None:

@@ -40,6 +40,7 @@ class TrainingGraph:
     input_view_outputs: frozenset = frozenset()  # outputs that view a primal (JointGraph's)
     written_primal_views: dict = dataclasses.field(default_factory=dict)  # JointGraph's
     primal_outputs: dict = dataclasses.field(default_factory=dict)  # JointGraph's
+    primal_views: dict = dataclasses.field(default_factory=dict)  # JointGraph's
 
     def __post_init__(self) -> None:
         # worked out once, not per call: which saved values are primals that the write-back
@@ -145,4 +146,9 @@ def run(graph: TrainingGraph, primals: list[torch.Tensor]):
     outputs = list(CompiledFunction.apply(graph, *primals))
     for i, j in graph.primal_outputs.items():  # the primal itself, as eager returns it
         outputs[i] = primals[j]
+    for i, (j, size, stride, offset) in graph.primal_views.items():
+        # a view of a primal, as autograd's view of it (AOTAutograd's regenerated aliases): a custom
+        # Function's output viewing its input may not be changed in place, eager's view may
+        with torch.set_grad_enabled(torch.is_grad_enabled() and i not in graph.non_diff_outputs):
+            outputs[i] = primals[j].as_strided(size, stride, primals[j].storage_offset() + offset)
     return pytree.tree_unflatten(outputs, graph.out_spec)

@@ -15,7 +15,7 @@ from typing import Callable
 
 import torch
 
-from torchweld.compiler.lowering import non_overlapping_and_dense
+from torchweld.compiler.aliasing import non_overlapping_and_dense
 from torchweld.compiler.op_effects import is_view
 
 aten = torch.ops.aten

@@ -55,6 +55,65 @@ def _returns_first_argument(node: torch.fx.Node) -> bool:
     return len(returns) == 1 and returns[0].alias_info is not None and returns[0].alias_info.is_write
 
 
+def write_eager_refuses(node: torch.fx.Node) -> str | None:
+    """Eager's error for the in-place op `node` (aten's memory-overlap checks, made before its
+    kernel runs) where the trace's tensors show one: the written tensor with elements that
+    share memory (an expanded view), or sharing memory in part with another argument
+    (`x.add_(x[0])`); None where eager's kernel runs. A graph holding such a write runs as
+    captured, so that the error is eager's."""
+    written = fake_of(node.args[0]) if node.args and isinstance(node.args[0], torch.fx.Node) else None
+    if written is None:
+        return None
+    if _internal_overlap(written):
+        return ("unsupported operation: more than one element of the written-to tensor refers to a single "
+                "memory location. Please clone() the tensor before performing the operation.")
+    others: list[torch.fx.Node] = []
+    torch.fx.node.map_arg((node.args[1:], node.kwargs), others.append)
+    for other in others:
+        val = fake_of(other)
+        if val is not None and _partial_overlap(written, val):
+            return ("unsupported operation: some elements of the input tensor and the written-to tensor refer "
+                    "to a single memory location. Please clone() the tensor before performing the operation.")
+    return None
+
+
+def _internal_overlap(t: torch.Tensor) -> bool:
+    """aten's has_internal_overlap(t) == Yes: a dim of size > 1 with stride 0."""
+    return any(stride == 0 and size > 1 for size, stride in zip(t.shape, t.stride()))
+
+
+def _partial_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """aten's get_overlap_status(a, b) == Partial: both dense, in one storage, their spans meet
+    and are not the same span with the same strides."""
+    if a is b or a.numel() == 0 or b.numel() == 0:
+        return False
+    if not all(_dense(t) for t in (a, b)) or a.untyped_storage()._cdata != b.untyped_storage()._cdata:
+        return False
+    a_begin, b_begin = a.storage_offset() * a.element_size(), b.storage_offset() * b.element_size()
+    a_end, b_end = a_begin + a.numel() * a.element_size(), b_begin + b.numel() * b.element_size()
+    if (a_begin, a_end) == (b_begin, b_end):
+        return a.stride() != b.stride()
+    return a_begin < b_end and b_begin < a_end
+
+
+def _dense(t: torch.Tensor) -> bool:
+    return non_overlapping_and_dense(tuple(t.shape), tuple(t.stride()))
+
+
+def non_overlapping_and_dense(shape: tuple, stride: tuple) -> bool:
+    """Whether the strides lay the elements out densely, each once, in some order of the dims
+    (torch._prims_common.is_non_overlapping_and_dense, which took 88 us on a channels-last
+    shape against 11 us on a contiguous one: 0.2 s of resnet50's lowering on the H100 host)."""
+    if 0 in shape:
+        return True
+    expected = 1
+    for st, length in sorted((st, length) for length, st in zip(shape, stride) if length != 1):
+        if st != expected:
+            return False
+        expected *= length
+    return True
+
+
 def fake_of(node: torch.fx.Node) -> torch.Tensor | None:
     val = node.meta.get("val")
     return val if isinstance(val, torch.Tensor) and val.layout is torch.strided else None
