@@ -249,3 +249,28 @@ def test_a_batch_norm_with_a_cumulative_average_runs_as_captured(caplog):
     with caplog.at_level(logging.WARNING, logger="torchweld.weld"):
         _batch_norm_calls_match_eager(fn, model)
     assert "weld cannot trace this graph" in caplog.text
+
+
+def test_an_enable_grad_block_in_a_graph_called_under_no_grad_is_trained():
+    """Fuzz case 34000274: under no_grad, `with torch.enable_grad(): y = (x * w).sigmoid()` requires
+    grad in eager; weld took the graph for inference (grad mode was off) and y did not."""
+    import torchweld
+
+    w = torch.randn(4, requires_grad=True)
+
+    def fn(x):
+        with torch.enable_grad():
+            y = (x * w).sigmoid()
+        return y, x * w
+
+    compiled = torchweld.compile(fn)
+    for call in range(3):
+        results = []
+        for f in (compiled, fn):
+            x = torch.randn(3, 4, generator=torch.Generator().manual_seed(call))
+            with torch.no_grad():
+                y, z = f(x)
+            w.grad = None
+            y.sum().backward()
+            results.append((y, z, y.requires_grad, z.requires_grad, w.grad))
+        torch.testing.assert_close(*results)

@@ -343,3 +343,30 @@ def test_in_place_ops_on_memory_their_argument_shares_in_part_raise_as_eager(gra
                         f(x)
             else:
                 torch.testing.assert_close(compiled(x), fn(x * 1) * 2, msg=name)
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["inference", "training"])
+def test_in_place_results_the_written_tensor_cannot_hold_raise_as_eager(grad):
+    """Fuzz case 34000350: `int_tensor.mul_(0.5)` raises in eager ("result type Float can't be cast
+    to the desired output type Long"); weld truncated into it. fill_ and copy_ cast, as eager's do."""
+    w = torch.ones(4, requires_grad=grad)
+    cases = {"mul_(0.5)": (lambda t: t.mul_(0.5), True), "div_(2)": (lambda t: t.div_(2), True),
+             "add_(float tensor)": (lambda t: t.add_(torch.full((4,), 0.5)), True),
+             "mul_(3)": (lambda t: t.mul_(3), False), "fill_(0.5)": (lambda t: t.fill_(0.5), False),
+             "copy_(float)": (lambda t: t.copy_(torch.full((4,), 2.5)), False)}
+    for name, (write, raises) in cases.items():
+        torchweld.reset()
+
+        def fn(x, n):
+            write(n[1:])
+            return x * w, n
+
+        compiled = torchweld.compile(fn)
+        for call in range(2):
+            make = lambda: (torch.full((4,), 1.5 + call), torch.arange(5) - call)  # noqa: E731
+            if raises:
+                for f in (compiled, fn):
+                    with pytest.raises(RuntimeError, match="can't be cast"):
+                        f(*make())
+            else:
+                torch.testing.assert_close(compiled(*make()), fn(*make()), msg=name)

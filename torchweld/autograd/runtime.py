@@ -41,6 +41,9 @@ class TrainingGraph:
     written_primal_views: dict = dataclasses.field(default_factory=dict)  # JointGraph's
     primal_outputs: dict = dataclasses.field(default_factory=dict)  # JointGraph's
     primal_views: dict = dataclasses.field(default_factory=dict)  # JointGraph's
+    # compiled under no_grad, and for training only by a `with torch.enable_grad()` block in it:
+    # its outputs made there require grad, so the Function is applied with grad mode on
+    enables_grad: bool = False
 
     def __post_init__(self) -> None:
         # worked out once, not per call: which saved values are primals that the write-back
@@ -143,12 +146,14 @@ def _dense(t: torch.Tensor) -> torch.Tensor:
 
 
 def run(graph: TrainingGraph, primals: list[torch.Tensor]):
-    outputs = list(CompiledFunction.apply(graph, *primals))
+    with torch.set_grad_enabled(torch.is_grad_enabled() or graph.enables_grad):
+        outputs = list(CompiledFunction.apply(graph, *primals))
     for i, j in graph.primal_outputs.items():  # the primal itself, as eager returns it
         outputs[i] = primals[j]
     for i, (j, size, stride, offset) in graph.primal_views.items():
         # a view of a primal, as autograd's view of it (AOTAutograd's regenerated aliases): a custom
         # Function's output viewing its input may not be changed in place, eager's view may
-        with torch.set_grad_enabled(torch.is_grad_enabled() and i not in graph.non_diff_outputs):
+        grad = (torch.is_grad_enabled() or graph.enables_grad) and i not in graph.non_diff_outputs
+        with torch.set_grad_enabled(grad):
             outputs[i] = primals[j].as_strided(size, stride, primals[j].storage_offset() + offset)
     return pytree.tree_unflatten(outputs, graph.out_spec)

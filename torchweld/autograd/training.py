@@ -115,7 +115,7 @@ def compile_training(gm: torch.fx.GraphModule, example_inputs: list, options: di
                           joint.mutated_primals, joint.grad_primals, part.saved, write_back,
                           forward_lends=cudagraphs is not None, input_view_outputs=joint.input_view_outputs,
                           written_primal_views=joint.written_primal_views, primal_outputs=joint.primal_outputs,
-                          primal_views=joint.primal_views)
+                          primal_views=joint.primal_views, enables_grad=not torch.is_grad_enabled())
     return CompiledTrainingGraph(gm, state, tensor_positions, joint, part, graph, exact)
 
 

@@ -35,13 +35,19 @@ def needs_autograd(gm: torch.fx.GraphModule, example_inputs: list) -> bool:
 
 
 def reads_grad_tensors(gm: torch.fx.GraphModule, example_inputs: list) -> bool:
-    """Grad mode is on and an input, parameter or buffer of `gm` requires grad."""
-    if not torch.is_grad_enabled():
+    """Grad mode is on (or a `with torch.enable_grad()` block of `gm` turns it on) and an input,
+    parameter or buffer of `gm` requires grad."""
+    if not torch.is_grad_enabled() and not enables_grad(gm):
         return False
     tensors = [x for x in example_inputs if isinstance(x, torch.Tensor)]
     tensors += list(gm.parameters()) + list(gm.buffers())
     tensors += [v for v in gm.__dict__.values() if isinstance(v, torch.Tensor)]
     return any(t.requires_grad for t in tensors)
+
+
+def enables_grad(gm: torch.fx.GraphModule) -> bool:
+    """Whether `gm` turns grad mode on somewhere (a `with torch.enable_grad()` block)."""
+    return any(node.target is torch._C._set_grad_enabled and node.args[0] for node in gm.graph.nodes)
 
 
 def records_autograd(gm: torch.fx.GraphModule) -> bool:

@@ -56,14 +56,18 @@ def _returns_first_argument(node: torch.fx.Node) -> bool:
 
 
 def write_eager_refuses(node: torch.fx.Node) -> str | None:
-    """Eager's error for the in-place op `node` (aten's memory-overlap checks, made before its
-    kernel runs) where the trace's tensors show one: the written tensor with elements that
-    share memory (an expanded view), or sharing memory in part with another argument
+    """Eager's error for the in-place op `node` (checks aten makes before its kernel runs, which
+    the trace's fake tensors do not) where the trace's tensors show one: a pointwise result of a
+    type the written tensor cannot hold (`int_tensor.mul_(0.5)`), a written tensor with elements
+    that share memory (an expanded view), or sharing memory in part with another argument
     (`x.add_(x[0])`); None where eager's kernel runs. A graph holding such a write runs as
     captured, so that the error is eager's."""
     written = fake_of(node.args[0]) if node.args and isinstance(node.args[0], torch.fx.Node) else None
     if written is None:
         return None
+    result = _result_dtype(node, written)
+    if result is not None and not torch.can_cast(result, written.dtype):
+        return f"result type {result} can't be cast to the desired output type {written.dtype}"
     if _internal_overlap(written):
         return ("unsupported operation: more than one element of the written-to tensor refers to a single "
                 "memory location. Please clone() the tensor before performing the operation.")
@@ -75,6 +79,18 @@ def write_eager_refuses(node: torch.fx.Node) -> str | None:
             return ("unsupported operation: some elements of the input tensor and the written-to tensor refer "
                     "to a single memory location. Please clone() the tensor before performing the operation.")
     return None
+
+
+def _result_dtype(node: torch.fx.Node, written: torch.Tensor) -> torch.dtype | None:
+    """The dtype a pointwise in-place op computes in (type promotion of its operands), or None."""
+    if torch.Tag.pointwise not in getattr(node.target, "tags", ()):
+        return None
+    result = written.dtype
+    for arg in node.args[1:]:
+        other = fake_of(arg) if isinstance(arg, torch.fx.Node) else arg
+        if isinstance(other, (torch.Tensor, bool, int, float, complex)):
+            result = torch.promote_types(result, torch.result_type(written, other))
+    return result
 
 
 def _internal_overlap(t: torch.Tensor) -> bool:
