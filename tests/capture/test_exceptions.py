@@ -182,3 +182,23 @@ def test_a_break_inside_a_handler_of_a_captured_raise():
     for _ in range(2):
         x = torch.randn(2)
         assert_same(compiled(x, {}), _break_in_handler(x, {}))
+
+
+def test_a_handler_after_the_break_has_the_stack_it_needs(tmp_path):
+    """The resume code's stack depth covers handlers entered only by a raise: too small a depth
+    let the handler's pushes overwrite the next frame (a segfault when `print` called into a
+    Python-level stdout, as pytest's capture is)."""
+    import io
+    import sys
+
+    compiled = torchweld.compile(_break_in_handler, backend="eager")
+    stream = open(tmp_path / "out.txt", "wb+")
+    old, sys.stdout = sys.stdout, io.TextIOWrapper(stream, encoding="utf-8", write_through=True)
+    try:
+        for _ in range(3):
+            x = torch.randn(2)
+            assert_same(compiled(x, {}), _break_in_handler(x, {}))
+    finally:
+        sys.stdout.detach()
+        sys.stdout = old
+        stream.close()

@@ -109,6 +109,10 @@ def _make_resume_code(code: types.CodeType, dis_index: int, stack_layout: tuple[
     except RuntimeError as e:  # a `with` block that always raises after the break: the stack of its
         # handler cannot be computed from a resume that jumps past the start of its region
         raise Unsupported(f"cannot resume {code.co_name} after the break ({e})") from None
+    # the depth computed from the prologue's jump misses handlers entered only by a raise; the
+    # original's depth covers them (the prologue rebuilds a stack the original had). Too small a
+    # depth lets a handler's pushes run over into the next frame's memory.
+    new_code = new_code.replace(co_stacksize=max(new_code.co_stacksize, code.co_stacksize))
     real = [i for i, inst in enumerate(dis.get_instructions(new_code)) if inst.opname != "EXTENDED_ARG"]
     originals = [i for i, inst in enumerate(dis.get_instructions(code)) if inst.opname != "EXTENDED_ARG"]
     body_start = len(prologue)
