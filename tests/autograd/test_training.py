@@ -808,6 +808,32 @@ def test_a_tensor_saved_for_backward_changed_in_place_runs_eagerly(caplog):
     assert "saved for backward" in caplog.text
 
 
+def test_an_output_viewed_under_no_grad_of_a_tracked_tensor_runs_eagerly(caplog):
+    """Fuzzer class 22: `with no_grad(): v = h.narrow(...)` of a tracked h, returned before a break.
+    Autograd says v requires grad and gives it no history; the joint trace raised
+    BackendCompilerFailed. The graph runs as captured, as eager: v requires grad."""
+    import logging
+
+    import torchweld
+
+    def fn(x):
+        h = x.sort(dim=0).values
+        with torch.no_grad():
+            h = h.narrow(1, 0, 4)
+        if (h > 0.5).any():
+            pass
+        return h
+
+    compiled = torchweld.compile(fn)
+    with caplog.at_level(logging.WARNING, logger="torchweld.weld"):
+        for _ in range(3):
+            x = torch.randn(3, 4, requires_grad=True)
+            out, expected = compiled(x), fn(x)
+            torch.testing.assert_close(out, expected)
+            assert out.requires_grad == expected.requires_grad
+    assert "view made under no_grad" in caplog.text
+
+
 def test_a_written_input_sharing_memory_with_another_input_in_training():
     """Fuzzer class 10 in a training graph: y = x.detach() written in place, x read after. A call
     whose inputs share memory runs the captured graph op by op; the others run the compiled one.

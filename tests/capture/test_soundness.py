@@ -754,3 +754,49 @@ def test_is_between_two_tensor_arguments():
     fn = lambda x, y: (x is y, x + y)  # noqa: E731
     a, b = torch.randn(2), torch.randn(2)
     run_both(fn, [(a, b), (a, a), (b, a), (b, b)])
+
+
+_REFUSED_FOR_INTEGERS = {
+    "unused var": lambda x: (x.var(0, unbiased=False), x + 1)[1],  # fuzzer class 8: dropped as dead code
+    "var": lambda x: x.var(0, unbiased=False),
+    "gelu": lambda x: torch.nn.functional.gelu(x) + 1,
+    "softmax": lambda x: x.softmax(0),
+    "lerp": lambda x: x.lerp(x, 0.5),
+    "relu of bool": lambda x: (x > 0).relu(),
+    "max_pool1d": lambda x: torch.nn.functional.max_pool1d(x[None], 2),
+}
+
+
+@pytest.mark.parametrize("backend", ["eager", "weld"])
+@pytest.mark.parametrize("name", list(_REFUSED_FOR_INTEGERS))
+def test_an_operation_eager_refuses_for_a_dtype_raises(name, backend):
+    """Fake tensors accept these on integer or bool tensors, eager's kernels raise: the compiled
+    program raises eager's error (weld computed a number, the capture-only backend dropped an
+    unused one), and the graph is still used for float inputs."""
+    fn = _REFUSED_FOR_INTEGERS[name]
+    compiled = torchweld.compile(fn, backend=backend)
+    for _ in range(2):
+        x = torch.randint(-3, 4, (3, 4))
+        with pytest.raises((RuntimeError, NotImplementedError)) as eager_error:
+            fn(x)
+        with pytest.raises(type(eager_error.value)):
+            compiled(x)
+    if name != "relu of bool":
+        x = torch.randn(3, 4)
+        torch.testing.assert_close(compiled(x), fn(x))
+
+
+def test_integer_operations_eager_runs_stay_in_one_graph():
+    """Embedding lookups, masks and integer arithmetic are not refused: one graph."""
+    backend = CountingBackend()
+
+    def fn(idx, w):
+        e = torch.nn.functional.embedding(idx, w)
+        mask = idx > 2
+        return torch.where(mask[..., None], e, 0.0).sum() + (idx * 2 // 3).sum()
+
+    compiled = torchweld.compile(fn, backend=backend)
+    for _ in range(3):
+        idx, w = torch.randint(0, 5, (3, 4)), torch.randn(5, 2)
+        assert_same(compiled(idx, w), fn(idx, w))
+    assert len(backend.graphs) == 1

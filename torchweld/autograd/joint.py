@@ -190,8 +190,13 @@ def trace_joint(gm: torch.fx.GraphModule, state: list[ModuleState], primals: lis
                 # input's autograd history, outside this graph, where the write-back cannot put it
                 raise FunctionalizationError("the graph changes in place an input that autograd tracks "
                                              "(a later gradient flows through that change)")
-        diff_outputs = [i for i, o in enumerate(flat_out) if isinstance(o, torch.Tensor) and o.requires_grad]
         prim_ids = {id(p) for p in prims}
+        if any(isinstance(o, torch.Tensor) and o.requires_grad and o.grad_fn is None and id(o) not in prim_ids
+               for o in flat_out):
+            # `with no_grad(): v = h.narrow(...)` of a tracked h, returned: autograd says v requires
+            # grad but gives it no history; a custom Function's output cannot be such a view
+            raise FunctionalizationError("an output is a view made under no_grad of a tensor autograd tracks")
+        diff_outputs = [i for i, o in enumerate(flat_out) if isinstance(o, torch.Tensor) and o.requires_grad]
         aliases = {i: found for i, o in enumerate(flat_out) if (found := _primal_alias(o, prims)) is not None}
         input_views = frozenset(i for i, o in enumerate(flat_out)
                                 if isinstance(o, torch.Tensor) and o._is_view()

@@ -19,6 +19,7 @@ from torch.nn.utils.stateless import _reparametrize_module
 from torch.utils import _pytree as pytree
 
 from torchweld import fake_memo
+from torchweld.capture import dtype_refusals
 from torchweld.capture.guards import GuardSet, autocast_state
 from torchweld.capture.module_fakes import batch_norm_example
 from torchweld.capture.side_effects import SideEffects
@@ -211,6 +212,12 @@ class OutputGraph:
         example_kwargs = {k: v.example() for k, v in kwargs.items()}
         if not self.autocast_regions and not torch._C._is_any_autocast_enabled():  # autocast casts them
             _check_matmul_dtypes(target, self.root, [*example_args, *example_kwargs.values()])
+            if op != "call_module" and not draws_random(_name_of(target)) and \
+                    dtype_refusals.needs_checking(target, [*example_args, *example_kwargs.values()]):
+                refused = dtype_refusals.refusal(target, run, example_args, example_kwargs)
+                if refused is not None:
+                    raise Unsupported(f"{_describe(target)} raised RuntimeError: {refused} (eager's kernel refuses "
+                                      "these dtypes; the eager run raises it)")
         result = self._run_fake(run if op == "call_module" else target, run, example_args, example_kwargs)
         has_tensor = any(isinstance(x, torch.Tensor) for x in pytree.tree_leaves(result))
         if not has_tensor and result is not None:
@@ -356,6 +363,10 @@ _IMPURE_FUNCTIONS = {operator.setitem, torch._C._set_grad_enabled, torch.amp._en
 # draws from the random number generator: unused, they still advance it, as in eager
 _RANDOM_NAMES = {"bernoulli", "multinomial", "normal", "poisson", "dropout", "alpha_dropout", "feature_alpha_dropout",
                  "dropout1d", "dropout2d", "dropout3d", "rrelu", "gumbel_softmax", "fused_dropout"}
+
+
+def _name_of(target: object) -> str:
+    return target if isinstance(target, str) else getattr(target, "__name__", "")
 
 
 def draws_random(name: str) -> bool:

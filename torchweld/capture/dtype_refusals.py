@@ -1,0 +1,98 @@
+"""Operations whose eager kernel refuses a dtype that the fake-tensor run accepts.
+
+Capture runs each operation on fake tensors, whose meta functions check shapes but often not
+dtypes: `x.var()`, `softmax`, `gelu`, `lerp`, `max_pool1d` of an int64 tensor, `relu` of a
+bool one... run on fakes and return an int64 fake, where eager's kernel raises ("not
+implemented for 'Long'"). Left alone, the graph holds an operation eager refuses: the capture-
+only backend drops it when unused (the error is lost), and a compiler that decomposes it
+computes a number where eager raised.
+
+So an operation with an integer or bool tensor operand is also run once for real, on small
+tensors of ones of the operands' dtypes (their shapes where small, else each size cut to 2).
+If that raises and the same run with those operands in float32 does not, eager's kernel
+refuses the dtype: capture breaks the graph there, and the eager run raises eager's error at
+the user's line. Where both runs raise (the small shapes do not fit the operation), nothing is
+concluded. The answer is kept per operation, operand dtypes and shapes and other arguments.
+"""
+from __future__ import annotations
+
+import torch
+import torch.utils._pytree as pytree
+
+SMALL = 4096  # operands of at most this many elements are made in their own shape
+_REFUSES: dict[tuple, str | None] = {}  # key -> eager's error message, or None where it runs
+_MAX_REMEMBERED = 4096
+
+
+def needs_checking(target: object, operands: list) -> bool:
+    """Whether an operand is an integer or bool tensor (the dtypes meta functions let through)."""
+    if not _is_torch_operation(target):
+        return False
+    return any(isinstance(t, torch.Tensor) and not (t.is_floating_point() or t.is_complex())
+               for t in pytree.tree_leaves(operands))
+
+
+def refusal(target: object, run, args: list, kwargs: dict) -> str | None:
+    """Eager's error message where its kernel refuses the operands' dtypes, else None."""
+    leaves, spec = pytree.tree_flatten((args, kwargs))
+    key = _key(target, leaves)
+    if key is not None and key in _REFUSES:
+        return _REFUSES[key]
+    answer = _probe(run, leaves, spec)
+    if key is not None:
+        if len(_REFUSES) >= _MAX_REMEMBERED:
+            _REFUSES.clear()
+        _REFUSES[key] = answer
+    return answer
+
+
+def _probe(run, leaves: list, spec) -> str | None:
+    with torch.no_grad():
+        try:
+            _run_on(run, [_small_ones(x, x.dtype) if isinstance(x, torch.Tensor) else x for x in leaves], spec)
+            return None
+        except Exception as e:  # the dtype's run raises: a refusal if float32 runs
+            message = str(e).splitlines()[0] if str(e) else type(e).__name__
+        try:
+            _run_on(run, [_small_ones(x, _float_dtype(x)) if isinstance(x, torch.Tensor) else x for x in leaves], spec)
+        except Exception:
+            return None  # the small operands do not fit: nothing concluded
+    return message
+
+
+def _run_on(run, leaves: list, spec) -> None:
+    args, kwargs = pytree.tree_unflatten(leaves, spec)
+    run(*args, **kwargs)
+
+
+def _small_ones(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    shape = t.shape if t.numel() <= SMALL else tuple(min(int(s), 2) for s in t.shape)
+    return torch.ones(shape, dtype=dtype, device=t.device)
+
+
+def _float_dtype(t: torch.Tensor) -> torch.dtype:
+    return t.dtype if t.is_floating_point() or t.is_complex() else torch.float32
+
+
+def _key(target: object, leaves: list) -> tuple | None:
+    parts = [target]
+    for x in leaves:
+        if isinstance(x, torch.Tensor):
+            parts.append((x.dtype, tuple(x.shape) if x.numel() <= SMALL else x.dim(), x.device.type))
+        else:
+            parts.append((type(x), x))
+    try:
+        key = tuple(parts)
+        hash(key)
+        return key
+    except TypeError:
+        return None
+
+
+def _is_torch_operation(target: object) -> bool:
+    """A Tensor method (capture names it by string) or a function of torch or operator: running it
+    once more on other tensors changes nothing else (user functions allowed in the graph may)."""
+    if isinstance(target, str):
+        return True
+    module = getattr(target, "__module__", None) or ""
+    return module == "torch" or module.startswith("torch.") or module == "_operator"
