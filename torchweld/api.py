@@ -11,6 +11,7 @@ import dataclasses
 import functools
 import pickle
 import sys
+import types
 import warnings
 from typing import Callable
 
@@ -22,6 +23,7 @@ from torchweld.capture.builder import marked_disabled
 from torchweld.capture.cache import LIVE_CACHES
 from torchweld.capture.compiled_function import CompiledFunction
 from torchweld.capture.convert_frame import CompileSettings
+from torchweld.capture.ddp import DDPForward, is_ddp
 from torchweld.capture.objects import _has_hooks
 from torchweld.errors import InvalidArgument
 
@@ -124,8 +126,11 @@ class CompiledModule(torch.nn.Module):
         self.__dict__["_orig_mod"] = module  # not a registered child: keys stay unprefixed
         for shared in ("_parameters", "_buffers", "_modules", "_non_persistent_buffers_set"):
             self.__dict__[shared] = module.__dict__[shared]
-        forward = type(module).forward.__get__(module)
-        self.__dict__["_compiled_forward"] = CompiledFunction(forward, request.settings(), request)
+        if is_ddp(module):  # DDP's bookkeeping in Python each call, its module captured (capture/ddp.py)
+            self.__dict__["_compiled_forward"] = types.MethodType(DDPForward(request.settings(), request), module)
+        else:
+            forward = type(module).forward.__get__(module)
+            self.__dict__["_compiled_forward"] = CompiledFunction(forward, request.settings(), request)
 
     def __reduce__(self):
         """A copy (`copy.deepcopy`, pickle, `torch.save`) holds a copy of the original module and

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from torchweld.capture.callables import (
     BoundMethodValue, ConstantMethodValue, ContainerMethodValue, TensorMethodValue, UserFunctionValue,
 )
+from torchweld.capture.ddp import ddp_forward, is_ddp
 from torchweld.capture.handlers import CALLABLE_BELOW_NULL
 from torchweld.capture.handlers.calls import callable_and_args
 from torchweld.capture.handlers.ops import compare_makes_bool
@@ -275,6 +276,11 @@ class BreakCodegen:
             return self._wrapper(fn.fn)
         if isinstance(fn, BoundMethodValue) and isinstance(fn.func, UserFunctionValue):
             return bind(fn.func.fn, fn.self_value)
+        if isinstance(fn, NNModuleValue) and is_ddp(fn.module):
+            if _has_hooks(fn.module) or "forward" in fn.module.__dict__:
+                return None  # called as `ddp(...)`, eagerly: its hooks run around its forward
+            guard_plain_call(self.tx, fn.module, fn.source)
+            return f"{self.rebuild.const(types.MethodType)}({self.rebuild.const(ddp_forward(self.settings))}, {expr(fn)})"
         if isinstance(fn, NNModuleValue) and not is_standard_module(fn.module):
             if _has_hooks(fn.module) or "forward" in fn.module.__dict__:
                 return None  # called as `module(...)`: its hooks run around its forward, as in eager

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Callable
 import torch
 
 from torchweld.capture.collection_values import COLLECTION_CLASSES, construct_collection
+from torchweld.capture.ddp import is_ddp
 from torchweld.capture.optimizers import OptimizerStepValue, captures_step
 from torchweld.capture.sources import AttrSource, ModuleEntrySource, Source
 from torchweld.capture.values import ConstantValue, ListValue, Value, const
@@ -210,6 +211,9 @@ class NNModuleValue(Value):
         from torchweld.capture import module_hooks
 
         m = self.module
+        if is_ddp(m):
+            raise Unsupported("DistributedDataParallel runs its bookkeeping for the backward in Python: "
+                              "its module is captured in a graph of its own (capture/ddp.py)")
         if _has_hooks(m):  # as nn.Module.__call__ runs them, around the forward (inlined: a graph's
             # call_module node would run the module's hooks a second time)
             forward = _attribute(tx, self, m, "forward", self.source)

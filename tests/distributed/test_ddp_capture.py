@@ -1,0 +1,44 @@
+"""torchweld.compile(DDP(model)): DDP's bookkeeping runs in Python each call, its module is
+captured; gradients are all-reduced as eager DDP's (capture/ddp.py). 2 ranks on gloo."""
+from __future__ import annotations
+
+import pytest
+from ddp_training import Run, train
+from gloo_ranks import on_two_ranks, requires_gloo
+
+pytestmark = requires_gloo
+
+RUNS = {
+    "sgd": Run(optimizer="sgd"),
+    "adam": Run(optimizer="adam"),
+    "transformer_adam": Run(model="transformer", optimizer="adam"),
+    "no_sync_accumulation": Run(accumulate=3),
+    "find_unused_parameters": Run(model="mlp_unused", ddp_options=(("find_unused_parameters", True),)),
+    "static_graph": Run(ddp_options=(("static_graph", True),), steps=4),
+    "weld_sgd": Run(backend="weld"),
+    # a compiled function calling a DDP module: a graph break at the call, DDP's forward run through
+    # capture/ddp.py (its module in a graph of its own), the loss after it in a resume function's graph
+    "step_sgd": Run(order="step"),
+    "step_weld_adam": Run(order="step", backend="weld", optimizer="adam"),
+}
+
+
+@pytest.fixture(scope="module")
+def outcomes():
+    names = list(RUNS)
+    per_rank = on_two_ranks(train, [RUNS[n] for n in names])
+    return {name: [rank[i] for rank in per_rank] for i, name in enumerate(names)}
+
+
+@pytest.mark.parametrize("name", list(RUNS))
+def test_compiled_ddp_trains_as_eager_ddp(outcomes, name):
+    for rank, outcome in enumerate(outcomes[name]):
+        exact = RUNS[name].backend == "eager"
+        limit = 0.0 if exact else 1e-5
+        assert max(outcome.max_diff_per_step) <= limit, (rank, outcome)
+        assert outcome.rank_spread == 0.0, (rank, outcome)
+        if RUNS[name].order == "step":
+            assert outcome.graphs == 2 and len(outcome.breaks) == 1, (rank, outcome)
+            assert outcome.breaks[0].startswith("DistributedDataParallel runs its bookkeeping"), outcome.breaks
+        else:
+            assert outcome.graphs == 1 and not outcome.breaks, (rank, outcome)
