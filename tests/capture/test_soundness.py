@@ -693,6 +693,32 @@ def test_an_error_the_graph_raises_is_handled_as_eager_handles_it():
         assert HISTORY == eager_history
 
 
+def test_a_graph_refused_before_its_first_write_reruns_as_eager():
+    """Fuzzer case 101000666: `x.add_(y)` with y a view of x is refused by eager's kernel (the
+    written tensor overlaps an input) inside the user's `try`; the fake run cannot see it. The
+    graph writes inputs in place, but raised before its first write (their version counters are
+    unchanged), so the frame runs again eagerly and the user's `except` handles it."""
+    def fn(x, y, n):
+        HISTORY.append(n)
+        try:
+            x.add_(y)
+            y.mul_(n)
+        except RuntimeError:
+            HISTORY.append("error")
+        return x + 1
+
+    compiled = torchweld.compile(fn, backend="eager")
+    for make_y in (lambda x: torch.randn(4), lambda x: x[0], lambda x: torch.randn(4)):
+        results = []
+        for f in (fn, compiled):
+            HISTORY.clear()
+            torch.manual_seed(0)
+            x = torch.arange(12.0).reshape(3, 4)
+            y = make_y(x)
+            results.append((f(x, y, 3), x, y, list(HISTORY)))
+        assert_same(results[0], results[1])
+
+
 def test_a_failing_graph_with_random_draws_reruns_with_eagers_numbers():
     def fn(x):
         HISTORY.append(1)

@@ -19,7 +19,7 @@ from torchweld import config, gc_pause, logs, timing
 from torchweld.atomic_imports import imports_finish_first
 from torchweld.capture import guard_extension
 from torchweld.capture.cache import CacheEntry, UserLine, build_entry, signature_of
-from torchweld.capture.eager_rerun import EagerRerun, rerun_generators
+from torchweld.capture.eager_rerun import EagerRerun, rerun_plan
 from torchweld.capture.inline import RealCellValue
 from torchweld.capture.output_graph import OutputGraph, fake_errors_unlogged
 from torchweld.capture.reconstruct import Reconstructor
@@ -171,13 +171,19 @@ def _graph_entry(fn, tx: Translator, rebuild: Reconstructor, body: list[str], se
         rebuild.constants["___graph"] = compiled
         reads, arguments = shared_reads(input_sources)
         call = f"___out = ___graph({', '.join(arguments)})"
-        generators = rerun_generators(gm)
-        if generators is not None:  # an error it raises is raised (or handled) by the frame run eagerly
-            rebuild.constants["___rerun"] = EagerRerun(fn, generators, output.initial_grad_enabled)
+        plan = rerun_plan(gm)
+        if plan is not None:  # an error it raises is raised (or handled) by the frame run eagerly
+            rebuild.constants["___rerun"] = EagerRerun(fn, plan, output.initial_grad_enabled)
             _, passes = signature_of(fn.__code__)
-            saved = ["___rng = ___rerun.save()"] if generators else []
-            prefix += [*reads, *saved, "try:", f"    {call}", "except Exception as ___error:",
-                       f"    return ___rerun(___error, {'___rng' if generators else 'None'}{', ' if passes else ''}{passes})"]
+            saved = ["___rng = ___rerun.save()"] if plan.generators else []
+            rerun = f"return ___rerun(___error, {'___rng' if plan.generators else 'None'}{', ' if passes else ''}{passes})"
+            if plan.written_inputs:  # rerun only if the graph raised before its first write
+                written = "".join(f"{arguments[i]}, " for i in plan.written_inputs)
+                saved.append(f"___versions = ___rerun.versions(({written}))")
+                handler = [f"    if ___rerun.versions(({written})) == ___versions:", f"        {rerun}", "    raise"]
+            else:
+                handler = [f"    {rerun}"]
+            prefix += [*reads, *saved, "try:", f"    {call}", "except Exception as ___error:", *handler]
         else:
             prefix += [*reads, call]
         if output.grad_mode_changed:  # whatever the backend did with the graph's grad-mode nodes

@@ -1,4 +1,4 @@
-"""A graph that raises at run time, where it changes nothing outside: the frame runs again
+"""A graph that raises at run time before it changed anything outside: the frame runs again
 eagerly, so the call ends as eager's would.
 
 A graph runs before the Python side effects it was captured among are replayed, and
@@ -9,11 +9,14 @@ in-place change of an input or of a view of one, no module buffer updated), noth
 happened yet when it raises: the frame is run again as plain Python, which raises the
 error at the user's line (or handles it, as the user wrote), after its side effects.
 A graph that draws random numbers has its generators' states saved before each call and
-restored for the rerun. A graph that changes a tensor in place cannot be run twice, and
-its error propagates as is.
+restored for the rerun. A graph that changes inputs in place has their version counters
+saved before each call: if it raised before the first write (`x.add_(y)` refused because y
+overlaps x), they are unchanged and the frame runs again; after a write, the error propagates
+as is (a graph that changes a module's buffers, likewise).
 """
 from __future__ import annotations
 
+import dataclasses
 import dis
 import types
 import warnings
@@ -23,14 +26,26 @@ import torch
 from torchweld import logs
 
 
-def rerun_generators(gm: torch.fx.GraphModule) -> list[torch.Generator] | None:
+@dataclasses.dataclass(frozen=True)
+class RerunPlan:
+    """What the entry saves before the graph runs, so that a frame whose graph raised can be
+    run again eagerly: the random generators' states, and the version counters of the inputs
+    the graph changes in place (unchanged when it raised: no write had happened yet)."""
+
+    generators: list[torch.Generator]
+    written_inputs: tuple[int, ...]  # positions of the graph's inputs it changes in place
+
+
+def rerun_plan(gm: torch.fx.GraphModule) -> RerunPlan | None:
     """Where running `gm` up to any node changes nothing a second run would see but the state
-    of random generators: those generators (saved before each call, restored for the rerun);
-    None where it changes more (a tensor changed in place, a module's buffers)."""
+    of random generators and inputs changed in place (each write bumps the input's version
+    counter, which its views share): what to save; None where it changes more (a module's
+    buffers, a tensor whose storage is not an input's)."""
     from torchweld.capture.output_graph import draws_random, is_pure_node
 
     devices: set[torch.device] = set()
     inputs = _input_storages(gm)
+    written: set[int] = set()
     for node in gm.graph.nodes:
         if node.op == "call_module":
             module = gm.get_submodule(node.target)
@@ -46,25 +61,43 @@ def rerun_generators(gm: torch.fx.GraphModule) -> list[torch.Generator] | None:
             if draws_random(name) and not (name.endswith("_") or "out" in node.kwargs or node.kwargs.get("inplace")):
                 devices.update(_devices_of(node))
             elif not _is_intermediate(changed, inputs):  # an in-place change of an input, or a view of one
-                return None
-    return [_generator(d) for d in sorted(devices, key=str)]
+                position = _input_position(changed, inputs)
+                if position is None:
+                    return None
+                written.add(position)
+    return RerunPlan([_generator(d) for d in sorted(devices, key=str)], tuple(sorted(written)))
 
 
-def _input_storages(gm: torch.fx.GraphModule) -> set | None:
-    """The storages of the graph's inputs (as their example values hold them); None if unknown."""
+def _input_position(changed: object, inputs: list | None) -> int | None:
+    """The position of the graph input whose storage `changed` (a node) writes, or None."""
     from torch.multiprocessing.reductions import StorageWeakRef
 
-    storages = set()
+    example = changed.meta.get("example_value") if isinstance(changed, torch.fx.Node) else None
+    if inputs is None or not isinstance(example, torch.Tensor):
+        return None
+    try:
+        storage = StorageWeakRef(example.untyped_storage())
+    except (RuntimeError, NotImplementedError):
+        return None
+    found = [i for i, s in enumerate(inputs) if s == storage]
+    return found[0] if len(found) == 1 else None
+
+
+def _input_storages(gm: torch.fx.GraphModule) -> list | None:
+    """The storages of the graph's inputs in order (as their example values hold them); None if unknown."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    storages = []
     for node in gm.graph.nodes:
         if node.op == "placeholder":
             example = node.meta.get("example_value")
             if not isinstance(example, torch.Tensor) or example.layout is not torch.strided:  # sparse: no storage
                 return None
-            storages.add(StorageWeakRef(example.untyped_storage()))
+            storages.append(StorageWeakRef(example.untyped_storage()))
     return storages
 
 
-def _is_intermediate(changed: object, inputs: set | None) -> bool:
+def _is_intermediate(changed: object, inputs: list | None) -> bool:
     """Whether what an in-place operation changes is a tensor the graph made (its example value
     shares no storage with an input: views share their base's), so a second run sees nothing."""
     from torch.multiprocessing.reductions import StorageWeakRef
@@ -103,15 +136,20 @@ def _generator(device: torch.device) -> torch.Generator:
 class EagerRerun:
     """Called with the graph's error and the frame's arguments: runs the frame as plain Python."""
 
-    def __init__(self, fn: types.FunctionType, generators: list[torch.Generator], grad_enabled: bool):
+    def __init__(self, fn: types.FunctionType, plan: RerunPlan, grad_enabled: bool):
         self.fn = fn
-        self.generators = generators
+        self.generators = plan.generators
         self.grad_enabled = grad_enabled  # the mode the frame starts in (its guard holds it)
         self.catches = catches_exceptions(fn.__code__)
 
     def save(self) -> list[torch.Tensor]:
         """The generators' states before the graph: the rerun draws what eager draws."""
         return [g.get_state() for g in self.generators]
+
+    @staticmethod
+    def versions(written: tuple) -> tuple[int, ...]:
+        """The version counters of the inputs the graph changes in place, before it runs."""
+        return tuple(t._version for t in written)
 
     def __call__(self, error: Exception, states: list[torch.Tensor] | None, *args, **kwargs):
         for generator, state in zip(self.generators, states or ()):
