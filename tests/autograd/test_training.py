@@ -834,6 +834,35 @@ def test_an_output_viewed_under_no_grad_of_a_tracked_tensor_runs_eagerly(caplog)
     assert "view made under no_grad" in caplog.text
 
 
+def test_a_view_made_and_written_under_no_grad_of_a_tracked_tensor_trains():
+    """Fuzz case 103000405: `with no_grad(): h.view(-1).clamp_(min=0)` of a tracked h, then a break.
+    Functionalizing the recorded graph replayed that write in grad mode, which autograd forbids
+    for a view made under no_grad (BackendCompilerFailed). Outputs and gradients as eager's."""
+    import torchweld
+
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(4, 4)
+
+    def fn(x):
+        h = lin(x) * 2
+        with torch.no_grad():
+            h.view(-1).clamp_(min=0)
+        if h.mean() < 0:
+            h = h + 1
+        return h
+
+    compiled = torchweld.compile(fn)
+    for _ in range(3):
+        x = torch.randn(3, 4)
+        grads = []
+        for f in (fn, compiled):
+            out = f(x)
+            out.sum().backward()
+            grads.append((out.detach(), lin.weight.grad.clone(), lin.bias.grad.clone()))
+            lin.zero_grad()
+        torch.testing.assert_close(grads[0], grads[1])
+
+
 def test_a_written_input_sharing_memory_with_another_input_in_training():
     """Fuzzer class 10 in a training graph: y = x.detach() written in place, x read after. A call
     whose inputs share memory runs the captured graph op by op; the others run the compiled one.

@@ -217,7 +217,8 @@ def trace_joint(gm: torch.fx.GraphModule, state: list[ModuleState], primals: lis
                                              "backward") from e
     traced = recorder.graph_module([*flat_out, *grads])
     # functionalize appends new values after all outputs; move them before the grads.
-    fn = functionalize(traced)
+    with torch.no_grad():  # a rewrite of the recorded graph: autograd's view rules (a view made
+        fn = functionalize(traced)  # under no_grad, written after) are the recording's business
     smaller_saves(fn.gm.graph)
     eliminate_common_subexpressions(fn.gm.graph)
     output = next(n for n in fn.gm.graph.nodes if n.op == "output")
