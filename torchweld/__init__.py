@@ -6,6 +6,7 @@
 from torchweld import config, logs, timing
 from torchweld.api import CompiledFunction, CompiledModule, compile, disable, reset
 from torchweld.backends import list_backends, register_backend
+from torchweld.capture.dynamic_dims import mark_dynamic, mark_static
 from torchweld.errors import BackendCompilerFailed, InvalidArgument, Unsupported
 from torchweld.tools.explain import ExplainOutput, explain
 
@@ -15,5 +16,6 @@ logs.configure()
 
 __all__ = [
     "BackendCompilerFailed", "CompiledFunction", "CompiledModule", "ExplainOutput", "InvalidArgument",
-    "Unsupported", "compile", "compile_times", "config", "disable", "explain", "list_backends", "logs", "register_backend", "reset",
+    "Unsupported", "compile", "compile_times", "config", "disable", "explain", "list_backends", "logs", "mark_dynamic",
+    "mark_static", "register_backend", "reset",
 ]

@@ -69,3 +69,8 @@ class BackendCompilerFailed(TorchweldError):
 
 class InvalidArgument(TorchweldError, ValueError):
     """A bad argument to a torchweld API (an unknown mode, backend, ...)."""
+
+
+class DynamicDimSpecialized(TorchweldError):
+    """A dim marked dynamic (mark_dynamic) that capture had to make a number: the user's code
+    needs its exact value (torch.compile's ConstraintViolationError)."""

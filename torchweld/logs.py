@@ -11,7 +11,7 @@ import logging
 import sys
 
 ARTIFACTS = ("graph", "graph_code", "guards", "recompiles", "graph_breaks", "bytecode", "weld", "output_code", "compile_times",
-             "cache")
+             "cache", "dynamic")
 
 root = logging.getLogger("torchweld")
 _handler = logging.StreamHandler(sys.stderr)
@@ -41,7 +41,7 @@ def parse(spec: str) -> dict[str, int]:
 # TORCH_LOGS artifact -> torchweld's counterpart (a leading "+" asks for its DEBUG detail)
 TORCH_ARTIFACTS = {"graph_breaks": "graph_breaks", "recompiles": "recompiles", "recompiles_verbose": "+recompiles",
                    "guards": "guards", "graph": "graph", "graph_code": "graph_code", "output_code": "output_code",
-                   "bytecode": "bytecode"}
+                   "bytecode": "bytecode", "dynamic": "dynamic"}
 
 
 def from_torch_logs(spec: str) -> str:

@@ -198,7 +198,7 @@ def test_module_entry_source_spelling():
 
 def test_cache_size_limit_warns_naming_the_guard_then_runs_eagerly():
     backend = CountingBackend()
-    fn = torchweld.compile(lambda x: x + 1, backend=backend)
+    fn = torchweld.compile(lambda x: x + 1, backend=backend, dynamic=False)  # every size a new version
     with torchweld.config.patch(cache_size_limit=2):
         fn(torch.randn(1))
         fn(torch.randn(2))

@@ -126,6 +126,8 @@ def _len(tx, obj: Value) -> Value:
     if isinstance(obj, TensorValue):
         if obj.fake.dim() == 0:
             raise Unsupported("len() of a 0-d tensor")
+        if isinstance(obj.fake.shape[0], torch.SymInt):
+            return tx.output.call_method("size", [obj, ConstantValue(0)], {})
         return ConstantValue(obj.fake.shape[0])
     if isinstance(obj, NNModuleValue):
         obj.guard_children(tx)

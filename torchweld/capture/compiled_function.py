@@ -23,6 +23,7 @@ import torch
 from torchweld import config, logs, torch_controls
 from torchweld.capture.cache import LIVE_CACHES, MISS, CacheEntry
 from torchweld.capture.convert_frame import CompileSettings, translate_frame
+from torchweld.capture.dynamic_dims import DimChoices
 from torchweld.errors import InvalidArgument
 
 
@@ -64,6 +65,7 @@ class CompiledFunction:
         self._runs: list[Callable] = []  # entry.run of each live entry, tried in order
         self._lock = threading.RLock()  # an entry's watcher may fire while this thread holds it
         self._limit_warned = False
+        self._dims = DimChoices(settings.dynamic)  # its inputs' sizes so far, and which dims are symbolic
         # the function's defaults as the entries have them: `fn.__defaults__ = (3.0,)` between
         # calls is seen at the next call, whose arguments the entries then bind afresh
         self._defaults, self._kwdefaults = self._fn.__defaults__, self._fn.__kwdefaults__
@@ -113,7 +115,7 @@ class CompiledFunction:
                 if not self._may_compile(args, kwargs):
                     return self._fn(*args, **kwargs)
                 self._log_recompile(args, kwargs)
-                entry = translate_frame(self._fn, args, kwargs, self._settings)
+                entry = translate_frame(self._fn, args, kwargs, self._settings, self._dims)
                 self._add(entry)
         result = entry.run(*args, **kwargs)
         if result is MISS:  # the guards changed their mind (an input mutated by another thread)

@@ -19,6 +19,7 @@ from torchweld import config, gc_pause, logs, timing
 from torchweld.atomic_imports import imports_finish_first
 from torchweld.capture import guard_extension
 from torchweld.capture.cache import CacheEntry, UserLine, build_entry, signature_of
+from torchweld.capture.dynamic_dims import DimChoices
 from torchweld.capture.eager_rerun import EagerRerun, rerun_plan
 from torchweld.capture.inline import RealCellValue
 from torchweld.capture.output_graph import OutputGraph, fake_errors_unlogged
@@ -53,8 +54,10 @@ FULLGRAPH_HINT = (
 )
 
 
-def translate_frame(fn: types.FunctionType, args: tuple, kwargs: dict, settings: CompileSettings) -> CacheEntry:
-    """The cache entry for this call: a full graph, a graph up to a break, or eager."""
+def translate_frame(fn: types.FunctionType, args: tuple, kwargs: dict, settings: CompileSettings,
+                    dims: DimChoices | None = None) -> CacheEntry:
+    """The cache entry for this call: a full graph, a graph up to a break, or eager;
+    `dims` chooses its symbolic sizes (the compiled function keeps it across captures)."""
     if config.guard_evaluator == "c":
         guard_extension.load.start_in_background()  # built while the frame is traced
     if settings.warm_up is not None:
@@ -62,19 +65,20 @@ def translate_frame(fn: types.FunctionType, args: tuple, kwargs: dict, settings:
     before = timing.snapshot()
     try:  # a Ctrl-C during one of the first compile's lazy imports waits for that import to finish
         with imports_finish_first(), timing.phase("capture"), gc_pause.paused(), fake_errors_unlogged():
-            return _translate_frame(fn, args, kwargs, settings)
+            return _translate_frame(fn, args, kwargs, settings, dims)
     finally:
         timing.log_frame(fn.__code__.co_qualname, before)
 
 
-def _translate_frame(fn: types.FunctionType, args: tuple, kwargs: dict, settings: CompileSettings) -> CacheEntry:
+def _translate_frame(fn: types.FunctionType, args: tuple, kwargs: dict, settings: CompileSettings,
+                     dims: DimChoices | None = None) -> CacheEntry:
     start = time.perf_counter()
     bound = inspect.signature(fn, follow_wrapped=False).bind(*args, **kwargs)
     bound.apply_defaults()
     _log_bytecode(fn)
     stop_at, failure, model_exceptions = None, None, True
     while True:
-        tx = _translator(fn, dict(bound.arguments))
+        tx = _translator(fn, dict(bound.arguments), dims)
         tx.stop_at = stop_at
         tx.output.model_exceptions = model_exceptions
         try:
@@ -126,9 +130,9 @@ def _detached(error: Unsupported) -> Unsupported:
     return error
 
 
-def _translator(fn: types.FunctionType, f_locals: dict) -> Translator:
+def _translator(fn: types.FunctionType, f_locals: dict, dims: DimChoices | None = None) -> Translator:
     code = fn.__code__
-    output = OutputGraph(fn.__globals__)
+    output = OutputGraph(fn.__globals__, dims)
     cells = {
         name: RealCellValue(cell, ClosureSource(None, i, name))
         for i, (name, cell) in enumerate(zip(code.co_freevars, fn.__closure__ or ()))

@@ -16,8 +16,12 @@ concluded. The answer is kept per operation, operand dtypes and shapes and other
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.utils._pytree as pytree
+
+from torchweld.capture.symbolic_sizes import hint
 
 SMALL = 4096  # operands of at most this many elements are made in their own shape
 _REFUSES: dict[tuple, str | None] = {}  # key -> eager's error message, or None where it runs
@@ -35,6 +39,7 @@ def needs_checking(target: object, operands: list) -> bool:
 def refusal(target: object, run, args: list, kwargs: dict) -> str | None:
     """Eager's error message where its kernel refuses the operands' dtypes, else None."""
     leaves, spec = pytree.tree_flatten((args, kwargs))
+    leaves = [hint(x) for x in leaves]  # symbolic sizes as their values now: no guard is added for a probe
     key = _key(target, leaves)
     if key is not None and key in _REFUSES:
         return _REFUSES[key]
@@ -66,7 +71,8 @@ def _run_on(run, leaves: list, spec) -> None:
 
 
 def _small_ones(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    shape = t.shape if t.numel() <= SMALL else tuple(min(int(s), 2) for s in t.shape)
+    sizes = [hint(s) for s in t.shape]
+    shape = sizes if math.prod(sizes) <= SMALL else tuple(min(s, 2) for s in sizes)
     return torch.ones(shape, dtype=dtype, device=t.device)
 
 
@@ -78,7 +84,8 @@ def _key(target: object, leaves: list) -> tuple | None:
     parts = [target]
     for x in leaves:
         if isinstance(x, torch.Tensor):
-            parts.append((x.dtype, tuple(x.shape) if x.numel() <= SMALL else x.dim(), x.device.type))
+            sizes = tuple(hint(s) for s in x.shape)
+            parts.append((x.dtype, sizes if math.prod(sizes) <= SMALL else x.dim(), x.device.type))
         else:
             parts.append((type(x), x))
     try:

@@ -111,7 +111,13 @@ class GuardSet:
         readable = ", ".join([*map(repr, args), *(f"{k}={v!r}" for k, v in kwargs.items())])
         return CallResultSource(function, self.name_constant((args, kwargs)), readable)
 
-    def tensor(self, source: Source, t: torch.Tensor) -> None:
+    def tensor(self, source: Source, t: torch.Tensor, symbolic_dims: tuple[int, ...] = ()) -> None:
+        """`source` holds a tensor of `t`'s type, dtype, device, shape, strides and requires_grad;
+        with `symbolic_dims`, of its number of dims and its other sizes only (the size guard,
+        `sizes`, checks those dims and the strides)."""
+        if symbolic_dims:
+            self._tensor_of_symbolic_sizes(source, t, symbolic_dims)
+            return
         stride = tuple(t.stride()) if t.layout is torch.strided else None  # None: not checked
         parts = [f"type({{e}}) is {self.name_constant(type(t))}", f"{{e}}.dtype is {self.name_constant(t.dtype)}"]
         parts.append(f"{{e}}.device == {self.name_constant(t.device)}")
@@ -127,6 +133,29 @@ class GuardSet:
         operands = (type(t), t.dtype, t.device, tuple(t.shape), stride, t.requires_grad)
         expr = " and ".join(p.format(e=e) for p in parts)
         self._add((source.name(), "tensor"), text, expr, source, "tensor", operands)
+
+    def _tensor_of_symbolic_sizes(self, source: Source, t: torch.Tensor, symbolic_dims: tuple[int, ...]) -> None:
+        e = source.expr()
+        sizes = [("*" if d in symbolic_dims else str(n)) for d, n in enumerate(t.shape)]
+        parts = [f"type({e}) is {self.name_constant(type(t))}", f"{e}.dtype is {self.name_constant(t.dtype)}",
+                 f"{e}.device == {self.name_constant(t.device)}", f"{e}.dim() == {t.dim()}"]
+        parts += [f"{e}.size({d}) == {n}" for d, n in enumerate(t.shape) if d not in symbolic_dims]
+        parts.append(f"{e}.requires_grad is {t.requires_grad}")
+        text = (f"{source.name()}: {type(t).__name__}(dtype={t.dtype}, device={t.device}, "
+                f"shape=({', '.join(sizes)}{',' if len(sizes) == 1 else ''}), requires_grad={t.requires_grad}) "
+                "(* symbolic: see the size guard)")
+        self._add((source.name(), "tensor"), text, " and ".join(parts), source, "python",
+                  ("symbolic_tensor", type(t), t.dtype, t.device, t.dim(), symbolic_dims, t.requires_grad))
+
+    def sizes(self, size_guard) -> None:
+        """The relations between symbolic sizes (symbolic_sizes.SizeGuard): one Python check
+        over the inputs' sizes and strides (a shortcut: the C evaluator calls it as Python)."""
+        parts = size_guard.parts()
+        if not parts:
+            return
+        text = "symbolic sizes: " + "; ".join(readable for readable, _ in parts)
+        self._add(("", "sizes"), text, " and ".join(f"({expr})" for _, expr in parts), None, "python",
+                  ("sizes", tuple(readable for readable, _ in parts)))
 
     def held_tensor(self, source: Source, t: torch.Tensor) -> None:
         """For a tensor a module holds, guarded by identity too: what its owner can change in place

@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Callable
 from torchweld.capture.collection_values import set_operator
 from torchweld.capture.exceptions import CapturedRaise
 from torchweld.capture.values import (
-    ConstantValue, DictValue, ListValue, NullValue, SequenceValue, TensorTruthValue, TensorValue, TupleValue, Value, const,
+    ConstantValue, DictValue, ListValue, NullValue, SequenceValue, SymNumberValue, TensorTruthValue, TensorValue, TupleValue,
+    Value, const,
 )
 from torchweld.errors import Unsupported
 
@@ -39,6 +40,8 @@ def binary(tx: "Translator", fn: Callable, a: Value, b: Value) -> Value:
         if not isinstance(a, TensorValue):  # `n += t` of a number: Python computes `n + t`, a new tensor
             fn = _INPLACE_TO_PLAIN.get(fn, fn)
         return tx.output.call_function(fn, [a, b], {})
+    if _symbolic_number(a, b):  # `x.shape[0] // 2`: a graph value; its example a SymInt
+        return tx.output.call_function(_INPLACE_TO_PLAIN.get(fn, fn), [a, b], {})
     on_sets = set_operator(tx, _INPLACE_TO_PLAIN.get(fn, fn), fn in _INPLACE_TO_PLAIN, a, b)
     if on_sets is not None:
         return on_sets
@@ -75,13 +78,28 @@ def unary(tx: "Translator", fn: Callable, a: Value) -> Value:
         return tx.output.call_function(fn, [a], {})
     if fn is operator.not_:
         return ConstantValue(not a.truth(tx))
+    if isinstance(a, SymNumberValue):
+        return tx.output.call_function(fn, [a], {})
     return _fold(fn, a)
 
 
 def compare(tx: "Translator", fn: Callable, a: Value, b: Value) -> Value:
     if isinstance(a, TensorValue) or isinstance(b, TensorValue):
         return tx.output.call_function(fn, [a, b], {})
+    if _symbolic_number(a, b):  # `x.shape[0] > 4`: decided now; the ShapeEnv records the answer as a guard
+        try:
+            return ConstantValue(bool(fn(a.example(), b.example())))
+        except TypeError:
+            pass
     return _fold(fn, a, b)
+
+
+def _symbolic_number(a: Value, b: Value) -> bool:
+    """One operand is a symbolic size and the other a number (or another symbolic size)."""
+    if not (isinstance(a, SymNumberValue) or isinstance(b, SymNumberValue)):
+        return False
+    other = b if isinstance(a, SymNumberValue) else a
+    return isinstance(other, SymNumberValue) or (other.is_constant() and type(other.as_constant()) in (int, float, bool))
 
 
 def is_same(tx: "Translator", a: Value, b: Value) -> bool:

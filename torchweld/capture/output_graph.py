@@ -20,19 +20,29 @@ from torch.utils import _pytree as pytree
 
 from torchweld import fake_memo
 from torchweld.capture import dtype_refusals
+from torchweld.capture.dynamic_dims import DimChoices
 from torchweld.capture.guards import GuardSet, autocast_state
 from torchweld.capture.module_fakes import batch_norm_example
 from torchweld.capture.side_effects import SideEffects
+from torchweld.capture.symbolic_sizes import (
+    CaptureShapeEnv, SizeGuard, SymbolicInput, is_symbolic, specialized_marks, spell_over_inputs, symbolic_fake,
+)
 from torchweld.capture.number_inputs import NumberTensor
 from torchweld.capture.sources import NumberTensorSource, Source
-from torchweld.capture.values import ConstantValue, TensorValue, TupleValue, Value, const, is_constant_literal
+from torchweld.capture.values import (
+    ConstantValue, SymNumberValue, TensorValue, TupleValue, Value, const, is_constant_literal,
+)
 from torchweld.errors import Unsupported
 from torchweld.fake_tensors import fake_copy
 
 
 class OutputGraph:
-    def __init__(self, root_globals: dict):
+    def __init__(self, root_globals: dict, dims: DimChoices | None = None):
         self.root_globals = root_globals
+        self.dims = dims  # which input dims are symbolic (dynamic_dims.py); None: none
+        self.shape_env: CaptureShapeEnv | None = None  # made at the first symbolic dim
+        self.symbolic_inputs: list[SymbolicInput] = []
+        self.translators: list = []  # the running Translators, innermost last: where a size guard comes from
         self.graph = torch.fx.Graph()
         self.root = torch.nn.Module()  # owns the submodules `call_module` nodes name
         self.guards = GuardSet()
@@ -70,11 +80,17 @@ class OutputGraph:
         known = self._input_by_source.get(source.name())
         if known is not None:
             return known
+        same_tensor = self._input_by_id.get(id(real))
+        symbolic, fake = {}, None
         if by_identity:
             self.guards.identity(source, real)
+        elif same_tensor is not None:
+            self.guards.tensor(source, real, _symbolic_dims(same_tensor.fake))
         else:
-            self.guards.tensor(source, real)
-        same_tensor = self._input_by_id.get(id(real))
+            symbolic = self.dims.choose(source, real) if self.dims is not None else {}
+            if symbolic and not real.is_sparse and type(real) is torch.Tensor:
+                fake = symbolic_fake(self.fake_mode, self._shape_env(), real, source, symbolic)
+            self.guards.tensor(source, real, _symbolic_dims(fake) if fake is not None else ())
         if same_tensor is not None:  # one tensor reached two ways: one placeholder keeps them aliased,
             self.guards.same_object(source, same_tensor.source)  # which holds while they are one tensor
             self._input_by_source[source.name()] = same_tensor
@@ -82,7 +98,7 @@ class OutputGraph:
         if real.is_sparse or type(real) not in (torch.Tensor, torch.nn.Parameter, torch.nn.parameter.Buffer):
             raise Unsupported(f"{source.name()} is a {type(real).__name__}; only dense torch.Tensor inputs are captured")
         try:
-            fake = fake_copy(self.fake_mode, real)
+            fake = fake if fake is not None else fake_copy(self.fake_mode, real)
         except RuntimeError as e:  # autograd refuses to describe it (a no-grad view of a base changed since)
             raise Unsupported(f"{source.name()} cannot be described to capture: {str(e).splitlines()[0]}") from None
         with self._insert_placeholder():
@@ -92,6 +108,9 @@ class OutputGraph:
         if by_identity:  # the same tensor at every call: CUDA graphs read it in place
             node.meta["static_address"] = True
         value = TensorValue(node, fake, source, cls=type(real))
+        if _symbolic_dims(fake):
+            self.symbolic_inputs.append(SymbolicInput(source, fake, {d: symbolic[d][0] for d in _symbolic_dims(fake)},
+                                                      {d for d in symbolic if symbolic[d][1]}))
         self.inputs.append((source, real, node))
         self._input_by_source[source.name()] = value
         self._input_by_id[id(real)] = value
@@ -119,6 +138,24 @@ class OutputGraph:
         self.inputs.append((tensor_source, holder.tensor, node))
         self._number_inputs[key] = value
         return value
+
+    def _shape_env(self) -> CaptureShapeEnv:
+        if self.shape_env is None:
+            self.shape_env = CaptureShapeEnv()
+            self.shape_env.user_location = self._user_location
+            self.fake_mode.shape_env = self.shape_env
+            self.fake_mode.static_shapes = False
+        return self.shape_env
+
+    def _user_location(self) -> str:
+        if not self.translators:
+            return "<capture>"
+        where = self.translators[-1].location()
+        return f"{where} ({where.source_line})"
+
+    def spell_size(self, sym: object, read: Callable[[Source], str]) -> str | None:
+        """Python computing the symbolic size `sym` from the inputs, each read by `read(source)`."""
+        return spell_over_inputs(self.shape_env, self.symbolic_inputs, sym, read)
 
     @contextlib.contextmanager
     def _insert_placeholder(self):
@@ -219,6 +256,8 @@ class OutputGraph:
                     raise Unsupported(f"{_describe(target)} raised RuntimeError: {refused} (eager's kernel refuses "
                                       "these dtypes; the eager run raises it)")
         result = self._run_fake(run if op == "call_module" else target, run, example_args, example_kwargs)
+        if self.shape_env is not None and _has_symbols(result):
+            return self._symbolic_result(op, target, args, kwargs, result)
         has_tensor = any(isinstance(x, torch.Tensor) for x in pytree.tree_leaves(result))
         if not has_tensor and result is not None:
             if is_constant_literal(result):
@@ -234,7 +273,9 @@ class OutputGraph:
 
     def _run_fake(self, target: object, run: Callable, args: list, kwargs: dict) -> object:
         try:
-            with self.fake_mode, fake_memo.Memo(), torch.set_grad_enabled(self.grad_enabled), \
+            # the memo describes static sizes only: a capture with symbolic sizes runs without it
+            memo = fake_memo.Memo() if self.shape_env is None else contextlib.nullcontext()
+            with self.fake_mode, memo, torch.set_grad_enabled(self.grad_enabled), \
                     self.in_autocast_regions():
                 return run(*args, **kwargs)
         except (DataDependentOutputException, DynamicOutputShapeException) as e:
@@ -246,6 +287,37 @@ class OutputGraph:
         except Exception as e:  # the user's error: the eager run raises it at the user's line
             raise Unsupported(f"{_describe(target)} raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
 
+    def _symbolic_result(self, op: str, target: object, args: list[Value], kwargs: dict[str, Value], result: object) -> Value:
+        """A size computed from symbolic sizes: a graph value (a SymInt node), or, for a
+        comparison (a SymBool), the answer at capture, which the ShapeEnv now guards."""
+        if isinstance(result, torch.SymBool):
+            return ConstantValue(bool(result))
+        node = self.graph.create_node(
+            op, target, tuple(a.node_arg() for a in args), {k: v.node_arg() for k, v in kwargs.items()}
+        )
+        node.meta["example_value"] = result
+        if isinstance(result, (torch.SymInt, torch.SymFloat)):
+            return SymNumberValue(node, result, self)
+        if isinstance(result, tuple) and not any(isinstance(x, torch.Tensor) for x in pytree.tree_leaves(result)):
+            items = []
+            for i, item in enumerate(result):
+                if isinstance(item, (torch.SymInt, torch.SymFloat)):
+                    getitem = self.graph.call_function(operator.getitem, (node, i))
+                    getitem.meta["example_value"] = item
+                    items.append(SymNumberValue(getitem, item, self))
+                elif isinstance(item, torch.SymBool):
+                    items.append(ConstantValue(bool(item)))
+                else:
+                    items.append(const(item))
+            return TupleValue(items, tuple_type=type(result))
+        return self._wrap_result(node, result)
+
+    def size_of(self, tensor: TensorValue) -> Value:
+        """`tensor.shape`: a torch.Size where every size is a number, else a tuple of numbers and symbolic sizes."""
+        if not any(is_symbolic(n) for n in tensor.fake.shape):
+            return ConstantValue(tensor.fake.shape)
+        return self.call_method("size", [tensor], {})
+
     def _wrap_result(self, node: torch.fx.Node, result: object) -> Value:
         if isinstance(result, torch.Tensor):
             return TensorValue(node, result)
@@ -256,6 +328,10 @@ class OutputGraph:
                     getitem = self.graph.call_function(operator.getitem, (node, i))
                     getitem.meta["example_value"] = item
                     items.append(TensorValue(getitem, item))
+                elif isinstance(item, (torch.SymInt, torch.SymFloat)):  # beside tensors: its own node
+                    getitem = self.graph.call_function(operator.getitem, (node, i))
+                    getitem.meta["example_value"] = item
+                    items.append(SymNumberValue(getitem, item, self))
                 else:
                     items.append(const(item))
             fields = getattr(type(result), "_fields", None) or getattr(type(result), "__match_args__", None)
@@ -278,7 +354,11 @@ class OutputGraph:
 
     def finish(self, outputs: list[TensorValue]) -> tuple[torch.fx.GraphModule, list[torch.Tensor], list[Source]]:
         """Close the graph with `outputs`; return it, its example inputs and their sources.
-        (The grad mode after the graph is set by the entry code, whatever the backend did.)"""
+        (The grad mode after the graph is set by the entry code, whatever the backend did.)
+        The guard on symbolic sizes is added last: it holds everything the ShapeEnv learned."""
+        if self.symbolic_inputs:
+            specialized_marks(self.shape_env, self.symbolic_inputs)  # raises where a marked dim became a number
+            self.guards.sizes(SizeGuard(self.shape_env, self.symbolic_inputs))
         self.graph.output(tuple(v.node for v in outputs))
         self._remove_dead_code()
         kept = []
@@ -387,3 +467,19 @@ def is_pure_node(node: torch.fx.Node) -> bool:
     if target in _IMPURE_FUNCTIONS or name.startswith("i") and getattr(operator, name, None) is target:
         return False
     return not name.endswith("_")
+
+
+def _symbolic_dims(fake: torch.Tensor | None) -> tuple[int, ...]:
+    if fake is None or fake.layout is not torch.strided:
+        return ()
+    return tuple(d for d, n in enumerate(fake.shape) if is_symbolic(n))
+
+
+def _has_symbols(result: object) -> bool:
+    if is_symbolic(result):
+        return True
+    if isinstance(result, torch.Tensor):
+        return False
+    if isinstance(result, (tuple, list)):
+        return any(is_symbolic(x) for x in result)
+    return False

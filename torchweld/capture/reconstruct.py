@@ -23,7 +23,7 @@ from torchweld.capture.objects import NNModuleValue
 from torchweld.capture.python_contexts import PythonContextExitValue
 from torchweld.capture.sources import LocalSource, Source
 from torchweld.capture.values import (
-    ConstantValue, DictValue, IteratorValue, ListValue, TensorTruthValue, TensorValue, TupleValue, Value,
+    ConstantValue, DictValue, IteratorValue, ListValue, SymNumberValue, TensorTruthValue, TensorValue, TupleValue, Value,
 )
 from torchweld.errors import Unsupported
 
@@ -97,6 +97,9 @@ class Reconstructor:
             return f"{self.expr(value.manager)}.__exit__"
         if isinstance(value, TensorTruthValue):
             return f"bool({self.expr(value.tensor)})"
+        if isinstance(value, SymNumberValue):  # `x.shape[0] // 2`: computed again from the inputs' sizes
+            spelled = value.output.spell_size(value.sym, self.read)
+            return spelled if spelled is not None else repr(value.as_constant())
         if isinstance(value, ConstantValue):
             v = value.as_constant()  # written into the code: a number read from outside is guarded now
             if type(v) in _LITERAL_TYPES or (type(v) is float and v == v and v not in (float("inf"), -float("inf"))):
@@ -120,6 +123,8 @@ class Reconstructor:
                 return f"{self.const(value.tuple_type)}({items})"
             if value.fields:  # a structseq such as torch.return_types.max
                 return f"{self.const(value.tuple_type)}(({items},))"
+            if value.tuple_type is torch.Size:  # `x.size()` with symbolic sizes among its items
+                return f"{self.const(torch.Size)}(({items},))"
             return f"({items},)" if value.elements else "()"
         if isinstance(value, DictValue):
             if value.source is not None:

@@ -72,6 +72,13 @@ class Translator:
 
     # -- running ---------------------------------------------------------------
     def run(self) -> Value:
+        self.output.translators.append(self)  # where a guard on a symbolic size is made
+        try:
+            return self._run()
+        finally:
+            self.output.translators.pop()
+
+    def _run(self) -> Value:
         while self.returned is None and self.paused_at is None:
             if self.ip >= len(self.instructions):
                 raise Unsupported("fell off the end of the bytecode").at(self.location())

@@ -105,6 +105,8 @@ class ConstantValue(Value):
     devices, slices, ranges, torch.Size and tuples of such."""
 
     def __init__(self, value: object, source: Source | None = None):
+        if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):  # never a symbol as a constant:
+            value = _specialized(value)  # its value now, which the ShapeEnv guards
         self.value = value
         self.source = source
 
@@ -184,6 +186,10 @@ def const(value: object) -> Value:
         return TupleValue([const(v) for v in value])
     if type(value) is dict:
         return DictValue({k: const(v) for k, v in value.items()})
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):  # a size no graph value holds:
+        return ConstantValue(_specialized(value))  # its value now, which the ShapeEnv guards
+    if type(value) is torch.Size and any(isinstance(n, torch.SymInt) for n in value):
+        return ConstantValue(torch.Size(int(n) for n in value))
     if is_constant_literal(value):
         return ConstantValue(value)
     raise Unsupported(f"capture cannot hold a {type(value).__name__} made at capture time")
@@ -234,7 +240,9 @@ class TensorValue(Value):
         from torchweld.capture.callables import TensorMethodValue
 
         fake = self.fake
-        if name in ("shape", "dtype", "device", "ndim", "is_cuda", "is_sparse", "is_quantized", "layout",
+        if name == "shape":
+            return tx.output.size_of(self)
+        if name in ("dtype", "device", "ndim", "is_cuda", "is_sparse", "is_quantized", "layout",
                     "requires_grad", "is_leaf", "itemsize", "nbytes"):
             if name in ("is_leaf",):
                 raise Unsupported(f"tensor.{name} depends on autograd state capture does not track")
@@ -249,6 +257,68 @@ class TensorValue(Value):
 
     def __repr__(self) -> str:
         return f"TensorValue({self.node.name}, {tuple(self.fake.shape)}, {self.fake.dtype})"
+
+
+class SymNumberValue(Value):
+    """A number computed from symbolic sizes (`x.shape[0]`, `x.size(-1) // 2`, `x.numel()`): a graph
+    node whose example is a torch.SymInt (or SymFloat). Where Python needs its exact value (a
+    loop count, a container index, a call capture does not model) it is specialized: the
+    ShapeEnv records `s0 == 8` and the entry's size guard checks it."""
+
+    def __init__(self, node: torch.fx.Node, sym: object, output: object):
+        self.node = node
+        self.sym = sym
+        self.output = output  # the OutputGraph whose ShapeEnv made it: spells it over the inputs' sizes
+
+    def python_type(self) -> type:
+        return int if isinstance(self.sym, torch.SymInt) else float
+
+    def as_constant(self) -> object:
+        return int(self.sym) if isinstance(self.sym, torch.SymInt) else float(self.sym)
+
+    def is_constant(self) -> bool:
+        return False
+
+    def truth(self, tx: "Translator") -> bool:
+        return bool(self.sym != 0)
+
+    def node_arg(self) -> object:
+        return self.node
+
+    def example(self) -> object:
+        return self.sym
+
+    def __repr__(self) -> str:
+        return f"SymNumberValue({self.node.name}, {self.sym})"
+
+
+class SymSliceValue(Value):
+    """`start:stop:step` with a symbolic size among them (`x[:, : x.shape[1] // 2]`)."""
+
+    def __init__(self, parts: list[Value]):
+        self.parts = parts
+
+    def python_type(self) -> type:
+        return slice
+
+    def as_constant(self) -> object:
+        return slice(*(p.as_constant() for p in self.parts))
+
+    def is_constant(self) -> bool:
+        return False
+
+    def node_arg(self) -> object:
+        return slice(*(p.node_arg() for p in self.parts))
+
+    def example(self) -> object:
+        return slice(*(p.example() for p in self.parts))
+
+
+def slice_of(parts: list[Value]) -> Value:
+    """The Value of `slice(*parts)`."""
+    if any(isinstance(p, SymNumberValue) for p in parts):
+        return SymSliceValue(parts)
+    return ConstantValue(slice(*(p.as_constant() for p in parts)))
 
 
 class TensorTruthValue(Value):
@@ -439,3 +509,9 @@ class CellValue(Value):
         if self.contents is None:
             raise Unsupported("free variable referenced before assignment")
         return self.contents
+
+
+def _specialized(value: object) -> object:
+    if isinstance(value, torch.SymBool):
+        return bool(value)
+    return int(value) if isinstance(value, torch.SymInt) else float(value)

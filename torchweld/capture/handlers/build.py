@@ -4,7 +4,7 @@ from __future__ import annotations
 from torchweld.capture.handlers import handles
 from torchweld.capture.collection_values import SetValue
 from torchweld.capture.exceptions import CapturedRaise
-from torchweld.capture.values import ConstantValue, DictValue, ListValue, TensorValue, TupleValue
+from torchweld.capture.values import ConstantValue, DictValue, ListValue, TensorValue, TupleValue, slice_of
 from torchweld.errors import Unsupported
 
 
@@ -39,7 +39,7 @@ def build_const_key_map(tx, inst):
 @handles("BUILD_SLICE")
 def build_slice(tx, inst):
     parts = tx.popn(inst.arg)
-    tx.push(ConstantValue(slice(*(p.as_constant() for p in parts))))
+    tx.push(slice_of(parts))
 
 
 @handles("BUILD_STRING")

@@ -7,7 +7,7 @@ import sys
 
 from torchweld.capture import operators
 from torchweld.capture.handlers import handles
-from torchweld.capture.values import ConstantValue, TensorTruthValue, TensorValue, TupleValue
+from torchweld.capture.values import ConstantValue, TensorTruthValue, TensorValue, TupleValue, Value, slice_of
 from torchweld.errors import Unsupported
 
 BINARY_OPERATORS = {
@@ -141,5 +141,5 @@ def store_slice(tx, inst):
     operators.setitem(tx, obj, _slice(start, end), value)
 
 
-def _slice(start, end) -> ConstantValue:
-    return ConstantValue(slice(start.as_constant(), end.as_constant()))
+def _slice(start, end) -> Value:
+    return slice_of([start, end])

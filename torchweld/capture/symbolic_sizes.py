@@ -1,0 +1,229 @@
+"""Symbolic sizes of one capture: fake inputs whose chosen dims are symbols of a torch
+ShapeEnv, and the guard that checks, at each call, what the ShapeEnv learned about them.
+
+Which dims are symbolic is decided by `dynamic_dims.DimChoices` (the modes and marks);
+this module only makes the symbols and reads them back. A dim of size 0 or 1 stays a
+number (ShapeEnv specializes them, as under torch.compile), and every symbol is
+assumed >= 2, which the guard checks.
+
+The guard (`SizeGuard`) is one Python expression over the inputs' `.size(d)` and
+`.stride()`: each symbol bound from the first size that made it, then every other size
+and stride compared with its expression, then the ShapeEnv's ranges and the guards
+recorded where capture branched on a size (`if x.shape[0] > 4`). Shortcut: it runs as a
+Python guard (a "python" check in the C evaluator), not as a table of the C evaluator.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import sympy
+import torch
+from torch._guards import GuardSource, SLoc, Source as TorchSource
+from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, free_symbols
+from torch.utils._sympy.numbers import int_oo
+from torch.utils._sympy.printers import PythonPrinter
+
+from torchweld.capture.sources import Source
+
+SYMBOLIC_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
+
+
+@dataclasses.dataclass(frozen=True)
+class SizeSource(TorchSource):
+    """Where a ShapeEnv symbol was read: `L['x'].size()[0]`; what ShapeEnv names in its messages."""
+
+    tensor: str
+    dim: int
+
+    @property
+    def name(self) -> str:  # ShapeEnv reads `source.name` as an attribute
+        return f"{self.tensor}.size()[{self.dim}]"
+
+    @property
+    def guard_source(self) -> GuardSource:
+        return GuardSource.LOCAL
+
+
+class CaptureShapeEnv(ShapeEnv):
+    """A ShapeEnv that places what it records at the user's line capture is at, instead of
+    walking the Python stack (torch's walk imports torch._dynamo and torch._inductor to know
+    which files to skip)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.user_location: Callable[[], str] = lambda: "<capture>"
+
+    def _get_stack_summary(self, is_debug: bool = False, framework_loc: str | None = None) -> tuple[SLoc, str]:
+        return SLoc(framework_loc=framework_loc or "torchweld capture", maybe_user_loc=self.user_location()), ""
+
+
+@dataclasses.dataclass
+class SymbolicInput:
+    """A tensor input with at least one symbolic dim."""
+
+    source: Source
+    fake: torch.Tensor
+    dynamic: dict[int, str]  # dim -> why it is symbolic
+    marked: set[int]  # dims the user marked with mark_dynamic: an error if capture specializes them
+
+
+def is_symbolic(value: object) -> bool:
+    return isinstance(value, SYMBOLIC_TYPES)
+
+
+def hint(n: object) -> object:
+    """The size at capture of `n` (an int or a SymInt), read without adding a guard."""
+    if isinstance(n, SYMBOLIC_TYPES):
+        return n.node.hint
+    return n
+
+
+def dense_order(real: torch.Tensor) -> list[int] | None:
+    """The dims of `real` innermost first, if its strides are those of a dense tensor laid out
+    in that order (contiguous, channels-last, transposed); None for gaps, overlaps, offsets."""
+    if real.layout is not torch.strided or real.storage_offset() != 0:
+        return None
+    order = sorted(range(real.dim()), key=lambda d: (real.stride(d), -d))
+    expected = 1
+    for d in order:
+        if real.stride(d) != expected:
+            return None
+        expected *= real.shape[d]
+    return order
+
+
+def symbolic_fake(mode, env: ShapeEnv, real: torch.Tensor, source: Source, dynamic: dict[int, tuple[str, bool, int | None,
+                  int | None]]) -> torch.Tensor | None:
+    """A fake of `real` whose dims in `dynamic` (dim -> (why, exact, min, max)) are symbols of `env`;
+    None where its layout cannot be described with symbolic strides (capture keeps it static)."""
+    order = dense_order(real)
+    if order is None:
+        return None
+    sizes: list = []
+    for d, n in enumerate(real.shape):
+        if d not in dynamic:
+            sizes.append(n)
+            continue
+        _, exact, low, high = dynamic[d]
+        where = SizeSource(source.name(), d)
+        symbol = env.create_symbol(n, where, dynamic_dim=DimDynamic.DYNAMIC if exact else DimDynamic.DUCK)
+        if isinstance(symbol, sympy.Symbol) and (low is not None or high is not None):
+            current = env.var_to_range[symbol]
+            lower = max(int(current.lower), low) if low is not None else current.lower
+            upper = min(current.upper, high) if high is not None else current.upper
+            env.constrain_symbol_range(symbol, compiler_min=lower, compiler_max=upper)
+        sizes.append(env.create_symintnode(symbol, hint=n, source=where))
+    strides: list = [0] * real.dim()
+    running = 1
+    for d in order:
+        strides[d] = running
+        running = running * sizes[d]
+    with mode:
+        fake = torch.empty_strided(sizes, strides, dtype=real.dtype, device=real.device)
+    if real.requires_grad:
+        fake.requires_grad_(True)
+    return fake
+
+
+class SizeGuard:
+    """The relations between the symbolic sizes one graph assumed, as one Python expression."""
+
+    def __init__(self, env: ShapeEnv, inputs: list[SymbolicInput]):
+        self.env = env
+        self.inputs = inputs
+
+    def _spell(self, expr) -> str:
+        expr = self.env.replace(sympy.sympify(expr))
+        names = {s: sympy.Symbol(f"___{s.name}", integer=True) for s in expr.free_symbols}
+        return PythonPrinter().doprint(expr.xreplace(names))
+
+    def parts(self) -> list[tuple[str, str]]:
+        """(readable, Python expression) of each relation, in the order they are checked."""
+        env = self.env
+        bound: set = set()
+        binds: list[tuple[str, str]] = []
+        relations: list[tuple[str, str]] = []
+        for item in self.inputs:
+            e = item.source.expr()
+            for d, size in enumerate(item.fake.shape):
+                if not isinstance(size, torch.SymInt):
+                    continue
+                expr = size.node.expr
+                if isinstance(expr, sympy.Symbol) and env.replace(expr) == expr and expr not in bound:
+                    bound.add(expr)
+                    binds.append((f"{expr} = {item.source.name()}.size()[{d}]",
+                                  f"(___{expr.name} := {e}.size({d})) is not None"))
+                    continue
+                relations.append((f"{item.source.name()}.size()[{d}] == {env.replace(expr)}",
+                                  f"{e}.size({d}) == {self._spell(expr)}"))
+            strides = [self._spell(s.node.expr) if isinstance(s, torch.SymInt) else repr(s) for s in item.fake.stride()]
+            relations.append((f"{item.source.name()}.stride() == ({', '.join(map(str, item.fake.stride()))})",
+                              f"{e}.stride() == ({', '.join(strides)}{',' if len(strides) == 1 else ''})"))
+        for symbol in sorted(bound, key=str):
+            r = env.var_to_range.get(symbol)
+            if r is None:
+                continue
+            name = f"___{symbol.name}"
+            if r.lower not in (-int_oo,) and r.lower is not None:
+                relations.append((f"{symbol} >= {r.lower}", f"{name} >= {int(r.lower)}"))
+            if r.upper not in (int_oo,) and r.upper is not None:
+                relations.append((f"{symbol} <= {r.upper}", f"{name} <= {int(r.upper)}"))
+        for g in env.guards:
+            expr = env.simplify(g.expr)
+            if expr == sympy.true:
+                continue
+            relations.append((str(expr), self._spell(expr)))
+        return binds + relations
+
+    def symbols_missing(self) -> set:
+        """Free symbols some relation names that no input size binds (cannot be checked)."""
+        bound = set()
+        for item in self.inputs:
+            for size in item.fake.shape:
+                if isinstance(size, torch.SymInt):
+                    bound |= free_symbols(size)
+        used = set()
+        for g in self.env.guards:
+            used |= self.env.replace(g.expr).free_symbols
+        return used - bound
+
+
+def specialized_marks(env: ShapeEnv, inputs: list[SymbolicInput]) -> None:
+    """Raise where a dim the user marked dynamic was made a number by capture (`if x.shape[0] == 8`,
+    `range(x.shape[0])`), naming the line where it happened."""
+    from torchweld.errors import DynamicDimSpecialized
+
+    for item in inputs:
+        for d in sorted(item.marked):
+            symbol = env.source_to_var.get(SizeSource(item.source.name(), d).name)  # as made, before replacements
+            if symbol is None:
+                continue
+            value = env.replace(symbol)
+            if value.free_symbols:
+                continue
+            sloc = getattr(env, "replacements_slocs", {}).get(symbol)
+            where = getattr(sloc, "maybe_user_loc", None) or "a line of the captured code"
+            raise DynamicDimSpecialized(f"{item.source.name()}.size()[{d}] was marked dynamic (mark_dynamic), but capture had to "
+                            f"specialize it to {value} at {where}. Remove the mark, or rewrite that line so that it "
+                            "does not need the exact size (a Python branch or loop on it)")
+
+
+def spell_over_inputs(env: ShapeEnv, inputs: list[SymbolicInput], sym: object, read: Callable[[Source], str]) -> str | None:
+    """Python that computes `sym` (a SymInt or SymFloat) from the inputs' sizes at run time, each
+    input spelled by `read(source)`; None where a symbol in it comes from no input size."""
+    expr = env.replace(sym.node.expr)
+    names: dict = {}
+    reads: dict[str, str] = {}
+    for symbol in expr.free_symbols:
+        found = next(((item.source, d) for item in inputs for d, n in enumerate(item.fake.shape)
+                      if isinstance(n, torch.SymInt) and n.node.expr == symbol), None)
+        if found is None:
+            return None
+        placeholder = f"___size{len(names)}___"
+        names[symbol] = sympy.Symbol(placeholder, integer=True)
+        reads[placeholder] = f"{read(found[0])}.size({found[1]})"
+    text = PythonPrinter().doprint(expr.xreplace(names))
+    for placeholder, spelled in reads.items():
+        text = text.replace(placeholder, spelled)
+    return f"({text})"
