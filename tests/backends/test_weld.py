@@ -135,18 +135,19 @@ def test_meta_tensors_run_without_kernels_and_log_why(caplog):
     assert "a tensor on meta" in caplog.text
 
 
-def test_symbolic_sizes_from_torch_compile_run_without_kernels_and_warn():
+def test_symbolic_sizes_from_torch_compile_compile_per_size():
     """torch.compile marks a dim dynamic when a second call changes it; weld computed with the
-    first example's sizes (x.sum() of torch.ones(6) was 5.0 after a call with 5 elements)."""
+    first example's sizes (x.sum() of torch.ones(6) was 5.0 after a call with 5 elements). Now
+    each size gets its own specialization (backends/weld_sizes.py), keyed on the sizes and on
+    the symbolic sizes torch.compile passes as numbers."""
     weld = lookup_backend("weld")
     compiled = torch.compile(lambda x, w: (x * w).sum() + x.mean(0) * 2, backend=weld)
-    with pytest.warns(RuntimeWarning, match="weld does not compile symbolic sizes yet"):
-        for n in (5, 6, 7, 9, 3, 6):
-            x, w = torch.randn(n, 4), torch.randn(4)
-            torch.testing.assert_close(compiled(x, w), (x * w).sum() + x.mean(0) * 2)
-        ones = torch.compile(lambda x: x.sum(), backend=weld)
-        for n in (5, 6, 7, 100):
-            torch.testing.assert_close(ones(torch.ones(n)), torch.tensor(float(n)))
+    for n in (5, 6, 7, 9, 3, 6):
+        x, w = torch.randn(n, 4), torch.randn(4)
+        torch.testing.assert_close(compiled(x, w), (x * w).sum() + x.mean(0) * 2)
+    ones = torch.compile(lambda x: x.sum(), backend=weld)
+    for n in (5, 6, 7, 100):
+        torch.testing.assert_close(ones(torch.ones(n)), torch.tensor(float(n)))
 
 
 def test_symbolic_sizes_in_node_metas_are_found():

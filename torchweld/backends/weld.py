@@ -11,7 +11,8 @@ import torch.utils._pytree as pytree
 
 from torchweld.backends import Option, register_backend
 from torchweld.backends.module_settings import SettingsGuarded, leaf_settings
-from torchweld.backends.weld_declines import UNTRACEABLE, warn_declined, why_declined
+from torchweld.backends.weld_declines import UNTRACEABLE, Decline, warn_declined, why_declined
+from torchweld.backends.weld_sizes import DEFAULT_SPECIALIZATIONS, CompiledPerSize
 
 log = logging.getLogger("torchweld.weld")
 
@@ -97,6 +98,8 @@ OPTIONS = {
                              "one per compiled model)", types=(object,)),
     "autotuner": Option("the runtime.autotune.Autotuner that times candidates (default: a new one)", types=(object,)),
     "autotune_timer": Option("the timer an Autotuner made here uses (tests)", types=(object,)),
+    "size_specializations": Option("a graph with symbolic sizes: how many per-size compiles are kept "
+                                   f"(backends/weld_sizes.py); default {DEFAULT_SPECIALIZATIONS}", types=(int,)),
     "split_reductions": Option("Triton: a long reduction runs in two kernels, split across blocks; default True"),
     "cpu_codegen": Option("the code CPU kernels are written in: 'cpp' (default) or 'triton' (through Triton's "
                           "interpreter, for tests)", choices=("cpp", "triton")),
@@ -113,6 +116,9 @@ def weld(gm: torch.fx.GraphModule, example_inputs: list, mode=None, options=None
     # the BackendOptions of this compiled model (backends.lookup_backend): graphs share its `shared`
     options = {} if options is None else options
     declined = why_declined(gm, example_inputs)
+    if declined is not None and declined[0] is Decline.SYMBOLIC_SIZES:  # shortcut: compiled per size (weld_sizes.py)
+        limit = options.get("size_specializations", DEFAULT_SPECIALIZATIONS)
+        return CompiledPerSize(gm, lambda static_gm, inputs: weld(static_gm, inputs, mode, options), limit)
     if declined is not None:
         kind, detail = declined
         log.warning("weld runs this graph without its kernels (%s): %s", detail, kind.value)

@@ -1,0 +1,66 @@
+"""weld with symbolic sizes (backends/weld_sizes.py): one capture, a compile per concrete size
+(the shortcut), every size's result equal to eager's, in training too."""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+import torchweld
+from torchweld.backends.weld_sizes import CompiledPerSize
+from tests.capture.test_dynamic_shapes import Block
+
+
+def _per_size(fn) -> CompiledPerSize:
+    (entry,) = [e for e in fn.cache_entries if isinstance(e.namespace.get("___graph"), CompiledPerSize)]
+    return entry.namespace["___graph"]
+
+
+def f(x, y):
+    n = x.shape[0]
+    z = x.view(n, -1) * 2 + y
+    return z[: n // 2].sum(0) + torch.arange(n, dtype=x.dtype).sum(), (z.softmax(-1) * x.shape[-1] ** 0.5).sum(0)
+
+
+def test_each_size_equals_eager_and_capture_happens_once():
+    fn = torchweld.compile(f, backend="weld", dynamic=True)
+    for n in (6, 9, 7, 13, 10, 6, 9):
+        x, y = torch.randn(n, 5), torch.randn(n, 5)
+        torch.testing.assert_close(fn(x, y), f(x, y))
+    assert len(fn.cache_entries) == 1
+    assert _per_size(fn).compiles == 5
+
+
+def test_automatic_dynamic_transformer_block_on_weld():
+    torch.manual_seed(0)
+    block = Block().eval()
+    fn = torchweld.compile(block, backend="weld")
+    with torch.no_grad():
+        for t in (7, 10, 13, 9):
+            x = torch.randn(2, t, 16)
+            torch.testing.assert_close(fn(x), block(x), rtol=1e-4, atol=1e-5)
+
+
+def test_oldest_specialization_is_dropped_with_a_log_line(caplog):
+    fn = torchweld.compile(f, backend="weld", dynamic=True, options={"size_specializations": 2})
+    with torchweld.config.patch(logs="dynamic"), caplog.at_level(logging.INFO, logger="torchweld"):
+        for n in (6, 7, 8, 6):
+            x, y = torch.randn(n, 5), torch.randn(n, 5)
+            torch.testing.assert_close(fn(x, y), f(x, y))
+    per_size = _per_size(fn)
+    assert len(per_size.specializations) == 2 and per_size.compiles == 4
+    assert any("weld drops its specialization for sizes [(6, 5), (6, 5)]" in r.getMessage() for r in caplog.records)
+
+
+def test_training_with_varying_length_gives_eager_gradients_on_weld():
+    torch.manual_seed(0)
+    model, reference = Block(), Block()
+    reference.load_state_dict(model.state_dict())
+    compiled = torchweld.compile(model, backend="weld")
+    for t in (5, 8, 6, 11):
+        x = torch.randn(2, t, 16)
+        torch.testing.assert_close(compiled(x), reference(x), rtol=1e-4, atol=1e-5)
+        compiled(x).square().mean().backward()
+        reference(x).square().mean().backward()
+        for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=name)

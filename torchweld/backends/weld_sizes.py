@@ -1,0 +1,129 @@
+"""weld for a graph with symbolic sizes: one capture, compiled once per concrete layout.
+
+Shortcut (issue 45): weld's lowering and kernels work with the sizes of the example inputs,
+so a graph whose sizes are symbols is not compiled size-generically. Capture hands weld the
+symbolic graph once; each call whose inputs have sizes and strides not seen before gets
+a copy of the graph whose example values hold those sizes (`static_copy`), compiled as
+any static graph is, and kept in a bounded cache (options={"size_specializations": n},
+default 8); a log line says when the oldest specialization is dropped. The guard capture
+made for the symbolic graph decides which calls reach here; the cache key (every input's
+sizes and strides) decides which specialization runs, so a specialization is never used
+for sizes it was not compiled for.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+from typing import Callable
+
+import sympy
+import torch
+import torch.utils._pytree as pytree
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from torchweld import logs
+from torchweld.backends.weld_declines import is_symbolic
+
+log = logging.getLogger("torchweld.weld")
+
+DEFAULT_SPECIALIZATIONS = 8
+
+
+def _layout(args: tuple) -> tuple:
+    """What a specialization was compiled for: each tensor's sizes and strides, each number itself
+    (torch.compile's graphs take symbolic sizes as arguments too)."""
+    return tuple((tuple(a.shape), a.stride()) if isinstance(a, torch.Tensor) and a.layout is torch.strided
+                 else (tuple(a.shape) if isinstance(a, torch.Tensor) else (type(a), a)) for a in args)
+
+
+def bindings(gm: torch.fx.GraphModule, args: tuple) -> dict:
+    """{symbol: its value in this call}, read from the placeholders' symbolic sizes and `args`."""
+    found: dict = {}
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for node, arg in zip(placeholders, args):
+        fake = node.meta.get("example_value", node.meta.get("val"))
+        if isinstance(fake, torch.SymInt) and isinstance(fake.node.expr, sympy.Symbol) and type(arg) is int:
+            found[fake.node.expr] = sympy.Integer(arg)  # a symbolic size passed as a number (torch.compile's graphs)
+            continue
+        if not isinstance(fake, torch.Tensor) or not isinstance(arg, torch.Tensor):
+            continue
+        for d, size in enumerate(fake.shape):
+            if isinstance(size, torch.SymInt) and isinstance(size.node.expr, sympy.Symbol):
+                found[size.node.expr] = sympy.Integer(arg.shape[d])
+    return found
+
+
+def _concrete(n: object, env, values: dict) -> object:
+    if not isinstance(n, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return n
+    expr = env.replace(n.node.expr) if env is not None else n.node.expr
+    value = expr.xreplace(values)
+    if value.free_symbols:
+        raise ValueError(f"the size {n} names a symbol no input binds")
+    if isinstance(n, torch.SymInt):
+        return int(value)
+    return bool(value) if isinstance(n, torch.SymBool) else float(value)
+
+
+def static_copy(gm: torch.fx.GraphModule, args: tuple) -> torch.fx.GraphModule:
+    """A copy of `gm` (same modules, same code) whose example values have this call's sizes."""
+    values = bindings(gm, args)
+    graph = torch.fx.Graph()
+    mapping: dict = {}
+    out = graph.graph_copy(gm.graph, mapping)
+    graph.output(out)
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    made: dict[int, torch.Tensor] = {}
+
+    def concrete(value: object) -> object:
+        if isinstance(value, torch.Tensor) and value.layout is torch.strided and is_symbolic(value):
+            if id(value) not in made:
+                env = next((n.node.shape_env for n in (*value.shape, *value.stride())
+                            if isinstance(n, torch.SymInt)), None)
+                sizes = [_concrete(n, env, values) for n in value.shape]
+                strides = [_concrete(n, env, values) for n in value.stride()]
+                with mode:
+                    fake = torch.empty_strided(sizes, strides, dtype=value.dtype, device=value.device)
+                if value.requires_grad:
+                    fake.requires_grad_(True)
+                made[id(value)] = fake
+            return made[id(value)]
+        if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            return _concrete(value, value.node.shape_env, values)
+        return value
+
+    for old, new in mapping.items():
+        if "example_value" in old.meta:
+            new.meta["example_value"] = pytree.tree_map(concrete, old.meta["example_value"])
+    return torch.fx.GraphModule(gm, graph)
+
+
+class CompiledPerSize:
+    """Calls the specialization of `gm` compiled for the sizes and strides of its arguments."""
+
+    def __init__(self, gm: torch.fx.GraphModule, compile_static: Callable, limit: int = DEFAULT_SPECIALIZATIONS):
+        self.gm = gm
+        self.compile_static = compile_static  # (static graph module, example inputs) -> callable
+        self.limit = limit
+        self.specializations: collections.OrderedDict = collections.OrderedDict()
+        self.compiles = 0
+
+    def __call__(self, *args):
+        key = _layout(args)
+        compiled = self.specializations.get(key)
+        if compiled is None:
+            compiled = self._compile(key, args)
+        else:
+            self.specializations.move_to_end(key)
+        return compiled(*args)
+
+    def _compile(self, key: tuple, args: tuple) -> Callable:
+        compiled = self.compile_static(static_copy(self.gm, args), list(args))
+        self.compiles += 1
+        self.specializations[key] = compiled
+        if len(self.specializations) > self.limit:
+            dropped, _ = self.specializations.popitem(last=False)
+            sizes = [s for s, *_ in dropped]
+            log.info("weld drops its specialization for sizes %s (options size_specializations=%d)", sizes, self.limit)
+            logs.get("dynamic").info("weld drops its specialization for sizes %s: more than %d kept", sizes, self.limit)
+        return compiled
