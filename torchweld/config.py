@@ -27,6 +27,9 @@ def _int_from_env(name: str, default: int | None) -> int | None:
 cache_size_limit: int = 8  # cache entries per code object; past it the frame runs eagerly
 suppress_errors: bool = False  # a backend that raises: run the frame eagerly with a warning
 inline_depth_limit: int = 32  # nested inlined user calls before the frame gives up
+# A graph captured inside DistributedDataParallel's forward is split at DDP's gradient buckets,
+# each piece compiled on its own, so that all-reduces overlap the backward (capture/ddp_split.py)
+optimize_ddp: bool = True
 # A bug inside capture (not a known limitation): False runs the frame eagerly with a
 # warning, so the user's program goes on; True raises it (the test suite sets this).
 raise_internal_errors: bool = False

@@ -4,7 +4,9 @@ without torch.distributed or gloo they are skipped."""
 from __future__ import annotations
 
 import os
+import queue as queue_module
 import socket
+import time
 import traceback
 
 import pytest
@@ -56,14 +58,22 @@ def on_two_ranks(fn, *args, timeout: float = 240) -> list:
     for w in workers:
         w.start()
     results, errors = {}, []
+    deadline = time.monotonic() + timeout
     try:
-        for _ in range(WORLD):
-            rank, status, value = queue.get(timeout=timeout)
+        while len(results) < WORLD and not errors:
+            try:
+                rank, status, value = queue.get(timeout=1)
+            except queue_module.Empty:
+                dead = [r for r, w in enumerate(workers) if not w.is_alive() and r not in results]
+                if dead and queue.empty():  # died before reporting (a crash, an import error)
+                    errors.append(f"rank {dead[0]} exited with code {workers[dead[0]].exitcode} without a result")
+                elif time.monotonic() > deadline:
+                    errors.append(f"no result from ranks {sorted(set(range(WORLD)) - set(results))} in {timeout} s")
+                continue
             if status == "ok":
                 results[rank] = value
             else:
                 errors.append(f"rank {rank} raised:\n{value}")
-                break
     finally:
         for w in workers:
             w.join(timeout=10)

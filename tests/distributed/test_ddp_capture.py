@@ -16,6 +16,14 @@ RUNS = {
     "find_unused_parameters": Run(model="mlp_unused", ddp_options=(("find_unused_parameters", True),)),
     "static_graph": Run(ddp_options=(("static_graph", True),), steps=4),
     "weld_sgd": Run(backend="weld"),
+    # DDP(torchweld.compile(model)); and graphs split at small buckets (capture/ddp_split.py)
+    "inner_sgd": Run(order="inner"),
+    "inner_weld_adam": Run(order="inner", backend="weld", optimizer="adam"),
+    # (SGD: Adam turns weld's last-bit differences in near-zero gradients into differences of
+    # 1e-4 after 3 steps, split or not)
+    "split_transformer_weld": Run(model="transformer", backend="weld", ddp_options=(("bucket_cap_mb", 0.002),)),
+    "split_inner_transformer_accumulation": Run(order="inner", model="transformer", accumulate=2,
+                                                ddp_options=(("bucket_cap_mb", 0.002),)),
     # a compiled function calling a DDP module: a graph break at the call, DDP's forward run through
     # capture/ddp.py (its module in a graph of its own), the loss after it in a resume function's graph
     "step_sgd": Run(order="step"),

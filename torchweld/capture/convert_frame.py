@@ -17,7 +17,7 @@ import torch
 
 from torchweld import config, gc_pause, logs, timing
 from torchweld.atomic_imports import imports_finish_first
-from torchweld.capture import guard_extension
+from torchweld.capture import ddp_split, guard_extension
 from torchweld.capture.cache import CacheEntry, UserLine, build_entry, signature_of
 from torchweld.capture.dynamic_dims import DimChoices
 from torchweld.capture.eager_rerun import EagerRerun, rerun_plan
@@ -210,7 +210,7 @@ def _compile_graph(gm, example_inputs, settings: CompileSettings, tx: Translator
     try:
         # a backend that traces or runs the graph executes its grad-mode nodes: undo that after
         with torch.set_grad_enabled(torch.is_grad_enabled()), timing.phase("backend"):
-            compiled = settings.backend(gm, example_inputs)
+            compiled = ddp_split.compile_graph(settings.backend, settings.backend_name, gm, example_inputs)
         if not callable(compiled):
             raise TypeError(f"the backend returned {compiled!r}, which is not callable")
     except Exception as e:

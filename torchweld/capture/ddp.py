@@ -7,7 +7,7 @@ and at the graph break where captured code calls a DDP module.
 As under torch.compile, DDP's own methods (`_pre_forward`, `_post_forward`,
 `_inside_ddp_forward`) are called: DDP has no public hook for what it does around its
 module. `_inside_ddp_forward` marks the module's call as inside DDP, which the graph
-split at DDP's buckets (backends/ddp_split.py) reads."""
+split at DDP's buckets (capture/ddp_split.py) reads."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING

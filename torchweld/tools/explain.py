@@ -8,6 +8,7 @@ from typing import Callable
 
 import torch
 
+from torchweld.capture.ddp_split import META_KEY as DDP_SPLIT
 from torchweld.capture.report import BreakReason, TranslationReport, collecting
 
 
@@ -34,10 +35,19 @@ class ExplainOutput:
                 lines.append(f"  {i}. {reason}".replace("\n", "\n     "))
         for i, ops in enumerate(self.ops_per_graph, 1):
             lines.append(f"Ops in graph {i}: {', '.join(ops) if ops else '(none)'}")
+        for i, graph in enumerate(self.graphs, 1):
+            split = graph.meta.get(DDP_SPLIT)
+            if split is not None:
+                lines.append(f"Graph {i}: {split}")
         lines.append("Guards:")
         lines.extend(f"  {g}" for g in self.guards)
         lines.append("Compile times: " + ", ".join(f"{t * 1000:.1f} ms" for t in self.compile_times))
         return "\n".join(lines)
+
+    @property
+    def pieces_per_graph(self) -> list[int]:
+        """How many pieces each graph was compiled in: 1, or DDP's buckets (capture/ddp_split.py)."""
+        return [getattr(g.meta.get(DDP_SPLIT), "pieces", 1) for g in self.graphs]
 
     def to_html(self, path):
         """Write this report as a self-contained HTML page at `path`; returns the path."""
