@@ -174,8 +174,39 @@ class JointGraph:
                 outs[k + m:])
 
 
+_RANDOM_WORDS = ("rand", "dropout", "bernoulli", "normal", "multinomial", "poisson", "rrelu")
+
+
+def _checkpointed_block_changing_state(gm: torch.fx.GraphModule) -> str | None:
+    """A `checkpoint(block, ...)` call (capture/checkpoint.py) whose block draws random numbers or
+    changes tensors in place: its recompute in the backward must replay eager's random state and
+    writes, which the joint trace does not; such a graph runs as captured, under eager's checkpoint."""
+    import torch.utils.checkpoint
+
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node.target is not torch.utils.checkpoint.checkpoint:
+            continue
+        block = gm.get_submodule(node.args[0].target)
+        for inner in block.graph.nodes:
+            if inner.op == "call_module":
+                module = block.get_submodule(inner.target)
+                if any(True for _ in module.buffers()) or any(isinstance(m, torch.nn.modules.dropout._DropoutNd)
+                                                              and m.training for m in module.modules()):
+                    return f"its {type(module).__name__} updates buffers or draws random numbers"
+            elif inner.op in ("call_function", "call_method"):
+                name = inner.target if isinstance(inner.target, str) else getattr(inner.target, "__name__", "")
+                if name.endswith("_") or any(w in name for w in _RANDOM_WORDS) or "out" in inner.kwargs \
+                        or inner.kwargs.get("inplace"):
+                    return f"it calls {name}"
+    return None
+
+
 def trace_joint(gm: torch.fx.GraphModule, state: list[ModuleState], primals: list[torch.Tensor]) -> JointGraph:
     """Trace forward + backward of `gm` run with `primals` = state values + tensor inputs."""
+    changing = _checkpointed_block_changing_state(gm)
+    if changing is not None:
+        raise FunctionalizationError(f"a checkpointed block changes state ({changing}): its recompute runs under "
+                                     "eager's checkpoint")
     n_state = len(state)
     recorder = AtenRecorder(JOINT_DECOMPOSITIONS)
     grad_primals = [i for i, p in enumerate(primals) if p.requires_grad]
@@ -205,7 +236,7 @@ def trace_joint(gm: torch.fx.GraphModule, state: list[ModuleState], primals: lis
         tangents = [recorder.placeholder(torch.empty(flat_out[i].shape, dtype=flat_out[i].dtype,
                                                      device=flat_out[i].device)) for i in diff_outputs]
         diff, wrt = [flat_out[i] for i in diff_outputs], [prims[i] for i in grad_primals]
-        with recorder:
+        with recorder, substituted(gm, state, prims[:n_state]):  # a checkpointed region recomputes here
             try:
                 grads = torch.autograd.grad(diff, wrt, tangents, allow_unused=True) if diff and wrt else [None] * len(wrt)
             except RuntimeError as e:

@@ -19,6 +19,7 @@ from torchweld.capture.callables import (
     AllowedInGraphValue, AssumedConstantValue, CachedFunctionValue, OpaqueCallableValue, PartialValue,
     TorchCallableValue, UserFunctionValue,
 )
+from torchweld.capture.checkpoint import CheckpointValue, is_checkpoint
 from torchweld.capture.environ import EnvironValue
 from torchweld.capture.objects import (
     ClassValue, NNModuleValue, PythonModuleValue, UserObjectValue, is_stateless_standard_module,
@@ -159,6 +160,10 @@ def wrap(tx: "Translator", obj: object, source: Source | None, guard: bool = Tru
         if guards:
             guards.identity(source, obj)
         return AssumedConstantValue(obj, source)
+    if is_checkpoint(obj):  # marked to run without compilers; capture inlines it (checkpoint.py)
+        if guards:
+            guards.identity(source, obj)
+        return CheckpointValue(source)
     if isinstance(obj, types.FunctionType) and is_marked_by_torch_to_run_eagerly(obj):
         return OpaqueCallableValue(obj, f"{obj.__qualname__} is marked by torch to run without compilers", source)
     if is_torch_callable(obj):

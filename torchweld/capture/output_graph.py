@@ -344,9 +344,13 @@ class OutputGraph:
 
     # -- the result ----------------------------------------------------------------
     def _remove_dead_code(self) -> None:
-        """Drop operations whose results nobody uses and that change nothing."""
+        """Drop operations whose results nobody uses and that change nothing, and the unused
+        operations of a checkpointed block (its checkpoint call runs them: capture/checkpoint.py)."""
         for node in reversed(list(self.graph.nodes)):
-            if node.op in ("call_function", "call_method") and not node.users and is_pure_node(node):  # noqa: SIM102
+            if node.users or node.op not in ("call_function", "call_method", "call_module", "get_attr"):
+                continue
+            if "checkpoint_region" in node.meta or (node.op != "call_module" and node.op != "get_attr"
+                                                    and is_pure_node(node)):
                 self.graph.erase_node(node)
 
     def op_count(self) -> int:

@@ -19,9 +19,15 @@ class SideEffects:
         self._globals: dict[tuple[int, str], tuple[str, str, Value]] = {}  # -> (globals expr, name, Value)
         self._containers: dict[int, Value] = {}  # sourced lists and dicts that changed
         self._keep_alive: list[object] = []  # ids above stay unique while capture runs
+        self._recorded = 0  # how many changes were recorded: a snapshot to compare
 
     # -- recording ------------------------------------------------------------------
+    def snapshot(self) -> int:
+        """A mark that changes whenever a change is recorded (checkpoint.py compares two)."""
+        return self._recorded
+
     def store_attribute(self, owner: Value, real: object, name: str, value: Value) -> None:
+        self._recorded += 1
         self._keep_alive.append(real)
         self._attributes.pop((id(real), name), None)  # re-inserted last: replay in program order
         self._attributes[(id(real), name)] = (owner, name, value)
@@ -31,6 +37,7 @@ class SideEffects:
         return entry[2] if entry else None
 
     def store_global(self, f_globals: dict, globals_expr: str, name: str, value: Value) -> None:
+        self._recorded += 1
         self._keep_alive.append(f_globals)
         self._globals.pop((id(f_globals), name), None)
         self._globals[(id(f_globals), name)] = (globals_expr, name, value)
@@ -40,6 +47,7 @@ class SideEffects:
         return entry[2] if entry else None
 
     def changed_container(self, container: Value) -> None:
+        self._recorded += 1
         self._containers[id(container)] = container
 
     def __bool__(self) -> bool:
