@@ -24,6 +24,7 @@ from torchweld.capture.cache import LIVE_CACHES
 from torchweld.capture.compiled_function import CompiledFunction
 from torchweld.capture.convert_frame import CompileSettings
 from torchweld.capture.ddp import DDPForward, is_ddp
+from torchweld.capture.native_hooks import call_with_native_hooks, hooks_run_natively
 from torchweld.capture.objects import _has_hooks
 from torchweld.errors import InvalidArgument
 
@@ -139,7 +140,9 @@ class CompiledModule(torch.nn.Module):
 
     def forward(self, *args, **kwargs):
         module = self._orig_mod
-        if _has_hooks(module):
+        if _has_hooks(module):  # forward (pre-)hooks (FSDP2's, the user's) run in Python around the compiled forward
+            if hooks_run_natively(module):
+                return call_with_native_hooks(module, self._compiled_forward, args, kwargs)
             return module(*args, **kwargs)
         return self._compiled_forward(*args, **kwargs)
 

@@ -73,9 +73,23 @@ def record_overlap(rank: int, order: str, backend: str) -> dict:
             "piece_bytes": [s.piece_param_bytes for s in splits if s]}
 
 
-@pytest.mark.parametrize("order,backend", [("outer", "eager"), ("inner", "eager"), ("outer", "weld"), ("inner", "weld")])
-def test_split_at_buckets_starts_an_all_reduce_before_the_backward_ends(order, backend):
-    for outcome in on_two_ranks(record_overlap, order, backend):
+CASES = [("outer", "eager"), ("inner", "eager"), ("outer", "weld"), ("inner", "weld")]
+
+
+def record_all(rank: int) -> list:
+    return [record_overlap(rank, *case) for case in CASES] + [explain_split(rank)]
+
+
+@pytest.fixture(scope="module")
+def outcomes():
+    per_rank = on_two_ranks(record_all)
+    return [[rank[i] for rank in per_rank] for i in range(len(CASES) + 1)]
+
+
+@pytest.mark.parametrize("case", CASES, ids=["-".join(c) for c in CASES])
+def test_split_at_buckets_starts_an_all_reduce_before_the_backward_ends(outcomes, case):
+    order, backend = case
+    for outcome in outcomes[CASES.index(case)]:
         assert max(outcome["diffs"]) <= (0.0 if backend == "eager" else 1e-5), outcome
         assert outcome["pieces"] == [4], outcome  # one graph, one piece per bucket (per layer)
         assert outcome["piece_bytes"] == [(LAYER_BYTES,) * 4], outcome
@@ -99,8 +113,8 @@ def explain_split(rank: int) -> str:
     return str(output)
 
 
-def test_explain_says_how_many_pieces_and_why():
-    text = on_two_ranks(explain_split)[0]
+def test_explain_says_how_many_pieces_and_why(outcomes):
+    text = outcomes[-1][0]
     assert "Graph 1: split into 4 pieces at DistributedDataParallel's gradient buckets" in text, text
     assert f"parameters per piece: {LAYER_BYTES} B, {LAYER_BYTES} B" in text, text
 

@@ -16,6 +16,7 @@ from torchweld.capture.callables import (
     BoundMethodValue, ConstantMethodValue, ContainerMethodValue, TensorMethodValue, UserFunctionValue,
 )
 from torchweld.capture.ddp import ddp_forward, is_ddp
+from torchweld.capture.native_hooks import NativeHooksCall, is_fsdp_managed
 from torchweld.capture.handlers import CALLABLE_BELOW_NULL
 from torchweld.capture.handlers.calls import callable_and_args
 from torchweld.capture.handlers.ops import compare_makes_bool
@@ -281,6 +282,9 @@ class BreakCodegen:
                 return None  # called as `ddp(...)`, eagerly: its hooks run around its forward
             guard_plain_call(self.tx, fn.module, fn.source)
             return f"{self.rebuild.const(types.MethodType)}({self.rebuild.const(ddp_forward(self.settings))}, {expr(fn)})"
+        if isinstance(fn, NNModuleValue) and is_fsdp_managed(fn.module) and "forward" not in fn.module.__dict__:
+            call = self._native_hooks_call(type(fn.module).forward)
+            return f"{self.rebuild.const(types.MethodType)}({call}, {expr(fn)})"
         if isinstance(fn, NNModuleValue) and not is_standard_module(fn.module):
             if _has_hooks(fn.module) or "forward" in fn.module.__dict__:
                 return None  # called as `module(...)`: its hooks run around its forward, as in eager
@@ -292,6 +296,19 @@ class BreakCodegen:
         if isinstance(fn, ConstantMethodValue):
             return f"{self.rebuild.const(fn.obj)}.{fn.name}"
         return None
+
+    def _native_hooks_call(self, function: types.FunctionType) -> str:
+        """A call of a module whose hooks run natively around `function`, its compiled forward."""
+        key = ("native hooks", function)
+        call = self.settings.wrappers.get(key)
+        if call is None:
+            from torchweld.capture.compiled_function import CompiledFunction
+
+            forward = self.settings.wrappers.get(("callee", function))
+            if forward is None:
+                forward = self.settings.wrappers[("callee", function)] = CompiledFunction(function, self.settings)
+            call = self.settings.wrappers[key] = NativeHooksCall(forward)
+        return self.rebuild.const(call)
 
     def _wrapper(self, function: types.FunctionType) -> str:
         from torchweld.capture.compiled_function import CompiledFunction

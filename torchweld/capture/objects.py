@@ -11,6 +11,7 @@ import torch
 
 from torchweld.capture.collection_values import COLLECTION_CLASSES, construct_collection
 from torchweld.capture.ddp import is_ddp
+from torchweld.capture.native_hooks import is_fsdp_managed
 from torchweld.capture.optimizers import OptimizerStepValue, captures_step
 from torchweld.capture.sources import AttrSource, ModuleEntrySource, Source
 from torchweld.capture.values import ConstantValue, ListValue, Value, const
@@ -214,6 +215,9 @@ class NNModuleValue(Value):
         if is_ddp(m):
             raise Unsupported("DistributedDataParallel runs its bookkeeping for the backward in Python: "
                               "its module is captured in a graph of its own (capture/ddp.py)")
+        if is_fsdp_managed(m):
+            raise Unsupported("FSDP2's hooks gather and free the module's parameters: they run in Python, "
+                              "and the module's forward is captured in a graph of its own (capture/native_hooks.py)")
         if _has_hooks(m):  # as nn.Module.__call__ runs them, around the forward (inlined: a graph's
             # call_module node would run the module's hooks a second time)
             forward = _attribute(tx, self, m, "forward", self.source)
