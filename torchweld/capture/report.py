@@ -9,6 +9,7 @@ from typing import Iterator
 
 import torch
 
+from torchweld.capture.break_kinds import BreakKind, kind_of
 from torchweld.errors import UserLocation
 
 
@@ -21,6 +22,11 @@ class BreakReason:
     @property
     def source_line(self) -> str:
         return self.location.source_line if self.location else ""
+
+    @property
+    def kind(self) -> BreakKind:
+        """What sort of break it is (capture/break_kinds.py), for grouping and counting."""
+        return kind_of(self.reason)
 
     def __str__(self) -> str:
         where = f"{self.location}: " if self.location else ""

@@ -3,12 +3,14 @@ what it captured — graphs, operators, guards, compile times — and where and 
 capture stopped."""
 from __future__ import annotations
 
+import collections
 import dataclasses
 from typing import Callable
 
 import torch
 
 from torchweld.capture.ddp_split import META_KEY as DDP_SPLIT
+from torchweld.capture.break_kinds import BreakKind
 from torchweld.capture.report import BreakReason, TranslationReport, collecting
 
 
@@ -32,7 +34,9 @@ class ExplainOutput:
         if self.break_reasons:
             lines.append("Break reasons:")
             for i, reason in enumerate(self.break_reasons, 1):
-                lines.append(f"  {i}. {reason}".replace("\n", "\n     "))
+                lines.append(f"  {i}. [{reason.kind.name.lower()}] {reason}".replace("\n", "\n     "))
+            lines.append("Breaks by kind:")
+            lines.extend(f"  {kind.name.lower()}: {count} ({kind.value})" for kind, count in self.breaks_by_kind.items())
         for i, ops in enumerate(self.ops_per_graph, 1):
             lines.append(f"Ops in graph {i}: {', '.join(ops) if ops else '(none)'}")
         for i, graph in enumerate(self.graphs, 1):
@@ -43,6 +47,12 @@ class ExplainOutput:
         lines.extend(f"  {g}" for g in self.guards)
         lines.append("Compile times: " + ", ".join(f"{t * 1000:.1f} ms" for t in self.compile_times))
         return "\n".join(lines)
+
+    @property
+    def breaks_by_kind(self) -> dict[BreakKind, int]:
+        """How many breaks of each kind (capture/break_kinds.py), the most frequent first."""
+        counts = collections.Counter(reason.kind for reason in self.break_reasons)
+        return dict(counts.most_common())
 
     @property
     def pieces_per_graph(self) -> list[int]:
