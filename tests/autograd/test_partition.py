@@ -15,7 +15,7 @@ def joint_of(fn, *inputs):
 
 
 def run_partition(part, joint, primals, tangents):
-    """Forward then backward, as CompiledFunction runs them, with the aten graphs themselves."""
+    """Forward then backward, as CompiledGraphFunction runs them, with the aten graphs themselves."""
     res = list(part.forward(*primals))
     k, m = joint.num_outputs, len(joint.mutated_primals)
     outs, intermediates = res[:k], res[k + m:]

@@ -44,7 +44,7 @@ def test_gradients_match_eager(make, shape, device, request):
         x = torch.randn(shape, device=device, requires_grad=True)
         x_ref = x.detach().clone().requires_grad_()
         out, expected = compiled(x), reference(x_ref)
-        assert "CompiledFunctionBackward" in repr(out)
+        assert "CompiledGraphFunctionBackward" in repr(out)
         torch.testing.assert_close(out, expected, **TOL)
         grad = torch.randn_like(out)
         out.backward(grad)
@@ -64,7 +64,7 @@ def test_channels_last_training_is_compiled(make, shape):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         out = torchweld.compile(model, backend="weld")(x)
-    assert "CompiledFunctionBackward" in repr(out)
+    assert "CompiledGraphFunctionBackward" in repr(out)
     expected = reference(x)
     torch.testing.assert_close(out, expected, **TOL)
     out.sum().backward()
@@ -175,7 +175,7 @@ def test_tutorial_train_step():
     tutorial_opt = torch.optim.Adam(tutorial_model.parameters(), lr=1e-2)
 
     def check(loss):
-        assert "CompiledFunctionBackward" in repr(loss)
+        assert "CompiledGraphFunctionBackward" in repr(loss)
 
     _tutorial_steps_match_eager(torchweld.compile(tutorial_train), check=check)
 
@@ -218,7 +218,7 @@ def test_a_model_called_under_autocast_trains_like_eager():
         with torch.autocast("cpu", dtype=torch.bfloat16):
             out = m(x)
             assert out.dtype == torch.bfloat16
-            assert ("CompiledFunction" in type(out.grad_fn).__name__) == (m is compiled)
+            assert ("CompiledGraphFunction" in type(out.grad_fn).__name__) == (m is compiled)
             loss = nn.functional.cross_entropy(out, y)
         loss.backward()
     for p, q in zip(eager.parameters(), model.parameters()):
@@ -890,7 +890,7 @@ def test_a_written_input_sharing_memory_with_another_input_in_training():
 
 def test_outputs_that_view_an_input_can_be_changed_in_place():
     """A custom autograd Function's output that views its input may not be changed in place
-    ("Output 0 of CompiledFunction is a view and is being modified inplace"); eager's view may.
+    ("Output 0 of CompiledGraphFunction is a view and is being modified inplace"); eager's view may.
     Such outputs are taken again of the input outside the Function. Gradients as eager's."""
     import torchweld
 

@@ -3,9 +3,9 @@ partitioned into a forward and a backward graph, run through one autograd.Functi
 from torchweld.autograd.functionalize import FunctionalizationError, functionalize
 from torchweld.autograd.joint import JointGraph, module_state, trace_joint
 from torchweld.autograd.partition import Partition, partition
-from torchweld.autograd.runtime import CompiledFunction, DoubleBackwardError
+from torchweld.autograd.runtime import CompiledGraphFunction, DoubleBackwardError
 from torchweld.autograd.training import CompiledTrainingGraph, TrainingUnsupported, compile_training
 
-__all__ = ["CompiledFunction", "CompiledTrainingGraph", "DoubleBackwardError", "FunctionalizationError",
+__all__ = ["CompiledGraphFunction", "CompiledTrainingGraph", "DoubleBackwardError", "FunctionalizationError",
            "JointGraph", "Partition", "TrainingUnsupported", "compile_training", "functionalize",
            "module_state", "partition", "trace_joint"]

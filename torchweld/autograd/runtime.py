@@ -21,7 +21,7 @@ class DoubleBackwardError(TorchweldError, RuntimeError):
 
 @dataclasses.dataclass
 class TrainingGraph:
-    """What CompiledFunction needs; `compile_backward` runs on the first backward, with real tensors."""
+    """What CompiledGraphFunction needs; `compile_backward` runs on the first backward, with real tensors."""
 
     forward: Callable  # (*primals) -> (*outputs, *new_values, *saved intermediates)
     compile_backward: Callable[[list], Callable]  # example (saved + tangents) -> (*saved, *tangents) -> grads
@@ -54,8 +54,8 @@ class TrainingGraph:
         self.non_diff_outputs = [i for i in range(self.num_outputs) if i not in diff]
 
 
-class CompiledFunction(torch.autograd.Function):
-    """The autograd node of a torchweld-compiled graph (`grad_fn=<CompiledFunctionBackward>`)."""
+class CompiledGraphFunction(torch.autograd.Function):
+    """The autograd node of a torchweld-compiled graph (`grad_fn=<CompiledGraphFunctionBackward>`)."""
 
     @staticmethod
     def forward(ctx, graph: TrainingGraph, *primals):
@@ -147,7 +147,7 @@ def _dense(t: torch.Tensor) -> torch.Tensor:
 
 def run(graph: TrainingGraph, primals: list[torch.Tensor]):
     with torch.set_grad_enabled(torch.is_grad_enabled() or graph.enables_grad):
-        outputs = list(CompiledFunction.apply(graph, *primals))
+        outputs = list(CompiledGraphFunction.apply(graph, *primals))
     for i, j in graph.primal_outputs.items():  # the primal itself, as eager returns it
         outputs[i] = primals[j]
     for i, (j, size, stride, offset) in graph.primal_views.items():

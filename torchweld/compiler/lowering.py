@@ -33,7 +33,7 @@ class LoweringError(Exception):
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class TensorValue:
+class BufferView:
     """A tensor seen as `root` (a buffer) read through `index`.
 
     `index` holds one Expr per root dim, over this value's d0..dN-1; it is the
@@ -90,7 +90,7 @@ class InputWrite:
 
     target: str
     layout: Layout
-    value: TensorValue
+    value: BufferView
 
 
 @dataclasses.dataclass
@@ -100,7 +100,7 @@ class LoweredGraph:
     buffers: dict[str, ir.Buffer]
     input_names: list[str]
     constants: dict[str, torch.Tensor]
-    outputs: list  # TensorValue (stored, strided) or a Python constant
+    outputs: list  # BufferView (stored, strided) or a Python constant
     mutated_inputs: list[InputWrite]  # in the order the graph makes them
     externs: list[str]  # one line per extern call, for logs and tests
     # outputs that eager returns as views of an input: a view object of their own, even
@@ -130,7 +130,7 @@ class GraphLowering:
         # In-place writes (aliasing.py): a base node's value after the latest write through
         # it or any of its views; how many writes it has had; the count each node's value
         # in `env` was read at (a view read at an older one is read again from the base)
-        self.latest: dict[torch.fx.Node, TensorValue] = {}
+        self.latest: dict[torch.fx.Node, BufferView] = {}
         self.writes_to: dict[torch.fx.Node, int] = {}
         self.read_at: dict[torch.fx.Node, int] = {}
         self.input_of: dict[torch.fx.Node, str] = {}  # placeholder or get_attr -> its input buffer
@@ -141,7 +141,7 @@ class GraphLowering:
         # (mutations rebind), so equal bodies are equal values (`var_mean` decomposes into a
         # mean and a variance that computes the same mean again). A node the graph returns
         # takes a reduction of its own: two outputs stay two tensors (op_effects.returned_storage).
-        self.reductions: dict[tuple, TensorValue] = {}
+        self.reductions: dict[tuple, BufferView] = {}
         self.returned = returned_storage(gm.graph)
         self._count = 0
         self.node: torch.fx.Node | None = None  # the node being lowered
@@ -151,23 +151,23 @@ class GraphLowering:
         self._count += 1
         return f"{prefix}{self._count}"
 
-    def add_input(self, prefix: str, t: torch.Tensor) -> TensorValue:
+    def add_input(self, prefix: str, t: torch.Tensor) -> BufferView:
         name = self.new_name(prefix)
         layout = Layout(tuple(t.shape), tuple(t.stride()))
         self.buffers[name] = ir.InputBuffer(name, t.dtype, layout, t.device)
         return self.value_of_buffer(name, t.dtype, layout, t.device)
 
-    def value_of_buffer(self, name: str, dtype, layout: Layout, device) -> TensorValue:
-        return TensorValue(name, dtype, layout.shape, device, tuple(ir.dim_vars(len(layout.shape))), layout)
+    def value_of_buffer(self, name: str, dtype, layout: Layout, device) -> BufferView:
+        return BufferView(name, dtype, layout.shape, device, tuple(ir.dim_vars(len(layout.shape))), layout)
 
-    def add_pointwise(self, body: Expr, dtype: torch.dtype, shape, device, layout: Layout | None = None) -> TensorValue:
+    def add_pointwise(self, body: Expr, dtype: torch.dtype, shape, device, layout: Layout | None = None) -> BufferView:
         shape = tuple(shape)
         layout = layout or Layout.contiguous(shape)
         name = self.new_name()
         self.buffers[name] = ir.Pointwise(name, dtype, shape, body, device, layout)
         return self.value_of_buffer(name, dtype, layout, device)
 
-    def add_reduction(self, x: TensorValue, reduced, reduce_op: ir.Op, body: Expr, dtype) -> TensorValue:
+    def add_reduction(self, x: BufferView, reduced, reduce_op: ir.Op, body: Expr, dtype) -> BufferView:
         reduced = tuple(sorted(reduced))
         split = None
         if self.split_reductions(x.device):
@@ -200,7 +200,7 @@ class GraphLowering:
         return self._reduction(partial.shape, tuple(range(n_partial)), reduce_op,
                                partial.read(ir.dim_vars(len(partial.shape))), dtype, x.device)
 
-    def known_reduction(self, x: TensorValue, reduced, reduce_op: ir.Op, body: Expr, dtype, value: TensorValue) -> None:
+    def known_reduction(self, x: BufferView, reduced, reduce_op: ir.Op, body: Expr, dtype, value: BufferView) -> None:
         """Make `value` what add_reduction(x, reduced, reduce_op, body, dtype) gives from now on,
         where it is that reduction computed another way (variance's shifted sum gives sum(x))."""
         key = (tuple(x.shape), tuple(sorted(reduced)), reduce_op, body.key(), dtype, x.device)
@@ -222,7 +222,7 @@ class GraphLowering:
             return buf.outputs[index][1] if index < len(buf.outputs) else None
         return getattr(buf, "layout", None)
 
-    def _reduction(self, full_shape, reduced, reduce_op: ir.Op, body: Expr, dtype, device) -> TensorValue:
+    def _reduction(self, full_shape, reduced, reduce_op: ir.Op, body: Expr, dtype, device) -> BufferView:
         key = (tuple(full_shape), tuple(reduced), reduce_op, body.key(), dtype, device)
         value = None if self.node in self.returned else self.reductions.get(key)
         if value is None:
@@ -261,7 +261,7 @@ class GraphLowering:
         """The seed of the next random op on `device`: one of the seeds drawn at the start."""
         return self.next_seed_value(device).read([])
 
-    def next_seed_value(self, device: torch.device) -> TensorValue:
+    def next_seed_value(self, device: torch.device) -> BufferView:
         """The next seed drawn at the start on `device`, as a 0-d int64 tensor (a seed the
         graph returns: the training forward's, which the backward reads again)."""
         drawn = self.seeds.get(device)
@@ -319,7 +319,7 @@ class GraphLowering:
                 raise LoweringError(f"unexpected {node.op} node {node.name} in an aten graph")
         self.drop_unused_seeds()
         for v in outputs:
-            if isinstance(v, TensorValue) and v.layout is not None:
+            if isinstance(v, BufferView) and v.layout is not None:
                 self.fold_addmm(v.root)
         self.settle_addmm_folds(outputs)
         outputs = [self.as_output(v) for v in outputs]
@@ -393,7 +393,7 @@ class GraphLowering:
         self.env[node], self.read_at[node] = value, count
         return value
 
-    def view_of(self, base: torch.fx.Node, val: torch.Tensor, node: torch.fx.Node) -> TensorValue:
+    def view_of(self, base: torch.fx.Node, val: torch.Tensor, node: torch.fx.Node) -> BufferView:
         """The view whose fake is `val` read from `base`'s latest value."""
         latest, own = self.latest[base], aliasing.own_layout(base)
         layout = aliasing.layout_in(val, aliasing.fake_of(base))
@@ -403,7 +403,7 @@ class GraphLowering:
                                 "cannot be read from its new value")
         root_index = tuple(ir.substitute(e, index) for e in latest.index)
         stored_as_base = latest.is_root and latest.layout == own  # then `layout` places it in latest's memory too
-        return TensorValue(latest.root, latest.dtype, tuple(val.shape), latest.device, root_index,
+        return BufferView(latest.root, latest.dtype, tuple(val.shape), latest.device, root_index,
                            layout if stored_as_base else None)
 
     def write(self, node: torch.fx.Node, result: object) -> None:
@@ -411,7 +411,7 @@ class GraphLowering:
         itself, or for a view, the base with the view's elements replaced (`scattered`);
         views of the base read later read that (`value`); a graph input or constant gets
         an InputWrite of `result` at the written view's place in it."""
-        if not isinstance(result, TensorValue):
+        if not isinstance(result, BufferView):
             raise LoweringError(f"in-place update of {node.name} with {type(result).__name__}")
         base = aliasing.base_of(node)
         own = aliasing.own_layout(base)
@@ -427,8 +427,8 @@ class GraphLowering:
         if target is not None:
             self.input_write(InputWrite(target, self.buffers[target].layout if whole else layout, result))
 
-    def scattered(self, base: torch.fx.Node, layout: Layout | None, written: TensorValue,
-                  node: torch.fx.Node) -> TensorValue:
+    def scattered(self, base: torch.fx.Node, layout: Layout | None, written: BufferView,
+                  node: torch.fx.Node) -> BufferView:
         """`base`'s value with the elements of its view at `layout` (in its memory) replaced by `written`'s."""
         from torchweld.compiler import rules
 
@@ -462,7 +462,7 @@ class GraphLowering:
         """Whether output `node` is a view (not the tensor itself) of a graph input or constant, as
         output_value returns it."""
         base = aliasing.base_of(node)
-        return (aliasing.tensor_of(node) is not base and isinstance(value, TensorValue) and value.layout is not None
+        return (aliasing.tensor_of(node) is not base and isinstance(value, BufferView) and value.layout is not None
                 and value.root == self.input_of.get(base))
 
     @staticmethod
@@ -470,7 +470,7 @@ class GraphLowering:
         """{buffer: the nodes of the tensor objects (aliasing.tensor_of) the outputs stored there are}."""
         found: dict[str, set] = {}
         for node, value in zip(leaves, outputs):
-            if isinstance(node, torch.fx.Node) and isinstance(value, TensorValue):
+            if isinstance(node, torch.fx.Node) and isinstance(value, BufferView):
                 found.setdefault(value.root, set()).add(aliasing.tensor_of(node))
         return found
 
@@ -479,7 +479,7 @@ class GraphLowering:
         another tensor object in eager, returns too (`returned`: tensors_by_root): `t, t.view(-1)`
         or `t, t.detach()` are two tensors, where both values would return `t`'s buffer."""
         tensor = aliasing.tensor_of(node)
-        if tensor is aliasing.base_of(node) or not isinstance(value, TensorValue) or value.layout is None:
+        if tensor is aliasing.base_of(node) or not isinstance(value, BufferView) or value.layout is None:
             return False
         return len(returned.get(value.root, ())) > 1
 
@@ -489,7 +489,7 @@ class GraphLowering:
         value = self.value(node)
         base = aliasing.base_of(node)
         target = self.input_of.get(base)
-        if target is None or not isinstance(value, TensorValue) or (node is base and not self.writes_to.get(base)):
+        if target is None or not isinstance(value, BufferView) or (node is base and not self.writes_to.get(base)):
             return value
         own = self.buffers[target].layout
         itself = aliasing.tensor_of(node) is base
@@ -499,7 +499,7 @@ class GraphLowering:
         index = aliasing.view_index(own, layout)
         if index is None:
             return value
-        return TensorValue(target, value.dtype, tuple(layout.shape), value.device, tuple(index), layout)
+        return BufferView(target, value.dtype, tuple(layout.shape), value.device, tuple(index), layout)
 
     def fold_addmm(self, name: str) -> bool:
         """Make buffer `name` one aten.addmm if it is `mm(a, b) + bias` (_as_addmm), for a
@@ -537,7 +537,7 @@ class GraphLowering:
         """The buffers the outputs, the mutated inputs and the externs (but those in `skip`)
         read, directly or not, and those themselves."""
         live: set[str] = set()
-        stack = [v.root for v in list(outputs) + [w.value for w in self.input_writes] if isinstance(v, TensorValue)]
+        stack = [v.root for v in list(outputs) + [w.value for w in self.input_writes] if isinstance(v, BufferView)]
         stack += [n for n, b in self.buffers.items() if isinstance(b, ir.Extern) and n not in skip]
         while stack:
             buf, _ = ir.producer_of(stack.pop(), self.buffers)
@@ -554,7 +554,7 @@ class GraphLowering:
     # -- externs ------------------------------------------------------------------
     def extern(self, target, args, kwargs, node: torch.fx.Node):
         """Call the aten kernel itself; tensor arguments become stored, strided buffers."""
-        call_args, call_kwargs = pytree.tree_map_only(TensorValue, self.extern_arg, (args, kwargs))
+        call_args, call_kwargs = pytree.tree_map_only(BufferView, self.extern_arg, (args, kwargs))
         val = node.meta.get("val")
         multi = isinstance(val, (tuple, list))
         vals = list(val) if multi else [val]
@@ -580,7 +580,7 @@ class GraphLowering:
                    for i, (d, lay) in enumerate(outputs)]
         return results if multi else results[0]
 
-    def extern_arg(self, v: TensorValue) -> ir.TensorArg:
+    def extern_arg(self, v: BufferView) -> ir.TensorArg:
         """An extern's tensor argument. A matrix product plus a bias that an extern reads
         becomes one aten.addmm (cuBLAS adds the bias in its epilogue): GPT-2's query, key
         and value are then views of it, with no kernel of their own. An extern reading part
@@ -596,18 +596,18 @@ class GraphLowering:
             v = self.add_pointwise(v.read(ir.dim_vars(len(v.shape))), v.dtype, v.shape, v.device, layout)
         return ir.TensorArg(*self.stored_strided(v))
 
-    def stored_strided(self, v: TensorValue) -> tuple[str, Layout]:
+    def stored_strided(self, v: BufferView) -> tuple[str, Layout]:
         """(root, layout) with `v`'s elements at `layout` in root; copies when no strides say it."""
         if v.layout is None:
             v = self.materialize(v)
         return v.root, v.layout
 
-    def materialize(self, v: TensorValue) -> TensorValue:
+    def materialize(self, v: BufferView) -> BufferView:
         return self.add_pointwise(v.read(ir.dim_vars(len(v.shape))), v.dtype, v.shape, v.device)
 
     def in_strides(self, v: object, strides: tuple[int, ...] | None) -> object:
         """Output `v` laid out with `strides` (copied when its own differ outside size-1 dims)."""
-        if strides is None or not isinstance(v, TensorValue) or len(strides) != len(v.shape):
+        if strides is None or not isinstance(v, BufferView) or len(strides) != len(v.shape):
             return v
         if all(n == 1 or a == b for n, a, b in zip(v.shape, v.layout.stride, strides)):
             return v
@@ -615,7 +615,7 @@ class GraphLowering:
                                   Layout(v.shape, tuple(strides)))
 
     def as_output(self, v: object) -> object:
-        if isinstance(v, TensorValue) and v.layout is None:
+        if isinstance(v, BufferView) and v.layout is None:
             return self.materialize(v)
         return v
 

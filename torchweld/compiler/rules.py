@@ -1,7 +1,7 @@
 """One lowering rule per aten op: how it becomes a Pointwise, a Reduction or a View.
 
 A rule takes the `GraphLowering`, the fx node, and the node's arguments (tensors
-as `TensorValue`s) and returns the node's value. It raises NotImplementedError
+as `BufferView`s) and returns the node's value. It raises NotImplementedError
 for a case it does not cover; the node then becomes an extern call.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch
 
 from torchweld.compiler import ir
 from torchweld.compiler.ir import Expr, Layout, Op
-from torchweld.compiler.lowering import GraphLowering, RuleNode, TensorValue, draws_a_seed, meta_layout
+from torchweld.compiler.lowering import GraphLowering, RuleNode, BufferView, draws_a_seed, meta_layout
 from torchweld.runtime import pool_offsets, seeded_rand
 
 aten = torch.ops.aten
@@ -51,7 +51,7 @@ def cast(e: Expr, dtype: torch.dtype) -> Expr:
     return Expr(Op.CAST, dtype, (e,))
 
 
-def broadcast_read(x: TensorValue, shape, index: list[Expr]) -> Expr:
+def broadcast_read(x: BufferView, shape, index: list[Expr]) -> Expr:
     """Read `x` at `index` of the broadcast `shape` (numpy rules, right-aligned)."""
     lead = len(shape) - len(x.shape)
     idx = [ir.const(0) if size == 1 else index[lead + i] for i, size in enumerate(x.shape)]
@@ -59,7 +59,7 @@ def broadcast_read(x: TensorValue, shape, index: list[Expr]) -> Expr:
 
 
 def operand(a, shape, index, dtype: torch.dtype) -> Expr:
-    if isinstance(a, TensorValue):
+    if isinstance(a, BufferView):
         return cast(broadcast_read(a, shape, index), dtype)
     return ir.const(a, dtype)
 
@@ -68,7 +68,7 @@ def out_val(node: torch.fx.Node) -> torch.Tensor:
     return node.meta["val"]
 
 
-def make_pointwise(L: GraphLowering, node, fn, args, compute: torch.dtype) -> TensorValue:
+def make_pointwise(L: GraphLowering, node, fn, args, compute: torch.dtype) -> BufferView:
     val = out_val(node)
     shape = tuple(val.shape)
     index = ir.dim_vars(len(shape))
@@ -222,7 +222,7 @@ def pow_(L, node, a, b):
     dtype = out_val(node).dtype
     if not dtype.is_floating_point:
         raise NotImplementedError("integer pow")
-    if not isinstance(b, TensorValue) and b in (1, 2, 3, 0.5, -1):
+    if not isinstance(b, BufferView) and b in (1, 2, 3, 0.5, -1):
         fn = {
             1: lambda x, y: x,
             2: lambda x, y: binop(Op.MUL)(x, x),
@@ -255,7 +255,7 @@ def clamped(a: Expr, lo, hi) -> Expr:
 
 @lowers(aten.clamp)
 def clamp(L, node, x, min=None, max=None):
-    if isinstance(min, TensorValue) or isinstance(max, TensorValue):
+    if isinstance(min, BufferView) or isinstance(max, BufferView):
         raise NotImplementedError("clamp with tensor bounds")
     return make_pointwise(L, node, lambda a: clamped(a, min, max), [x], upcast(out_val(node).dtype))
 
@@ -285,7 +285,7 @@ def to_copy(L, node, x, *args, **kwargs):
 @lowers(aten.copy)
 def copy(L, node, dst, src, non_blocking=False):
     val = out_val(node)
-    if isinstance(src, TensorValue) and src.device != val.device:
+    if isinstance(src, BufferView) and src.device != val.device:
         raise NotImplementedError("a copy from another device")
     return make_pointwise(L, node, lambda a: a, [src], val.dtype)
 
@@ -298,7 +298,7 @@ def alias(L, node, x, *args):
 # -- tensors made from nothing ------------------------------------------------------
 
 
-def filled(L, node, value) -> TensorValue:
+def filled(L, node, value) -> BufferView:
     val = out_val(node)
     body = ir.const(value, upcast(val.dtype))
     return L.add_pointwise(body, val.dtype, tuple(val.shape), val.device, meta_layout(val))
@@ -316,7 +316,7 @@ def full(L, node, *args, **kwargs):
         value = args[0]
     else:  # full(size, value), fill(self, value), full_like(self, value)
         value = args[1]
-    if isinstance(value, TensorValue):
+    if isinstance(value, BufferView):
         raise NotImplementedError("fill with a tensor value")
     return filled(L, node, value)
 
@@ -342,7 +342,7 @@ def rand(L, node, *args, **kwargs):
 def rand_from_seed(L, node, seed, size, dtype):
     """rand(size) from a seed tensor (runtime/seeded_rand.py): the forward, and the backward
     that draws dropout's mask again, read the same seed and draw the same numbers."""
-    if not isinstance(seed, TensorValue):
+    if not isinstance(seed, BufferView):
         raise NotImplementedError("a seed that is not a tensor")
     val = drawn_value(out_val(node))
     return drawn(L, val, below_one(uniform(val, operand(seed, (), (), torch.int64)), val.dtype))
@@ -363,7 +363,7 @@ def drawn_value(val: torch.Tensor) -> torch.Tensor:
     return val
 
 
-def drawn(L, val: torch.Tensor, body: Expr) -> TensorValue:
+def drawn(L, val: torch.Tensor, body: Expr) -> BufferView:
     """The buffer of random numbers (or a mask of them) `body` computes, in `val`'s dtype and layout."""
     return L.add_pointwise(cast(body, upcast(val.dtype)), val.dtype, tuple(val.shape), val.device, meta_layout(val))
 
@@ -424,7 +424,7 @@ def lerp(L, node, start, end, weight):
     def near_end(e, diff, w):
         return fused_multiply_add(binop(Op.SUB)(w, ir.const(1, w.dtype)), diff, e)
 
-    if isinstance(weight, TensorValue):
+    if isinstance(weight, BufferView):
         def fn(s, e, w):
             diff = binop(Op.SUB)(e, s)
             small = binop(Op.LT)(unop(Op.ABS)(w), ir.const(0.5, w.dtype))
@@ -481,7 +481,7 @@ lowers(*(getattr(aten, f"_foreach_{name}") for name in FOREACH_ELEMENT_OPS))(for
 REDUCE_INIT = {Op.SUM: 0, Op.PROD: 1}
 
 
-def reduce(L, node, x: TensorValue, dims, keepdim: bool, reduce_op: Op, acc_dtype=None) -> TensorValue:
+def reduce(L, node, x: BufferView, dims, keepdim: bool, reduce_op: Op, acc_dtype=None) -> BufferView:
     val = out_val(node)
     ndim = len(x.shape)
     if dims is None or (not isinstance(dims, int) and len(dims) == 0 and node.target.overloadpacket is not prims.sum):
@@ -498,13 +498,13 @@ def reduce(L, node, x: TensorValue, dims, keepdim: bool, reduce_op: Op, acc_dtyp
     return red
 
 
-def keep_dims(red: TensorValue, full_shape, dims) -> TensorValue:
+def keep_dims(red: BufferView, full_shape, dims) -> BufferView:
     """`red` with size-1 dims put back where `dims` were reduced (a view)."""
     shape = tuple(1 if i in dims else s for i, s in enumerate(full_shape))
     index = ir.dim_vars(len(shape))
     kept = [index[i] for i in range(len(shape)) if i not in dims]
     index_ = tuple(ir.substitute(e, kept) for e in red.index)
-    return TensorValue(red.root, red.dtype, shape, red.device, index_, replay_layout(red.layout, lambda t: t.reshape(shape)))
+    return BufferView(red.root, red.dtype, shape, red.device, index_, replay_layout(red.layout, lambda t: t.reshape(shape)))
 
 
 @lowers(aten.sum.dim_IntList, aten.sum.default, prims.sum)
@@ -587,7 +587,7 @@ def replay_layout(layout: Layout | None, view_fn) -> Layout | None:
     return Layout(tuple(out.shape), tuple(out.stride()), out.storage_offset())
 
 
-def make_view(node, x: TensorValue, index_fn, view_fn=None) -> TensorValue:
+def make_view(node, x: BufferView, index_fn, view_fn=None) -> BufferView:
     """`x` seen through `index_fn` (view index -> x index)."""
     val = out_val(node)
     shape = tuple(val.shape)
@@ -596,7 +596,7 @@ def make_view(node, x: TensorValue, index_fn, view_fn=None) -> TensorValue:
     if view_fn is None:
         args = node.args[1:]
         view_fn = lambda t: node.target(t, *args, **node.kwargs)
-    return TensorValue(x.root, x.dtype, shape, x.device, root_index, replay_layout(x.layout, view_fn))
+    return BufferView(x.root, x.dtype, shape, x.device, root_index, replay_layout(x.layout, view_fn))
 
 
 def reshape_index(out_index: list[Expr], in_shape, out_shape) -> list[Expr]:
@@ -747,7 +747,7 @@ def split(L, node, x, sizes, dim=0):
         shape = tuple(out.shape)
         index = tuple(ir.substitute(e, index_fn(ir.dim_vars(len(shape)))) for e in x.index)
         layout = replay_layout(x.layout, lambda t, s=start, n=n: t.narrow(dim, s, n))
-        values.append(TensorValue(x.root, x.dtype, shape, x.device, index, layout))
+        values.append(BufferView(x.root, x.dtype, shape, x.device, index, layout))
         start += n
     return values
 
@@ -761,7 +761,7 @@ def unbind(L, node, x, dim=0):
         shape = tuple(out.shape)
         index = tuple(ir.substitute(e, index_fn(ir.dim_vars(len(shape)))) for e in x.index)
         layout = replay_layout(x.layout, lambda t, i=i: t.select(dim, i))
-        values.append(TensorValue(x.root, x.dtype, shape, x.device, index, layout))
+        values.append(BufferView(x.root, x.dtype, shape, x.device, index, layout))
     return values
 
 
@@ -842,7 +842,7 @@ def convolution(L, node, x, weight, bias, *args):
     """Where the target asks for it, the convolution without its bias, plus a pointwise bias
     add that fuses with what follows (ReLU, the residual add): one pass over the output, not two."""
     val = out_val(node)
-    if not isinstance(bias, TensorValue) or not L.bias_in_kernel(val.device) or val.dim() < 2:
+    if not isinstance(bias, BufferView) or not L.bias_in_kernel(val.device) or val.dim() < 2:
         raise NotImplementedError("the convolution adds its own bias")
     conv = L.extern(aten.convolution.default, (x, weight, None, *args), {}, node)
     shape = tuple(val.shape)
@@ -865,7 +865,7 @@ def embedding_dense_backward(L, node, grad, indices, num_weights, padding_idx, s
                     (grad, indices, num_weights, padding_idx, scale_grad_by_freq), {}, node)
 
 
-def _window_reads(x: TensorValue, shape, kernel, stride, padding, dilation):
+def _window_reads(x: BufferView, shape, kernel, stride, padding, dilation):
     """For each position (kh, kw) of the pooling window at the output index d0..dN-1, in row
     order: (its number kh * kernel_w + kw, the input's value there (clamped into bounds),
     whether it lies inside the input: None where every output position has it inside)."""
@@ -889,7 +889,7 @@ def _window_reads(x: TensorValue, shape, kernel, stride, padding, dilation):
             yield kh * kernel[1] + kw, x.read(idx), inside
 
 
-def window_max(L, node, x: TensorValue, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+def window_max(L, node, x: BufferView, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
     """Max pooling as a pointwise computation over the output: the maximum of the window's
     loads, positions in the padding masked to -inf. What produces `x` (batch norm and ReLU
     after a convolution) inlines into it, so that tensor is never stored. None where

@@ -24,7 +24,7 @@ import torch
 
 from torchweld.compiler import ir
 from torchweld.compiler.ir import Expr, Op
-from torchweld.compiler.lowering import LoweredGraph, TensorValue
+from torchweld.compiler.lowering import LoweredGraph, BufferView
 
 
 # =============================================================================
@@ -486,7 +486,7 @@ def inline_pointwise(graph: LoweredGraph) -> None:
         if not isinstance(buf, ir.InputBuffer):
             for r in buf.reads():
                 readers.setdefault(r, set()).add(name)
-    keep = {v.root for v in graph.outputs if isinstance(v, TensorValue)}
+    keep = {v.root for v in graph.outputs if isinstance(v, BufferView)}
     keep |= {w.value.root for w in graph.mutated_inputs}
     inlined: set[str] = set()
     for name, buf in list(buffers.items()):
@@ -529,7 +529,7 @@ def schedule(graph: LoweredGraph, frees_inputs: bool = False) -> Schedule:
                 if r in grouper.group_of and grouper.group_of[r] is not here:
                     stored.add(r)
     for v in list(graph.outputs) + [w.value for w in graph.mutated_inputs]:
-        if isinstance(v, TensorValue) and v.root in grouper.group_of:
+        if isinstance(v, BufferView) and v.root in grouper.group_of:
             stored.add(v.root)
 
     out_steps: list = []
@@ -585,7 +585,7 @@ def _with_frees(steps: list, graph: LoweredGraph, buffers, frees_inputs: bool = 
     of it lives would have its memory taken over by a later buffer: the view would read
     that one's values). An input's Free only drops the wrapper's reference: its memory is
     never reused in the call (reuse takes allocated buffers alone), as the caller may hold it."""
-    keep = {v.root for v in graph.outputs if isinstance(v, TensorValue)}
+    keep = {v.root for v in graph.outputs if isinstance(v, BufferView)}
     keep |= {w.value.root for w in graph.mutated_inputs}
     if not frees_inputs:
         keep |= {n for n, b in buffers.items() if isinstance(b, ir.InputBuffer)}
@@ -621,7 +621,7 @@ def in_place_updates(sched: Schedule) -> dict[str, str]:
     loads the input once, at the index it stores, inside the value it stores (so the
     load comes first)."""
     graph = sched.graph
-    outputs = {v.root for v in graph.outputs if isinstance(v, TensorValue)}
+    outputs = {v.root for v in graph.outputs if isinstance(v, BufferView)}
     steps = [s for s in sched.steps if not isinstance(s, Free)]
     views = _views_of(steps, graph.buffers)
     writer_of: dict[str, int] = {}
@@ -638,7 +638,7 @@ def in_place_updates(sched: Schedule) -> dict[str, str]:
     for write in graph.mutated_inputs:
         target, value = write.target, write.value
         name = value.root
-        if (not isinstance(value, TensorValue) or not value.is_root or name not in sched.allocated
+        if (not isinstance(value, BufferView) or not value.is_root or name not in sched.allocated
                 or name in outputs or name in plan or sched.layouts.get(target) != sched.layouts[name]
                 or writes_to[target] != 1 or write.layout != sched.layouts[target][1]):
             continue

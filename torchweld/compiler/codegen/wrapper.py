@@ -18,7 +18,7 @@ import torch.utils._pytree as pytree
 from torchweld.compiler import ir
 from torchweld.compiler.codegen.bindings import fast_callable
 from torchweld.compiler.ir import Layout
-from torchweld.compiler.lowering import TensorValue
+from torchweld.compiler.lowering import BufferView
 from torchweld.compiler.schedule import ExternCall, Free, Kernel, Schedule
 from torchweld.runtime.write_back import groups_by_dtype
 
@@ -191,7 +191,7 @@ class WrapperRenderer:
                     if isinstance(a, ir.TensorArg):
                         read.add(a.buffer)
         values = [*g.outputs, *(w.value for w in g.mutated_inputs)]
-        return read | {v.root for v in values if isinstance(v, TensorValue)} | {w.target for w in g.mutated_inputs}
+        return read | {v.root for v in values if isinstance(v, BufferView)} | {w.target for w in g.mutated_inputs}
 
     def reuse_plan(self) -> dict[str, str]:
         """{new buffer: the buffer whose memory it takes over}: the one dying in the kernel
@@ -277,6 +277,6 @@ class WrapperRenderer:
         return f"{root}.as_strided({layout.shape}, {layout.stride}, {root}.storage_offset() + {layout.offset})"
 
     def output(self, value: object) -> str:
-        if isinstance(value, TensorValue):
+        if isinstance(value, BufferView):
             return self.tensor(value.root, value.layout)
         return self.const(value)
