@@ -423,3 +423,24 @@ def test_the_garbage_collector_stays_off_until_the_last_concurrent_compile_is_do
     release.set()
     thread.join()
     assert gc.isenabled()
+
+
+def test_reset_forgets_what_capture_remembered_and_compiles_again_correctly():
+    """torchweld.reset() also drops resume code, decoded instructions, fake-run results and dtype
+    answers; a function with a break compiles again from nothing and gives eager's results."""
+    from torchweld import fake_memo
+    from torchweld.capture import dtype_refusals, resume
+
+    def fn(x, idx):
+        y = torch.embedding(x, idx) * 2
+        print("", end="")  # a break: a resume function
+        return y.sum(0)
+
+    compiled = torchweld.compile(fn, backend="eager")
+    x, idx = torch.randn(5, 3), torch.tensor([0, 2])
+    torch.testing.assert_close(compiled(x, idx), fn(x, idx))
+    assert resume._make_resume_code.cache_info().currsize > 0 and dtype_refusals._REFUSES
+    torchweld.reset()
+    assert resume._make_resume_code.cache_info().currsize == 0 and not dtype_refusals._REFUSES
+    assert not fake_memo._results
+    torch.testing.assert_close(compiled(x, idx), fn(x, idx))

@@ -170,9 +170,16 @@ class CompiledModule(torch.nn.Module):
 
 
 def reset() -> None:
-    """Forget every compiled version of every compiled function."""
+    """Forget every compiled version of every compiled function, and what capture remembered
+    about code and operators (resume code, decoded instructions, fake-run results, dtype checks).
+    Loaded kernels, the C helpers and the compile workers stay: they depend on nothing reset."""
+    from torchweld import fake_memo
+    from torchweld.capture import dtype_refusals, resume
     from torchweld.capture.translator import instructions_of
 
     for cache in list(LIVE_CACHES):
         cache.reset()
     instructions_of.cache_clear()
+    resume.forget()
+    dtype_refusals.forget()
+    fake_memo.forget()

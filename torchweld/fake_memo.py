@@ -36,6 +36,12 @@ _MAX_ENTRIES = 200_000  # forgotten all at once beyond this (a long-running proc
 _SKIP_TAGS = (torch.Tag.data_dependent_output, torch.Tag.dynamic_output_shape, torch.Tag.inplace_view)
 
 
+def forget() -> None:
+    """Drop the remembered results (torchweld.reset)."""
+    _kinds.clear()
+    _results.clear()
+
+
 class Memo(TorchDispatchMode):
     """A dispatch mode that runs each op through `run`, for use above a FakeTensorMode."""
 

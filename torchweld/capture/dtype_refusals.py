@@ -28,6 +28,11 @@ _REFUSES: dict[tuple, str | None] = {}  # key -> eager's error message, or None 
 _MAX_REMEMBERED = 4096
 
 
+def forget() -> None:
+    """Drop the answers kept so far (torchweld.reset)."""
+    _REFUSES.clear()
+
+
 def needs_checking(target: object, operands: list) -> bool:
     """Whether an operand is an integer or bool tensor (the dtypes meta functions let through)."""
     if not _is_torch_operation(target):

@@ -48,6 +48,11 @@ def make_resume_code(code: types.CodeType, dis_index: int, stack_layout: tuple[s
     return _make_resume_code(code, dis_index, stack_layout, live_locals)
 
 
+def forget() -> None:
+    """Drop the resume code made so far (torchweld.reset)."""
+    _make_resume_code.cache_clear()
+
+
 @functools.lru_cache(maxsize=256)
 def _make_resume_code(code: types.CodeType, dis_index: int, stack_layout: tuple[str, ...],
                       live_locals: tuple[str, ...]) -> types.CodeType:
