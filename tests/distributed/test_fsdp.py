@@ -88,7 +88,7 @@ def train(rank: int, recipe: str, backend: str, bf16: bool) -> dict:
 CASES = [("shard_then_compile", "eager", False), ("compile_then_shard", "eager", False),
          ("compile_root", "eager", False), ("compiled_step", "eager", False),
          ("compile_root", "weld", False), ("shard_then_compile", "weld", False),
-         ("compile_root", "eager", True)]
+         ("compile_then_shard", "weld", False), ("compile_root", "eager", True)]
 
 
 def train_all(rank: int, cases: list) -> list[dict]:

@@ -48,6 +48,11 @@ def call_forward(module: torch.nn.Module, *args, **kwargs):
     return module.forward(*args, **kwargs)
 
 
+# what DDPForward calls or reads of a DDP module (torch 2.1 to 2.13 have them all)
+_DDP_INTERNALS = ("_pre_forward", "_post_forward", "_inside_ddp_forward", "_delay_all_reduce_all_params",
+                  "_use_python_reducer", "module")
+
+
 class DDPForward:
     """`DistributedDataParallel.forward(ddp, *inputs, **kwargs)` with `ddp.module`'s call compiled.
     One per compile settings; bound to a DDP module with `types.MethodType`."""
@@ -66,6 +71,8 @@ class DDPForward:
         return self.inner.cache_entries + self.inner_forward.cache_entries
 
     def __call__(self, ddp: torch.nn.Module, *inputs, **kwargs):
+        if not all(hasattr(ddp, name) for name in _DDP_INTERNALS):  # another torch's DDP: run it as it is
+            return type(ddp).forward(ddp, *inputs, **kwargs)
         inputs, kwargs = ddp._pre_forward(*inputs, **kwargs)
         if ddp._delay_all_reduce_all_params:  # static_graph's delayed all-reduce: DDP calls module.forward
             output = self.inner_forward(ddp.module, *inputs, **kwargs)
