@@ -1,8 +1,9 @@
 """DistributedDataParallel's forward with its module captured: DDP's bookkeeping (the
 reducer's preparation for the backward, buffer syncs, `no_sync()`, the DDPSink of
 `find_unused_parameters` and `static_graph`) runs in Python on every call, as eager DDP
-runs it, around a compiled call of the wrapped module. Used by `torchweld.compile(ddp)`
-and at the graph break where captured code calls a DDP module.
+runs it, around a compiled call of the wrapped module. Used by `torchweld.compile(ddp)` and
+at the graph break where captured code calls a DDP module (`with ddp.no_sync():` in captured
+code: capture/ddp_no_sync.py).
 
 As under torch.compile, DDP's own methods (`_pre_forward`, `_post_forward`,
 `_inside_ddp_forward`) are called: DDP has no public hook for what it does around its
@@ -91,3 +92,4 @@ def ddp_forward(settings: "CompileSettings", request: object | None = None) -> D
     if forward is None:
         forward = settings.wrappers[key] = DDPForward(settings, request)
     return forward
+

@@ -11,6 +11,7 @@ import torch
 
 from torchweld.capture.collection_values import COLLECTION_CLASSES, construct_collection
 from torchweld.capture.ddp import is_ddp
+from torchweld.capture.ddp_no_sync import no_sync_method
 from torchweld.capture.native_hooks import is_fsdp_managed
 from torchweld.capture.optimizers import OptimizerStepValue, captures_step
 from torchweld.capture.sources import AttrSource, ModuleEntrySource, Source
@@ -165,6 +166,10 @@ class NNModuleValue(Value):
             if self.source is not None:
                 tx.output.guards.constant(AttrSource(self.source, "training"), self.module.training)
             return ConstantValue(self.module.training)
+        if name == "no_sync" and is_ddp(self.module):
+            no_sync = no_sync_method(tx, self)
+            if no_sync is not None:
+                return no_sync
         if name in MODULE_WALKS and self.source is not None \
                 and inspect.getattr_static(type(self.module), name) is getattr(torch.nn.Module, name):
             from torchweld.capture.module_walks import ModuleWalkValue
