@@ -826,3 +826,17 @@ def test_integer_operations_eager_runs_stay_in_one_graph():
         idx, w = torch.randint(0, 5, (3, 4)), torch.randn(5, 2)
         assert_same(compiled(idx, w), fn(idx, w))
     assert len(backend.graphs) == 1
+
+
+@pytest.mark.parametrize("backend", ["eager", "weld"])
+def test_operations_returning_their_input_itself_are_the_same_object(backend):
+    """Fuzz case 201000528: `x.type_as(x) is x` is True in eager (the op returns its input); capture
+    answered False. `to`, `type`, `float`, `contiguous`, in-place ops likewise; a transposed input
+    is not contiguous, so `contiguous()` is a new tensor there (its strides are guarded)."""
+    def fn(x):
+        same = (x.type_as(x), x.to(x.dtype), x.type(x.dtype), x.float(), x.contiguous(), x.to(x), x.mul_(1))
+        return [t is x for t in same] + [x.double() is x], x + 1
+
+    compiled = torchweld.compile(fn, backend=backend)
+    for x in (torch.randn(3, 4), torch.randn(3, 4).t(), torch.randn(2, 5)):
+        assert_same(compiled(x.clone()), fn(x.clone()))

@@ -109,7 +109,9 @@ def is_same(tx: "Translator", a: Value, b: Value) -> bool:
     if isinstance(a, TensorValue) and isinstance(b, TensorValue):
         if a.node is not b.node and a.source is not None and b.source is not None:
             tx.output.guards.distinct(a.source, b.source)  # two tensors now: fn(a, a) later is a miss
-        return a.node is b.node
+        # an operation that returns its input itself (`x.to(x.dtype)`, `x.contiguous()`, `x.add_(1)`)
+        # returns its fake itself too, decided by what the guards hold (dtype, strides)
+        return a.node is b.node or a.fake is b.fake
     a_const, b_const = a.is_constant(), b.is_constant()
     if a_const and b_const:
         return a.as_constant() is b.as_constant()
