@@ -1,4 +1,5 @@
-"""Per-call overhead of a compiled tiny function (and of one with a graph break):
+"""Per-call overhead of a compiled tiny function (and of one with a graph break, and with
+symbolic sizes, whose guards check relations between sizes):
 eager vs torch.compile(backend="eager")
 vs torchweld.compile(backend="eager"), in one run, as microseconds and ratios.
 
@@ -47,18 +48,20 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=20000)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    cases = {
-        "x + 1 (1 element)": (add_one, (torch.ones(1),)),
-        "5-argument function": (five_args, tuple(torch.ones(1) for _ in range(5))),
-        "one graph break": (one_break, (torch.ones(1),)),
+    cases = {  # name: (function, inputs, dynamic)
+        "x + 1 (1 element)": (add_one, (torch.ones(1),), False),
+        "5-argument function": (five_args, tuple(torch.ones(1) for _ in range(5)), False),
+        "one graph break": (one_break, (torch.ones(1),), False),
+        "x + 1, dynamic=True": (add_one, (torch.ones(4),), True),
+        "5 args, dynamic=True": (five_args, tuple(torch.ones(4) for _ in range(5)), True),
     }
     print(f"torch {torch.__version__}; per-call time in microseconds (median of 7 x {args.calls} calls)")
     print(f"{'function':<22}{'eager':>9}{'torch.compile':>15}{'torchweld':>11}{'torchweld/torch.compile':>25}")
-    for name, (fn, inputs) in cases.items():
+    for name, (fn, inputs, dynamic) in cases.items():
         eager = per_call_us(fn, inputs, args.calls)
         torch._dynamo.reset()
-        anchor = per_call_us(torch.compile(fn, backend="eager"), inputs, args.calls)
-        ours = per_call_us(torchweld.compile(fn, backend="eager"), inputs, args.calls)
+        anchor = per_call_us(torch.compile(fn, backend="eager", dynamic=dynamic), inputs, args.calls)
+        ours = per_call_us(torchweld.compile(fn, backend="eager", dynamic=dynamic), inputs, args.calls)
         print(f"{name:<22}{eager:>9.2f}{anchor:>15.2f}{ours:>11.2f}{ours / anchor:>25.2f}")
 
 
