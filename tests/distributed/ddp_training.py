@@ -45,8 +45,24 @@ class TinyTransformer(nn.Module):
         return torch.randn(batch, 5, 8)
 
 
-MODELS = {"mlp": MLP, "mlp_unused": lambda: MLP(unused_layer=True), "transformer": TinyTransformer}
-EXAMPLES = {"mlp": MLP.example, "mlp_unused": MLP.example, "transformer": TinyTransformer.example}
+class ConvBN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.features = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                                      nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU())
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.head(self.features(x).mean((2, 3)))
+
+    @staticmethod
+    def example(batch: int = 2) -> torch.Tensor:
+        return torch.randn(batch, 3, 8, 8)
+
+
+MODELS = {"mlp": MLP, "mlp_unused": lambda: MLP(unused_layer=True), "transformer": TinyTransformer, "convbn": ConvBN}
+EXAMPLES = {"mlp": MLP.example, "mlp_unused": MLP.example, "transformer": TinyTransformer.example,
+            "convbn": ConvBN.example}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +77,7 @@ class Run:
     steps: int = 3
     accumulate: int = 1  # micro-batches per step, all but the last under no_sync()
     ddp_options: tuple = ()  # (("find_unused_parameters", True),)
+    dynamic: bool | None = None  # torchweld.compile's; True with batches of changing size
 
 
 @dataclasses.dataclass
@@ -95,18 +112,19 @@ def _train(rank: int, run: Run) -> Outcome:
     options = dict(run.ddp_options)
     reference = DDP(eager_model, **options)
     if run.order == "outer":
-        compiled = torchweld.compile(DDP(compiled_model, **options), backend=run.backend)
+        compiled = torchweld.compile(DDP(compiled_model, **options), backend=run.backend, dynamic=run.dynamic)
     elif run.order == "inner":
-        compiled = DDP(torchweld.compile(compiled_model, backend=run.backend), **options)
+        compiled = DDP(torchweld.compile(compiled_model, backend=run.backend, dynamic=run.dynamic), **options)
     else:
         compiled = DDP(compiled_model, **options)
-    loss = _loss if run.order != "step" else torchweld.compile(_loss, backend=run.backend)
+    loss = _loss if run.order != "step" else torchweld.compile(_loss, backend=run.backend, dynamic=run.dynamic)
     optimizers = [_optimizer(run.optimizer, m.parameters()) for m in (eager_model, compiled_model)]
     torch.manual_seed(rank + 1)  # each rank its own data: only the all-reduce keeps them equal
     diffs = []
     with collecting() as reports:
-        for _ in range(run.steps):
-            batches = [EXAMPLES[run.model]() for _ in range(run.accumulate)]
+        for step in range(run.steps):
+            batch = {"batch": 4 + 2 * step} if run.dynamic else {}
+            batches = [EXAMPLES[run.model](**batch) for _ in range(run.accumulate)]
             for model, optimizer in zip((reference, compiled), optimizers):
                 for i, x in enumerate(batches):
                     last = i == len(batches) - 1

@@ -27,6 +27,9 @@ RUNS = {
     "split_static_graph": Run(ddp_options=(("static_graph", True), ("bucket_cap_mb", 0.002)), steps=4),
     "split_find_unused_parameters": Run(order="inner", model="mlp_unused",
                                         ddp_options=(("find_unused_parameters", True), ("bucket_cap_mb", 0.002))),
+    "split_convbn_weld": Run(model="convbn", backend="weld", ddp_options=(("bucket_cap_mb", 0.001),)),
+    "split_dynamic_batch": Run(dynamic=True, ddp_options=(("bucket_cap_mb", 0.002),)),
+    "split_dynamic_batch_weld": Run(order="inner", dynamic=True, backend="weld", ddp_options=(("bucket_cap_mb", 0.002),)),
     # a compiled function calling a DDP module: a graph break at the call, DDP's forward run through
     # capture/ddp.py (its module in a graph of its own), the loss after it in a resume function's graph
     "step_sgd": Run(order="step"),

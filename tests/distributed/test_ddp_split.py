@@ -77,13 +77,22 @@ CASES = [("outer", "eager"), ("inner", "eager"), ("outer", "weld"), ("inner", "w
 
 
 def record_all(rank: int) -> list:
-    return [record_overlap(rank, *case) for case in CASES] + [explain_split(rank)]
+    return [record_overlap(rank, *case) for case in CASES] + [explain_split(rank), dynamic_pieces(rank)]
+
+
+def dynamic_pieces(rank: int) -> list[int]:
+    """Pieces of the graphs of a model compiled with dynamic=True: symbolic sizes, not split."""
+    compiled = torchweld.compile(DDP(Deep(), bucket_cap_mb=BUCKET_CAP_MB), backend="eager", dynamic=True)
+    with collecting() as reports:
+        for batch in (8, 6):
+            compiled(torch.randn(batch, 64)).sum().backward()
+    return [getattr(r.graph.meta.get(META_KEY), "pieces", 1) for r in reports if r.graph is not None]
 
 
 @pytest.fixture(scope="module")
 def outcomes():
     per_rank = on_two_ranks(record_all)
-    return [[rank[i] for rank in per_rank] for i in range(len(CASES) + 1)]
+    return [[rank[i] for rank in per_rank] for i in range(len(CASES) + 2)]
 
 
 @pytest.mark.parametrize("case", CASES, ids=["-".join(c) for c in CASES])
@@ -114,7 +123,7 @@ def explain_split(rank: int) -> str:
 
 
 def test_explain_says_how_many_pieces_and_why(outcomes):
-    text = outcomes[-1][0]
+    text = outcomes[-2][0]
     assert "Graph 1: split into 4 pieces at DistributedDataParallel's gradient buckets" in text, text
     assert f"parameters per piece: {LAYER_BYTES} B, {LAYER_BYTES} B" in text, text
 
@@ -123,3 +132,8 @@ def test_a_graph_outside_ddp_is_not_split():
     model = Deep()
     output = torchweld.explain(model)(torch.randn(8, 64))
     assert output.pieces_per_graph == [1] and "split" not in str(output)
+
+
+def test_a_graph_with_symbolic_sizes_is_compiled_whole(outcomes):
+    """Pieces compiled from one call's tensors would hold its sizes (capture/ddp_split.py)."""
+    assert outcomes[-1][0] == [1], outcomes[-1]

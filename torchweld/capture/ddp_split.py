@@ -14,7 +14,9 @@ bucket's cap, then `bucket_bytes_cap`, or DDP's per-bucket list). The split chan
 only where the graph is cut; a graph inside no DDP forward is compiled whole.
 
 Pieces are compiled at their first call, with the tensors that reach them then as example
-inputs (the backend gets real tensors, as for a whole graph)."""
+inputs (the backend gets real tensors, as for a whole graph); the graph's guards make every
+later call's tensors alike. A graph with symbolic sizes (dynamic shapes) is compiled whole:
+pieces compiled from one call's tensors would hold its sizes."""
 from __future__ import annotations
 
 import dataclasses
@@ -59,7 +61,23 @@ def compile_graph(backend: Callable, backend_name: str, gm: torch.fx.GraphModule
     ddp = active_ddp_module()
     if ddp is None or not config.optimize_ddp:
         return backend(gm, example_inputs)
+    if has_symbolic_sizes(gm):  # pieces compiled from one call's tensors would be specialized to its sizes
+        log.info("a graph with symbolic sizes is compiled whole, not split at DDP's buckets")
+        return backend(gm, example_inputs)
     return split_at_buckets(gm, example_inputs, ddp, backend, backend_name)
+
+
+def has_symbolic_sizes(gm: torch.fx.GraphModule) -> bool:
+    """Whether any value of `gm` has a symbolic size, stride or value (dynamic shapes)."""
+    for node in gm.graph.nodes:
+        for value in torch.utils._pytree.tree_leaves(node.meta.get("example_value")):
+            if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+                return True
+            if isinstance(value, torch.Tensor):
+                layout = (*value.stride(), value.storage_offset()) if value.layout == torch.strided else ()
+                if not all(isinstance(n, int) for n in (*value.shape, *layout)):
+                    return True
+    return False
 
 
 # -- the buckets ----------------------------------------------------------------------
@@ -129,15 +147,27 @@ def split_at_buckets(gm: torch.fx.GraphModule, example_inputs: list, ddp: torch.
     if len(piece_bytes) < 2:
         return backend(gm, example_inputs)
     first_cap, cap, _ = bucket_caps(ddp)
+    try:
+        split = _split(gm, piece_of, backend, backend_name)
+    except Exception as e:  # a bug here costs overlap, not the user's run: the graph is compiled whole
+        if config.raise_internal_errors:
+            raise
+        log.warning("torchweld: the graph was not split at DDP's buckets (%s: %s); compiled whole", type(e).__name__, e)
+        return backend(gm, example_inputs)
+    gm.meta[META_KEY] = DDPSplit(tuple(piece_bytes), first_cap, cap)
+    log.info("graph split at DDP's buckets: %s", gm.meta[META_KEY])
+    return split
+
+
+def _split(gm: torch.fx.GraphModule, piece_of: dict, backend: Callable, backend_name: str) -> torch.fx.GraphModule:
+    """`gm` as a graph calling one submodule per piece, each compiled at its first call."""
     split = split_module(gm, gm, lambda node: piece_of[node], keep_original_order=True)
-    for node in split.graph.nodes:
+    for node in list(split.graph.nodes):
         if node.op == "call_module" and node.target.startswith("submod_"):
             piece = getattr(split, node.target)
             _return_a_tuple(piece, node, split.graph)
             setattr(split, node.target, _LazyPiece(piece, backend, backend_name))
     split.recompile()
-    gm.meta[META_KEY] = DDPSplit(tuple(piece_bytes), first_cap, cap)
-    log.info("graph split at DDP's buckets: %s", gm.meta[META_KEY])
     return split
 
 
