@@ -91,14 +91,34 @@ CASES = [("shard_then_compile", "eager", False), ("compile_then_shard", "eager",
          ("compile_then_shard", "weld", False), ("compile_root", "eager", True)]
 
 
+def many_blocks(rank: int) -> dict:
+    """torchweld.compile(sharded_root) of 12 blocks: each block's forward compiled on its own
+    (not 12 versions of one cache, whose limit of 8 would leave the last 4 eager)."""
+    import warnings
+
+    from torch.distributed.fsdp import fully_shard
+
+    model = Net()
+    model.blocks = nn.ModuleList(Block() for _ in range(12))
+    for block in model.blocks:
+        fully_shard(block)
+    fully_shard(model)
+    compiled = torchweld.compile(model, backend="eager")
+    with collecting() as reports, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        compiled(torch.randn(4, 16)).sum().backward()
+    return {"block_graphs": sum(r.graph is not None and r.function == "Block.forward" for r in reports),
+            "warnings": [str(w.message) for w in caught]}
+
+
 def train_all(rank: int, cases: list) -> list[dict]:
-    return [train(rank, *case) for case in cases]
+    return [train(rank, *case) for case in cases] + [many_blocks(rank)]
 
 
 @pytest.fixture(scope="module")
 def outcomes():
     per_rank = on_two_ranks(train_all, CASES)
-    return {case: [rank[i] for rank in per_rank] for i, case in enumerate(CASES)}
+    return {case: [rank[i] for rank in per_rank] for i, case in enumerate([*CASES, "many_blocks"])}
 
 
 @pytest.mark.parametrize("case", CASES, ids=["-".join(map(str, c)) for c in CASES])
@@ -107,3 +127,9 @@ def test_fsdp2_trains_as_eager_fsdp2(outcomes, case):
     for outcome in outcomes[case]:
         assert max(outcome["diffs"]) <= (0.0 if backend == "eager" else 1e-5), outcome
         assert outcome["graphs"] >= 3 and not outcome["eager"], outcome  # each block's forward compiled
+
+
+def test_each_sharded_block_of_a_deep_model_is_compiled(outcomes):
+    for outcome in outcomes["many_blocks"]:
+        assert outcome["block_graphs"] >= 9, outcome
+        assert not [w for w in outcome["warnings"] if "Block.forward reached" in w], outcome["warnings"]

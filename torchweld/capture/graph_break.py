@@ -302,12 +302,7 @@ class BreakCodegen:
         key = ("native hooks", function)
         call = self.settings.wrappers.get(key)
         if call is None:
-            from torchweld.capture.compiled_function import CompiledFunction
-
-            forward = self.settings.wrappers.get(("callee", function))
-            if forward is None:
-                forward = self.settings.wrappers[("callee", function)] = CompiledFunction(function, self.settings)
-            call = self.settings.wrappers[key] = NativeHooksCall(forward)
+            call = self.settings.wrappers[key] = NativeHooksCall(function, self.settings)
         return self.rebuild.const(call)
 
     def _wrapper(self, function: types.FunctionType) -> str:

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import types
 import warnings
+import weakref
 from typing import TYPE_CHECKING, Callable
 
 import torch
 
 if TYPE_CHECKING:
-    from torchweld.capture.compiled_function import CompiledFunction
+    from torchweld.capture.convert_frame import CompileSettings
 
 
 def fsdp_module_class() -> type | None:
@@ -90,12 +91,20 @@ def call_with_native_hooks(module: torch.nn.Module, forward: Callable, args: tup
 
 class NativeHooksCall:
     """`module(*args, **kwargs)` at a graph break, for a module whose hooks run natively: its
-    class's forward through `forward` (a compiled function). Bound with `types.MethodType`."""
+    class's forward `function` compiled, one compiled function per module (as
+    `torchweld.compile(block)` per block: the blocks of a deep model are not versions of one
+    cache, whose size limit would leave the later ones eager). Bound with `types.MethodType`."""
 
-    def __init__(self, forward: "CompiledFunction"):
-        self.forward = forward
+    def __init__(self, function: types.FunctionType, settings: "CompileSettings"):
+        self.function, self.settings = function, settings
+        self.forwards: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def __call__(self, module: torch.nn.Module, *args, **kwargs):
         if not hooks_run_natively(module):
             return module(*args, **kwargs)
-        return call_with_native_hooks(module, types.MethodType(self.forward, module), args, kwargs)
+        forward = self.forwards.get(module)
+        if forward is None:
+            from torchweld.capture.compiled_function import CompiledFunction
+
+            forward = self.forwards[module] = CompiledFunction(self.function, self.settings)
+        return call_with_native_hooks(module, types.MethodType(forward, module), args, kwargs)
