@@ -96,9 +96,12 @@ class Outcome:
 
 def environment(cache: Path | str | None, **changes: str | None) -> dict[str, str]:
     """This process's environment with TORCHWELD_CACHE_DIR=`cache` (None: unset) and `changes`
-    (a None value unsets a variable)."""
+    (a None value unsets a variable). The C helpers are built in `cache` too (TORCHWELD_HELPERS_DIR),
+    so that what these tests damage and count there is all the process uses."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    for name, value in {"TORCHWELD_CACHE_DIR": None if cache is None else str(cache), **changes}.items():
+    helpers = str(cache) if cache else None
+    for name, value in {"TORCHWELD_CACHE_DIR": None if cache is None else str(cache),
+                        "TORCHWELD_HELPERS_DIR": helpers, **changes}.items():
         if value is None:
             env.pop(name, None)
         else:

@@ -54,9 +54,13 @@ def configured_root() -> str | None:
 
 def folders(kind: str) -> list[str]:
     """The folders to look for an entry of `kind` ("cpp", "guards", ...) in, in order: the
-    configured directory's (where usable), then the private directory's (once made)."""
+    configured directory's (where usable), the helpers directory's for a C helper, then the
+    private directory's (once made)."""
     place = _place()
     found = [os.path.join(place.root, kind)] if place.root is not None else []
+    helpers = _helpers_folder(kind)
+    if helpers is not None and helpers not in found:
+        found.append(helpers)
     if _private or place.root is None:
         found.append(os.path.join(private_root(), kind))
     for folder in found:
@@ -65,12 +69,43 @@ def folders(kind: str) -> list[str]:
 
 
 def writable_folder(kind: str) -> str:
-    """Where a new entry of `kind` is written: the configured directory's folder until a
-    write there fails, then the private directory's."""
+    """Where a new entry of `kind` is written: a C helper's in the helpers directory where it
+    can be used; else the configured directory's folder until a write there fails, then the
+    private directory's."""
+    helpers = _helpers_folder(kind)
+    if helpers is not None:
+        return helpers
     place = _place()
     root = place.root if place.root is not None and place.writable else private_root()
     folder = os.path.join(root, kind)
     _make(folder)
+    return folder
+
+
+HELPER_KINDS = frozenset({"guards", "launcher"})  # the C helpers, built once per machine (config.helpers_dir)
+_unusable_helpers: set[str] = set()  # helpers folders a write refused: not tried again by this process
+
+
+def _helpers_folder(kind: str) -> str | None:
+    """The helpers directory's folder for a C helper `kind`, where it exists or can be made,
+    is this user's and can be written; None otherwise (the helper then lives in cache_dir)."""
+    if kind not in HELPER_KINDS:
+        return None
+    root = os.path.expanduser(config.helpers_dir)
+    if root.startswith("~"):
+        return None
+    folder = os.path.join(os.path.abspath(root), kind)
+    if folder in _unusable_helpers:
+        return None
+    try:
+        os.makedirs(folder, exist_ok=True)
+        usable = os.stat(folder).st_uid == os.geteuid() and os.access(folder, os.W_OK | os.X_OK)
+    except OSError:
+        usable = False
+    if not usable:
+        with _lock:
+            _unusable_helpers.add(folder)
+        return None
     return folder
 
 
@@ -79,6 +114,10 @@ def refused(folder: str, error: OSError) -> bool:
     now name another folder). True where the folder had been deleted and is made again, or
     where the configured directory is given up for writes from now on (one warning: new
     entries go to the private directory); False where nothing else can be tried."""
+    if os.path.basename(folder) in HELPER_KINDS and folder == _helpers_folder(os.path.basename(folder)):
+        with _lock:  # the helpers directory refused: this process builds its helpers in cache_dir
+            _unusable_helpers.add(folder)
+        return True
     place = _place()
     configured = place.root is not None and _inside(folder, place.root)
     if error.errno == errno.ENOENT and _remake(folder):
@@ -118,6 +157,7 @@ def forget() -> None:
         _places.clear()
         _made.clear()
         _warned.clear()
+        _unusable_helpers.clear()
 
 
 # -- finding the configured directory --------------------------------------------

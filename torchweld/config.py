@@ -54,6 +54,13 @@ torch_logs: str = os.environ.get("TORCH_LOGS", "")
 # there fails (read-only, deleted), this process keeps its new entries in a private
 # temporary directory, removed at exit, and says so once.
 cache_dir: str = os.environ.get("TORCHWELD_CACHE_DIR") or os.path.expanduser("~/.cache/torchweld")
+# Where the C helpers (the guard evaluator, the kernel launcher) are built once per machine
+# and user, whatever cache_dir says: a process with a new cache directory (a test, a CI job)
+# finds them there instead of building them again with the C compiler (~0.5 s a first call).
+# They are looked for in cache_dir first; where this directory cannot be used, they are built
+# in cache_dir, without a warning. TORCHWELD_HELPERS_DIR sets it; set it to cache_dir to keep
+# everything in one directory.
+helpers_dir: str = os.environ.get("TORCHWELD_HELPERS_DIR") or os.path.expanduser("~/.cache/torchweld")
 # Load cache files that another user owns (TORCHWELD_CACHE_TRUST_OTHER_USERS=1). Off, a
 # cache directory of another user is not used, and another user's file in yours is built
 # again: loading a library runs its code. To share a cache between users on purpose, make

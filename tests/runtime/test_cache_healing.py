@@ -103,3 +103,15 @@ def test_processes_compiling_into_one_empty_cache(tmp_path):
     assert len(libraries(cache, "cpp")) == 2 and len(libraries(cache, "guards")) == 1
     assert not badly_sealed(cache)
     assert not list(cache.rglob("*.tmp"))
+
+
+def test_c_helpers_are_built_once_per_machine_not_per_cache_dir(tmp_path):
+    """A process with a new cache directory finds the guard evaluator in the helpers directory
+    (config.helpers_dir) instead of building it again; kernels still go to its cache directory."""
+    helpers = tmp_path / "helpers"
+    first, second = tmp_path / "first", tmp_path / "second"
+    for cache in (first, second):
+        outcome = run_program(cache, env=environment(cache, TORCHWELD_HELPERS_DIR=str(helpers)))
+        assert outcome.ok and not outcome.warnings, outcome.describe()
+        assert libraries(cache, "cpp") and not libraries(cache, "guards")
+    assert len(libraries(helpers, "guards")) == 1
