@@ -37,11 +37,45 @@ RUNS = {
 }
 
 
+def compiled_ddp_surface(rank: int) -> dict:
+    """What a user reads of torchweld.compile(DDP(model)): DDP's state_dict keys, its module,
+    its methods, train/eval."""
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import torchweld
+    from ddp_training import MLP
+
+    ddp = DDP(MLP())
+    compiled = torchweld.compile(ddp, backend="eager")
+    compiled.eval()
+    x = torch.randn(2, 8)
+    same = bool(torch.equal(compiled(x), ddp(x)))
+    return {"keys": list(compiled.state_dict()) == list(ddp.state_dict()), "module": compiled.module is ddp.module,
+            "eval": not ddp.training and not ddp.module.fc1.training, "same": same,
+            "no_sync": callable(compiled.no_sync)}
+
+
+def train_and_inspect(rank: int, runs: list) -> tuple:
+    return train(rank, runs), compiled_ddp_surface(rank)
+
+
 @pytest.fixture(scope="module")
-def outcomes():
+def launched():
     names = list(RUNS)
-    per_rank = on_two_ranks(train, [RUNS[n] for n in names])
-    return {name: [rank[i] for rank in per_rank] for i, name in enumerate(names)}
+    per_rank = on_two_ranks(train_and_inspect, [RUNS[n] for n in names])
+    outcomes = {name: [rank[0][i] for rank in per_rank] for i, name in enumerate(names)}
+    return outcomes, [rank[1] for rank in per_rank]
+
+
+@pytest.fixture(scope="module")
+def outcomes(launched):
+    return launched[0]
+
+
+def test_compiled_ddp_reads_as_ddp(launched):
+    for surface in launched[1]:
+        assert all(surface.values()), surface
 
 
 @pytest.mark.parametrize("name", list(RUNS))
