@@ -18,7 +18,7 @@ from torchweld.autograd.smaller_saves import smaller_saves
 from torchweld.compiler import decompositions
 from torchweld.compiler.aten_graph import DECOMPOSITIONS
 from torchweld.compiler.aten_trace import AtenRecorder
-from torchweld.compiler.cse import eliminate_common_subexpressions
+from torchweld.compiler.pipeline import run_aten_passes
 from torchweld.fake_tensors import fake_copy
 
 aten = torch.ops.aten
@@ -251,7 +251,7 @@ def trace_joint(gm: torch.fx.GraphModule, state: list[ModuleState], primals: lis
     with torch.no_grad():  # a rewrite of the recorded graph: autograd's view rules (a view made
         fn = functionalize(traced)  # under no_grad, written after) are the recording's business
     smaller_saves(fn.gm.graph)
-    eliminate_common_subexpressions(fn.gm.graph)
+    run_aten_passes(fn.gm.graph)
     output = next(n for n in fn.gm.graph.nodes if n.op == "output")
     flat = list(output.args[0])
     k, g = len(flat_out), len(grad_primals)

@@ -269,35 +269,10 @@ def _detaching_views(compiled, gm: torch.fx.GraphModule, example_inputs: list):
 
 
 def prepare(gm: torch.fx.GraphModule, options: dict, inference: bool) -> torch.fx.GraphModule:
-    """The torch-level passes before lowering: convolutions in channels-last (CUDA, and
-    the CPU's oneDNN ones; passes/channels_last.py) unless
-    options={"channels_last": False}. With options={"freeze": True}, for inference, each
-    batch norm is folded into the convolution before it and the folded (channels-last)
-    weights are computed once, not per call (compiler/constant_folding.py). CUDA weights,
-    and in training all, are converted in the graph too: by weld's kernels, faster than
-    cuDNN's own copies, and in training once per step, where cuDNN would convert each
-    one again in the forward and in the backward. Attention written out as
-    softmax(q @ k^T * scale) @ v becomes one scaled_dot_product_attention call (in
-    training too: the joint graph differentiates it into aten's fused backward) unless
-    options={"fuse_attention": False} (passes/fuse_attention.py). A concatenation that
-    extends an earlier one reads it instead of all its inputs again (compiler/cat_chains.py;
-    in training the backward then slices one gradient after another) unless
-    options={"chain_concatenations": False}."""
-    from torchweld.compiler.cat_chains import chain_concatenations
-    from torchweld.passes.channels_last import to_channels_last
-    from torchweld.passes.fuse_attention import fuse_attention
-    from torchweld.passes.fuse_conv_bn import fuse_conv_bn
+    """The torch-level passes before lowering (compiler/pipeline.py's FX_PASSES, in order)."""
+    from torchweld.compiler.pipeline import run_fx_passes
 
-    if options.get("fuse_attention", True):
-        gm = fuse_attention(gm)
-    if options.get("chain_concatenations", True):
-        chain_concatenations(gm)
-    freeze = inference and options.get("freeze", False)
-    if freeze:
-        gm = fuse_conv_bn(gm, live=True)
-    if options.get("channels_last", True):
-        gm = to_channels_last(gm, weights=freeze or not inference)
-    return gm
+    return run_fx_passes(gm, options, inference)
 
 
 # -- modes: which of CUDA graphs and autotuning a compile asked for ---------------

@@ -13,8 +13,8 @@ from torch.nn.utils.stateless import _reparametrize_module
 
 from torchweld.compiler import decompositions
 from torchweld.compiler.aten_trace import AtenRecorder
-from torchweld.compiler.cse import eliminate_common_subexpressions
 from torchweld.compiler.graph_modules import graph_module
+from torchweld.compiler.pipeline import run_aten_passes
 from torchweld.fake_tensors import fake_copy
 
 aten = torch.ops.aten
@@ -135,5 +135,5 @@ def to_aten_graph(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) 
         with recorder, _reparametrize_module(gm, state):
             flat, spec = pytree.tree_flatten(gm(*fake_inputs))
     aten_gm = recorder.graph_module(flat)
-    eliminate_common_subexpressions(aten_gm.graph)
+    run_aten_passes(aten_gm.graph)
     return AtenGraph(aten_gm, spec)

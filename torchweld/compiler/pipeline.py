@@ -1,0 +1,111 @@
+"""The weld backend's passes, in the order they run, in one place.
+
+    captured FX graph
+      FX_PASSES        torch-level rewrites (attention, concatenations, conv/BN folding, layouts)
+      to aten          compiler/aten_graph.py (inference) or autograd/joint.py (training: the
+                       forward and its backward traced together, functionalized, saves made smaller)
+      ATEN_PASSES      aten-level cleanups, the same for inference and training
+      lower            compiler/lowering.py: each aten op to the loop IR, or an extern call
+      schedule         compiler/schedule.py: fusion into kernels, buffer reuse, frees
+      codegen          compiler/codegen/: C++ and Triton kernels and the Python wrapper
+                       (compiler/driver.py runs lower, schedule and codegen)
+
+Each pass here is named: its time is a `weld.pass.<name>` phase of `torchweld.compile_times()`,
+and `TORCHWELD_LOGS=+weld` logs what each changed (nodes before and after).
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Callable
+
+import torch
+
+from torchweld import timing
+
+log = logging.getLogger("torchweld.weld")
+
+
+@dataclasses.dataclass(frozen=True)
+class FxPass:
+    """A torch-level pass: `run(gm, options, inference)` returns the graph module to go on with."""
+
+    name: str
+    run: Callable[[torch.fx.GraphModule, dict, bool], torch.fx.GraphModule]
+    doc: str
+
+
+def _fuse_attention(gm, options, inference):
+    from torchweld.passes.fuse_attention import fuse_attention
+
+    return fuse_attention(gm) if options.get("fuse_attention", True) else gm
+
+
+def _chain_concatenations(gm, options, inference):
+    from torchweld.compiler.cat_chains import chain_concatenations
+
+    if options.get("chain_concatenations", True):
+        chain_concatenations(gm)
+    return gm
+
+
+def _fuse_conv_bn(gm, options, inference):
+    from torchweld.passes.fuse_conv_bn import fuse_conv_bn
+
+    return fuse_conv_bn(gm, live=True) if inference and options.get("freeze", False) else gm
+
+
+def _channels_last(gm, options, inference):
+    from torchweld.passes.channels_last import to_channels_last
+
+    if not options.get("channels_last", True):
+        return gm
+    freeze = inference and options.get("freeze", False)
+    return to_channels_last(gm, weights=freeze or not inference)
+
+
+FX_PASSES: tuple[FxPass, ...] = (
+    FxPass("fuse_attention", _fuse_attention,
+           "softmax(q @ k^T * scale) @ v becomes one scaled_dot_product_attention call (in training too: "
+           "the joint graph differentiates it into aten's fused backward); options={'fuse_attention': False}"),
+    FxPass("chain_concatenations", _chain_concatenations,
+           "a concatenation that extends an earlier one reads it instead of all its inputs again "
+           "(compiler/cat_chains.py); options={'chain_concatenations': False}"),
+    FxPass("fuse_conv_bn", _fuse_conv_bn,
+           "with options={'freeze': True}, for inference, each batch norm folds into the convolution "
+           "before it, its weights computed once (compiler/constant_folding.py)"),
+    FxPass("channels_last", _channels_last,
+           "convolutions in channels-last (CUDA, and the CPU's oneDNN ones); CUDA weights, and in training "
+           "all, converted in the graph by weld's kernels; options={'channels_last': False}"),
+)
+
+
+def run_fx_passes(gm: torch.fx.GraphModule, options: dict, inference: bool) -> torch.fx.GraphModule:
+    """`gm` through FX_PASSES, in order."""
+    for fx_pass in FX_PASSES:
+        before = len(gm.graph.nodes)
+        with timing.phase(f"weld.pass.{fx_pass.name}"):
+            gm = fx_pass.run(gm, options, inference)
+        log.debug("pass %s: %d nodes -> %d", fx_pass.name, before, len(gm.graph.nodes))
+    return gm
+
+
+def _common_subexpressions(graph: torch.fx.Graph) -> None:
+    from torchweld.compiler.cse import eliminate_common_subexpressions
+
+    eliminate_common_subexpressions(graph)
+
+
+# (name, pass over an aten graph in place)
+ATEN_PASSES: tuple[tuple[str, Callable[[torch.fx.Graph], None]], ...] = (
+    ("common_subexpressions", _common_subexpressions),
+)
+
+
+def run_aten_passes(graph: torch.fx.Graph) -> None:
+    """An aten graph (inference's, or training's joint graph) through ATEN_PASSES, in order."""
+    for name, aten_pass in ATEN_PASSES:
+        before = len(graph.nodes)
+        with timing.phase(f"weld.pass.{name}"):
+            aten_pass(graph)
+        log.debug("pass %s: %d nodes -> %d", name, before, len(graph.nodes))
