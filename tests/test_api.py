@@ -444,3 +444,26 @@ def test_reset_forgets_what_capture_remembered_and_compiles_again_correctly():
     assert resume._make_resume_code.cache_info().currsize == 0 and not dtype_refusals._REFUSES
     assert not fake_memo._results
     torch.testing.assert_close(compiled(x, idx), fn(x, idx))
+
+
+def test_reset_lets_a_compiled_models_memory_go():
+    """After torchweld.reset(), nothing torchweld keeps holds a model a live compiled function was
+    called with: dropping the model frees its memory without the cyclic GC, and the function
+    compiles again for the next one."""
+    import gc
+    import weakref
+
+    fn = torchweld.compile(lambda m, x: m(x))
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU())
+    param = weakref.ref(model[0].weight)
+    with torch.no_grad():
+        fn(model, torch.randn(2, 64))
+    gc.collect()  # what compiling left for the collector (as test_guards' dropped-model test)
+    gc.disable()
+    try:
+        torchweld.reset()
+        del model
+        assert param() is None
+    finally:
+        gc.enable()
+    assert fn(nn.Linear(3, 3), torch.randn(1, 3)).shape == (1, 3)  # still usable after reset

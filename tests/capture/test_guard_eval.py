@@ -569,7 +569,7 @@ def test_no_compiler_falls_back_to_python_and_says_so_once(monkeypatch, tmp_path
 @needs_c
 def test_processes_building_at_once_all_load_it(tmp_path):
     code = "from torchweld.capture import guard_extension; assert guard_extension.load() is not None"
-    env = {**os.environ, "TORCHWELD_CACHE_DIR": str(tmp_path)}
+    env = {**os.environ, "TORCHWELD_CACHE_DIR": str(tmp_path), "TORCHWELD_HELPERS_DIR": str(tmp_path)}
     procs = [subprocess.Popen([sys.executable, "-c", code], env=env) for _ in range(3)]
     assert [p.wait(timeout=120) for p in procs] == [0, 0, 0]
     suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
