@@ -2,12 +2,15 @@
 constructors (no weights): torchweld's capture against torch.compile's, each with a backend
 that only counts the graphs and runs them eagerly, and the output checked against eager's.
 
-    python bench/vision_capture.py [--record] [model ...]
+    python bench/vision_capture.py [--train] [--record] [model ...]
 
 torchvision and timm load their operators with torch's CUDA build: on this CPU machine, run
 it in a CPython 3.12 venv with `pip install torch==2.13.0 torchvision==0.28.0 timm` (the
 3.12 venv `make test PYTHON=python3.12 VENV=.venv312` makes has that torch). With --record,
-the rows are appended to bench/records/capture.jsonl.
+the rows are appended to bench/records/capture.jsonl. With --train, each model is also
+captured in training mode (graphs of a training step, `out.square().mean().backward()`, for
+both compilers) and one weld-compiled training step (dropout and stochastic depth off, batch 2)
+is checked against eager's output and gradients.
 """
 from __future__ import annotations
 
@@ -19,7 +22,8 @@ import warnings
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench.transformers_capture import compare, print_row, report  # noqa: E402
+from bench.transformers_capture import CountingBackend, _same_grad, compare, print_row, report  # noqa: E402
+import torchweld  # noqa: E402
 
 TORCHVISION = ["resnet18", "resnet50", "densenet121", "mobilenet_v3_small", "efficientnet_b0", "convnext_tiny",
                "vit_b_16", "swin_t", "regnet_y_400mf", "shufflenet_v2_x0_5", "inception_v3", "mnasnet0_5",
@@ -41,6 +45,39 @@ def build(name: str) -> tuple[torch.nn.Module, torch.Tensor]:
     return model.eval(), torch.randn(1, 3, size, size)
 
 
+def _without_dropout(model: torch.nn.Module) -> torch.nn.Module:
+    """Dropout, stochastic depth and drop-path off: weld's random numbers are not eager's."""
+    for module in model.modules():
+        for key, value in list(vars(module).items()):
+            if isinstance(value, float) and ("drop" in key.lower() or key == "p"):
+                setattr(module, key, 0.0)
+    return model
+
+
+def train_row(name: str) -> dict:
+    """Graphs of a training step for both compilers (counting backends), and one weld-compiled
+    step's output and gradients against eager's."""
+    torch.manual_seed(0)
+    model, x = build(name)
+    model, x = _without_dropout(model.train()), torch.cat([x, x.flip(-1)])
+    ours, theirs = CountingBackend(), CountingBackend()
+    torchweld.compile(model, backend=ours)(x).square().mean().backward()
+    torch._dynamo.reset()
+    torch.compile(model, backend=theirs)(x).square().mean().backward()
+    model.zero_grad(set_to_none=True)
+    results = []
+    for run in (torchweld.compile(model), model):
+        out = run(x)
+        out.square().mean().backward()
+        results.append((out.detach(), {n: p.grad for n, p in model.named_parameters()}))
+        model.zero_grad(set_to_none=True)
+    (got, got_grads), (expected, expected_grads) = results
+    matches = torch.allclose(got, expected, atol=1e-4, rtol=1e-3) and all(
+        _same_grad(g, expected_grads[n]) for n, g in got_grads.items())
+    return {"train_torchweld_graphs": len(ours.graphs), "train_torch_compile_graphs": len(theirs.graphs),
+            "train_step_matches": matches}
+
+
 def main() -> None:
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
@@ -53,8 +90,13 @@ def main() -> None:
         torch.manual_seed(0)
         model, x = build(name)
         row = compare(name, model, x)
+        extra = ""
+        if "--train" in sys.argv:
+            row |= train_row(name)
+            extra = (f"  train graphs {row['train_torchweld_graphs']} / {row['train_torch_compile_graphs']}, "
+                     f"weld step matches eager: {row['train_step_matches']}")
         rows.append(row)
-        print_row(row)
+        print_row(row, extra)
     report(rows, "models", "vision")
 
 
