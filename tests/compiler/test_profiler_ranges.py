@@ -1,5 +1,6 @@
 """weld's graphs and generated kernels are named in torch.profiler traces (one range per graph
 call and per kernel launch, taken only while a profiler records)."""
+import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
@@ -35,3 +36,19 @@ def test_training_forward_and_backward_are_named():
     names = _weld_ranges(lambda t: compiled(t).sum().backward(), x)
     torch.testing.assert_close([p.grad for p in model.parameters()], grads)
     assert len({n for n in names if n.startswith("torchweld graph")}) == 2  # the forward's, the backward's
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("mode", [None, "reduce-overhead"])
+def test_cuda_graph_and_triton_kernels_are_named(mode):
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.LayerNorm(64), torch.nn.GELU()).cuda()
+    compiled = torchweld.compile(model, mode=mode)
+    x = torch.randn(8, 64, device="cuda")
+    with torch.no_grad():
+        expected = model(x)
+        for _ in range(3):
+            torch.testing.assert_close(compiled(x), expected)
+        names = _weld_ranges(compiled, x)
+        torch.testing.assert_close(compiled(x), expected)
+    if mode is None:  # a CUDA graph replay launches no kernel of its own from Python
+        assert any(n.startswith("torchweld kernel") and n.endswith("cuda)") for n in names)
