@@ -37,6 +37,7 @@ class Case:
     target: str = "f"  # the name in the module that is compiled and called
     features: tuple[str, ...] = ()  # the grammar's tags this program used
     origin: str = ""  # how to generate it again ("--seed 0 --index 7", "hypothesis")
+    dynamic: bool | None = None  # torchweld.compile's dynamic= (None: automatic, as by default)
 
     @property
     def key(self) -> str:
@@ -65,7 +66,7 @@ class Case:
 
     def report(self) -> str:
         numbered = "\n".join(f"{i + 1:3} {line}" for i, line in enumerate(self.source.splitlines()))
-        return (f"backend={self.backend!r} target={self.target!r} {self.origin}\n"
+        return (f"backend={self.backend!r} target={self.target!r} dynamic={self.dynamic!r} {self.origin}\n"
                 f"features: {', '.join(self.features)}\n"
                 f"=== program ===\n{numbered}\n=== calls ===\n{self.describe_calls()}\n")
 
@@ -75,7 +76,7 @@ class Case:
         calls = ",\n".join(
             f"    dict(seed={c.seed}, dtype=torch.{c.default_dtype}, grad=lambda: {GRAD_MODES[c.grad_mode]},\n"
             f"         changes={c.changes!r},\n         args={c.args!r})" for c in self.calls)
-        return SCRIPT.format(backend=self.backend, target=self.target, origin=self.origin,
+        return SCRIPT.format(backend=self.backend, target=self.target, origin=self.origin, dynamic=self.dynamic,
                              source=self.source.replace("\\", "\\\\").replace("'''", "\\'\\'\\'"), calls=calls)
 
 
@@ -108,7 +109,7 @@ CALLS = [
 
 eager, compiled = load(), load()
 sides = [("eager", eager, getattr(eager, {target!r})),
-         ("compiled", compiled, torchweld.compile(getattr(compiled, {target!r}), backend={backend!r}))]
+         ("compiled", compiled, torchweld.compile(getattr(compiled, {target!r}), backend={backend!r}, dynamic={dynamic!r}))]
 for i, call in enumerate(CALLS):
     for name, module, fn in sides:
         dtype, grad = torch.get_default_dtype(), torch.is_grad_enabled()

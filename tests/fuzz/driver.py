@@ -254,7 +254,7 @@ def run_case(case: Case, backend: Callable | None = None) -> Outcome:
 def _run_case(case: Case, backend) -> Outcome:
     eager_module, compiled_module = load(case), load(case)
     eager_fn = getattr(eager_module, case.target)
-    compiled_fn = torchweld.compile(getattr(compiled_module, case.target), backend=backend)
+    compiled_fn = torchweld.compile(getattr(compiled_module, case.target), backend=backend, dynamic=case.dynamic)
     exact = case.backend == "eager"
     eager_raised = 0
     try:

@@ -270,9 +270,12 @@ class ProgramGenerator:
             target = "MODEL"  # torchweld.compile(an nn.Module): a CompiledModule, its forward calling f
             source += WRAPPER
             self.tags.add("compiled_module")
+        dynamic = d.weighted([None, True, False], [6, 3, 1])  # drawn last too
+        if dynamic is not None:
+            self.tags.add(f"dynamic_{str(dynamic).lower()}")
         tags = sorted(self.tags | self.features | {t for c in calls for t in self._call_tags(c)})
         return Case(source=source, calls=calls, backend=self.backend, target=target, features=tuple(tags),
-                    origin=origin)
+                    origin=origin, dynamic=dynamic)
 
     def _parameters(self) -> tuple[list[str], list[str], list[str]]:
         d = self.draw

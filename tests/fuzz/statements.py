@@ -142,6 +142,39 @@ def view(g):
     return assign_from(g, table, a=a)
 
 
+@template("sizes", 3)
+def sizes(g):
+    """Values computed from sizes: symbolic where a dim is dynamic (rows vary between calls)."""
+    a = g.pick("M", "V")
+    if a is None:
+        return None
+    table = {
+        "M": [("{a} * {a}.shape[0]", "M"), ("{a}.view({a}.size(0), 2, 2).reshape({a}.shape[0], -1)", "M"),
+              ("{a} + torch.arange({a}.shape[0]).unsqueeze(1)", "M"), ("{a}.sum(0) / {a}.shape[0]", "V"),
+              ("{a}.reshape(-1)[: {a}.numel() // 2].sum()", "S"), ("{a}[: max(1, {a}.shape[0] // 2)].sum(0)", "V"),
+              ("{a}.new_zeros({a}.shape) + {a}", "M"), ("{a} * len({a})", "M"),
+              ("torch.cat([{a}, {a}[:1]])[: {a}.shape[0]]", "M"), ("{a}.flatten()[-4:]", "V"),
+              ("{a}.expand({a}.shape[0], 4) * (1.0 / {a}.size(-1))", "M"),
+              ("{a}.transpose(0, 1).reshape(4, -1).sum(1)", "V")],
+        "V": [("{a} * {a}.shape[0]", "V"), ("{a}[: {a}.numel() // 2].sum()", "S"),
+              ("{a}.unsqueeze(0).expand(2, {a}.shape[-1]).sum(0)", "V")],
+    }[g.kind(a)]
+    return assign_from(g, table, a=a)
+
+
+@template("sizes", 1)
+def size_branch(g):
+    a = g.pick("M")
+    if a is None:
+        return None
+    test = g.draw.choice([f"{a}.shape[0] > {g.draw.choice([1, 2, 3, 4])}", f"{a}.size(0) % 2 == 0",
+                          f"{a}.numel() >= 12", f"len({a}) == 3"])
+    lines = [f"if {test}:"] + g.block()
+    if g.draw.chance(0.4):
+        lines += ["else:"] + g.block()
+    return lines
+
+
 @template("tensor", 2)
 def create(g):
     a, n, f = g.pick(*TENSOR), g.number(), g.number("float")
