@@ -329,6 +329,17 @@ def test_size_outside_a_marked_range_recompiles_specialized():
     assert _symbolic_dims(backend.graphs[0]) == [(0,)] and _symbolic_dims(backend.graphs[1]) == [()]
 
 
+def test_size_outside_a_marked_range_under_fullgraph_is_an_error():
+    fn = torchweld.compile(views, backend=CountingBackend(), fullgraph=True)
+    x = torch.randn(4, 3, 4)
+    torchweld.mark_dynamic(x, 0, min=2, max=10)
+    assert_same(fn(x), views(x))
+    x = torch.randn(20, 3, 4)
+    torchweld.mark_dynamic(x, 0, min=2, max=10)
+    with pytest.raises(DynamicDimSpecialized, match=r"L\['x'\]\.size\(\)\[0\] is 20, outside the range \[2, 10\]"):
+        fn(x)
+
+
 # -- logs and reports ---------------------------------------------------------------
 
 def test_logs_say_which_dim_became_dynamic_and_why(caplog):

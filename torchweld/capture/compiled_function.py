@@ -65,7 +65,7 @@ class CompiledFunction:
         self._runs: list[Callable] = []  # entry.run of each live entry, tried in order
         self._lock = threading.RLock()  # an entry's watcher may fire while this thread holds it
         self._limit_warned = False
-        self._dims = DimChoices(settings.dynamic)  # its inputs' sizes so far, and which dims are symbolic
+        self._dims = DimChoices(settings.dynamic, settings.fullgraph)  # its inputs' sizes so far, and which dims are symbolic
         # the function's defaults as the entries have them: `fn.__defaults__ = (3.0,)` between
         # calls is seen at the next call, whose arguments the entries then bind afresh
         self._defaults, self._kwdefaults = self._fn.__defaults__, self._fn.__kwdefaults__

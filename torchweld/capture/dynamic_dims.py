@@ -91,8 +91,9 @@ class DimChoices:
     """One compiled function's record of the sizes its inputs came with, and its choice of
     symbolic dims for the next capture."""
 
-    def __init__(self, dynamic: bool | None):
+    def __init__(self, dynamic: bool | None, fullgraph: bool = False):
         self.dynamic = dynamic
+        self.fullgraph = fullgraph  # a size outside a mark_dynamic range is then an error, not a new version
         self.first_sizes: dict[str, tuple[int, ...]] = {}  # source name -> sizes at the first capture
         self.automatic: dict[str, dict[int, str]] = {}  # source name -> {dim: why it became symbolic}
 
@@ -111,6 +112,13 @@ class DimChoices:
             low, high = ranges.get(d, (None, None))
             n = real.shape[d]
             if (low is not None and n < low) or (high is not None and n > high):
+                if self.fullgraph:
+                    from torchweld.errors import DynamicDimSpecialized
+
+                    raise DynamicDimSpecialized(
+                        f"{name}.size()[{d}] is {n}, outside the range [{low}, {high}] mark_dynamic gave it; with "
+                        "fullgraph=True that is an error (without it, this call compiles a version where the dim "
+                        "is a number). Widen the range, or drop fullgraph=True")
                 logs.get("dynamic").info("%s: dim %d has size %d, outside the range [%s, %s] mark_dynamic gave: "
                                          "this version specializes it", name, d, n, low, high)
                 continue
