@@ -3,6 +3,7 @@ three `dynamic=` modes, marks, and torch.compile's graph counts and dynamic dims
 from __future__ import annotations
 
 import logging
+import re
 
 import pytest
 import torch
@@ -371,3 +372,16 @@ def test_training_with_varying_length_gives_eager_gradients(dynamic):
         for (name, p), q in zip(model.named_parameters(), reference.parameters()):
             torch.testing.assert_close(p.grad, q.grad, msg=name)
     assert len(backend.graphs) <= (2 if dynamic is None else 1)
+
+
+def test_a_broken_size_relation_is_named_in_the_recompile_log(caplog):
+    """The size guard checks every relation at once; the recompile message names the one that
+    failed and the symbols' values, not the whole guard."""
+    fn = torchweld.compile(lambda x, y: x + y, backend=CountingBackend(), dynamic=True)
+    fn(torch.randn(4), torch.randn(4))
+    with torchweld.config.patch(logs="recompiles"), caplog.at_level(logging.INFO, logger="torchweld"):
+        fn(torch.randn(6), torch.randn(1))
+    messages = [r.getMessage() for r in caplog.records if "recompiling" in r.getMessage()]
+    assert len(messages) == 1
+    assert re.search(r"guard failed: symbolic sizes: L\['y'\]\.size\(\)\[0\] == s\d+ \(got False, with s\d+ = 6\)$",
+                     messages[0]), messages

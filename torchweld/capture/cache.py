@@ -69,6 +69,8 @@ class CacheEntry:
         guard = self._first_failing(args, kwargs)
         if guard is None:
             return None
+        if guard.kind == "python" and guard.operands[:1] == ("sizes",):
+            return self._failed_size_relation(guard, args, kwargs)
         if guard.source is None:
             read = guard.operands[0] if guard.kind == "call_is" else None
         else:
@@ -78,6 +80,32 @@ class CacheEntry:
         except Exception as e:  # the source itself is gone: an attribute deleted, a key removed
             return f"{guard.text} (got {type(e).__name__}: {_short(str(e))})"
         return _failure_text(guard, value)
+
+    def _failed_size_relation(self, guard, args: tuple, kwargs: dict) -> str:
+        """The first relation of a symbolic-size guard these arguments break (the guard checks them
+        all at once): `symbolic sizes: L['y'].size()[0] == s0 (got False)`."""
+        _, readables, exprs = guard.operands
+        for k in range(len(exprs)):
+            check = " and ".join(f"({e})" for e in exprs[:k + 1])
+            try:
+                holds = self._with_defaults(_compile_check(self.signature, check, self.namespace))(*args, **kwargs)
+            except Exception as e:  # an input is no longer a tensor: the type guard says so first
+                return f"symbolic sizes: {readables[k]} (got {type(e).__name__})"
+            if not holds:
+                return f"symbolic sizes: {readables[k]} (got False, with {self._symbol_values(readables, exprs, args, kwargs)})"
+        return guard.text
+
+    def _symbol_values(self, readables: tuple, exprs: tuple, args: tuple, kwargs: dict) -> str:
+        """`s0 = 6, s1 = 3`: each symbol as this call's sizes bind it (the guard's `(___s0 := ...) is not None` parts)."""
+        binds = [(r.split(" = ")[0], e[:-len(" is not None")]) for r, e in zip(readables, exprs) if e.endswith(" is not None")]
+        if not binds:
+            return "no symbol"
+        read = self._with_defaults(_compile_reader(self.signature, f"({', '.join(e for _, e in binds)},)", self.namespace))
+        try:
+            values = read(*args, **kwargs)
+        except Exception:
+            return "sizes that cannot be read"
+        return ", ".join(f"{name} = {value}" for (name, _), value in zip(binds, values))
 
     def _first_failing(self, args: tuple, kwargs: dict):
         for guard in self.guards.all_guards:

@@ -155,7 +155,7 @@ class GuardSet:
             return
         text = "symbolic sizes: " + "; ".join(readable for readable, _ in parts)
         self._add(("", "sizes"), text, " and ".join(f"({expr})" for _, expr in parts), None, "python",
-                  ("sizes", tuple(readable for readable, _ in parts)))
+                  ("sizes", tuple(readable for readable, _ in parts), tuple(expr for _, expr in parts)))
 
     def held_tensor(self, source: Source, t: torch.Tensor) -> None:
         """For a tensor a module holds, guarded by identity too: what its owner can change in place
