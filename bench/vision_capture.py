@@ -8,7 +8,9 @@ torchvision and timm load their operators with torch's CUDA build: on this CPU m
 it in a CPython 3.12 venv with `pip install torch==2.13.0 torchvision==0.28.0 timm` (the
 3.12 venv `make test PYTHON=python3.12 VENV=.venv312` makes has that torch). With --record,
 the rows are appended to bench/records/capture.jsonl. With --train, each model is also
-captured in training mode (graphs of a training step, `out.square().mean().backward()`, for
+captured in training mode (graphs of a training step, `loss(out).backward()` with a mean squared
+error to a fixed random target (torchvision's ViT heads start at zero: `out.square()` would
+give no gradient), for
 both compilers) and one weld-compiled training step (dropout and stochastic depth off, batch 2)
 is checked for accuracy: its output and gradients as close to a float64 step as eager's are.
 """
@@ -61,29 +63,31 @@ def train_row(name: str) -> dict:
     torch.manual_seed(0)
     model, x = build(name)
     model, x = _without_dropout(model.train()), torch.randn(2, *x.shape[1:], generator=torch.Generator().manual_seed(1))
+    target = torch.randn(2, 1000, generator=torch.Generator().manual_seed(2))
+    loss = lambda out: (out - target.to(out.dtype)).square().mean()  # noqa: E731
     ours, theirs = CountingBackend(), CountingBackend()
-    torchweld.compile(model, backend=ours)(x).square().mean().backward()
+    loss(torchweld.compile(model, backend=ours)(x)).backward()
     torch._dynamo.reset()
-    torch.compile(model, backend=theirs)(x).square().mean().backward()
+    loss(torch.compile(model, backend=theirs)(x)).backward()
     model.zero_grad(set_to_none=True)
     results = []
     for run in (torchweld.compile(model), model):
         out = run(x)
-        out.square().mean().backward()
+        loss(out).backward()
         results.append((out.detach(), {n: p.grad for n, p in model.named_parameters()}))
         model.zero_grad(set_to_none=True)
     (got, got_grads), (expected, expected_grads) = results
-    reference, accuracy = _float64_step(model, x), {}
+    reference, accuracy = _float64_step(model, x, loss), {}
     matches = _as_accurate(got, got_grads, expected, expected_grads, reference, accuracy)
     return {"train_torchweld_graphs": len(ours.graphs), "train_torch_compile_graphs": len(theirs.graphs),
             "train_step_matches": matches, **accuracy}
 
 
-def _float64_step(model: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, dict]:
+def _float64_step(model: torch.nn.Module, x: torch.Tensor, loss) -> tuple[torch.Tensor, dict]:
     """The same step in float64: the reference both float32 runs are measured against."""
     model64 = copy.deepcopy(model).double()
     out = model64(x.double())
-    out.square().mean().backward()
+    loss(out).backward()
     return out.detach(), {n: p.grad for n, p in model64.named_parameters()}
 
 
@@ -103,10 +107,13 @@ def _as_accurate(got, got_grads, expected, expected_grads, reference, accuracy: 
     if any(got_grads[n] is None or expected_grads[n] is None for n in names):
         return False
 
+    def relative(diff: torch.Tensor, ref: torch.Tensor) -> float:  # absolute where the reference is all zeros
+        return (diff.norm() / ref.norm()).item() if ref.norm() > 0 else diff.norm().item()
+
     def error(out, grads) -> tuple[float, float]:
         flat = torch.cat([grads[n].double().flatten() for n in names])
         ref = torch.cat([ref_grads[n].flatten() for n in names])
-        return (((out.double() - ref_out).norm() / ref_out.norm()).item(), ((flat - ref).norm() / ref.norm()).item())
+        return relative(out.double() - ref_out, ref_out), relative(flat - ref, ref)
 
     ours, eagers = error(got, got_grads), error(expected, expected_grads)
     accuracy.update(weld_grad_error=round(ours[1], 8), eager_grad_error=round(eagers[1], 8))
