@@ -65,24 +65,14 @@ def call_with_native_hooks(module: torch.nn.Module, forward: Callable, args: tup
         for hook_id, hook in list(module._forward_hooks.items()):
             if hook_id in module._forward_hooks_always_called:
                 called_always.add(hook_id)
-            if hook_id in module._forward_hooks_with_kwargs:
-                new = hook(module, args, kwargs, result)
-            else:
-                new = hook(module, args, result)
-            if new is not None:
-                result = new
+            result = _forward_hook(module, hook_id, hook, args, kwargs, result)
         return result
     except Exception:
         for hook_id, hook in list(module._forward_hooks.items()):
             if hook_id not in module._forward_hooks_always_called or hook_id in called_always:
                 continue
             try:
-                if hook_id in module._forward_hooks_with_kwargs:
-                    new = hook(module, args, kwargs, result)
-                else:
-                    new = hook(module, args, result)
-                if new is not None:
-                    result = new
+                result = _forward_hook(module, hook_id, hook, args, kwargs, result)
             except Exception as e:
                 warnings.warn("module forward hook with ``always_call=True`` raised an exception that was silenced "
                               f"as another error was raised in forward: {e}", stacklevel=2)
@@ -108,3 +98,12 @@ class NativeHooksCall:
 
             forward = self.forwards[module] = CompiledFunction(self.function, self.settings)
         return call_with_native_hooks(module, types.MethodType(forward, module), args, kwargs)
+
+
+def _forward_hook(module, hook_id, hook, args, kwargs, result):
+    """`result` after forward hook `hook` (its replacement where it returns one)."""
+    if hook_id in module._forward_hooks_with_kwargs:
+        new = hook(module, args, kwargs, result)
+    else:
+        new = hook(module, args, result)
+    return result if new is None else new
