@@ -840,3 +840,24 @@ def test_operations_returning_their_input_itself_are_the_same_object(backend):
     compiled = torchweld.compile(fn, backend=backend)
     for x in (torch.randn(3, 4), torch.randn(3, 4).t(), torch.randn(2, 5)):
         assert_same(compiled(x.clone()), fn(x.clone()))
+
+
+def test_the_dtype_probe_draws_no_random_numbers():
+    """uniform_ of an integer tensor is refused by eager's kernel; capture's probe of it (in
+    float32) would draw from the generator: the draws after it must still be eager's."""
+    def fn(x):
+        a = torch.rand(3)
+        y = x.clone()
+        try:
+            y.uniform_()
+        except (RuntimeError, NotImplementedError):
+            pass
+        return a, torch.rand(3)
+
+    compiled = torchweld.compile(fn, backend="eager")
+    for _ in range(2):
+        x = torch.arange(4)
+        torch.manual_seed(0)
+        expected = fn(x)
+        torch.manual_seed(0)
+        assert_same(compiled(x), expected)

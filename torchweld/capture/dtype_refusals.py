@@ -57,16 +57,21 @@ def refusal(target: object, run, args: list, kwargs: dict) -> str | None:
 
 
 def _probe(run, leaves: list, spec) -> str | None:
-    with torch.no_grad():
-        try:
-            _run_on(run, [_small_ones(x, x.dtype) if isinstance(x, torch.Tensor) else x for x in leaves], spec)
-            return None
-        except Exception as e:  # the dtype's run raises: a refusal if float32 runs
-            message = str(e).splitlines()[0] if str(e) else type(e).__name__
-        try:
-            _run_on(run, [_small_ones(x, _float_dtype(x)) if isinstance(x, torch.Tensor) else x for x in leaves], spec)
-        except Exception:
-            return None  # the small operands do not fit: nothing concluded
+    cuda = sorted({x.device.index or 0 for x in leaves if isinstance(x, torch.Tensor) and x.device.type == "cuda"})
+    with torch.no_grad(), torch.random.fork_rng(devices=cuda):  # an op that draws (uniform_) draws nothing for real
+        return _probe_runs(run, leaves, spec)
+
+
+def _probe_runs(run, leaves: list, spec) -> str | None:
+    try:
+        _run_on(run, [_small_ones(x, x.dtype) if isinstance(x, torch.Tensor) else x for x in leaves], spec)
+        return None
+    except Exception as e:  # the dtype's run raises: a refusal if float32 runs
+        message = str(e).splitlines()[0] if str(e) else type(e).__name__
+    try:
+        _run_on(run, [_small_ones(x, _float_dtype(x)) if isinstance(x, torch.Tensor) else x for x in leaves], spec)
+    except Exception:
+        return None  # the small operands do not fit: nothing concluded
     return message
 
 
@@ -107,4 +112,10 @@ def _is_torch_operation(target: object) -> bool:
     if isinstance(target, str):
         return True
     module = getattr(target, "__module__", None) or ""
+    if module.startswith(_NOT_PROBED):
+        return False
     return module == "torch" or module.startswith("torch.") or module == "_operator"
+
+
+# namespaces whose functions act beyond their tensors (collectives, devices, autograd's state)
+_NOT_PROBED = ("torch.distributed", "torch.cuda", "torch.autograd", "torch.random", "torch._C._distributed")
