@@ -87,7 +87,8 @@ def latest_per_row(recs: list[dict]) -> dict[tuple, dict]:
 
 
 def harness_records(directory: Path | None = None) -> list[dict]:
-    return [r for r in records.read(directory=directory) if "row" in r and "figures" in r]
+    """The harness's records (bench/harness.py's suite, "models"): other suites' rows have other fields."""
+    return [r for r in records.read(directory=directory) if r.get("bench") == "models" and "row" in r and "figures" in r]
 
 
 def short_commit(record: dict) -> str:

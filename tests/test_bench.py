@@ -77,3 +77,9 @@ def test_latest_record_per_row_readme_table_and_diff(tmp_path):
 
     diff = render.render_diff("aaaa", "bbbb", tmp_path)
     assert "| resnet50 b32 |" in diff and "4.000 -> 2.000 (-50.0%)" in diff and "BERT" not in diff
+
+
+def test_the_repositorys_own_records_render():
+    """Every suite's records in bench/records render (other suites' rows once broke the harness table)."""
+    page = run("bench/render.py", "--stdout").stdout
+    assert "## Other suites" in page
