@@ -2,6 +2,7 @@
 models, torch.compiler's controls, recompile messages, inputs weld cannot compile,
 compile_times() as data, and validated options. Each compared with eager and, where it
 has a meaning there too, with torch.compile."""
+import contextlib
 import copy
 import io
 import logging
@@ -245,20 +246,27 @@ def fresh_dynamo():
     torch._dynamo.reset()
 
 
+@contextlib.contextmanager
+def both_stances(stance: str):
+    """The stance for torchweld (torchweld.set_stance) and for torch.compile (torch.compiler's)."""
+    with torchweld.set_stance(stance), torch.compiler.set_stance(stance):
+        yield
+
+
 def test_force_eager_runs_both_compilers_natively(fresh_dynamo):
     x = torch.randn(3)
     for backend, compiled in both_compilers(sin_plus_one):
-        with torch.compiler.set_stance("force_eager"):
+        with both_stances("force_eager"):
             torch.testing.assert_close(compiled(x), sin_plus_one(x))
         assert backend.graphs == []
         compiled(x)
         assert len(backend.graphs) == 1
-        with torch.compiler.set_stance("force_eager"):  # a compiled entry is not used either
+        with both_stances("force_eager"):  # a compiled entry is not used either
             torch.testing.assert_close(compiled(x), sin_plus_one(x))
     model = Block()
     compiled = torchweld.compile(model, backend=(backend := CountingBackend()))
     y = torch.randn(2, 4)
-    with torch.compiler.set_stance("force_eager"):
+    with both_stances("force_eager"):
         torch.testing.assert_close(compiled(y), model(y))
     assert backend.graphs == []
 
@@ -266,7 +274,7 @@ def test_force_eager_runs_both_compilers_natively(fresh_dynamo):
 def test_eager_on_recompile_keeps_what_was_compiled(fresh_dynamo):
     for backend, compiled in both_compilers(sin_plus_one):
         compiled(torch.randn(3))
-        with torch.compiler.set_stance("eager_on_recompile"):
+        with both_stances("eager_on_recompile"):
             for x in (torch.randn(3), torch.randn(4, 2)):  # a hit, then a miss that runs eagerly
                 torch.testing.assert_close(compiled(x), sin_plus_one(x))
         assert len(backend.graphs) == 1
@@ -277,10 +285,10 @@ def test_eager_on_recompile_keeps_what_was_compiled(fresh_dynamo):
 def test_fail_on_recompile_raises_with_the_failing_guard(fresh_dynamo):
     (ours, mine), (theirs, torchs) = both_compilers(sin_plus_one)
     for compiled in (mine, torchs):
-        with torch.compiler.set_stance("fail_on_recompile"), pytest.raises(RuntimeError, match="fail_on_recompile"):
+        with both_stances("fail_on_recompile"), pytest.raises(RuntimeError, match="fail_on_recompile"):
             compiled(torch.randn(3))  # a first compile is refused too, as torch.compile refuses it
         compiled(torch.randn(3))
-        with torch.compiler.set_stance("fail_on_recompile"):
+        with both_stances("fail_on_recompile"):
             compiled(torch.randn(3))  # a hit is fine
             with pytest.raises(RuntimeError, match="fail_on_recompile") as raised:
                 compiled(torch.randn(5))
@@ -292,7 +300,7 @@ def test_fail_on_recompile_raises_with_the_failing_guard(fresh_dynamo):
 
 def test_eager_then_compile_runs_the_first_call_eagerly(fresh_dynamo):
     for backend, compiled in both_compilers(sin_plus_one):
-        with torch.compiler.set_stance("eager_then_compile"):
+        with both_stances("eager_then_compile"):
             compiled(torch.randn(3))
             assert backend.graphs == []
             compiled(torch.randn(3))
@@ -308,6 +316,7 @@ def uses_allowed(x):
 
 
 def test_allow_in_graph_makes_one_graph_node(fresh_dynamo):
+    torchweld.allow_in_graph(helper_in_graph)
     torch.compiler.allow_in_graph(helper_in_graph)
     try:
         x = torch.randn(4)
@@ -318,6 +327,7 @@ def test_allow_in_graph_makes_one_graph_node(fresh_dynamo):
         torch.testing.assert_close(torchweld.compile(uses_allowed)(x), uses_allowed(x))  # weld traces through it
     finally:
         torch._dynamo.disallow_in_graph(helper_in_graph)
+        del helper_in_graph._torchweld_allow_in_graph
     backend = CountingBackend()
     torchweld.compile(uses_allowed, backend=backend)(torch.randn(4))
     targets = [n.target for n in backend.graphs[0].graph.nodes if n.op == "call_function"]
@@ -350,15 +360,25 @@ def test_assume_constant_result_is_a_constant_of_the_graph(fresh_dynamo):
 
 def breaks_in_the_middle(x):
     y = torch.sin(x)
+    torchweld.graph_break()
+    return torch.cos(y)
+
+
+def breaks_in_the_middle_for_torch(x):
+    y = torch.sin(x)
     torch._dynamo.graph_break()
     return torch.cos(y)
 
 
 def test_graph_break_in_user_code_breaks_the_graph(fresh_dynamo):
+    """torchweld.graph_break() breaks torchweld's graph as torch._dynamo.graph_break() breaks torch.compile's."""
     x = torch.randn(4)
-    for backend, compiled in both_compilers(breaks_in_the_middle):
+    (ours, mine), _ = both_compilers(breaks_in_the_middle)
+    _, (theirs, torchs) = both_compilers(breaks_in_the_middle_for_torch)
+    for backend, compiled in ((ours, mine), (theirs, torchs)):
         torch.testing.assert_close(compiled(x), breaks_in_the_middle(x))
         assert len(backend.graphs) == 2
+    torch.testing.assert_close(breaks_in_the_middle(x), torch.cos(torch.sin(x)))  # a no-op outside compiled code
     report = torchweld.explain(breaks_in_the_middle)(x)
     assert report.graph_break_count == 1
     assert "graph_break() asks for a graph break here" in str(report)

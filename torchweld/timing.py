@@ -106,7 +106,7 @@ def compile_times(repr: str = "dict", aggregate: bool = True) -> dict[str, float
     """Where compile time went in this process: `torchweld.compile_times()`.
 
     repr="dict" (the default): {phase: total seconds}; "str": a table of phase, calls and
-    seconds; "csv": (phases, seconds as text), the form of torch._dynamo.utils.compile_times(repr="csv").
+    seconds; "csv": (phases, seconds as text), the form torch.compile's compile_times(repr="csv") gives.
     torchweld keeps each phase's total, not each call's: `aggregate` (torch's, which sums a
     phase's calls when True) is accepted for the same signature, and sums either way."""
     times = snapshot()

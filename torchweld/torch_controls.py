@@ -1,59 +1,75 @@
-"""What torch.compiler's controls ask of torchweld, read at call time without importing
-torch._dynamo: the stance (`torch.compiler.set_stance`), functions marked with
-`torch.compiler.allow_in_graph` or `torch.compiler.assume_constant_result`,
-`torch._dynamo.graph_break()`, and modules and functions `torch.compile` returned.
+"""torchweld's own compile controls, the counterparts of torch.compiler's: the stance
+(`torchweld.set_stance`), `torchweld.allow_in_graph`, `torchweld.graph_break()`; and what a
+user's function or module carries that capture must respect: the mark
+`torch.compiler.assume_constant_result` leaves on the function, and a module or function
+`torch.compile` returned (recognised by its shape, not by importing torch's compiler).
 
-torch keeps these in torch._dynamo's modules, which torchweld never imports (STYLE.md).
-Every control imports them when it is used, so where they are not loaded no control was
-used, and each answer here is the default. torch 2.13 has no public reader of the stance;
-it is read from the module `set_stance` writes it to (`torch._dynamo.eval_frame._stance`).
+torch.compiler's own stance and registries live in torch's compiler modules, which torchweld
+never reads (DESIGN.md): `torch.compiler.set_stance` and `allow_in_graph` steer torch.compile
+only; use torchweld's.
 """
 from __future__ import annotations
 
-import sys
+import contextlib
 import types
 
-# torch.compiler.set_stance's stances; torchweld treats both `*_then_compile` as
-# "eager_then_compile" (the first call runs eagerly, later ones compile)
+# the stances, as torch.compiler names them; "*_then_compile" both run the first call eagerly
 STANCES = ("default", "force_eager", "eager_on_recompile", "fail_on_recompile", "eager_then_compile",
            "aot_eager_then_compile")
+_stance = ["default"]
+ALLOWED_MARK = "_torchweld_allow_in_graph"
 
 
 def stance() -> str:
-    """The stance `torch.compiler.set_stance` set last ("default" where it was never called)."""
-    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
-    if eval_frame is None:
-        return "default"
-    return getattr(getattr(eval_frame, "_stance", None), "stance", "default")
+    """The stance `torchweld.set_stance` set last ("default" where it was never called)."""
+    return _stance[0]
+
+
+class set_stance(contextlib.ContextDecorator):  # noqa: N801 - a function to its users, as torch's
+    """`torchweld.set_stance("force_eager")`: from now on, or inside `with` (restored after).
+    "force_eager" runs compiled functions as they are; "eager_on_recompile" runs a call no
+    compiled version takes eagerly; "fail_on_recompile" raises there; "eager_then_compile"
+    runs the first call eagerly."""
+
+    def __init__(self, stance: str = "default"):
+        if stance not in STANCES:
+            raise ValueError(f"torchweld.set_stance: unknown stance {stance!r}; the stances are {', '.join(STANCES)}")
+        self.previous, _stance[0] = _stance[0], stance
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _stance[0] = self.previous
+
+
+def graph_break() -> None:
+    """Called in a compiled function, breaks the graph there; elsewhere does nothing."""
 
 
 def is_graph_break(obj: object) -> bool:
-    """Whether `obj` is `torch._dynamo.graph_break`: a graph break where user code calls it."""
-    dynamo = sys.modules.get("torch._dynamo")
-    return dynamo is not None and obj is getattr(dynamo, "graph_break", None)
+    return obj is graph_break
+
+
+def allow_in_graph(fn):
+    """Mark `fn` to be one graph node, as a torch function is: capture does not look inside it
+    (weld traces through it). Returns `fn`."""
+    setattr(fn, ALLOWED_MARK, True)
+    return fn
 
 
 def allowed_in_graph(obj: object) -> bool:
-    """Whether `torch.compiler.allow_in_graph(obj)` was called: torch records the function's id."""
-    trace_rules = sys.modules.get("torch._dynamo.trace_rules")
-    allowed = getattr(trace_rules, "_allowed_callable_ids", None)
-    if allowed is None:
-        return False
-    try:
-        return id(obj) in allowed
-    except Exception:  # torch changed how it keeps them: the marker is unread, the function inlined
-        return False
+    return isinstance(obj, types.FunctionType) and getattr(obj, ALLOWED_MARK, False) is True
 
 
 def assumed_constant(obj: object) -> bool:
-    """Whether `torch.compiler.assume_constant_result(obj)` marked the function."""
+    """Whether `torch.compiler.assume_constant_result(obj)` marked the function (an attribute it sets on it)."""
     return isinstance(obj, types.FunctionType) and getattr(obj, "_dynamo_marked_constant", False) is True
 
 
 def is_torch_compiled(obj: object) -> bool:
-    """Whether `obj` is what `torch.compile` returned: an OptimizedModule, or a function wrapper."""
+    """Whether `obj` is what `torch.compile` returned: a function wrapper it marks, or a module
+    wrapper holding the original as `_orig_mod` (torch's OptimizedModule)."""
     if isinstance(obj, types.FunctionType):
         return getattr(obj, "_is_torch_compile", False) is True
-    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
-    optimized = getattr(eval_frame, "OptimizedModule", None)
-    return optimized is not None and isinstance(obj, optimized)
+    return type(obj).__name__ == "OptimizedModule" and "_orig_mod" in getattr(obj, "_modules", {})

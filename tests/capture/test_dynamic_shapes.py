@@ -241,7 +241,7 @@ def test_graph_break_with_a_size_live_across_it():
 
 
 def torchweld_break():
-    torch._dynamo.graph_break()
+    torchweld.graph_break()
 
 
 def test_transposed_and_strided_inputs():

@@ -84,7 +84,7 @@ def wrap(tx: "Translator", obj: object, source: Source | None, guard: bool = Tru
     if marked_disabled(obj):
         return OpaqueCallableValue(obj, f"{getattr(obj, '__qualname__', obj)} is marked with torchweld.disable", source)
     if torch_controls.is_graph_break(obj):
-        return OpaqueCallableValue(obj, "torch._dynamo.graph_break() asks for a graph break here", source)
+        return OpaqueCallableValue(obj, "torchweld.graph_break() asks for a graph break here", source)
     if torch_controls.is_torch_compiled(obj):  # torch.compile's own wrapper: run it as it is, compiled by torch
         what = f"module {type(obj._orig_mod).__name__}" if isinstance(obj, torch.nn.Module) else obj.__qualname__
         return OpaqueCallableValue(obj, f"{what} was compiled with torch.compile: it runs as it is, outside torchweld's graph",

@@ -10,7 +10,7 @@
 `mark_static` keeps a dim a number in every mode. One `DimChoices` belongs to one compiled
 function (a resume function or a callee compiled at a break has its own), which keeps it
 across its captures. Marks are attributes set on the tensor, read here:
-torchweld's own and the ones torch._dynamo.mark_dynamic, maybe_mark_dynamic and mark_static
+torchweld's own and the ones torch's mark_dynamic, maybe_mark_dynamic and mark_static
 set (`_dynamo_dynamic_indices`, `_dynamo_weak_dynamic_indices`, `_dynamo_static_indices`;
 read, never imported)."""
 from __future__ import annotations
@@ -26,9 +26,9 @@ from torchweld.capture.sources import AttrSource, GlobalSource, ItemSource, Loca
 # capture share one symbol, as torch.compile's duck sizing does
 DimChoice = tuple[str, bool, "int | None", "int | None"]
 
-DYNAMIC_MARK = "_dynamo_dynamic_indices"          # torch._dynamo.mark_dynamic and torchweld.mark_dynamic
-WEAK_DYNAMIC_MARK = "_dynamo_weak_dynamic_indices"  # torch._dynamo.maybe_mark_dynamic
-STATIC_MARK = "_dynamo_static_indices"            # torch._dynamo.mark_static and torchweld.mark_static
+DYNAMIC_MARK = "_dynamo_dynamic_indices"          # torch's mark_dynamic and torchweld.mark_dynamic
+WEAK_DYNAMIC_MARK = "_dynamo_weak_dynamic_indices"  # torch's maybe_mark_dynamic
+STATIC_MARK = "_dynamo_static_indices"            # torch's mark_static and torchweld.mark_static
 RANGE_MARK = "_torchweld_dynamic_ranges"          # torchweld.mark_dynamic's min/max: {dim: (min, max)}
 
 

@@ -47,7 +47,7 @@ class SizeSource(TorchSource):
 
 class CaptureShapeEnv(ShapeEnv):
     """A ShapeEnv that places what it records at the user's line capture is at, instead of
-    walking the Python stack (torch's walk imports torch._dynamo and torch._inductor to know
+    walking the Python stack (torch's walk imports its own compiler's modules to know
     which files to skip)."""
 
     def __init__(self) -> None:
