@@ -1,7 +1,7 @@
 """A compiled function: a Python function plus its cache of guarded entries.
 Calling it tries each entry in order; a miss translates the frame afresh.
 
-torch.compiler's stance is honoured here (torch_controls.stance): "force_eager" runs
+torchweld's stance is honoured here (torchweld.set_stance, torch_controls.stance): "force_eager" runs
 the function as it is, "eager_on_recompile" runs a miss eagerly, "fail_on_recompile"
 raises at a miss, "eager_then_compile" runs the first call eagerly. A copy or a pickle
 holds the function and its CompileRequest, never the cache."""
