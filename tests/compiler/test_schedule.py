@@ -306,6 +306,70 @@ def test_mutated_inputs_are_written_in_place_where_nothing_reads_them_later():
         torch.testing.assert_close(a, b)
 
 
+def test_a_cache_updated_by_index_copy_is_updated_in_place():
+    """A KV cache's `cache.index_copy_(2, pos, k)`: functionalized into an out-of-place
+    index_copy (a copy of the whole cache) written back at the end; weld calls index_copy_ on
+    the input itself instead, and copies nothing back."""
+    from weld_helpers import weld_compile
+
+    def step(cache, pos, k):
+        cache.index_copy_(2, pos, k)
+        return (cache * 2).sum(2)
+
+    def inputs(p):
+        return [torch.zeros(2, 3, 8, 4), torch.tensor([p]), torch.randn(2, 3, 1, 4)]
+
+    compiled = weld_compile(step, inputs(0))
+    assert list(compiled.schedule.in_place.values()) == [compiled.schedule.graph.input_names[0]]
+    body = compiled.wrapper_source.split("def call", 1)[1]
+    copies = [line for line in body.splitlines() if "copy_(" in line]
+    assert all("data_ptr() !=" in line for line in copies), copies  # only a restrided input's copy-back
+    for p in (3, 0, 7, 3):
+        got, expected = inputs(p), inputs(p)
+        got[0].normal_(generator=torch.Generator().manual_seed(p))
+        expected[0].copy_(got[0])
+        expected[2].copy_(got[2])
+        torch.testing.assert_close(compiled(*got), step(*expected))
+        torch.testing.assert_close(got[0], expected[0])
+
+
+def test_an_input_read_after_its_index_copy_is_not_updated_in_place():
+    """The old value read after the write (the pointwise `old * 2` fused into the kernel after
+    it): the update goes to a new buffer, copied back at the end."""
+    from weld_helpers import weld_compile
+
+    def step(cache, pos, k):
+        old = cache * 2
+        new = cache.index_copy(0, pos, k)
+        cache.copy_(new)
+        return old + new
+
+    def inputs():
+        return [torch.randn(6, 4, generator=torch.Generator().manual_seed(0)), torch.tensor([1, 4]),
+                torch.ones(2, 4)]
+
+    compiled = weld_compile(step, inputs())
+    got, expected = inputs(), inputs()
+    torch.testing.assert_close(compiled(*got), step(*expected))
+    torch.testing.assert_close(got[0], expected[0])
+
+
+def test_an_index_copy_whose_source_is_a_view_of_the_cache_is_not_made_in_place():
+    from weld_helpers import weld_compile
+
+    def step(cache, pos):
+        cache.index_copy_(0, pos, cache[:2].flip(0))
+        return cache + 1
+
+    def inputs():
+        return [torch.arange(24.0).view(6, 4), torch.tensor([1, 0])]
+
+    compiled = weld_compile(step, inputs())
+    got, expected = inputs(), inputs()
+    torch.testing.assert_close(compiled(*got), step(*expected))
+    torch.testing.assert_close(got[0], expected[0])
+
+
 def test_output_is_stored_over_the_buffer_its_kernel_reads_last():
     """As inductor's in-place reuse: a matmul's result, read for the last time by the
     kernel after it at the offsets it stores, gives that kernel's output its memory."""

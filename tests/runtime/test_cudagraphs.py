@@ -210,6 +210,17 @@ def test_synchronizing_op_is_found_in_the_graph():
     assert "CPU tensor" in graph_reason(torch.fx.symbolic_trace(nn.Linear(3, 3)), "cuda")
 
 
+def test_repeat_interleave_synchronizes_only_with_tensor_repeats():
+    """An int repeats (grouped-query attention's heads over a KV cache) is an expand and a copy:
+    recorded. A tensor of repeats has a data-dependent size."""
+    assert graph_reason(torch.fx.symbolic_trace(lambda k: k.repeat_interleave(4, dim=1)), "cpu") is None
+    assert graph_reason(torch.fx.symbolic_trace(lambda k: torch.repeat_interleave(k, repeats=2)), "cpu") is None
+    assert "repeat_interleave() synchronizes" in graph_reason(
+        torch.fx.symbolic_trace(lambda k, r: k.repeat_interleave(r, dim=0)), "cpu")
+    assert "repeat_interleave() synchronizes" in graph_reason(
+        torch.fx.symbolic_trace(lambda r: torch.repeat_interleave(r)), "cpu")
+
+
 def test_recording_failure_runs_eagerly(caplog):
     rec = FakeRecorder(fail_with=RuntimeError("CUDA error: operation not permitted when stream is capturing"))
     g = graphed(lambda x: x + 1, rec)
@@ -247,6 +258,21 @@ def test_too_many_layouts_is_dynamic(caplog):
 
 
 # -- through torchweld.compile ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["cudagraphs", "weld"])
+def test_a_graph_with_symbolic_sizes_is_recorded_per_size(backend):
+    """As torch.compile's CUDA graph trees: a dynamic graph (automatic dynamic, from the second
+    size on) records one graph per concrete size, and replays each."""
+    rec = FakeRecorder()
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU())
+    fast = torchweld.compile(model, backend=backend, mode="reduce-overhead",
+                             options={"cudagraph_pool": CudaGraphPool(rec)})
+    with torch.no_grad():
+        for n in (4, 6, 4, 6, 5, 6):
+            x = torch.randn(n, 8)
+            torch.testing.assert_close(fast(x), model(x))
+    assert len(rec.records) == 3 and rec.replays >= 3
 
 
 class Small(nn.Module):
@@ -575,3 +601,46 @@ def test_retained_graph_keeps_its_activations_across_a_later_forward():
         loss.backward()
     for (name, a), b in zip(model.named_parameters(), ref.parameters()):
         torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-5, msg=name)
+
+
+class _Cached(nn.Module):
+    """A KV-cache-like buffer written at a position each call."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.register_buffer("cache", torch.zeros(8, 4))
+
+    def forward(self, x, pos):
+        self.cache.index_copy_(0, pos, self.lin(x))
+        return self.cache.sum(0)
+
+
+def test_module_parameters_and_buffers_are_read_in_place_by_recordings():
+    """A module's buffers, like its parameters, are static inputs of a recording (a KV cache
+    is neither copied in before each replay nor back after it); the graph updates it in place."""
+    from torchweld.runtime.cudagraphs import resident_placeholders
+
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    model = _Cached()
+    torchweld.compile(model, backend=backend)(torch.randn(1, 4), torch.tensor([0]))
+    placeholders = [n.meta.get("source") for n in graphs[0].graph.nodes if n.op == "placeholder"]
+    resident = {placeholders[i] for i in resident_placeholders(graphs[0])}
+    assert resident == {"L['self'].cache"}  # the Linear is a leaf: its parameters live in the graph module
+
+    rec = FakeRecorder()
+    model, reference = _Cached(), _Cached()
+    reference.load_state_dict(model.state_dict())
+    fast = torchweld.compile(model, backend="weld", mode="reduce-overhead",
+                             options={"cudagraph_pool": CudaGraphPool(rec)})
+    with torch.no_grad():
+        for p in (0, 3, 5, 3):
+            x = torch.randn(1, 4)
+            torch.testing.assert_close(fast(x, torch.tensor([p])), reference(x, torch.tensor([p])))
+            torch.testing.assert_close(model.cache, reference.cache)
+    assert len(rec.records) == 1 and rec.replays >= 3

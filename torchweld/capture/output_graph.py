@@ -28,7 +28,7 @@ from torchweld.capture.symbolic_sizes import (
     CaptureShapeEnv, SizeGuard, SymbolicInput, is_symbolic, specialized_marks, spell_over_inputs, symbolic_fake,
 )
 from torchweld.capture.number_inputs import NumberTensor
-from torchweld.capture.sources import NumberTensorSource, Source
+from torchweld.capture.sources import ModuleEntrySource, NumberTensorSource, Source
 from torchweld.capture.values import (
     ConstantValue, SymNumberValue, TensorValue, TupleValue, Value, const, is_constant_literal,
 )
@@ -105,7 +105,9 @@ class OutputGraph:
             node = self.graph.placeholder(source.placeholder_name())
         node.meta["example_value"] = fake
         node.meta["source"] = source.name()
-        if by_identity:  # the same tensor at every call: CUDA graphs read it in place
+        if by_identity or _module_state(source):  # the same tensor at every call (by its guard), or a
+            # module's parameter or buffer (a KV cache): CUDA graphs read it in place, recording
+            # again where it moved, instead of copying it in (and back, where the graph writes it)
             node.meta["static_address"] = True
         value = TensorValue(node, fake, source, cls=type(real))
         if _symbolic_dims(fake):
@@ -487,3 +489,8 @@ def _has_symbols(result: object) -> bool:
     if isinstance(result, (tuple, list)):
         return any(is_symbolic(x) for x in result)
     return False
+
+
+def _module_state(source: Source) -> bool:
+    """Whether `source` reads a module's registered parameter or buffer."""
+    return isinstance(source, ModuleEntrySource) and source.store in ("_parameters", "_buffers")

@@ -638,9 +638,16 @@ def in_place_updates(sched: Schedule) -> dict[str, str]:
     for write in graph.mutated_inputs:
         target, value = write.target, write.value
         name = value.root
-        if (not isinstance(value, BufferView) or not value.is_root or name not in sched.allocated
-                or name in outputs or name in plan or sched.layouts.get(target) != sched.layouts[name]
-                or writes_to[target] != 1 or write.layout != sched.layouts[target][1]):
+        if (not isinstance(value, BufferView) or not value.is_root or name in outputs or target in outputs
+                or name in plan or writes_to[target] != 1 or write.layout != sched.layouts[target][1]):
+            continue
+        if name not in sched.allocated:
+            if name in writer_of and _extern_in_place(steps[writer_of[name]], name, target, graph.buffers,
+                                                      sched.layouts, views) \
+                    and last_read.get(target, -1) <= writer_of[name]:
+                plan[name] = target
+            continue
+        if sched.layouts.get(target) != sched.layouts[name]:
             continue
         writer = writer_of[name]
         kernel = steps[writer]
@@ -651,6 +658,45 @@ def in_place_updates(sched: Schedule) -> dict[str, str]:
         if _loads_in_place(kernel, loads_by_kernel[id(kernel)], target, name):
             plan[name] = target
     return plan
+
+
+# aten's functional ops whose result is their first argument updated: `op(self, ...)` is
+# `self.clone().op_(...)`; weld calls `self.op_(...)` when the graph writes that result back
+# into `self` (a KV cache's `index_copy_`, an index assignment).
+IN_PLACE_TWINS = frozenset({"index_copy", "index_put", "index_add", "index_fill", "scatter", "scatter_add",
+                            "scatter_reduce", "masked_scatter"})
+
+
+def in_place_twin(target: object) -> object | None:
+    """The in-place overload of an aten functional op of IN_PLACE_TWINS (aten.index_copy.default ->
+    aten.index_copy_.default), or None."""
+    packet = getattr(target, "overloadpacket", None)
+    if packet is None or packet.__name__ not in IN_PLACE_TWINS:
+        return None
+    twin = getattr(torch.ops.aten, packet.__name__ + "_", None)
+    return getattr(twin, target._overloadname, None) if twin is not None else None
+
+
+def _extern_in_place(step, name: str, target: str, buffers, layouts, views) -> bool:
+    """Whether extern `step`, whose result `name` the graph writes back whole into input
+    `target`, can run as its in-place twin on `target`: its first argument is `target` whole,
+    in target's layout; its result has that layout; no other argument reads target's memory."""
+    if not isinstance(step, ExternCall):
+        return False
+    ext = buffers[step.name]
+    if ext.multi or len(ext.outputs) != 1 or in_place_twin(ext.target) is None or not ext.args:
+        return False
+    self_arg = ext.args[0]
+    if not isinstance(self_arg, ir.TensorArg) or self_arg.buffer != target or target not in layouts:
+        return False
+    dtype, layout, _ = layouts[target]
+    if self_arg.layout != layout or ext.outputs[0] != (dtype, layout):
+        return False
+    import torch.utils._pytree as pytree
+
+    others = pytree.tree_leaves((ext.args[1:], ext.kwargs))
+    return not any(isinstance(a, ir.TensorArg) and (a.buffer == target or target in views.get(a.buffer, ()))
+                   for a in others)
 
 
 def stored_over_dying(sched: Schedule) -> dict[str, str]:

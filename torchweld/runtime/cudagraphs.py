@@ -58,8 +58,9 @@ another graph runs. Outputs handed out as they are ("track") must outlive other
 graphs' replays (the loss the user holds, the activations the backward reads), so
 each tracked recording gets a pool of its own, where no other graph's scratch lies.
 
-What cannot be recorded (CPU tensors, ops that synchronize with the host,
-dynamic sizes, a failure while recording) runs without CUDA graphs; the reason
+A graph with symbolic sizes is recorded once per concrete layout, as any graph is (more
+than MAX_LAYOUTS of them run without CUDA graphs). What cannot be recorded (CPU tensors,
+ops that synchronize with the host, a failure while recording) runs without CUDA graphs; the reason
 is logged once per compiled model on the "torchweld.weld" logger at INFO.
 
 The recording itself sits behind `GraphRecorder`, so that everything above can
@@ -243,13 +244,25 @@ def graph_reason(gm: torch.fx.GraphModule, device_type: str = "cuda") -> str | N
     for node in gm.graph.nodes:
         if node.op in ("call_function", "call_method"):
             target = call_name(node)
-            if target in SYNCHRONIZING:
+            if target in SYNCHRONIZING and _synchronizes(node, target):
                 where = _user_location(node)
                 return f"{target}() synchronizes with the host or has a data-dependent size{where}"
-            example = node.meta.get("example_value")
-            if isinstance(example, torch.Tensor) and any(isinstance(s, torch.SymInt) for s in example.shape):
-                return f"{node.name} has a dynamic size"
-    return None
+    return None  # symbolic sizes are no reason: each concrete layout is recorded (up to MAX_LAYOUTS)
+
+
+def _synchronizes(node: torch.fx.Node, target: str) -> bool:
+    """Whether a call of a SYNCHRONIZING name does: `repeat_interleave` does only with its
+    repeats a tensor and no output_size (an int repeats is an expand and a copy: a KV cache's
+    grouped-query heads)."""
+    if target != "repeat_interleave":
+        return True
+    if node.kwargs.get("output_size") is not None:
+        return False
+    repeats = node.kwargs.get("repeats", node.args[1] if len(node.args) > 1 else node.args[0] if node.args else None)
+    if repeats is None or isinstance(repeats, torch.fx.Node):
+        example = repeats.meta.get("example_value") if isinstance(repeats, torch.fx.Node) else None
+        return not isinstance(example, (int, torch.SymInt))
+    return False
 
 
 def call_name(node: torch.fx.Node) -> str:

@@ -19,7 +19,7 @@ from torchweld.compiler import ir
 from torchweld.compiler.codegen.bindings import fast_callable
 from torchweld.compiler.ir import Layout
 from torchweld.compiler.lowering import BufferView
-from torchweld.compiler.schedule import ExternCall, Free, Kernel, Schedule
+from torchweld.compiler.schedule import ExternCall, Free, Kernel, Schedule, in_place_twin
 from torchweld.runtime.write_back import groups_by_dtype
 
 PRELUDE = '''
@@ -256,7 +256,8 @@ class WrapperRenderer:
                   f"device={self.const(torch.device(device))})")
 
     def extern(self, ext: ir.Extern) -> None:
-        target = self.const(fast_callable(ext.target))
+        in_place = ext.name in self.sched.in_place  # its result is its first argument, updated
+        target = self.const(fast_callable(in_place_twin(ext.target) if in_place else ext.target))
         args = ", ".join(self.const(a) for a in ext.args)
         kwargs = ", ".join(f"{k}={self.const(v)}" for k, v in ext.kwargs.items())
         call = f"{target}({', '.join(x for x in (args, kwargs) if x)})"
