@@ -175,3 +175,24 @@ def test_training_through_merged_nodes_matches_eager():
     torch.testing.assert_close(x1.grad, x2.grad, atol=1e-4, rtol=1e-4)
     for p, q in zip(model.parameters(), reference.parameters()):
         torch.testing.assert_close(p.grad, q.grad, atol=1e-4, rtol=1e-4)
+
+
+def test_a_graph_with_an_in_place_write_merges_what_does_not_read_the_written_tensor():
+    """A decoder step: each layer turns the same boolean mask into the same float bias (merged),
+    while reads of the cache on either side of its in-place update stay apart."""
+    aten = torch.ops.aten
+    graph = torch.fx.Graph()
+    cache, mask, pos, new = (graph.placeholder(n) for n in ("cache", "mask", "pos", "new"))
+    bias1 = graph.call_function(aten._to_copy.default, (mask,), {"dtype": torch.float32})
+    before = graph.call_function(aten.mul.Tensor, (cache, 2.0))
+    view = graph.call_function(aten.view.default, (cache, [8]))
+    graph.call_function(aten.index_copy_.default, (cache, 0, pos, new))
+    after = graph.call_function(aten.mul.Tensor, (cache, 2.0))
+    after_view = graph.call_function(aten.mul.Tensor, (view, 2.0))
+    bias2 = graph.call_function(aten._to_copy.default, (mask,), {"dtype": torch.float32})
+    graph.output((bias1, before, after, after_view, graph.call_function(aten.add.Tensor, (bias1, bias2))))
+    from torchweld.compiler.cse import eliminate_common_subexpressions
+
+    assert eliminate_common_subexpressions(graph) == 1  # bias2 only
+    targets = [n.target for n in graph.nodes]
+    assert targets.count(aten._to_copy.default) == 1 and targets.count(aten.mul.Tensor) == 3

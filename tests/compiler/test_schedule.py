@@ -455,3 +455,18 @@ def test_a_graph_that_frees_inputs_lets_each_go_after_its_last_reader():
         again = make()
         torch.testing.assert_close(compiled(*again)[0], expected[0])  # a plain call leaves the caller's inputs be
         assert len(again) == 3
+
+
+def test_rotary_embedding_stack_is_one_kernel():
+    """The rotated halves of a pair, stacked and flattened (gpt-fast's and Llama's real-valued
+    rotary embedding): one kernel, no copies by aten.stack."""
+    def rotary(x, table):
+        pairs = x.float().reshape(1, 3, 4, 4, 2)
+        out = torch.stack([pairs[..., 0] * table[..., 0] - pairs[..., 1] * table[..., 1],
+                           pairs[..., 1] * table[..., 0] + pairs[..., 0] * table[..., 1]], -1)
+        return out.flatten(3).type_as(x)
+
+    c = check(rotary, [torch.randn(1, 3, 4, 8), torch.randn(1, 3, 1, 4, 2)])
+    assert not any(isinstance(s, ExternCall) for s in c.schedule.steps)
+    assert len(list(c.schedule.kernels())) == 1
+    check(lambda a, b, c: torch.stack([a, b, c], 1) * 2, [torch.randn(3, 4), torch.randn(3, 4), torch.randn(3, 4)])

@@ -83,6 +83,8 @@ WORKERS_FROM_NODES = 100
 OPTIONS = {
     "fuse_attention": Option("softmax(q @ k^T * scale) @ v becomes one scaled_dot_product_attention call "
                              "(passes/fuse_attention.py); default True"),
+    "group_query_heads": Option("decoding attention over repeated key/value heads (grouped-query attention) "
+                                "runs over the unrepeated heads (passes/grouped_attention.py); default True"),
     "chain_concatenations": Option("a concatenation that extends an earlier one reads it instead of all its "
                                    "inputs again (compiler/cat_chains.py); default True"),
     "freeze": Option("inference: fold batch norms into convolutions and compute what depends only on "

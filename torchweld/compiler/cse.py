@@ -13,9 +13,11 @@ What never merges:
   or nothing (`_assert_async`): two calls there are two events;
 - ops drawing random numbers (`nondeterministic_seeded`: `rand_like`, `bernoulli`):
   two draws are two different tensors;
-- graphs with any in-place op: a write to one of two merged tensors would show
-  through the other, so such graphs are left as they are (a training graph is
-  functionalized first);
+- in-place ops, and any node that reads a tensor an in-place op writes (through views
+  too): two equal reads on either side of the write see two different values (a KV
+  cache updated by `index_copy_`; a training graph is functionalized first). The rest of
+  such a graph merges as any graph does: the causal mask's float bias is made once for
+  a decoder's 16 layers, not per layer;
 - a node the graph returns, or a base a returned view reads: two outputs of the
   graph stay two tensors, as eager returned them (one would be written through
   the other, `.grad` accumulation among them). Such a node may still be the one
@@ -27,22 +29,21 @@ import operator
 
 import torch
 
-from torchweld.compiler.op_effects import is_random, mutates, returned_storage
+from torchweld.compiler.op_effects import is_random, is_view, mutates, returned_storage
 
 _TENSOR_TYPES = frozenset({"Tensor", "List[Tensor]", "Optional[Tensor]"})  # what a mergeable op returns
 
 
 def eliminate_common_subexpressions(graph: torch.fx.Graph) -> int:
     """Merge equal pure nodes of `graph` in place (see the module docstring); returns how many
-    nodes were removed (0 where the graph has in-place ops)."""
-    if any(mutates(node) for node in graph.nodes):
-        return 0
+    nodes were removed."""
+    written = _written_storage(graph)
     returned = returned_storage(graph)
     first: dict[tuple, torch.fx.Node] = {}
     removed = 0
     for node in list(graph.nodes):
         key = _key(node)
-        if key is None:
+        if key is None or mutates(node) or any(a in written for a in node.all_input_nodes):
             continue
         kept = first.get(key)
         if kept is None:
@@ -52,6 +53,39 @@ def eliminate_common_subexpressions(graph: torch.fx.Graph) -> int:
             graph.erase_node(node)
             removed += 1
     return removed
+
+
+def _written_storage(graph: torch.fx.Graph) -> set[torch.fx.Node]:
+    """The nodes whose tensors share memory with one an in-place op writes: the written
+    tensor, the bases it is a view of, and every view of those (the in-place op's own result)."""
+    written = {a for n in graph.nodes if mutates(n) for a in _written_arguments(n)}
+    if not written:
+        return set()
+    parent: dict[torch.fx.Node, torch.fx.Node] = {}
+
+    def root(n: torch.fx.Node) -> torch.fx.Node:
+        while parent.get(n, n) is not n:
+            n = parent[n]
+        return n
+
+    for node in graph.nodes:  # aliases: a view of its first input, an in-place op's result, getitem
+        if (is_view(node) or mutates(node) or node.target is operator.getitem) and node.args \
+                and isinstance(node.args[0], torch.fx.Node):
+            parent[root(node)] = root(node.args[0])
+    roots = {root(n) for n in written}
+    return {n for n in graph.nodes if root(n) in roots}
+
+
+def _written_arguments(node: torch.fx.Node) -> list[torch.fx.Node]:
+    """The arguments an in-place or out= node writes (`Tensor(a!)` in its schema)."""
+    schema = node.target._schema
+    by_name = dict(zip((a.name for a in schema.arguments), node.args)) | dict(node.kwargs)
+    out = []
+    for argument in schema.arguments:
+        value = by_name.get(argument.name)
+        if argument.alias_info is not None and argument.alias_info.is_write:
+            out += [v for v in (value if isinstance(value, (list, tuple)) else [value]) if isinstance(v, torch.fx.Node)]
+    return out
 
 
 def _key(node: torch.fx.Node) -> tuple | None:

@@ -41,6 +41,12 @@ def _fuse_attention(gm, options, inference):
     return fuse_attention(gm) if options.get("fuse_attention", True) else gm
 
 
+def _group_query_heads(gm, options, inference):
+    from torchweld.passes.grouped_attention import group_query_heads
+
+    return group_query_heads(gm) if options.get("group_query_heads", True) else gm
+
+
 def _chain_concatenations(gm, options, inference):
     from torchweld.compiler.cat_chains import chain_concatenations
 
@@ -68,6 +74,10 @@ FX_PASSES: tuple[FxPass, ...] = (
     FxPass("fuse_attention", _fuse_attention,
            "softmax(q @ k^T * scale) @ v becomes one scaled_dot_product_attention call (in training too: "
            "the joint graph differentiates it into aten's fused backward); options={'fuse_attention': False}"),
+    FxPass("group_query_heads", _group_query_heads,
+           "decoding attention (one query position) over key/value heads repeated for grouped-query "
+           "attention runs over the unrepeated heads, each query head a row (passes/grouped_attention.py); "
+           "options={'group_query_heads': False}"),
     FxPass("chain_concatenations", _chain_concatenations,
            "a concatenation that extends an earlier one reads it instead of all its inputs again "
            "(compiler/cat_chains.py); options={'chain_concatenations': False}"),

@@ -808,6 +808,23 @@ def cat(L, node, tensors, dim=0):
     return L.add_pointwise(body, val.dtype, shape, val.device, meta_layout(val))
 
 
+@lowers(aten.stack)
+def stack(L, node, tensors, dim=0):
+    """Each input at its position along a new dimension: rotary embeddings stack a pair's
+    rotated halves, then flatten them (one kernel with its producers, not a copy per input)."""
+    val = out_val(node)
+    shape = tuple(val.shape)
+    dim = dim % len(shape)
+    index = ir.dim_vars(len(shape))
+    compute = upcast(val.dtype)
+    inner = [*index[:dim], *index[dim + 1:]]
+    body = cast(tensors[-1].read(inner), compute)
+    for i in range(len(tensors) - 2, -1, -1):
+        cond = Expr(Op.EQ, torch.bool, (index[dim], ir.const(i)))
+        body = Expr(Op.WHERE, compute, (cond, cast(tensors[i].read(inner), compute), body))
+    return L.add_pointwise(body, val.dtype, shape, val.device, meta_layout(val))
+
+
 @lowers(aten.constant_pad_nd)
 def constant_pad_nd(L, node, x, pad, value=0):
     val = out_val(node)
