@@ -130,3 +130,74 @@ def test_a_decoding_loop_matches_eager_at_every_position():
             x = torch.randn(1, 1, 8)
             torch.testing.assert_close(compiled(x, torch.tensor([p])), reference(x, torch.tensor([p])))
             torch.testing.assert_close(model.k, reference.k)
+
+
+def _decode_inputs(device, dtype, mask_kind, b=2, kv=2, r=3, d=16, s=150):
+    g = torch.Generator().manual_seed(s)
+    q, k, v = (torch.randn(shape, generator=g).to(device, dtype) for shape in
+               ((b, kv, r, d), (b, kv, s, d), (b, kv, s, d)))
+    mask = None
+    if mask_kind == "bool":
+        mask = torch.rand(b, 1, 1, s, generator=g) > 0.3
+        mask[..., 0] = True
+        mask = mask.to(device).expand(b, kv, r, s)
+    elif mask_kind == "float":
+        mask = torch.randn(1, 1, r, s, generator=g).to(device, dtype)
+    return q, k, v, mask
+
+
+@pytest.mark.parametrize("mask_kind", [None, "bool", "float"])
+def test_decode_attention_kernel_in_tritons_interpreter(mask_kind, monkeypatch):
+    """The split kernel's numbers against aten's attention, on the CPU through Triton's
+    interpreter (float16: the interpreter has no bfloat16), with 4 splits of a cache whose
+    length is no multiple of the split or the block."""
+    pytest.importorskip("triton")
+    from torchweld.runtime import decode_attention as da
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(da, "splits_for", lambda groups, length, device: 4)
+    da._kernels.cache_clear()
+    try:
+        q, k, v, mask = _decode_inputs("cpu", torch.float16, mask_kind)
+        out = da.decode_attention(q, k, v, mask, 0.25)
+    finally:
+        da._kernels.cache_clear()
+    reference = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), scale=0.25,
+                                               attn_mask=None if mask is None else mask if mask.dtype == torch.bool
+                                               else mask.float())
+    torch.testing.assert_close(out.float(), reference, atol=2e-3, rtol=2e-3)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("mask_kind", [None, "bool", "float"])
+def test_decode_attention_kernel_on_cuda(mask_kind):
+    from torchweld.runtime.decode_attention import decode_attention
+
+    for s in (150, 2048):
+        q, k, v, mask = _decode_inputs("cuda", torch.bfloat16, mask_kind, d=64, s=s)
+        as_float = None if mask is None else mask if mask.dtype == torch.bool else mask.float()
+        reference = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), scale=0.125, attn_mask=as_float)
+        torch.testing.assert_close(decode_attention(q, k, v, mask, 0.125).float(), reference, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_weld_decoding_on_cuda_uses_the_split_kernel():
+    graphs = []
+
+    def count(gm, example_inputs):
+        from torchweld.backends import lookup_backend
+
+        graphs.append(gm)
+        return lookup_backend("weld")(gm, example_inputs)
+
+    q, k, v, mask = inputs("cuda", dtype=torch.bfloat16)
+    compiled = torchweld.compile(gpt_fast, backend="weld")
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(q, k, v, mask), gpt_fast(q, k, v, mask), atol=2e-2, rtol=2e-2)
+    from torchweld.compiler.pipeline import run_fx_passes
+
+    gm = torchweld.compile(gpt_fast, backend=count)
+    with torch.no_grad():
+        gm(q, k, v, mask)
+    rewritten = run_fx_passes(graphs[0], {}, inference=True)
+    assert any(n.target is torch.ops.torchweld.decode_attention.default for n in rewritten.graph.nodes)

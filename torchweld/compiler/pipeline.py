@@ -44,7 +44,7 @@ def _fuse_attention(gm, options, inference):
 def _group_query_heads(gm, options, inference):
     from torchweld.passes.grouped_attention import group_query_heads
 
-    return group_query_heads(gm) if options.get("group_query_heads", True) else gm
+    return group_query_heads(gm, split_kernel=inference) if options.get("group_query_heads", True) else gm
 
 
 def _chain_concatenations(gm, options, inference):
@@ -76,7 +76,8 @@ FX_PASSES: tuple[FxPass, ...] = (
            "the joint graph differentiates it into aten's fused backward); options={'fuse_attention': False}"),
     FxPass("group_query_heads", _group_query_heads,
            "decoding attention (one query position) over key/value heads repeated for grouped-query "
-           "attention runs over the unrepeated heads, each query head a row (passes/grouped_attention.py); "
+           "attention runs over the unrepeated heads, each query head a row (passes/grouped_attention.py), on "
+           "CUDA in inference by a kernel split along the cache (runtime/decode_attention.py); "
            "options={'group_query_heads': False}"),
     FxPass("chain_concatenations", _chain_concatenations,
            "a concatenation that extends an earlier one reads it instead of all its inputs again "

@@ -26,15 +26,19 @@ import torch
 import torch.nn.functional as F
 from torch.fx import GraphModule, Node
 
+from torchweld.runtime import decode_attention
+
 SDPAS = (F.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention)
 REPEAT_INTERLEAVES = ("repeat_interleave", torch.repeat_interleave, torch.Tensor.repeat_interleave)
 RESHAPES = ("reshape", "view", torch.reshape)
 EXPANDS = ("expand",)
 
 
-def group_query_heads(gm: GraphModule) -> GraphModule:
+def group_query_heads(gm: GraphModule, split_kernel: bool = False) -> GraphModule:
     """`gm` with each attention over repeated key/value heads of one query position made over
-    the unrepeated heads (in place; returned for chaining)."""
+    the unrepeated heads (in place; returned for chaining). With `split_kernel` (inference),
+    attention on CUDA in half precision runs as runtime/decode_attention.py's kernel, split
+    along the cache, instead of aten's (which gives a whole cache to one thread block)."""
     count = 0
     for node in list(gm.graph.nodes):
         match = _match(node)
@@ -56,10 +60,14 @@ def group_query_heads(gm: GraphModule) -> GraphModule:
                 kwargs["attn_mask"] = _call(graph, "reshape", rows, (b, kv, repeats, s))
             if scale is not None:
                 kwargs["scale"] = scale
-            out = graph.call_function(F.scaled_dot_product_attention, (grouped_q, k, v), kwargs)
+            examples = {key: _example(a) if isinstance(a, Node) else a for key, a in kwargs.items()}
+            if split_kernel and not isinstance(scale, Node) and decode_attention.supported(_example(grouped_q), _example(k)):
+                args = (grouped_q, k, v, kwargs.get("attn_mask"), float(scale if scale is not None else d ** -0.5))
+                out = graph.call_function(torch.ops.torchweld.decode_attention.default, args)
+            else:
+                out = graph.call_function(F.scaled_dot_product_attention, (grouped_q, k, v), kwargs)
             out.meta["example_value"] = F.scaled_dot_product_attention(
-                _example(grouped_q), _example(k), _example(v),
-                **{key: _example(a) if isinstance(a, Node) else a for key, a in kwargs.items()})
+                _example(grouped_q), _example(k), _example(v), **examples)
             result = _call(graph, "reshape", out, (b, h, 1, d))
         result.meta.update({k_: v_ for k_, v_ in node.meta.items() if k_ != "example_value"})
         result.meta["example_value"] = _call_example("reshape", _example(out), (b, h, 1, d))
