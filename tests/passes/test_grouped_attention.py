@@ -152,6 +152,8 @@ def test_decode_attention_kernel_in_tritons_interpreter(mask_kind, monkeypatch):
     interpreter (float16: the interpreter has no bfloat16), with 4 splits of a cache whose
     length is no multiple of the split or the block."""
     pytest.importorskip("triton")
+    if torch.cuda.is_available():
+        pytest.skip("on a GPU machine the kernel runs on CUDA (test_decode_attention_kernel_on_cuda)")
     from torchweld.runtime import decode_attention as da
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")

@@ -74,25 +74,19 @@ def _kernels():
         tl.store(acc_out + (base + rows[:, None]) * D + dims[None, :], acc)
 
     @triton.jit
-    def combine_kernel(m_in, l_in, acc_in, out, R, KV, sob, soh, sor, sod,
+    def combine_kernel(m_in, l_in, acc_in, out, KV, sob, soh, sor, sod,
                        R_PAD: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr):
-        pid = tl.program_id(0)
+        pid, row = tl.program_id(0), tl.program_id(1)  # one query row of one group
         b, h = pid // KV, pid % KV
-        rows = tl.arange(0, R_PAD)
         dims = tl.arange(0, D)
-        splits = tl.arange(0, SPLITS)
-        at = (pid * SPLITS + splits[:, None]) * R_PAD + rows[None, :]  # [SPLITS, R_PAD]
+        at = (pid * SPLITS + tl.arange(0, SPLITS)) * R_PAD + row  # [SPLITS]
         m = tl.load(m_in + at)
         l = tl.load(l_in + at)
         m_all = tl.max(m, 0)
-        m_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
-        w = tl.exp(m - m_safe[None, :])  # [SPLITS, R_PAD]
-        total = tl.sum(l * w, 0)
-        acc = tl.load(acc_in + at[:, :, None] * D + dims[None, None, :])  # [SPLITS, R_PAD, D]
-        o = tl.sum(acc * w[:, :, None], 0) / total[:, None]
-        ok = rows < R
-        tl.store(out + b * sob + h * soh + rows[:, None] * sor + dims[None, :] * sod,
-                 o.to(out.dtype.element_ty), mask=ok[:, None])
+        w = tl.exp(m - tl.where(m_all == float("-inf"), 0.0, m_all))
+        acc = tl.load(acc_in + at[:, None] * D + dims[None, :])  # [SPLITS, D]
+        o = tl.sum(acc * w[:, None], 0) / tl.sum(l * w, 0)
+        tl.store(out + b * sob + h * soh + row * sor + dims * sod, o.to(out.dtype.element_ty))
 
     return split_kernel, combine_kernel
 
@@ -135,7 +129,7 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
     split_kernel[(b * kv, splits)](q, k, v, mask_arg, m, l, acc, scale, r, s, per_split, kv,
                                     *q.stride(), *k.stride(), *v.stride(), *mstrides,
                                     R_PAD=r_pad, D=d, BLOCK=BLOCK_S, MASK=kind, SPLITS=splits)
-    combine_kernel[(b * kv,)](m, l, acc, out, r, kv, *out.stride(), R_PAD=r_pad, D=d, SPLITS=splits)
+    combine_kernel[(b * kv, r)](m, l, acc, out, kv, *out.stride(), R_PAD=r_pad, D=d, SPLITS=splits)
     return out
 
 
