@@ -185,8 +185,32 @@ def render_results(directory: Path | None = None) -> str:
         commands = sorted({(r.get("command", ""), r.get("source") == "diary") for r in recs_})
         out += ["Commands: " + "; ".join(f"`{c}`" + (" (diary: the script is under bench/investigations/ now)" if diary
                                                      else "") for c, diary in commands if c), ""]
+    out += decode_section(directory)
     out += other_suites(directory)
     return "\n".join(out).rstrip() + "\n"
+
+
+def decode_section(directory: Path | None) -> list[str]:
+    """LLM decoding (bench/decode.py): the latest record's rows, a compiler and batch size each."""
+    latest = None
+    for r in records.read("decode", directory=directory):
+        if latest is None or r.get("date", "") >= latest.get("date", ""):
+            latest = r
+    if latest is None:
+        return []
+    options = latest.get("options", {})
+    out = [f"## LLM decoding: {options.get('preset', '?')} Llama-style decoder, {options.get('dtype', '?')}, "
+           f"mode {options.get('mode', '?')} ({short_gpu(latest.get('gpu')) or 'CPU'}, {short_commit(latest)})", "",
+           "| compiler | batch | ms / token | tokens / s | x eager | of bandwidth floor | first calls s | max diff |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for row in latest["figures"]["rows"]:
+        if "error" in row:
+            out.append(f"| {NAMES.get(row['compiler'], row['compiler'])} | {row['batch']} | failed | | | | | |")
+            continue
+        out.append(f"| {NAMES.get(row['compiler'], row['compiler'])} | {row['batch']} | {row['ms']:.3f} | "
+                   f"{row['tokens_per_s']:.0f} | {fmt(row.get('speedup'), '.2f', 'x')} | {row['of_floor']:.0%} | "
+                   f"{row['first_s']:.1f} | {fmt(row.get('max_diff'), '.1e')} |")
+    return out + ["", f"Command: `{latest.get('command', '')}`", ""]
 
 
 # the order of rows in a table (bench/models.py's names; render.py does not import torch)
@@ -203,7 +227,7 @@ def other_suites(directory: Path | None) -> list[str]:
     """One line per other suite (fuzz, reliability, ...): its latest record."""
     latest: dict[str, dict] = {}
     for r in records.read(directory=directory):
-        if "row" not in r and r.get("bench"):
+        if "row" not in r and r.get("bench") and r["bench"] != "decode":
             if r["bench"] not in latest or r.get("date", "") >= latest[r["bench"]].get("date", ""):
                 latest[r["bench"]] = r
     if not latest:

@@ -83,3 +83,22 @@ def test_the_repositorys_own_records_render():
     """Every suite's records in bench/records render (other suites' rows once broke the harness table)."""
     page = run("bench/render.py", "--stdout").stdout
     assert "## Other suites" in page
+
+
+def test_decode_benchmark_records_tokens_per_second_and_render_shows_them(tmp_path):
+    """bench/decode.py on the CPU with its tiny decoder: eager and torchweld in fresh processes,
+    a record with ms a token and the logits' difference, rendered as RESULTS.md's decoding table."""
+    import os
+
+    env = {**os.environ, "TORCHWELD_BENCH_RECORDS": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "bench/decode.py", "--device", "cpu", "--preset", "tiny", "--batch", "1",
+                           "--compilers", "eager,torchweld", "--mode", "default", "--tokens", "3", "--repeat", "1"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=240, env=env)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    [rec] = [json.loads(line) for line in (tmp_path / "decode.jsonl").read_text().splitlines()]
+    eager, weld = rec["figures"]["rows"]
+    assert "error" not in weld, weld
+    assert weld["compiler"] == "torchweld" and weld["ms"] > 0 and weld["max_diff"] < 1e-2
+    page = run("bench/render.py", "--records-dir", str(tmp_path), "--stdout").stdout
+    assert "## LLM decoding: tiny Llama-style decoder, bfloat16" in page
+    assert any(line.startswith("| torchweld | 1 |") for line in page.splitlines())
