@@ -554,3 +554,14 @@ def test_a_module_with_backward_hooks_is_called_as_eager_calls_it():
     compiled = torchweld.compile(lambda x: model(x).sum(), backend="eager")
     compiled(torch.randn(2, 3, requires_grad=True)).backward()
     assert grads == [torch.Size([2, 3])]
+
+
+def test_slice_built_by_calling_slice():
+    """`slice(-n, None)` (transformers' logits_to_keep) is what `x[-n:]` builds: one graph,
+    as torch.compile captures it; the count is guarded as a constant."""
+    def fn(x, n):
+        keep = slice(-n, None) if isinstance(n, int) else n
+        return x[:, keep] * 2, x[slice(1)], x[slice(0, 3, 2)]
+
+    compiled, backend = check_program(fn, (torch.randn(4, 6), 2), (torch.randn(4, 6), 3))
+    assert len(backend.graphs) == 2  # n is a constant of the graph: a new n, a new graph

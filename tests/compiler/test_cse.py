@@ -196,3 +196,18 @@ def test_a_graph_with_an_in_place_write_merges_what_does_not_read_the_written_te
     assert eliminate_common_subexpressions(graph) == 1  # bias2 only
     targets = [n.target for n in graph.nodes]
     assert targets.count(aten._to_copy.default) == 1 and targets.count(aten.mul.Tensor) == 3
+
+
+def test_fresh_tensors_that_are_written_later_stay_apart():
+    """Two layers' caches made in the frame (`torch.zeros` twice, then each written by
+    index_copy_): merged, both layers' writes would go into one tensor."""
+    aten = torch.ops.aten
+    graph = torch.fx.Graph()
+    pos, new = graph.placeholder("pos"), graph.placeholder("new")
+    first = graph.call_function(aten.zeros.default, ([4, 2],), {"dtype": torch.float32})
+    second = graph.call_function(aten.zeros.default, ([4, 2],), {"dtype": torch.float32})
+    graph.call_function(aten.index_copy_.default, (first, 0, pos, new))
+    graph.output((first, second))
+    from torchweld.compiler.cse import eliminate_common_subexpressions
+
+    assert eliminate_common_subexpressions(graph) == 0

@@ -203,3 +203,37 @@ def test_weld_decoding_on_cuda_uses_the_split_kernel():
         gm(q, k, v, mask)
     rewritten = run_fx_passes(graphs[0], {}, inference=True)
     assert any(n.target is torch.ops.torchweld.decode_attention.default for n in rewritten.graph.nodes)
+
+
+def test_transformers_llama_with_a_static_cache_decodes_as_eager():
+    """transformers' Llama generating with its StaticCache (made lazily, in the first compiled
+    call; written by index_copy_; read through repeat_kv): one graph, each token's logits
+    as eager's, the caches too."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    ours, theirs = (transformers.StaticCache(config=config, max_cache_len=64) for _ in range(2))
+
+    def step(model, ids, pos, cache):
+        return model(input_ids=ids, position_ids=pos[None], cache_position=pos, past_key_values=cache,
+                     use_cache=True).logits
+
+    graphs = []
+
+    def counting(gm, example_inputs):
+        from torchweld.backends import lookup_backend
+
+        graphs.append(gm)
+        return lookup_backend("weld")(gm, example_inputs)
+
+    compiled = torchweld.compile(step, backend=counting)
+    with torch.no_grad():
+        for p in range(5):
+            ids, pos = torch.tensor([[p + 3]]), torch.tensor([p])
+            torch.testing.assert_close(compiled(model, ids, pos, ours), step(model, ids, pos, theirs))
+    for a, b in zip(ours.layers, theirs.layers):
+        torch.testing.assert_close(a.keys, b.keys)
+        torch.testing.assert_close(a.values, b.values)
+    assert len(graphs) == 2  # the first call makes the caches; from the second on they exist

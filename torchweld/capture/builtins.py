@@ -18,7 +18,7 @@ from torchweld.capture.objects import ClassValue, NNModuleValue
 from torchweld.capture.reconstruct import same_object_every_call
 from torchweld.capture.sources import Source
 from torchweld.capture.values import (
-    ConstantValue, DictValue, IteratorValue, LazyIteratorValue, ListValue, TensorValue, TupleValue, Value, const,
+    ConstantValue, DictValue, IteratorValue, LazyIteratorValue, ListValue, TensorValue, TupleValue, Value, const, slice_of,
 )
 from torchweld.errors import Unsupported
 
@@ -164,6 +164,15 @@ def _type(tx, obj: Value) -> Value:
 @rule(range)
 def _range(tx, *args: Value) -> Value:
     return ConstantValue(range(*(a.as_constant() for a in args)))
+
+
+@rule(slice)
+def _slice(tx, *parts: Value) -> Value:
+    """`slice(stop)`, `slice(start, stop[, step])`: what `a[start:stop:step]` builds (transformers'
+    `slice(-logits_to_keep, None)`)."""
+    if not 1 <= len(parts) <= 3:
+        raise Unsupported(f"slice expected 1 to 3 arguments, got {len(parts)}")
+    return slice_of([ConstantValue(None), parts[0]] if len(parts) == 1 else list(parts))
 
 
 @rule(enumerate)

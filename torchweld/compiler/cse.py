@@ -13,9 +13,10 @@ What never merges:
   or nothing (`_assert_async`): two calls there are two events;
 - ops drawing random numbers (`nondeterministic_seeded`: `rand_like`, `bernoulli`):
   two draws are two different tensors;
-- in-place ops, and any node that reads a tensor an in-place op writes (through views
-  too): two equal reads on either side of the write see two different values (a KV
-  cache updated by `index_copy_`; a training graph is functionalized first). The rest of
+- in-place ops, any tensor an in-place op writes (through views too: two fresh
+  `zeros` that two layers' caches are made of stay two tensors), and any node that
+  reads one: two equal reads on either side of the write see two different values (a
+  KV cache updated by `index_copy_`; a training graph is functionalized first). The rest of
   such a graph merges as any graph does: the causal mask's float bias is made once for
   a decoder's 16 layers, not per layer;
 - a node the graph returns, or a base a returned view reads: two outputs of the
@@ -43,7 +44,7 @@ def eliminate_common_subexpressions(graph: torch.fx.Graph) -> int:
     removed = 0
     for node in list(graph.nodes):
         key = _key(node)
-        if key is None or mutates(node) or any(a in written for a in node.all_input_nodes):
+        if key is None or node in written or any(a in written for a in node.all_input_nodes):
             continue
         kept = first.get(key)
         if kept is None:
