@@ -110,7 +110,7 @@ class Decoder(torch.nn.Module):
         self.proj = torch.nn.Linear(8, 8 * 5)
 
     def forward(self, x, pos):
-        q, k, v = self.proj(x).split([24, 8, 8], dim=-1)  # 3 query heads of 8 per... grouped in one kv
+        q, k, v = self.proj(x).split([24, 8, 8], dim=-1)  # 3 query heads of 8, one key/value head
         q = q.view(1, 1, 3, 8).transpose(1, 2)
         self.k.index_copy_(2, pos, k.view(1, 1, 1, 8).expand(1, 1, 2, 8).transpose(1, 2).contiguous())
         self.v.index_copy_(2, pos, v.view(1, 1, 1, 8).expand(1, 1, 2, 8).transpose(1, 2).contiguous())
@@ -184,25 +184,35 @@ def test_decode_attention_kernel_on_cuda(mask_kind):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_weld_decoding_on_cuda_uses_the_split_kernel():
-    graphs = []
-
-    def count(gm, example_inputs):
-        from torchweld.backends import lookup_backend
-
-        graphs.append(gm)
-        return lookup_backend("weld")(gm, example_inputs)
-
-    q, k, v, mask = inputs("cuda", dtype=torch.bfloat16)
-    compiled = torchweld.compile(gpt_fast, backend="weld")
-    with torch.no_grad():
-        torch.testing.assert_close(compiled(q, k, v, mask), gpt_fast(q, k, v, mask), atol=2e-2, rtol=2e-2)
     from torchweld.compiler.pipeline import run_fx_passes
 
-    gm = torchweld.compile(gpt_fast, backend=count)
+    graphs = []
+
+    def capture_only(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    q, k, v, mask = inputs("cuda", dtype=torch.bfloat16)
     with torch.no_grad():
-        gm(q, k, v, mask)
+        torchweld.compile(gpt_fast, backend=capture_only)(q, k, v, mask)
     rewritten = run_fx_passes(graphs[0], {}, inference=True)
     assert any(n.target is torch.ops.torchweld.decode_attention.default for n in rewritten.graph.nodes)
+    compiled = torchweld.compile(gpt_fast, backend="weld")
+    with torch.no_grad():
+        for p in range(3):  # new values each call, the same graph
+            q, k, v, mask = (t.roll(p, -2) for t in (q, k, v, mask))
+            torch.testing.assert_close(compiled(q, k, v, mask), gpt_fast(q, k, v, mask), atol=2e-2, rtol=2e-2)
+
+
+def test_value_heads_of_another_size_are_left_alone():
+    def fn(q, k, v, mask):
+        return F.scaled_dot_product_attention(q, k.repeat_interleave(4, dim=1), v.repeat_interleave(4, dim=1),
+                                              attn_mask=mask)
+
+    q, k, _, mask = inputs("cpu")
+    v = torch.randn(2, 2, 16, 8)
+    assert rewritten(fn, q, k, v, mask) == 0
+    torch.testing.assert_close(torchweld.compile(fn, backend="weld")(q, k, v, mask), fn(q, k, v, mask))
 
 
 def test_transformers_llama_with_a_static_cache_decodes_as_eager():

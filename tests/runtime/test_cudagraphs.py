@@ -644,3 +644,12 @@ def test_module_parameters_and_buffers_are_read_in_place_by_recordings():
             torch.testing.assert_close(fast(x, torch.tensor([p])), reference(x, torch.tensor([p])))
             torch.testing.assert_close(model.cache, reference.cache)
     assert len(rec.records) == 1 and rec.replays >= 3
+    # the buffer replaced between calls (a cache reset): the recording reads the new one
+    model.cache = torch.ones(8, 4)
+    reference.cache = torch.ones(8, 4)
+    with torch.no_grad():
+        for p in (1, 6):
+            x = torch.randn(1, 4)
+            torch.testing.assert_close(fast(x, torch.tensor([p])), reference(x, torch.tensor([p])))
+            torch.testing.assert_close(model.cache, reference.cache)
+    assert len(rec.records) == 2

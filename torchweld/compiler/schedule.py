@@ -21,6 +21,7 @@ import math
 from typing import Iterable
 
 import torch
+import torch.utils._pytree as pytree
 
 from torchweld.compiler import ir
 from torchweld.compiler.ir import Expr, Op
@@ -692,8 +693,6 @@ def _extern_in_place(step, name: str, target: str, buffers, layouts, views) -> b
     dtype, layout, _ = layouts[target]
     if self_arg.layout != layout or ext.outputs[0] != (dtype, layout):
         return False
-    import torch.utils._pytree as pytree
-
     others = pytree.tree_leaves((ext.args[1:], ext.kwargs))
     return not any(isinstance(a, ir.TensorArg) and (a.buffer == target or target in views.get(a.buffer, ()))
                    for a in others)

@@ -98,23 +98,22 @@ def _match(node: Node):
             or bound.get("is_causal", False) is not False or bound.get("enable_gqa", False) is not False:
         return None
     q, k, v, mask = bound["query"], bound["key"], bound["value"], bound.get("attn_mask")
-    examples = [_example(a) for a in (q, k, v)]
-    if any(e is None or e.dim() != 4 for e in examples) or examples[0].shape[-2] != 1:
-        return None
-    b, h, _, d = examples[0].shape
-    if any(isinstance(n, torch.SymInt) for n in examples[0].shape):
-        return None
+    examples = [_example(a) for a in (q, k, v)] + ([_example(mask)] if mask is not None else [])
+    if any(e is None or e.dim() != 4 or any(isinstance(n, torch.SymInt) for n in e.shape) for e in examples[:3]) \
+            or mask is not None and (examples[3] is None or examples[3].dim() > 4):
+        return None  # symbolic sizes would go into the new nodes' arguments as numbers
+    b, h, length, d = examples[0].shape
+    s = examples[1].shape[-2]
+    if length != 1 or tuple(examples[1].shape) != (b, h, s, d) or tuple(examples[2].shape) != (b, h, s, d):
+        return None  # one query position; v's head size as q's (the result is reshaped by it)
     k0, v0 = _unrepeated(k, h), _unrepeated(v, h)
     if k0 is None or v0 is None or k0[1] != v0[1] or k0[1] < 2:
         return None
     (k0, repeats, k_squeeze), (v0, _, v_squeeze) = k0, v0
-    s = examples[1].shape[-2]
-    if _heads_shape(k0, k_squeeze) != (b, h // repeats, s, d) or _heads_shape(v0, v_squeeze)[:3] != (b, h // repeats, s):
+    if _heads_shape(k0, k_squeeze) != (b, h // repeats, s, d) or _heads_shape(v0, v_squeeze) != (b, h // repeats, s, d):
         return None
-    if mask is not None:
-        em = _example(mask)
-        if em is None or em.dim() > 4 or not _broadcasts(tuple(em.shape), (b, h, 1, s)):
-            return None
+    if mask is not None and not _broadcasts(tuple(examples[3].shape), (b, h, 1, s)):
+        return None
     return q, (k0, k_squeeze), (v0, v_squeeze), mask, bound.get("scale"), repeats
 
 

@@ -94,9 +94,14 @@ def _kernels():
 def splits_for(groups: int, length: int, device: torch.device) -> int:
     """How many splits of the cache: about two thread blocks a multiprocessor, each split at
     least one BLOCK_S step; a power of two (the combine kernel's range)."""
-    processors = torch.cuda.get_device_properties(device).multi_processor_count
+    processors = _multiprocessors(device.index if device.index is not None else torch.cuda.current_device())
     want = max(1, min(-(-2 * processors // groups), -(-length // BLOCK_S)))
     return 1 << (want - 1).bit_length()
+
+
+@functools.cache
+def _multiprocessors(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def supported(q: torch.Tensor, k: torch.Tensor) -> bool:
