@@ -20,6 +20,7 @@ from torchweld.compiler.aten_graph import DECOMPOSITIONS
 from torchweld.compiler.aten_trace import AtenRecorder
 from torchweld.compiler.pipeline import run_aten_passes
 from torchweld.fake_tensors import fake_copy
+from torchweld.node_effects import is_pure_node, module_draws_random, target_name
 
 aten = torch.ops.aten
 
@@ -174,9 +175,6 @@ class JointGraph:
                 outs[k + m:])
 
 
-_RANDOM_WORDS = ("rand", "dropout", "bernoulli", "normal", "multinomial", "poisson", "rrelu")
-
-
 def _checkpointed_block_changing_state(gm: torch.fx.GraphModule) -> str | None:
     """A `checkpoint(block, ...)` call (capture/checkpoint.py) whose block draws random numbers or
     changes tensors in place: its recompute in the backward must replay eager's random state and
@@ -190,14 +188,10 @@ def _checkpointed_block_changing_state(gm: torch.fx.GraphModule) -> str | None:
         for inner in block.graph.nodes:
             if inner.op == "call_module":
                 module = block.get_submodule(inner.target)
-                if any(True for _ in module.buffers()) or any(isinstance(m, torch.nn.modules.dropout._DropoutNd)
-                                                              and m.training for m in module.modules()):
+                if any(True for _ in module.buffers()) or module_draws_random(module):
                     return f"its {type(module).__name__} updates buffers or draws random numbers"
-            elif inner.op in ("call_function", "call_method"):
-                name = inner.target if isinstance(inner.target, str) else getattr(inner.target, "__name__", "")
-                if name.endswith("_") or any(w in name for w in _RANDOM_WORDS) or "out" in inner.kwargs \
-                        or inner.kwargs.get("inplace"):
-                    return f"it calls {name}"
+            elif inner.op in ("call_function", "call_method") and not is_pure_node(inner):
+                return f"it calls {target_name(inner.target)}"
     return None
 
 

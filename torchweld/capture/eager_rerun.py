@@ -24,6 +24,7 @@ import warnings
 import torch
 
 from torchweld import logs
+from torchweld.node_effects import draws_random, is_pure_node, module_draws_random, target_name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,8 +42,6 @@ def rerun_plan(gm: torch.fx.GraphModule) -> RerunPlan | None:
     of random generators and inputs changed in place (each write bumps the input's version
     counter, which its views share): what to save; None where it changes more (a module's
     buffers, a tensor whose storage is not an input's)."""
-    from torchweld.capture.output_graph import draws_random, is_pure_node
-
     devices: set[torch.device] = set()
     inputs = _input_storages(gm)
     written: set[int] = set()
@@ -51,12 +50,12 @@ def rerun_plan(gm: torch.fx.GraphModule) -> RerunPlan | None:
             module = gm.get_submodule(node.target)
             if not _module_changes_nothing(module):
                 return None
-            if _draws_random(module):
+            if module_draws_random(module):
                 devices.update(_devices_of(node))
         elif node.op == "call_function" and node.target is torch._C._set_grad_enabled:
             continue  # the rerun starts in the frame's own grad mode (EagerRerun restores it)
         elif node.op in ("call_function", "call_method") and not is_pure_node(node):
-            name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
+            name = target_name(node.target)
             changed = node.kwargs.get("out", node.args[0] if node.args else None)
             if draws_random(name) and not (name.endswith("_") or "out" in node.kwargs or node.kwargs.get("inplace")):
                 devices.update(_devices_of(node))
@@ -114,11 +113,6 @@ def _is_intermediate(changed: object, inputs: list | None) -> bool:
 def _module_changes_nothing(module: torch.nn.Module) -> bool:
     """No buffers to update (batch norm's running statistics), nothing changed in place."""
     return all(not any(b is not None for b in m._buffers.values()) and not getattr(m, "inplace", False)
-               for m in module.modules())
-
-
-def _draws_random(module: torch.nn.Module) -> bool:
-    return any(isinstance(m, (torch.nn.modules.dropout._DropoutNd, torch.nn.RReLU)) and m.training
                for m in module.modules())
 
 

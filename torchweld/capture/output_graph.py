@@ -19,6 +19,7 @@ from torch.nn.utils.stateless import _reparametrize_module
 from torch.utils import _pytree as pytree
 
 from torchweld import fake_memo
+from torchweld.node_effects import draws_random, is_pure_node, target_name
 from torchweld.capture import dtype_refusals
 from torchweld.capture.dynamic_dims import DimChoices
 from torchweld.capture.guards import GuardSet, autocast_state
@@ -251,7 +252,7 @@ class OutputGraph:
         example_kwargs = {k: v.example() for k, v in kwargs.items()}
         if not self.autocast_regions and not torch._C._is_any_autocast_enabled():  # autocast casts them
             _check_matmul_dtypes(target, self.root, [*example_args, *example_kwargs.values()])
-            if op != "call_module" and not draws_random(_name_of(target)) and \
+            if op != "call_module" and not draws_random(target_name(target)) and \
                     dtype_refusals.needs_checking(target, [*example_args, *example_kwargs.values()]):
                 refused = dtype_refusals.refusal(target, run, example_args, example_kwargs)
                 if refused is not None:
@@ -443,36 +444,6 @@ def _describe(target: object) -> str:
     return f"{module}.{name}()" if module and module not in ("_operator", "builtins") else f"{name}()"
 
 
-_IMPURE_FUNCTIONS = {operator.setitem, torch._C._set_grad_enabled, torch.amp._enter_autocast, torch.amp._exit_autocast}
-
-
-# draws from the random number generator: unused, they still advance it, as in eager
-_RANDOM_NAMES = {"bernoulli", "multinomial", "normal", "poisson", "dropout", "alpha_dropout", "feature_alpha_dropout",
-                 "dropout1d", "dropout2d", "dropout3d", "rrelu", "gumbel_softmax", "fused_dropout"}
-
-
-def _name_of(target: object) -> str:
-    return target if isinstance(target, str) else getattr(target, "__name__", "")
-
-
-def draws_random(name: str) -> bool:
-    return "rand" in name or name.lstrip("_") in _RANDOM_NAMES
-
-
-def is_pure_node(node: torch.fx.Node) -> bool:
-    """A call that changes nothing: no in-place change, no output argument, no random draw, no
-    grad-mode or autocast switch."""
-    if node.kwargs.get("out") is not None or node.kwargs.get("inplace"):
-        return False
-    if node.op == "call_method":
-        return not node.target.endswith("_") and not draws_random(node.target)
-    target = node.target
-    name = getattr(target, "__name__", "")
-    if draws_random(name):
-        return False
-    if target in _IMPURE_FUNCTIONS or name.startswith("i") and getattr(operator, name, None) is target:
-        return False
-    return not name.endswith("_")
 
 
 def _symbolic_dims(fake: torch.Tensor | None) -> tuple[int, ...]:
