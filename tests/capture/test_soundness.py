@@ -823,6 +823,34 @@ def test_an_operation_eager_refuses_for_a_dtype_raises(name, backend):
         torch.testing.assert_close(compiled(x), fn(x))
 
 
+_COUNTED_CALLS = []
+
+
+@torch.library.custom_op("torchweld_tests::counted", mutates_args=())
+def _counted(x: torch.Tensor) -> torch.Tensor:
+    _COUNTED_CALLS.append(x.dtype)
+    return x + 1
+
+
+@_counted.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+@pytest.mark.parametrize("op", [_counted, torch.ops.torchweld_tests.counted])
+def test_a_custom_op_runs_once_a_call_as_in_eager(op):
+    """The dtype probe runs torch's own operations on small tensors; a user's custom op may count
+    or write: it is never probed, so it runs exactly as often as in eager."""
+    compiled = torchweld.compile(lambda x: op(x) * 2, backend="eager")
+    for x in (torch.arange(3), torch.arange(4.0), torch.arange(5)):
+        _COUNTED_CALLS.clear()
+        expected = op(x) * 2
+        assert len(_COUNTED_CALLS) == 1
+        _COUNTED_CALLS.clear()
+        torch.testing.assert_close(compiled(x), expected)
+        assert _COUNTED_CALLS == [x.dtype]
+
+
 def test_integer_operations_eager_runs_stay_in_one_graph():
     """Embedding lookups, masks and integer arithmetic are not refused: one graph."""
     backend = CountingBackend()

@@ -107,15 +107,21 @@ def _key(target: object, leaves: list) -> tuple | None:
 
 
 def _is_torch_operation(target: object) -> bool:
-    """A Tensor method (capture names it by string) or a function of torch or operator: running it
-    once more on other tensors changes nothing else (user functions allowed in the graph may)."""
+    """A Tensor method (capture names it by string) or an operation of torch's own math namespaces
+    or operator: running it once more on other tensors changes nothing else. Not a custom op
+    (`torch.ops.<ns>`, `torch.library.custom_op`: its body may count or write), nor collectives,
+    devices or autograd's state."""
     if isinstance(target, str):
         return True
-    module = getattr(target, "__module__", None) or ""
-    if module.startswith(_NOT_PROBED):
-        return False
-    return module == "torch" or module.startswith("torch.") or module == "_operator"
+    if isinstance(target, torch._ops.OpOverload):
+        return target.namespace in ("aten", "prims")
+    if isinstance(target, torch._ops.OpOverloadPacket):
+        return target._qualified_op_name.split("::")[0] in ("aten", "prims")
+    return (getattr(target, "__module__", None) or "") in _PROBED_MODULES
 
 
-# namespaces whose functions act beyond their tensors (collectives, devices, autograd's state)
-_NOT_PROBED = ("torch.distributed", "torch.cuda", "torch.autograd", "torch.random", "torch._C._distributed")
+# where torch's tensor operations live (torch.add: "torch", F.gelu: "torch._C._nn", ...)
+_PROBED_MODULES = frozenset({
+    "torch", "torch.functional", "torch.nn.functional", "torch._C._nn", "torch._C._linalg", "torch._C._fft",
+    "torch._C._special", "torch._C._VariableFunctions", "torch.linalg", "torch.fft", "torch.special", "_operator",
+})
