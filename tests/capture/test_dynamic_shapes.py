@@ -240,6 +240,36 @@ def test_graph_break_with_a_size_live_across_it():
         assert_same(fn(x), f(x))
 
 
+@pytest.mark.parametrize("backend", ["eager", "weld"])
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_a_float_computed_from_a_size_kept_across_a_break_or_returned(backend, dynamic):
+    """`x.size(-1) * 0.5` is a symbolic float; the code after the break (and the returned value)
+    computes it again from the sizes, with torch.sym_float (NameError 'torch' from the second
+    size on: the generated code's namespace had no torch)."""
+    def f(x):
+        scale = x.size(-1) * 0.5
+        root = x.size(-1) ** -0.5
+        torchweld_break()
+        return x * scale + root, x.shape[0] * 0.5
+
+    fn = torchweld.compile(f, backend=backend, dynamic=dynamic)
+    for n in (4, 6, 8, 6):
+        x = torch.randn(3, n)
+        assert_same(fn(x), f(x))
+
+
+def test_a_branch_on_a_float_of_a_size_is_guarded_without_recompiling_seen_sizes():
+    def f(x):
+        return x * 2 if x.size(-1) ** 0.5 > 3 else x
+
+    backend = CountingBackend()
+    fn = torchweld.compile(f, backend=backend, dynamic=True)
+    for n in (12, 13, 12, 4, 5, 13, 4):
+        x = torch.randn(2, n)
+        assert_same(fn(x), f(x))
+    assert len(fn.cache_entries) == 2  # one for each side of the branch (the False side: no graph)
+
+
 def torchweld_break():
     torchweld.graph_break()
 

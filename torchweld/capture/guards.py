@@ -150,7 +150,7 @@ class GuardSet:
     def sizes(self, size_guard) -> None:
         """The relations between symbolic sizes (symbolic_sizes.SizeGuard): one Python check
         over the inputs' sizes and strides (a shortcut: the C evaluator calls it as Python)."""
-        parts = size_guard.parts()
+        parts = size_guard.parts(self.name_constant)
         if not parts:
             return
         text = "symbolic sizes: " + "; ".join(readable for readable, _ in parts)

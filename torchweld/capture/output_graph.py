@@ -156,9 +156,10 @@ class OutputGraph:
         where = self.translators[-1].location()
         return f"{where} ({where.source_line})"
 
-    def spell_size(self, sym: object, read: Callable[[Source], str]) -> str | None:
-        """Python computing the symbolic size `sym` from the inputs, each read by `read(source)`."""
-        return spell_over_inputs(self.shape_env, self.symbolic_inputs, sym, read)
+    def spell_size(self, sym: object, read: Callable[[Source], str], module: Callable[[object], str]) -> str | None:
+        """Python computing the symbolic size `sym` from the inputs, each read by `read(source)`,
+        the modules it calls by `module(m)`."""
+        return spell_over_inputs(self.shape_env, self.symbolic_inputs, sym, read, module)
 
     @contextlib.contextmanager
     def _insert_placeholder(self):

@@ -98,7 +98,7 @@ class Reconstructor:
         if isinstance(value, TensorTruthValue):
             return f"bool({self.expr(value.tensor)})"
         if isinstance(value, SymNumberValue):  # `x.shape[0] // 2`: computed again from the inputs' sizes
-            spelled = value.output.spell_size(value.sym, self.read)
+            spelled = value.output.spell_size(value.sym, self.read, self.const)
             return spelled if spelled is not None else repr(value.as_constant())
         if isinstance(value, ConstantValue):
             v = value.as_constant()  # written into the code: a number read from outside is guarded now

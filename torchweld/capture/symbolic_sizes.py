@@ -15,6 +15,8 @@ Python guard (a "python" check in the C evaluator), not as a table of the C eval
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 from typing import Callable
 
 import sympy
@@ -133,13 +135,13 @@ class SizeGuard:
         self.env = env
         self.inputs = inputs
 
-    def _spell(self, expr) -> str:
+    def _spell(self, expr, module: Callable[[object], str]) -> str:
         expr = self.env.replace(sympy.sympify(expr))
-        names = {s: sympy.Symbol(f"___{s.name}", integer=True) for s in expr.free_symbols}
-        return PythonPrinter().doprint(expr.xreplace(names))
+        return python_text(expr, {s: sympy.Symbol(f"___{s.name}", integer=True) for s in expr.free_symbols}, module)
 
-    def parts(self) -> list[tuple[str, str]]:
-        """(readable, Python expression) of each relation, in the order they are checked."""
+    def parts(self, module: Callable[[object], str]) -> list[tuple[str, str]]:
+        """(readable, Python expression) of each relation, in the order they are checked; the
+        modules the expressions call (`torch.sym_float`, `math.floor`) read as `module(m)` names."""
         env = self.env
         bound: set = set()
         binds: list[tuple[str, str]] = []
@@ -156,8 +158,8 @@ class SizeGuard:
                                   f"(___{expr.name} := {e}.size({d})) is not None"))
                     continue
                 relations.append((f"{item.source.name()}.size()[{d}] == {env.replace(expr)}",
-                                  f"{e}.size({d}) == {self._spell(expr)}"))
-            strides = [self._spell(s.node.expr) if isinstance(s, torch.SymInt) else repr(s) for s in item.fake.stride()]
+                                  f"{e}.size({d}) == {self._spell(expr, module)}"))
+            strides = [self._spell(s.node.expr, module) if isinstance(s, torch.SymInt) else repr(s) for s in item.fake.stride()]
             relations.append((f"{item.source.name()}.stride() == ({', '.join(map(str, item.fake.stride()))})",
                               f"{e}.stride() == ({', '.join(strides)}{',' if len(strides) == 1 else ''})"))
         for symbol in sorted(bound, key=str):
@@ -173,7 +175,7 @@ class SizeGuard:
             expr = env.simplify(g.expr)
             if expr == sympy.true:
                 continue
-            relations.append((str(expr), self._spell(expr)))
+            relations.append((str(expr), self._spell(expr, module)))
         return binds + relations
 
     def symbols_missing(self) -> set:
@@ -209,9 +211,22 @@ def specialized_marks(env: ShapeEnv, inputs: list[SymbolicInput]) -> None:
                             "does not need the exact size (a Python branch or loop on it)")
 
 
-def spell_over_inputs(env: ShapeEnv, inputs: list[SymbolicInput], sym: object, read: Callable[[Source], str]) -> str | None:
+_PRINTED_MODULES = {"torch": torch, "math": math}
+
+
+def python_text(expr, rename: dict, module: Callable[[object], str]) -> str:
+    """`expr` as Python, its symbols renamed by `rename`; the functions the printer calls
+    (`torch.sym_float`, `math.floor`, `math.inf`) read through `module(torch)`, `module(math)`:
+    names the generated code's namespace holds (it has no `torch` or `math` of its own)."""
+    text = PythonPrinter().doprint(expr.xreplace(rename))
+    return re.sub(r"\b(torch|math)\.", lambda m: f"{module(_PRINTED_MODULES[m.group(1)])}.", text)
+
+
+def spell_over_inputs(env: ShapeEnv, inputs: list[SymbolicInput], sym: object, read: Callable[[Source], str],
+                      module: Callable[[object], str]) -> str | None:
     """Python that computes `sym` (a SymInt or SymFloat) from the inputs' sizes at run time, each
-    input spelled by `read(source)`; None where a symbol in it comes from no input size."""
+    input spelled by `read(source)`, modules by `module` (python_text); None where a symbol in it
+    comes from no input size."""
     expr = env.replace(sym.node.expr)
     names: dict = {}
     reads: dict[str, str] = {}
@@ -223,7 +238,7 @@ def spell_over_inputs(env: ShapeEnv, inputs: list[SymbolicInput], sym: object, r
         placeholder = f"___size{len(names)}___"
         names[symbol] = sympy.Symbol(placeholder, integer=True)
         reads[placeholder] = f"{read(found[0])}.size({found[1]})"
-    text = PythonPrinter().doprint(expr.xreplace(names))
+    text = python_text(expr, names, module)
     for placeholder, spelled in reads.items():
         text = text.replace(placeholder, spelled)
     return f"({text})"
