@@ -3,6 +3,7 @@ as a side effect replayed before each DDP call in the block, and restored on lea
 the value found on entering (also at a graph break inside the block). 2 ranks on gloo."""
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import torch
@@ -64,11 +65,23 @@ def train(rank: int) -> dict:
     with per_micro.no_sync():
         compiled_micro(per_micro, xs[0], False)
         inside = per_micro.require_backward_grad_sync
+    # a no_sync of its own set on the instance after compiling: called, as eager calls it
+    entered = []
+
+    @contextlib.contextmanager
+    def logged_no_sync():
+        entered.append("enter")
+        yield
+        entered.append("exit")
+
+    whole.no_sync = logged_no_sync
+    compiled_accumulate(whole, xs)
+    del whole.no_sync
     gathered = [torch.zeros_like(_params(models[1])) for _ in range(2)]
     grads = torch.cat([p.grad.flatten() for p in models[1].parameters()])
     torch.distributed.all_gather(gathered, grads)
     return {"diffs": diffs, "flags": flags, "inside": inside, "after": per_micro.require_backward_grad_sync,
-            "grads_differ": bool((gathered[0] != gathered[1]).any())}
+            "grads_differ": bool((gathered[0] != gathered[1]).any()), "entered": entered}
 
 
 def test_no_sync_inside_compiled_functions_accumulates_as_eager():
@@ -77,3 +90,4 @@ def test_no_sync_inside_compiled_functions_accumulates_as_eager():
         assert all(outcome["flags"]) and outcome["after"] is True, outcome
         assert outcome["inside"] is False, outcome
         assert outcome["grads_differ"], outcome  # each rank kept its own gradients: not all-reduced
+        assert outcome["entered"] == ["enter", "exit"], outcome

@@ -23,6 +23,7 @@ def no_sync_method(tx: "Translator", ddp_value: Value) -> Value | None:
     ddp = ddp_value.real_object()
     if ddp_value.source is None or "no_sync" in ddp.__dict__ or type(ddp).no_sync is not ddp_class().no_sync:
         return None
+    tx.output.guards.lacks(AttrSource(ddp_value.source, "__dict__"), "no_sync")  # not shadowed later
     tx.output.guards.identity(AttrSource(AttrSource(ddp_value.source, "__class__"), "no_sync"), type(ddp).no_sync)
     return NoSyncMethodValue(ddp_value)
 
