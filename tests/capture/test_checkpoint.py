@@ -193,6 +193,61 @@ def test_what_capture_cannot_keep_runs_with_eagers_checkpoint(case):
     assert "checkpoint" in " ".join(map(str, report.break_reasons))
 
 
+@pytest.mark.parametrize("backend", ["eager", "weld"])
+def test_a_block_writing_a_closures_tensor_runs_with_eagers_checkpoint(backend):
+    """The block changes in place a tensor it reads through its closure (not an argument): eager's
+    checkpoint saves nothing of it and trains; outlined, it would become an argument, and autograd
+    would refuse it as changed in place. Writing the block's own argument or intermediates is kept."""
+    def fn(x, y):
+        def block(t):
+            y.mul_(2)
+            return t * y
+        return checkpoint(block, x, use_reentrant=False).sum()
+
+    def own(x):
+        def block(t):
+            u = t * 3
+            u.add_(1)
+            return u.sin()
+        return checkpoint(block, x, use_reentrant=False).sum()
+
+    compiled, compiled_own = torchweld.compile(fn, backend=backend), torchweld.compile(own, backend=backend)
+    for _ in range(2):
+        x, y = torch.randn(3, requires_grad=True), torch.randn(3)
+        x2, y2 = x.detach().clone().requires_grad_(), y.clone()
+        compiled(x, y).backward()
+        fn(x2, y2).backward()
+        torch.testing.assert_close((x.grad, y), (x2.grad, y2))
+        x, x2 = torch.randn(3, requires_grad=True), None
+        x2 = x.detach().clone().requires_grad_()
+        compiled_own(x).backward()
+        own(x2).backward()
+        torch.testing.assert_close(x.grad, x2.grad)
+    report = torchweld.explain(own)(torch.randn(3, requires_grad=True))
+    assert report.graph_break_count == 0
+
+
+def test_a_checkpoint_first_in_the_graph():
+    """checkpoint the first operation, before any input is read (capture crashed on the empty graph)."""
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(3))
+
+        def forward(self):
+            return checkpoint(lambda: self.w.sin() * 2, use_reentrant=False).sum()
+
+    model = M()
+    compiled = torchweld.compile(model, backend="eager", fullgraph=True)
+    for _ in range(2):
+        compiled().backward()
+        got = model.w.grad.clone()
+        model.w.grad = None
+        model().backward()
+        torch.testing.assert_close(got, model.w.grad)
+        model.w.grad = None
+
+
 def test_graph_count_matches_torch_compile():
     torch.manual_seed(0)
     model = Net()

@@ -32,6 +32,7 @@ import torch.utils.checkpoint
 
 from torchweld.capture.values import ConstantValue, ListValue, TensorValue, TupleValue, Value
 from torchweld.errors import Unsupported
+from torchweld.node_effects import draws_random, is_pure_node, target_name
 
 if TYPE_CHECKING:
     from torchweld.capture.translator import Translator
@@ -67,15 +68,20 @@ class CheckpointValue(Value):
         fn, fn_args = args[0], args[1:]
         output = tx.output
         graph = output.graph
-        last = _last_node(graph)
+        existing = set(graph.nodes)
         before = output.side_effects.snapshot()
         result = fn.call(tx, list(fn_args), {})
         if output.side_effects.snapshot() != before:
             raise Unsupported("a checkpointed function changes Python state outside the frame (its recompute "
                               "in the backward would change it again): it runs with eager's checkpoint")
-        region = [n for n in _nodes_after(graph, last) if n.op != "placeholder"]
+        region = [n for n in graph.nodes if n not in existing and n.op != "placeholder"]
         if not region:
             return result
+        arguments = {a.node for a in fn_args if isinstance(a, TensorValue)}
+        written = next((n for n in region if _writes_outside(n, set(region), arguments)), None)
+        if written is not None:
+            raise Unsupported(f"a checkpointed function changes in place ({target_name(written.target)}) a tensor it "
+                              "reads from outside, not one of its arguments: it runs with eager's checkpoint")
         tag = next(_regions)
         for node in region:
             node.meta[REGION] = tag
@@ -96,16 +102,23 @@ def _options(kwargs: dict[str, Value]) -> dict:
     return options
 
 
-def _last_node(graph: torch.fx.Graph) -> torch.fx.Node:
-    return next(iter(reversed(graph.nodes)))
+# views a block may write through: the write lands in what they view
+_VIEWS = {"view", "reshape", "transpose", "permute", "select", "narrow", "unsqueeze", "squeeze", "expand",
+          "as_strided", "flatten", "unflatten", "view_as", "t", "detach", "__getitem__", "getitem", "diagonal"}
 
 
-def _nodes_after(graph: torch.fx.Graph, last: torch.fx.Node) -> list[torch.fx.Node]:
-    nodes, node = [], last.next
-    while node.op != "root":
-        nodes.append(node)
-        node = node.next
-    return nodes
+def _writes_outside(node: torch.fx.Node, inside: set, arguments: set) -> bool:
+    """Whether `node` changes in place a tensor from outside the block that is not one of the
+    checkpoint's arguments (a closure's tensor): outlined, it would become an argument, and the
+    recompute would fail autograd's check of saved tensors where eager's checkpoint does not."""
+    if node.op not in ("call_function", "call_method") or is_pure_node(node) \
+            or draws_random(target_name(node.target)) and not target_name(node.target).endswith("_"):
+        return False
+    written = node.kwargs.get("out", node.args[0] if node.args else None)
+    while isinstance(written, torch.fx.Node) and written in inside and target_name(written.target) in _VIEWS \
+            and written.args:
+        written = written.args[0]
+    return isinstance(written, torch.fx.Node) and written not in inside and written not in arguments
 
 
 def _outline(output, region: list[torch.fx.Node], result: Value, options: dict, tag: int) -> Value:
