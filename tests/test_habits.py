@@ -307,6 +307,30 @@ def test_eager_then_compile_runs_the_first_call_eagerly(fresh_dynamo):
         assert len(backend.graphs) == 1
 
 
+def test_set_stance_as_a_call_a_with_and_a_decorator():
+    """As torch.compiler.set_stance: a call sets it from now on, `with` restores it after, and as a
+    decorator it holds only inside the function's calls (decorating changes nothing)."""
+    from torchweld.torch_controls import stance
+
+    @torchweld.set_stance("force_eager")
+    def eager_inside():
+        return stance()
+
+    assert stance() == "default"
+    assert eager_inside() == "force_eager" and eager_inside() == "force_eager"
+    assert stance() == "default"
+    with torchweld.set_stance("fail_on_recompile"):
+        assert stance() == "fail_on_recompile" and eager_inside() == "force_eager"
+        assert stance() == "fail_on_recompile"
+    assert stance() == "default"
+    torchweld.set_stance("eager_on_recompile")
+    try:
+        assert stance() == "eager_on_recompile"
+    finally:
+        torchweld.set_stance("default")
+    assert stance() == "default"
+
+
 def helper_in_graph(x, scale):
     return torch.cos(x) * scale
 

@@ -26,7 +26,8 @@ def stance() -> str:
 
 
 class set_stance(contextlib.ContextDecorator):  # noqa: N801 - a function to its users, as torch's
-    """`torchweld.set_stance("force_eager")`: from now on, or inside `with` (restored after).
+    """`torchweld.set_stance("force_eager")`: from now on; inside `with` (restored after); or as
+    a decorator, inside each call of the function only.
     "force_eager" runs compiled functions as they are; "eager_on_recompile" runs a call no
     compiled version takes eagerly; "fail_on_recompile" raises there; "eager_then_compile"
     runs the first call eagerly."""
@@ -34,13 +35,27 @@ class set_stance(contextlib.ContextDecorator):  # noqa: N801 - a function to its
     def __init__(self, stance: str = "default"):
         if stance not in STANCES:
             raise ValueError(f"torchweld.set_stance: unknown stance {stance!r}; the stances are {', '.join(STANCES)}")
-        self.previous, _stance[0] = _stance[0], stance
+        self.stance = stance
+        self._previous = [_stance[0]]  # the call form sets it now; `with` restores this on leaving
+        self._set_by_call = True
+        _stance[0] = stance
+
+    def __call__(self, fn):  # a decorator: not from now on, only inside fn
+        if self._set_by_call:
+            self._set_by_call = False
+            _stance[0] = self._previous.pop()
+        return super().__call__(fn)
 
     def __enter__(self):
+        if self._set_by_call:  # `with set_stance(...)`: set already
+            self._set_by_call = False
+        else:  # entered again (a decorated function's call, a reused object)
+            self._previous.append(_stance[0])
+            _stance[0] = self.stance
         return self
 
     def __exit__(self, *exc) -> None:
-        _stance[0] = self.previous
+        _stance[0] = self._previous.pop()
 
 
 def graph_break() -> None:

@@ -171,7 +171,7 @@ class CompiledFunction:
     def _fail_on_recompile(self, args: tuple, kwargs: dict) -> None:
         code = self._fn.__code__
         message = (f"torchweld: {code.co_filename}:{code.co_firstlineno}: {self._fn.__qualname__} would be "
-                   f"{'compiled again' if self._entries else 'compiled'} while torch.compiler.set_stance('fail_on_recompile') "
+                   f"{'compiled again' if self._entries else 'compiled'} while torchweld.set_stance('fail_on_recompile') "
                    "is in effect")
         reasons = self._miss_reasons(args, kwargs)
         if reasons:
