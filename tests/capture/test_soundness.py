@@ -704,7 +704,8 @@ def test_an_error_the_graph_raises_is_handled_as_eager_handles_it():
         assert HISTORY == eager_history
 
 
-def test_a_graph_refused_before_its_first_write_reruns_as_eager():
+@pytest.mark.parametrize("backend", ["eager", "weld"])
+def test_a_graph_refused_before_its_first_write_reruns_as_eager(backend):
     """Fuzzer case 101000666: `x.add_(y)` with y a view of x is refused by eager's kernel (the
     written tensor overlaps an input) inside the user's `try`; the fake run cannot see it. The
     graph writes inputs in place, but raised before its first write (their version counters are
@@ -718,7 +719,7 @@ def test_a_graph_refused_before_its_first_write_reruns_as_eager():
             HISTORY.append("error")
         return x + 1
 
-    compiled = torchweld.compile(fn, backend="eager")
+    compiled = torchweld.compile(fn, backend=backend)
     for make_y in (lambda x: torch.randn(4), lambda x: x[0], lambda x: torch.randn(4)):
         results = []
         for f in (fn, compiled):

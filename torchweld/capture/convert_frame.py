@@ -182,9 +182,10 @@ def _graph_entry(fn, tx: Translator, rebuild: Reconstructor, body: list[str], se
             saved = ["___rng = ___rerun.save()"] if plan.generators else []
             rerun = f"return ___rerun(___error, {'___rng' if plan.generators else 'None'}{', ' if passes else ''}{passes})"
             if plan.written_inputs:  # rerun only if the graph raised before its first write
-                written = "".join(f"{arguments[i]}, " for i in plan.written_inputs)
-                saved.append(f"___versions = ___rerun.versions(({written}))")
-                handler = [f"    if ___rerun.versions(({written})) == ___versions:", f"        {rerun}", "    raise"]
+                # the inputs' version counters, read inline (a call per call costs ~0.6 us)
+                versions = "(" + "".join(f"{arguments[i]}._version, " for i in plan.written_inputs) + ")"
+                saved.append(f"___versions = {versions}")
+                handler = [f"    if {versions} == ___versions:", f"        {rerun}", "    raise"]
             else:
                 handler = [f"    {rerun}"]
             prefix += [*reads, *saved, "try:", f"    {call}", "except Exception as ___error:", *handler]

@@ -140,11 +140,6 @@ class EagerRerun:
         """The generators' states before the graph: the rerun draws what eager draws."""
         return [g.get_state() for g in self.generators]
 
-    @staticmethod
-    def versions(written: tuple) -> tuple[int, ...]:
-        """The version counters of the inputs the graph changes in place, before it runs."""
-        return tuple(t._version for t in written)
-
     def __call__(self, error: Exception, states: list[torch.Tensor] | None, *args, **kwargs):
         for generator, state in zip(self.generators, states or ()):
             generator.set_state(state)
