@@ -7,9 +7,13 @@ from torch.profiler import ProfilerActivity, profile
 import torchweld
 
 
-def _weld_ranges(fn, *args) -> list[str]:
+def _weld_ranges(fn, *args, expected=None) -> list[str]:
+    """The torchweld ranges of one call of fn(*args) under a profiler (the profiled wrapper, made
+    at its first use); its result is `expected`, where given."""
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        fn(*args)
+        result = fn(*args)
+    if expected is not None:
+        torch.testing.assert_close(result, expected)
     return [e.name for e in prof.events() if e.name.startswith("torchweld")]
 
 
@@ -20,7 +24,8 @@ def test_inference_graph_and_kernels_are_named():
     with torch.no_grad():
         expected = model(x)
         torch.testing.assert_close(compiled(x), expected)
-        names = _weld_ranges(compiled, x)
+        names = _weld_ranges(compiled, x, expected=expected)
+        assert _weld_ranges(compiled, x, expected=expected) == names  # the profiled wrapper, made once, again
         torch.testing.assert_close(compiled(x), expected)  # and as before once the profiler stops
     assert any(n.startswith("torchweld graph w") for n in names)
     assert any(n.startswith("torchweld kernel") and n.endswith("cpu)") for n in names)

@@ -40,21 +40,23 @@ class CompiledGraph:
     hoisted: HoistedConstants | None = None  # constant work done once (constant_folding.py)
     # the wrapper taking its inputs in a list it empties, where the schedule frees inputs
     fn_boxed: object = None
-    # the same wrapper with a torch.profiler range around the graph and each generated kernel,
-    # called instead while a profiler records (one check a call when none does)
-    fn_profiled: object = None
+    # makes the same wrapper with a torch.profiler range around the graph and each generated
+    # kernel, called instead while a profiler records (one check a call when none does); made
+    # at the first call under a profiler, not at every compile
+    make_profiled: Callable[[], Callable] | None = None
     name: str = "graph"
+    _fn_profiled: Callable | None = dataclasses.field(default=None, repr=False)
 
     def __call__(self, *args):
         self.refresh_constants()
-        if self.fn_profiled is not None and torch.autograd._profiler_enabled():
+        if self.make_profiled is not None and torch.autograd._profiler_enabled():
             return self._profiled(list(args))
         return pytree.tree_unflatten(list(self.fn(*args)), self.out_spec)
 
     def call_boxed(self, args: list):
         """The outputs for the inputs in `args`, which it empties: with the schedule's
         frees_inputs, an input nothing else holds goes back at its last reader."""
-        if self.fn_profiled is not None and torch.autograd._profiler_enabled():
+        if self.make_profiled is not None and torch.autograd._profiler_enabled():
             self.refresh_constants()
             return self._profiled(args)
         if self.fn_boxed is None:
@@ -65,8 +67,10 @@ class CompiledGraph:
         return pytree.tree_unflatten(list(self.fn_boxed(args)), self.out_spec)
 
     def _profiled(self, args: list):
+        if self._fn_profiled is None:
+            self._fn_profiled = self.make_profiled()
         with torch.profiler.record_function(f"torchweld {self.name}"):
-            return pytree.tree_unflatten(list(self.fn_profiled(args)), self.out_spec)
+            return pytree.tree_unflatten(list(self._fn_profiled(args)), self.out_spec)
 
     def refresh_constants(self) -> None:
         """Recompute the hoisted constants if a parameter they come from changed (before a CUDA graph replay)."""
@@ -227,22 +231,30 @@ def _codegen(sched: Schedule, out_spec, options: dict, handed_over: Callable[[],
         wrapper_source += wrapper.render(entry, lambda k: launches.get(k.name), boxed=sched.frees_inputs)
     if sched.frees_inputs:  # called with positional inputs (tools, tests), it frees nothing the caller holds
         wrapper_source += "\ndef call(*inputs):\n    return call_boxed(list(inputs))\n"
-    launch = (lambda k: fast_launches.get(k.name) or launches.get(k.name)) if fast_launches else \
-        (lambda k: launches.get(k.name))
-    profiled_source = wrapper.render("call_profiled", lambda k: _in_range(k, launch(k)), boxed=True,
-                                     check_alignment=checked_inputs if fast_launches else (),
-                                     stream_index=stream_index if fast_launches else None)
-    wrapper_path = write_source("wrappers", f"w{content_hash(wrapper_source)}.py", wrapper_source)
+    name = f"w{content_hash(wrapper_source)}"
+    wrapper_path = write_source("wrappers", f"{name}.py", wrapper_source)
     paths["wrapper"] = wrapper_path
     namespace = {"torch": torch, **wrapper.constants, **kernel_objects}
     if stream_index is not None:
         namespace["_raw_stream"] = torch._C._cuda_getCurrentRawStream
         namespace["_ensure_context"] = ensure_context_function()
     exec(compile(wrapper_source, wrapper_path, "exec"), namespace)
-    name = f"w{content_hash(wrapper_source)}"
-    profiled_path = f"{wrapper_path[:-3]}_profiled (in memory)"  # tracebacks show its lines through linecache
-    linecache.cache[profiled_path] = (len(profiled_source), None, profiled_source.splitlines(True), profiled_path)
-    exec(compile(profiled_source, profiled_path, "exec"), namespace)
+    launch = (lambda k: fast_launches.get(k.name) or launches.get(k.name)) if fast_launches else \
+        (lambda k: launches.get(k.name))
+
+    in_linecache: list[str] = []
+
+    def make_profiled():
+        source = wrapper.render("call_profiled", lambda k: _in_range(k, launch(k)), boxed=True,
+                                check_alignment=checked_inputs if fast_launches else (),
+                                stream_index=stream_index if fast_launches else None)
+        path = f"{wrapper_path[:-3]}_profiled (in memory)"  # tracebacks show its lines through linecache
+        linecache.cache[path] = (len(source), None, source.splitlines(True), path)
+        in_linecache.append(path)
+        namespace.update(wrapper.constants)
+        exec(compile(source, path, "exec"), namespace)
+        return namespace["call_profiled"]
+
     if output_code_log.isEnabledFor(logging.INFO):
         text = [f"wrapper: {wrapper_path}", wrapper_source]
         for kind, src in sources.items():
@@ -250,10 +262,15 @@ def _codegen(sched: Schedule, out_spec, options: dict, handed_over: Callable[[],
         output_code_log.info("\n".join(text))
     namespace["_range"] = torch.profiler.record_function
     compiled = CompiledGraph(namespace["call"], out_spec, sched, wrapper_source, sources, paths,
-                             fn_boxed=namespace.get("call_boxed"), fn_profiled=namespace["call_profiled"],
+                             fn_boxed=namespace.get("call_boxed"), make_profiled=make_profiled,
                              name=f"graph {name[:9]}")
     # the wrapper's functions and their globals (kernels, the parameters as constants) are a cycle:
     # emptied once the graph is dropped, they go at once, not at the next cyclic collection
-    weakref.finalize(compiled, namespace.clear)
-    weakref.finalize(compiled, linecache.cache.pop, profiled_path, None)
+    weakref.finalize(compiled, _forget, namespace, in_linecache)
     return compiled
+
+
+def _forget(namespace: dict, paths: list[str]) -> None:
+    namespace.clear()
+    for path in paths:
+        linecache.cache.pop(path, None)
