@@ -49,6 +49,8 @@ def test_oldest_specialization_is_dropped_with_a_log_line(caplog):
             torch.testing.assert_close(fn(x, y), f(x, y))
     per_size = _per_size(fn)
     assert len(per_size.specializations) == 2 and per_size.compiles == 4
+    assert per_size._reads is not None  # keyed by the symbols' values: capture's guards fix the rest
+    assert all(len(key) == len(per_size._reads) for key in per_size.specializations)
     assert any("weld drops its specialization for sizes [(6, 5), (6, 5)]" in r.getMessage() for r in caplog.records)
 
 

@@ -6,9 +6,10 @@ symbolic graph once; each call whose inputs have sizes and strides not seen befo
 a copy of the graph whose example values hold those sizes (`static_copy`), compiled as
 any static graph is, and kept in a bounded cache (options={"size_specializations": n},
 default 8); a log line says when the oldest specialization is dropped. The guard capture
-made for the symbolic graph decides which calls reach here; the cache key (every input's
-sizes and strides) decides which specialization runs, so a specialization is never used
-for sizes it was not compiled for.
+made for the symbolic graph decides which calls reach here; the cache key decides which
+specialization runs, so a specialization is never used for sizes it was not compiled for:
+the symbols' values, read from the inputs, where capture's guards fix every other size
+(`symbol_reads`); else every input's sizes and strides.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from torchweld import logs
 from torchweld.backends.weld_declines import is_symbolic
+from torchweld.capture.symbolic_sizes import SIZES_GUARDED
 
 log = logging.getLogger("torchweld.weld")
 
@@ -34,6 +36,24 @@ def _layout(args: tuple) -> tuple:
     (torch.compile's graphs take symbolic sizes as arguments too)."""
     return tuple((tuple(a.shape), a.stride()) if isinstance(a, torch.Tensor) and a.layout is torch.strided
                  else (tuple(a.shape) if isinstance(a, torch.Tensor) else (type(a), a)) for a in args)
+
+
+def symbol_reads(gm: torch.fx.GraphModule) -> list[tuple[int, int]] | None:
+    """(input position, dim) where each symbol of the graph's input sizes is first read: the key
+    of a call, for a graph whose other sizes capture's guards fix (SIZES_GUARDED; strides the
+    wrapper restrides where they differ); None for any other graph (a number among its inputs)."""
+    if not gm.meta.get(SIZES_GUARDED):
+        return None
+    reads, seen = [], set()
+    for i, node in enumerate(n for n in gm.graph.nodes if n.op == "placeholder"):
+        fake = node.meta.get("example_value")
+        if not isinstance(fake, torch.Tensor):
+            return None
+        for d, size in enumerate(fake.shape):
+            if isinstance(size, torch.SymInt) and size.node.expr not in seen:
+                seen.add(size.node.expr)
+                reads.append((i, d))
+    return reads
 
 
 def bindings(gm: torch.fx.GraphModule, args: tuple) -> dict:
@@ -107,9 +127,12 @@ class CompiledPerSize:
         self.limit = limit
         self.specializations: collections.OrderedDict = collections.OrderedDict()
         self.compiles = 0
+        self._reads = symbol_reads(gm)
+        self._sizes: dict[tuple, list] = {}  # key -> its inputs' sizes, for the log
 
     def __call__(self, *args):
-        key = _layout(args)
+        # the symbols' values (0.5 us), where capture's guards fix the rest; else every layout (2 us)
+        key = _layout(args) if self._reads is None else tuple([args[i].shape[d] for i, d in self._reads])
         compiled = self.specializations.get(key)
         if compiled is None:
             compiled = self._compile(key, args)
@@ -121,9 +144,10 @@ class CompiledPerSize:
         compiled = self.compile_static(static_copy(self.gm, args), list(args))
         self.compiles += 1
         self.specializations[key] = compiled
+        self._sizes[key] = [tuple(a.shape) for a in args if isinstance(a, torch.Tensor)]
         if len(self.specializations) > self.limit:
             dropped, _ = self.specializations.popitem(last=False)
-            sizes = [s for s, *_ in dropped]
+            sizes = self._sizes.pop(dropped)
             log.info("weld drops its specialization for sizes %s (options size_specializations=%d)", sizes, self.limit)
             logs.get("dynamic").info("weld drops its specialization for sizes %s: more than %d kept", sizes, self.limit)
         return compiled

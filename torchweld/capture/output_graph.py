@@ -26,7 +26,7 @@ from torchweld.capture.guards import GuardSet, autocast_state
 from torchweld.capture.module_fakes import batch_norm_example
 from torchweld.capture.side_effects import SideEffects
 from torchweld.capture.symbolic_sizes import (
-    CaptureShapeEnv, SizeGuard, SymbolicInput, is_symbolic, specialized_marks, spell_over_inputs, symbolic_fake,
+    SIZES_GUARDED, CaptureShapeEnv, SizeGuard, SymbolicInput, is_symbolic, specialized_marks, spell_over_inputs, symbolic_fake,
 )
 from torchweld.capture.number_inputs import NumberTensor
 from torchweld.capture.sources import ModuleEntrySource, NumberTensorSource, Source
@@ -376,6 +376,8 @@ class OutputGraph:
             else:
                 self.graph.erase_node(node)
         gm = torch.fx.GraphModule(self.root, self.graph)
+        if self.symbolic_inputs:  # every other size is fixed by a guard: the symbols' values tell the sizes
+            gm.meta[SIZES_GUARDED] = True
         return gm, [real for _, real in kept], [source for source, _ in kept]
 
 

@@ -128,6 +128,11 @@ def symbolic_fake(mode, env: ShapeEnv, real: torch.Tensor, source: Source, dynam
     return fake
 
 
+# gm.meta key capture sets on a graph with symbolic sizes: its guards fix every size of its
+# inputs that is not a symbol, so the symbols' values alone tell a call's sizes (weld_sizes.py)
+SIZES_GUARDED = "torchweld_sizes_guarded"
+
+
 class SizeGuard:
     """The relations between the symbolic sizes one graph assumed, as one Python expression."""
 
