@@ -11,6 +11,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from gloo_ranks import on_two_ranks, requires_gloo
 from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.checkpoint import checkpoint
 
 import torchweld
 from torchweld.capture.ddp_split import META_KEY
@@ -23,13 +24,15 @@ BUCKET_CAP_MB = 15000 / 2**20  # below one layer's parameters: one bucket per la
 
 
 class Deep(nn.Module):
-    def __init__(self):
+    def __init__(self, checkpointed: bool = False):
         super().__init__()
         self.layers = nn.ModuleList(nn.Linear(64, 64) for _ in range(4))
+        self.checkpointed = checkpointed
 
     def forward(self, x):
         for layer in self.layers:
-            x = torch.tanh(layer(x))
+            x = checkpoint(layer, x, use_reentrant=False) if self.checkpointed else layer(x)
+            x = torch.tanh(x)
         return x
 
 
@@ -39,11 +42,11 @@ def _wrap(model: nn.Module, order: str, backend: str) -> nn.Module:
     return DDP(torchweld.compile(model, backend=backend), bucket_cap_mb=BUCKET_CAP_MB)
 
 
-def record_overlap(rank: int, order: str, backend: str) -> dict:
+def record_overlap(rank: int, order: str, backend: str, checkpointed: bool = False) -> dict:
     """Train 3 steps, compiled and eager; at each bucket's all-reduce, note whether the first
     layer's gradient exists yet (the backward of the first piece, which makes it, runs last)."""
     torch.manual_seed(0)
-    base = Deep()
+    base = Deep(checkpointed)
     eager_model, compiled_model = copy.deepcopy(base), copy.deepcopy(base)
     reference = DDP(eager_model, bucket_cap_mb=BUCKET_CAP_MB)
     compiled = _wrap(compiled_model, order, backend)
@@ -73,7 +76,9 @@ def record_overlap(rank: int, order: str, backend: str) -> dict:
             "piece_bytes": [s.piece_param_bytes for s in splits if s]}
 
 
-CASES = [("outer", "eager"), ("inner", "eager"), ("outer", "weld"), ("inner", "weld")]
+# (wrapping order, backend, layers under activation checkpointing: pieces still a layer each)
+CASES = [("outer", "eager", False), ("inner", "eager", False), ("outer", "weld", False), ("inner", "weld", False),
+         ("outer", "eager", True), ("outer", "weld", True)]
 
 
 def record_all(rank: int) -> list:
@@ -95,9 +100,9 @@ def outcomes():
     return [[rank[i] for rank in per_rank] for i in range(len(CASES) + 2)]
 
 
-@pytest.mark.parametrize("case", CASES, ids=["-".join(c) for c in CASES])
+@pytest.mark.parametrize("case", CASES, ids=["-".join(c[:2]) + ("-checkpointed" if c[2] else "") for c in CASES])
 def test_split_at_buckets_starts_an_all_reduce_before_the_backward_ends(outcomes, case):
-    order, backend = case
+    order, backend, _ = case
     for outcome in outcomes[CASES.index(case)]:
         assert max(outcome["diffs"]) <= (0.0 if backend == "eager" else 1e-5), outcome
         assert outcome["pieces"] == [4], outcome  # one graph, one piece per bucket (per layer)

@@ -47,6 +47,13 @@ class CompileSettings:
     wrappers: weakref.WeakValueDictionary = dataclasses.field(
         default_factory=weakref.WeakValueDictionary, compare=False, repr=False)
 
+    def wrapper(self, key: tuple, make: Callable[[], object]) -> object:
+        """The wrapper kept under `key`, made by `make()` the first time."""
+        found = self.wrappers.get(key)
+        if found is None:
+            found = self.wrappers[key] = make()
+        return found
+
 
 FULLGRAPH_HINT = (
     "fullgraph=True asks for the whole function as one graph, and this line needs Python. "

@@ -106,7 +106,7 @@ def _parameters_of(node: torch.fx.Node, gm: torch.fx.GraphModule, inputs: dict[t
         attr = gm
         for part in node.target.split("."):
             attr = getattr(attr, part)
-        found.append(attr)
+        found += list(attr.parameters()) if isinstance(attr, torch.nn.Module) else [attr]  # a checkpointed block
     found += [inputs[arg] for arg in node.all_input_nodes if arg in inputs]
     return [p for p in found if isinstance(p, torch.Tensor) and id(p) in synced]
 

@@ -178,12 +178,11 @@ class BreakCodegen:
         layout = tuple(kind for kind, _ in stack)
         names = tuple(locals_now)
         code = make_resume_code(self.tx.code, index, layout, names)
-        key = ("resume", code, compiled)
-        wrapper = self.settings.wrappers.get(key)
-        if wrapper is None:
+        def make():
             function = types.FunctionType(code, self.fn.__globals__, code.co_name, None, self.fn.__closure__)
-            wrapper = CompiledFunction(function, self.settings) if compiled else function
-            self.settings.wrappers[key] = wrapper
+            return CompiledFunction(function, self.settings) if compiled else function
+
+        wrapper = self.settings.wrapper(("resume", code, compiled), make)
         args = [expr for kind, expr in stack if kind != NULL_SLOT] + [locals_now[n] for n in names]
         return f"{self.rebuild.const(wrapper)}({', '.join(args)})"
 
@@ -299,19 +298,13 @@ class BreakCodegen:
 
     def _native_hooks_call(self, function: types.FunctionType) -> str:
         """A call of a module whose hooks run natively around `function`, its compiled forward."""
-        key = ("native hooks", function)
-        call = self.settings.wrappers.get(key)
-        if call is None:
-            call = self.settings.wrappers[key] = NativeHooksCall(function, self.settings)
+        call = self.settings.wrapper(("native hooks", function), lambda: NativeHooksCall(function, self.settings))
         return self.rebuild.const(call)
 
     def _wrapper(self, function: types.FunctionType) -> str:
         from torchweld.capture.compiled_function import CompiledFunction
 
-        key = ("callee", function)
-        wrapper = self.settings.wrappers.get(key)
-        if wrapper is None:
-            wrapper = self.settings.wrappers[key] = CompiledFunction(function, self.settings)
+        wrapper = self.settings.wrapper(("callee", function), lambda: CompiledFunction(function, self.settings))
         return self.rebuild.const(wrapper)
 
 
