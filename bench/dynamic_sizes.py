@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torchweld  # noqa: E402
 from bench import records  # noqa: E402
-from tests.capture.test_dynamic_shapes import Block  # noqa: E402
+from tests.models import Block  # noqa: E402
 
 
 def _graphs_counted(backend):
@@ -34,7 +34,7 @@ def _graphs_counted(backend):
 
 def run(compiler: str, backend: str, dynamic, lengths: list[int], repeats: int) -> dict:
     torch.manual_seed(0)
-    block = Block(d=64, heads=4).eval()
+    block = Block(d=64, heads=4, causal=True).eval()
     inputs = [torch.randn(4, t, 64) for t in lengths]
     if compiler == "torch.compile":
         torch._dynamo.reset()

@@ -25,11 +25,13 @@ class CNN(nn.Module):
 
 
 class Block(nn.Module):
-    """A pre-norm transformer block: attention with softmax, then an MLP."""
+    """A pre-norm transformer block: attention with softmax, then an MLP; with `causal`, a causal
+    mask made at each call for its length (dynamic shapes: a tensor sized by the input)."""
 
-    def __init__(self, d=32, heads=4):
+    def __init__(self, d=32, heads=4, causal=False):
         super().__init__()
         self.heads = heads
+        self.causal = causal
         self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
         self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
         self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
@@ -41,7 +43,10 @@ class Block(nn.Module):
         q = q.reshape(b, s, h, d // h).transpose(1, 2)
         k = k.reshape(b, s, h, d // h).transpose(1, 2)
         v = v.reshape(b, s, h, d // h).transpose(1, 2)
-        att = torch.softmax(q @ k.transpose(-2, -1) / (d // h) ** 0.5, dim=-1)
+        scores = q @ k.transpose(-2, -1) / (d // h) ** 0.5
+        if self.causal:
+            scores = scores.masked_fill(~torch.ones(s, s, dtype=torch.bool).tril(), float("-inf"))
+        att = torch.softmax(scores, dim=-1)
         y = (att @ v).transpose(1, 2).reshape(b, s, d)
         x = x + self.proj(y)
         return x + self.mlp(self.ln2(x))

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 import torchweld
 from torchweld.errors import DynamicDimSpecialized
+from tests import models
 from tests.capture.helpers import CountingBackend, assert_same
 
 SIZES = [6, 9, 7, 13, 10, 17, 11, 14, 15, 18]  # none equal to another dim of the inputs (duck sizing)
@@ -68,26 +69,8 @@ def concatenation(x, y):
     return torch.cat([x, y, x * 2], dim=0).relu(), torch.stack([x, y]).sum(0)
 
 
-class Block(torch.nn.Module):
-    """A small transformer block (pre-norm attention and MLP)."""
-
-    def __init__(self, d=16, heads=2):
-        super().__init__()
-        self.heads = heads
-        self.norm1, self.norm2 = torch.nn.LayerNorm(d), torch.nn.LayerNorm(d)
-        self.qkv, self.proj = torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d)
-        self.mlp = torch.nn.Sequential(torch.nn.Linear(d, 4 * d), torch.nn.GELU(), torch.nn.Linear(4 * d, d))
-
-    def forward(self, x):
-        b, t, c = x.shape
-        q, k, v = self.qkv(self.norm1(x)).split(c, dim=2)
-        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
-        att = (q @ k.transpose(-2, -1)) / (k.size(-1) ** 0.5)
-        mask = torch.ones(t, t, dtype=torch.bool).tril()
-        att = att.masked_fill(~mask, float("-inf")).softmax(-1)
-        y = (att @ v).transpose(1, 2).reshape(b, t, c)
-        x = x + self.proj(y)
-        return x + self.mlp(self.norm2(x))
+def Block():  # noqa: N802 - the models' transformer block, causal, small
+    return models.Block(d=16, heads=2, causal=True)
 
 
 class SmallCNN(torch.nn.Module):
@@ -287,41 +270,31 @@ def test_transposed_and_strided_inputs():
 
 # -- marks ----------------------------------------------------------------------
 
-def test_mark_dynamic_makes_the_first_capture_symbolic_even_with_dynamic_false():
+def _marked_graphs(dynamic, sizes, mark) -> list:
+    """The graphs of `views` compiled with `dynamic`, called on (n, 3, 4) tensors for n in
+    `sizes`, each marked by `mark(x)` first; every call compared with eager."""
     backend = CountingBackend()
-    fn = torchweld.compile(views, backend=backend, dynamic=False)
-    for n in (4, 6, 9):
+    fn = torchweld.compile(views, backend=backend, dynamic=dynamic)
+    for n in sizes:
         x = torch.randn(n, 3, 4)
-        torchweld.mark_dynamic(x, 0)
+        mark(x)
         assert_same(fn(x), views(x))
-    assert len(backend.graphs) == 1 and _symbolic_dims(backend.graphs[0]) == [(0,)]
+    return backend.graphs
+
+
+def test_mark_dynamic_makes_the_first_capture_symbolic_even_with_dynamic_false():
+    graphs = _marked_graphs(False, (4, 6, 9), lambda x: torchweld.mark_dynamic(x, 0))
+    assert len(graphs) == 1 and _symbolic_dims(graphs[0]) == [(0,)]
 
 
 def test_torch_marks_are_honoured():
-    backend = CountingBackend()
-    fn = torchweld.compile(views, backend=backend)
-    for n in (4, 6, 9):
-        x = torch.randn(n, 3, 4)
-        torch._dynamo.mark_dynamic(x, 0)
-        assert_same(fn(x), views(x))
-    assert len(backend.graphs) == 1
-    backend = CountingBackend()
-    fn = torchweld.compile(views, backend=backend, dynamic=True)
-    for n in (4, 6):
-        x = torch.randn(n, 3, 4)
-        torch._dynamo.mark_static(x, 0)
-        assert_same(fn(x), views(x))
-    assert len(backend.graphs) == 2 and _symbolic_dims(backend.graphs[0]) == [(1, 2)]
+    assert len(_marked_graphs(None, (4, 6, 9), lambda x: torch._dynamo.mark_dynamic(x, 0))) == 1
+    graphs = _marked_graphs(True, (4, 6), lambda x: torch._dynamo.mark_static(x, 0))
+    assert len(graphs) == 2 and _symbolic_dims(graphs[0]) == [(1, 2)]
 
 
 def test_mark_static_keeps_a_dim_specialized():
-    backend = CountingBackend()
-    fn = torchweld.compile(views, backend=backend, dynamic=True)
-    for n in (4, 6, 4):
-        x = torch.randn(n, 3, 4)
-        torchweld.mark_static(x, 0)
-        assert_same(fn(x), views(x))
-    assert len(backend.graphs) == 2
+    assert len(_marked_graphs(True, (4, 6, 4), lambda x: torchweld.mark_static(x, 0))) == 2
 
 
 def test_bad_dims_are_value_errors():
@@ -350,14 +323,9 @@ def test_marked_dim_that_capture_specializes_is_an_error_naming_the_line():
 
 
 def test_size_outside_a_marked_range_recompiles_specialized():
-    backend = CountingBackend()
-    fn = torchweld.compile(views, backend=backend, dynamic=False)
-    for n in (4, 6, 20, 5):
-        x = torch.randn(n, 3, 4)
-        torchweld.mark_dynamic(x, 0, min=2, max=10)
-        assert_same(fn(x), views(x))
-    assert len(backend.graphs) == 2
-    assert _symbolic_dims(backend.graphs[0]) == [(0,)] and _symbolic_dims(backend.graphs[1]) == [()]
+    graphs = _marked_graphs(False, (4, 6, 20, 5), lambda x: torchweld.mark_dynamic(x, 0, min=2, max=10))
+    assert len(graphs) == 2
+    assert _symbolic_dims(graphs[0]) == [(0,)] and _symbolic_dims(graphs[1]) == [()]
 
 
 def test_size_outside_a_marked_range_under_fullgraph_is_an_error():

@@ -302,18 +302,6 @@ class OutputGraph:
         node.meta["example_value"] = result
         if isinstance(result, (torch.SymInt, torch.SymFloat)):
             return SymNumberValue(node, result, self)
-        if isinstance(result, tuple) and not any(isinstance(x, torch.Tensor) for x in pytree.tree_leaves(result)):
-            items = []
-            for i, item in enumerate(result):
-                if isinstance(item, (torch.SymInt, torch.SymFloat)):
-                    getitem = self.graph.call_function(operator.getitem, (node, i))
-                    getitem.meta["example_value"] = item
-                    items.append(SymNumberValue(getitem, item, self))
-                elif isinstance(item, torch.SymBool):
-                    items.append(ConstantValue(bool(item)))
-                else:
-                    items.append(const(item))
-            return TupleValue(items, tuple_type=type(result))
         return self._wrap_result(node, result)
 
     def size_of(self, tensor: TensorValue) -> Value:
