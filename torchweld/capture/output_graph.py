@@ -112,8 +112,7 @@ class OutputGraph:
             node.meta["static_address"] = True
         value = TensorValue(node, fake, source, cls=type(real))
         if _symbolic_dims(fake):
-            self.symbolic_inputs.append(SymbolicInput(source, fake, {d: symbolic[d][0] for d in _symbolic_dims(fake)},
-                                                      {d for d in symbolic if symbolic[d][1]}))
+            self.symbolic_inputs.append(SymbolicInput(source, fake, {d for d in symbolic if symbolic[d][1]}))
         self.inputs.append((source, real, node))
         self._input_by_source[source.name()] = value
         self._input_by_id[id(real)] = value

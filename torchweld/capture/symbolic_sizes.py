@@ -66,7 +66,6 @@ class SymbolicInput:
 
     source: Source
     fake: torch.Tensor
-    dynamic: dict[int, str]  # dim -> why it is symbolic
     marked: set[int]  # dims the user marked with mark_dynamic: an error if capture specializes them
 
 
@@ -182,18 +181,6 @@ class SizeGuard:
                 continue
             relations.append((str(expr), self._spell(expr, module)))
         return binds + relations
-
-    def symbols_missing(self) -> set:
-        """Free symbols some relation names that no input size binds (cannot be checked)."""
-        bound = set()
-        for item in self.inputs:
-            for size in item.fake.shape:
-                if isinstance(size, torch.SymInt):
-                    bound |= free_symbols(size)
-        used = set()
-        for g in self.env.guards:
-            used |= self.env.replace(g.expr).free_symbols
-        return used - bound
 
 
 def specialized_marks(env: ShapeEnv, inputs: list[SymbolicInput]) -> None:
