@@ -117,15 +117,23 @@ def disable(fn: Callable) -> Callable:
     return disabled
 
 
+# the hooks of one module call (nn.Module.__init__ makes each dict), shared with the original
+_HOOK_DICTS = ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks",
+               "_forward_pre_hooks_with_kwargs", "_backward_hooks", "_backward_pre_hooks")
+
+
 class CompiledModule(torch.nn.Module):
     """`torchweld.compile(module)`: runs `module.forward` through capture. It shares
     the original's parameters, buffers and submodules, so `state_dict()` keys,
-    `.to()`, `.train()`/`.eval()` and attribute reads behave as on the original."""
+    `.to()`, `.train()`/`.eval()` and attribute reads behave as on the original. It shares its
+    hooks too, and a call is its forward alone: a hook registered on either runs once, around
+    the compiled forward, as do global module hooks (nn.Module's call would run them a second
+    time around the wrapper, as it does for torch.compile's wrapper)."""
 
     def __init__(self, module: torch.nn.Module, request: CompileRequest):
         super().__init__()
         self.__dict__["_orig_mod"] = module  # not a registered child: keys stay unprefixed
-        for shared in ("_parameters", "_buffers", "_modules", "_non_persistent_buffers_set"):
+        for shared in ("_parameters", "_buffers", "_modules", "_non_persistent_buffers_set", *_HOOK_DICTS):
             self.__dict__[shared] = module.__dict__[shared]
         if is_ddp(module):  # DDP's bookkeeping in Python each call, its module captured (capture/ddp.py)
             self.__dict__["_compiled_forward"] = types.MethodType(DDPForward(request.settings(), request), module)
@@ -137,6 +145,9 @@ class CompiledModule(torch.nn.Module):
         """A copy (`copy.deepcopy`, pickle, `torch.save`) holds a copy of the original module and
         the compile request; nothing compiled: the copy compiles at its first call."""
         return (CompiledModule, (self._orig_mod, self._compiled_forward.request))
+
+    def __call__(self, *args, **kwargs):
+        return self.forward(*args, **kwargs)
 
     def forward(self, *args, **kwargs):
         module = self._orig_mod
@@ -151,6 +162,15 @@ class CompiledModule(torch.nn.Module):
             return super().__getattr__(name)
         except AttributeError:
             return getattr(self.__dict__["_orig_mod"], name)
+
+    @property
+    def _is_full_backward_hook(self):  # set by register_(full_)backward_hook: the hooks' kind, the original's
+        return self._orig_mod._is_full_backward_hook
+
+    @_is_full_backward_hook.setter
+    def _is_full_backward_hook(self, value) -> None:
+        if "_orig_mod" in self.__dict__:  # (nn.Module.__init__ sets it before there is an original)
+            self._orig_mod._is_full_backward_hook = value
 
     @property
     def training(self) -> bool:  # the original's, which `model.eval()` on it changes too

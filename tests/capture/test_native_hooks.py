@@ -71,3 +71,33 @@ def test_a_module_with_a_backward_hook_runs_as_nn_module_calls_it():
     compiled(x).sum().backward()
     module(x).sum().backward()
     assert grads == [torch.Size([2, 3])] * 2
+
+
+@pytest.mark.parametrize("backend", ["eager", "weld"])
+def test_hooks_registered_on_the_compiled_module_or_globally_run_once(backend):
+    """Hooks registered on the compiled module are the original's (nn.Module's call of the
+    wrapper ran them around it, and a global hook ran twice: once around the wrapper, once
+    around the original; torch.compile's wrapper does so too)."""
+    module = Scale()
+    compiled = torchweld.compile(module, backend=backend)
+    x = torch.randn(2, 3, requires_grad=True)
+    x2 = x.detach().clone().requires_grad_()
+    calls = []
+    handles = [compiled.register_forward_hook(lambda m, args, out: out + 1),
+               compiled.register_forward_pre_hook(lambda m, args: (args[0] * 2,)),
+               compiled.register_full_backward_hook(lambda m, gin, gout: calls.append("backward"))]
+    for _ in range(2):
+        compiled(x).sum().backward()
+        module(x2).sum().backward()
+        torch.testing.assert_close(x.grad, x2.grad)
+    assert calls == ["backward"] * 4  # each call, compiled and eager
+    for handle in handles:
+        handle.remove()
+    torch.testing.assert_close(compiled(x), module(x))
+    shift = nn.modules.module.register_module_forward_hook(lambda m, args, out: out + 1)
+    try:
+        for _ in range(2):
+            torch.testing.assert_close(compiled(x), module(x))
+    finally:
+        shift.remove()
+    torch.testing.assert_close(compiled(x), module(x))
