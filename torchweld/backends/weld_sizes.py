@@ -24,7 +24,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from torchweld import logs
 from torchweld.backends.weld_declines import is_symbolic
-from torchweld.capture.symbolic_sizes import SIZES_GUARDED
+from torchweld.capture.symbolic_sizes import SIZES_GUARDED, SYMBOLIC_TYPES
 
 log = logging.getLogger("torchweld.weld")
 
@@ -74,7 +74,7 @@ def bindings(gm: torch.fx.GraphModule, args: tuple) -> dict:
 
 
 def _concrete(n: object, env, values: dict) -> object:
-    if not isinstance(n, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+    if not isinstance(n, SYMBOLIC_TYPES):
         return n
     expr = env.replace(n.node.expr) if env is not None else n.node.expr
     value = expr.xreplace(values)
@@ -108,7 +108,7 @@ def static_copy(gm: torch.fx.GraphModule, args: tuple) -> torch.fx.GraphModule:
                     fake.requires_grad_(True)
                 made[id(value)] = fake
             return made[id(value)]
-        if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        if isinstance(value, SYMBOLIC_TYPES):
             return _concrete(value, value.node.shape_env, values)
         return value
 

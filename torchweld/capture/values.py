@@ -15,8 +15,10 @@ import types
 from typing import TYPE_CHECKING, Callable, Iterable
 
 import torch
+from torch.fx.experimental.symbolic_shapes import guard_scalar
 
 from torchweld.capture.sources import Source
+from torchweld.capture.symbolic_sizes import SYMBOLIC_TYPES
 from torchweld.errors import Unsupported
 
 if TYPE_CHECKING:
@@ -105,8 +107,8 @@ class ConstantValue(Value):
     devices, slices, ranges, torch.Size and tuples of such."""
 
     def __init__(self, value: object, source: Source | None = None):
-        if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):  # never a symbol as a constant:
-            value = _specialized(value)  # its value now, which the ShapeEnv guards
+        if isinstance(value, SYMBOLIC_TYPES):  # never a symbol as a constant:
+            value = guard_scalar(value)  # its value now, which the ShapeEnv guards
         self.value = value
         self.source = source
 
@@ -186,8 +188,8 @@ def const(value: object) -> Value:
         return TupleValue([const(v) for v in value])
     if type(value) is dict:
         return DictValue({k: const(v) for k, v in value.items()})
-    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):  # a size no graph value holds:
-        return ConstantValue(_specialized(value))  # its value now, which the ShapeEnv guards
+    if isinstance(value, SYMBOLIC_TYPES):  # a size no graph value holds:
+        return ConstantValue(guard_scalar(value))  # its value now, which the ShapeEnv guards
     if type(value) is torch.Size and any(isinstance(n, torch.SymInt) for n in value):
         return ConstantValue(torch.Size(int(n) for n in value))
     if is_constant_literal(value):
@@ -511,7 +513,3 @@ class CellValue(Value):
         return self.contents
 
 
-def _specialized(value: object) -> object:
-    if isinstance(value, torch.SymBool):
-        return bool(value)
-    return int(value) if isinstance(value, torch.SymInt) else float(value)
