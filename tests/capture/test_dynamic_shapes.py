@@ -253,6 +253,22 @@ def test_a_branch_on_a_float_of_a_size_is_guarded_without_recompiling_seen_sizes
     assert len(fn.cache_entries) == 2  # one for each side of the branch (the False side: no graph)
 
 
+@pytest.mark.parametrize("backend", ["eager", "weld"])
+def test_min_and_max_of_a_size_stay_symbolic(backend):
+    """`min(x.shape[0], 4)`, `max(2, n)`: torch.sym_min / sym_max, as torch.compile keeps them, not
+    one compile per size (a specialized first capture, then one symbolic)."""
+    def f(x, y):
+        n = min(x.shape[0], 4)
+        m = max(2, y.shape[0])
+        return x[:n] * 2, y.new_zeros(m) + n, n, m
+
+    fn = torchweld.compile(f, backend=backend)
+    for k in (3, 5, 6, 2, 7, 3):
+        x, y = torch.randn(k, 2), torch.randn(k + 1)
+        assert_same(fn(x, y), f(x, y))
+    assert len(fn.cache_entries) <= 3  # (2 and 3 stay specialized: sizes 0 and 1 are never symbolic)
+
+
 def torchweld_break():
     torchweld.graph_break()
 

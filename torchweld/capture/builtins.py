@@ -18,7 +18,8 @@ from torchweld.capture.objects import ClassValue, NNModuleValue
 from torchweld.capture.reconstruct import same_object_every_call
 from torchweld.capture.sources import Source
 from torchweld.capture.values import (
-    ConstantValue, DictValue, IteratorValue, LazyIteratorValue, ListValue, TensorValue, TupleValue, Value, const, slice_of,
+    ConstantValue, DictValue, IteratorValue, LazyIteratorValue, ListValue, SymNumberValue, TensorValue, TupleValue,
+    Value, const, slice_of,
 )
 from torchweld.errors import Unsupported
 
@@ -362,6 +363,10 @@ def _min_max(fn):
                 if all(isinstance(a, TensorValue) for a in args):
                     return tx.output.call_function(target, list(args), {})
             raise Unsupported(f"{fn.__name__}() of tensors needs their values")
+        if len(args) == 2 and not kwargs and key.is_constant() and key.as_constant() is None \
+                and any(isinstance(a, SymNumberValue) for a in args) and all(_is_int(a) for a in args):
+            # `min(x.shape[0], 4)`: a symbolic size, not one compile per size
+            return tx.output.call_function(torch.sym_max if fn is max else torch.sym_min, list(args), {})
         items = args[0].items(tx) if len(args) == 1 else list(args)
         if not items:
             if "default" in kwargs:
@@ -374,6 +379,12 @@ def _min_max(fn):
             raise Unsupported(f"{fn.__name__}() raised TypeError: {e} at capture time") from None
         return keyed[best][1]
     return impl
+
+
+def _is_int(value: Value) -> bool:
+    if isinstance(value, SymNumberValue):
+        return isinstance(value.sym, torch.SymInt)
+    return value.is_constant() and type(value.as_constant()) is int
 
 
 rule(min)(_min_max(min))
