@@ -14,7 +14,6 @@ the symbols' values, read from the inputs, where capture's guards fix every othe
 from __future__ import annotations
 
 import collections
-import logging
 from typing import Callable
 
 import sympy
@@ -26,7 +25,6 @@ from torchweld import logs
 from torchweld.backends.weld_declines import is_symbolic
 from torchweld.capture.symbolic_sizes import SIZES_GUARDED, SYMBOLIC_TYPES
 
-log = logging.getLogger("torchweld.weld")
 
 DEFAULT_SPECIALIZATIONS = 8
 
@@ -148,6 +146,6 @@ class CompiledPerSize:
         if len(self.specializations) > self.limit:
             dropped, _ = self.specializations.popitem(last=False)
             sizes = self._sizes.pop(dropped)
-            log.info("weld drops its specialization for sizes %s (options size_specializations=%d)", sizes, self.limit)
-            logs.get("dynamic").info("weld drops its specialization for sizes %s: more than %d kept", sizes, self.limit)
+            logs.get("dynamic").info("weld drops its specialization for sizes %s: more than %d kept (options "
+                                     "size_specializations)", sizes, self.limit)
         return compiled

@@ -46,7 +46,9 @@ def call_module(module: torch.nn.Module, *args, **kwargs):
 
 
 def call_forward(module: torch.nn.Module, *args, **kwargs):
-    """`module.forward(*args, **kwargs)`: no hooks (DDP's static_graph path after its first step)."""
+    """`module.forward(*args, **kwargs)`: no hooks (DDP's path where its delayed all-reduce covers every
+    parameter: `_delay_all_reduce_all_params`, set by the private delay_all_reduce_named_params; no test
+    reaches it, DDP's constructor refuses it on the CPU)."""
     return module.forward(*args, **kwargs)
 
 
@@ -79,7 +81,7 @@ class DDPForward:
                 return type(ddp).forward(ddp, *inputs, **kwargs)
             self.checked.add(ddp)
         inputs, kwargs = ddp._pre_forward(*inputs, **kwargs)
-        if ddp._delay_all_reduce_all_params:  # static_graph's delayed all-reduce: DDP calls module.forward
+        if ddp._delay_all_reduce_all_params:  # every parameter's all-reduce delayed: DDP calls module.forward
             output = self.inner_forward(ddp.module, *inputs, **kwargs)
         elif ddp._use_python_reducer:
             output = self.inner(ddp.module, *inputs, **kwargs)

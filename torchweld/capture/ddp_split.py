@@ -85,7 +85,8 @@ def bucket_caps(ddp: torch.nn.Module) -> tuple[int, int, list[int]]:
     """(first bucket's cap, every later bucket's cap, per-bucket caps if the user gave them)."""
     cap = int(ddp.bucket_bytes_cap)
     config_ = getattr(ddp, "_bucket_config", None)  # torch >= 2.9; before, DDP's first bucket is 1 MiB
-    first = int(config_.first_bucket_bytes_cap) if config_ is not None else cap
+    first = int(config_.first_bucket_bytes_cap) if config_ is not None else \
+        int(getattr(torch.distributed, "_DEFAULT_FIRST_BUCKET_BYTES", cap))
     per_bucket = [int(b) for b in getattr(ddp, "bucket_bytes_cap_list", None) or []]
     return first, cap, per_bucket
 

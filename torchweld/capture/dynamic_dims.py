@@ -20,7 +20,7 @@ import logging
 import torch
 
 from torchweld import logs
-from torchweld.capture.sources import AttrSource, GlobalSource, ItemSource, LocalSource, Source
+from torchweld.capture.sources import GlobalSource, ItemSource, LocalSource, Source
 
 # (why, exact, min, max): `exact` asks for a symbol of its own (a mark), else sizes equal at
 # capture share one symbol, as torch.compile's duck sizing does
@@ -80,11 +80,11 @@ def marked(t: torch.Tensor, attribute: str) -> set[int]:
 def may_be_dynamic(source: Source, real: torch.Tensor) -> bool:
     """Inputs only: an argument, an item of one, a global; not a parameter or buffer, and not a
     tensor an object holds as an attribute (torch.compile keeps module state static too)."""
-    if isinstance(real, torch.nn.Parameter) or isinstance(real, torch.nn.parameter.Buffer):
+    if isinstance(real, (torch.nn.Parameter, torch.nn.parameter.Buffer)):
         return False
     while isinstance(source, ItemSource):
         source = source.base
-    return isinstance(source, (LocalSource, GlobalSource)) and not isinstance(source, AttrSource)
+    return isinstance(source, (LocalSource, GlobalSource))
 
 
 class DimChoices:
