@@ -68,8 +68,12 @@ def test_a_module_with_a_backward_hook_runs_as_nn_module_calls_it():
     module.register_full_backward_hook(lambda m, gin, gout: grads.append(gout[0].shape))
     compiled = torchweld.compile(module, backend="eager")
     x = torch.randn(2, 3, requires_grad=True)
-    compiled(x).sum().backward()
-    module(x).sum().backward()
+    x2 = x.detach().clone().requires_grad_()
+    out, expected = compiled(x), module(x2)
+    torch.testing.assert_close(out, expected)
+    out.sum().backward()
+    expected.sum().backward()
+    torch.testing.assert_close(x.grad, x2.grad)
     assert grads == [torch.Size([2, 3])] * 2
 
 

@@ -98,17 +98,28 @@ def many_blocks(rank: int) -> dict:
 
     from torch.distributed.fsdp import fully_shard
 
-    model = Net()
-    model.blocks = nn.ModuleList(Block() for _ in range(12))
-    for block in model.blocks:
-        fully_shard(block)
-    fully_shard(model)
-    compiled = torchweld.compile(model, backend="eager")
+    torch.manual_seed(0)
+    models = []
+    for _ in range(2):  # one compiled, one eager, same weights
+        torch.manual_seed(0)
+        model = Net()
+        model.blocks = nn.ModuleList(Block() for _ in range(12))
+        for block in model.blocks:
+            fully_shard(block)
+        fully_shard(model)
+        models.append(model)
+    compiled = torchweld.compile(models[0], backend="eager")
+    x = torch.randn(4, 16, generator=torch.Generator().manual_seed(rank))
     with collecting() as reports, warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        compiled(torch.randn(4, 16)).sum().backward()
+        out = compiled(x)
+        out.sum().backward()
+    expected = models[1](x)
+    expected.sum().backward()
+    grads = [(a.grad - b.grad).abs().max().full_tensor() for a, b in zip(models[0].parameters(), models[1].parameters())]
     return {"block_graphs": sum(r.graph is not None and r.function == "Block.forward" for r in reports),
-            "warnings": [str(w.message) for w in caught]}
+            "warnings": [str(w.message) for w in caught], "output_diff": float((out - expected).abs().max()),
+            "grad_diff": float(max(grads))}
 
 
 def train_all(rank: int, cases: list) -> list[dict]:
@@ -132,4 +143,5 @@ def test_fsdp2_trains_as_eager_fsdp2(outcomes, case):
 def test_each_sharded_block_of_a_deep_model_is_compiled(outcomes):
     for outcome in outcomes["many_blocks"]:
         assert outcome["block_graphs"] >= 9, outcome
+        assert outcome["output_diff"] == 0.0 and outcome["grad_diff"] == 0.0, outcome
         assert not [w for w in outcome["warnings"] if "Block.forward reached" in w], outcome["warnings"]
