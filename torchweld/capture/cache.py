@@ -83,26 +83,26 @@ class CacheEntry:
 
     def _failed_size_relation(self, guard, args: tuple, kwargs: dict) -> str:
         """The first relation of a symbolic-size guard these arguments break (the guard checks them
-        all at once): `symbolic sizes: L['y'].size()[0] == s0 (got False)`."""
-        _, readables, exprs = guard.operands
-        for k in range(len(exprs)):
-            check = " and ".join(f"({e})" for e in exprs[:k + 1])
-            holds = self._with_defaults(_compile_check(self.signature, check, self.namespace))(*args, **kwargs)
-            if not holds:  # (a check that raises is false: an input no longer a tensor)
-                return f"symbolic sizes: {readables[k]} (got False, with {self._symbol_values(readables, exprs, args, kwargs)})"
+        all at once): `symbolic sizes: L['y'].size()[0] == s0 (got False, with s0 = 6)`."""
+        _, binds, relations = guard.operands
+        checks = [f"((___{symbol} := {read}) is not None)" for symbol, _, read in binds]
+        for k, (readable, expr) in enumerate(relations):
+            check = " and ".join([*checks, *(f"({e})" for _, e in relations[:k + 1])])
+            if not self._with_defaults(_compile_check(self.signature, check, self.namespace))(*args, **kwargs):
+                # (a check that raises is false: an input no longer a tensor)
+                return f"symbolic sizes: {readable} (got False, with {self._symbol_values(binds, args, kwargs)})"
         return guard.text
 
-    def _symbol_values(self, readables: tuple, exprs: tuple, args: tuple, kwargs: dict) -> str:
-        """`s0 = 6, s1 = 3`: each symbol as this call's sizes bind it (the guard's `(___s0 := ...) is not None` parts)."""
-        binds = [(r.split(" = ")[0], e[:-len(" is not None")]) for r, e in zip(readables, exprs) if e.endswith(" is not None")]
+    def _symbol_values(self, binds: tuple, args: tuple, kwargs: dict) -> str:
+        """`s0 = 6, s1 = 3`: each symbol as this call's sizes bind it."""
         if not binds:
             return "no symbol"
-        read = self._with_defaults(_compile_reader(self.signature, f"({', '.join(e for _, e in binds)},)", self.namespace))
+        read = self._with_defaults(_compile_reader(self.signature, f"({', '.join(r for *_, r in binds)},)", self.namespace))
         try:
             values = read(*args, **kwargs)
         except Exception:
             return "sizes that cannot be read"
-        return ", ".join(f"{name} = {value}" for (name, _), value in zip(binds, values))
+        return ", ".join(f"{symbol} = {value}" for (symbol, *_), value in zip(binds, values))
 
     def _first_failing(self, args: tuple, kwargs: dict):
         for guard in self.guards.all_guards:

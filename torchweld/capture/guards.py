@@ -149,13 +149,17 @@ class GuardSet:
 
     def sizes(self, size_guard) -> None:
         """The relations between symbolic sizes (symbolic_sizes.SizeGuard): one Python check
-        over the inputs' sizes and strides (a shortcut: the C evaluator calls it as Python)."""
-        parts = size_guard.parts(self.name_constant)
-        if not parts:
+        over the inputs' sizes and strides (a shortcut: the C evaluator calls it as Python), which
+        binds each symbol to the size it reads first. Operands: ("sizes", the bindings, the
+        relations), for the recompile message (cache.py)."""
+        binds, relations = size_guard.parts(self.name_constant)
+        if not binds and not relations:
             return
-        text = "symbolic sizes: " + "; ".join(readable for readable, _ in parts)
-        self._add(("", "sizes"), text, " and ".join(f"({expr})" for _, expr in parts), None, "python",
-                  ("sizes", tuple(readable for readable, _ in parts), tuple(expr for _, expr in parts)))
+        checks = [f"((___{symbol} := {read}) is not None)" for symbol, _, read in binds]
+        checks += [f"({expr})" for _, expr in relations]
+        text = "symbolic sizes: " + "; ".join([f"{symbol} = {readable}" for symbol, readable, _ in binds]
+                                              + [readable for readable, _ in relations])
+        self._add(("", "sizes"), text, " and ".join(checks), None, "python", ("sizes", tuple(binds), tuple(relations)))
 
     def held_tensor(self, source: Source, t: torch.Tensor) -> None:
         """For a tensor a module holds, guarded by identity too: what its owner can change in place

@@ -143,9 +143,11 @@ class SizeGuard:
         expr = self.env.replace(sympy.sympify(expr))
         return python_text(expr, {s: sympy.Symbol(f"___{s.name}", integer=True) for s in expr.free_symbols}, module)
 
-    def parts(self, module: Callable[[object], str]) -> list[tuple[str, str]]:
-        """(readable, Python expression) of each relation, in the order they are checked; the
-        modules the expressions call (`torch.sym_float`, `math.floor`) read as `module(m)` names."""
+    def parts(self, module: Callable[[object], str]) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+        """(the symbols' bindings as (symbol, readable, Python reading its size), the relations as (readable,
+        Python expression)), in the order they are checked (each binding `(___s0 := read) is not
+        None`); the modules the expressions call (`torch.sym_float`, `math.floor`) read as
+        `module(m)` names."""
         env = self.env
         bound: set = set()
         binds: list[tuple[str, str]] = []
@@ -158,8 +160,7 @@ class SizeGuard:
                 expr = size.node.expr
                 if isinstance(expr, sympy.Symbol) and env.replace(expr) == expr and expr not in bound:
                     bound.add(expr)
-                    binds.append((f"{expr} = {item.source.name()}.size()[{d}]",
-                                  f"(___{expr.name} := {e}.size({d})) is not None"))
+                    binds.append((str(expr), f"{item.source.name()}.size()[{d}]", f"{e}.size({d})"))
                     continue
                 relations.append((f"{item.source.name()}.size()[{d}] == {env.replace(expr)}",
                                   f"{e}.size({d}) == {self._spell(expr, module)}"))
@@ -180,7 +181,7 @@ class SizeGuard:
             if expr == sympy.true:
                 continue
             relations.append((str(expr), self._spell(expr, module)))
-        return binds + relations
+        return binds, relations
 
 
 def specialized_marks(env: ShapeEnv, inputs: list[SymbolicInput]) -> None:
