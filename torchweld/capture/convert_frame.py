@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import dis
+import functools
 import inspect
 import logging
 import time
@@ -216,11 +217,9 @@ def _compile_graph(gm, example_inputs, settings: CompileSettings, tx: Translator
     logs.get("graph").info("graph of %s:\n%s", tx.code.co_qualname, gm.print_readable(print_output=False))
     logs.get("graph_code").info("graph code of %s:\n%s", tx.code.co_qualname, gm.code)
     try:
-        # a backend that traces or runs the graph executes its grad-mode nodes: undo that after
-        with torch.set_grad_enabled(torch.is_grad_enabled()), timing.phase("backend"):
-            compiled = ddp_split.compile_graph(settings.backend, settings.backend_name, gm, example_inputs)
-        if not callable(compiled):
-            raise TypeError(f"the backend returned {compiled!r}, which is not callable")
+        with timing.phase("backend"):
+            compiled = ddp_split.run_backend(functools.partial(ddp_split.compile_graph, settings.backend,
+                                                               settings.backend_name), gm, example_inputs)
     except Exception as e:
         if config.suppress_errors:
             warnings.warn(f"torchweld: backend {settings.backend_name!r} failed ({type(e).__name__}: {e}); "

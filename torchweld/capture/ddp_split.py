@@ -56,6 +56,17 @@ class DDPSplit:
                 "that each bucket's all-reduce starts while the backward of the pieces before it runs")
 
 
+def run_backend(compile_: Callable, gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+    """`compile_(gm, example_inputs)` (a backend, or compile_graph below), checked to be callable,
+    the grad mode as before it (a backend that traces or runs the graph executes its grad-mode
+    nodes). For the whole graph (convert_frame) and for each piece of a split one (_LazyPiece)."""
+    with torch.set_grad_enabled(torch.is_grad_enabled()):
+        compiled = compile_(gm, example_inputs)
+    if not callable(compiled):
+        raise TypeError(f"the backend returned {compiled!r}, which is not callable")
+    return compiled
+
+
 def compile_graph(backend: Callable, backend_name: str, gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
     """`backend(gm, example_inputs)`, or, inside a DDP forward, the graph split at DDP's buckets."""
     ddp = active_ddp_module()
@@ -206,11 +217,7 @@ class _LazyPiece(torch.nn.Module):
 
     def _compile(self, example_inputs: list) -> Callable:
         try:
-            with torch.set_grad_enabled(torch.is_grad_enabled()):  # a backend that traces runs grad-mode nodes
-                compiled = self.backend(self.piece, example_inputs)
-            if not callable(compiled):
-                raise TypeError(f"the backend returned {compiled!r}, which is not callable")
-            return compiled
+            return run_backend(self.backend, self.piece, example_inputs)
         except Exception as e:
             if config.suppress_errors:
                 warnings.warn(f"torchweld: backend {self.backend_name!r} failed on a piece of a graph split at DDP's "
