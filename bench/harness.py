@@ -60,7 +60,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 COMPILERS = ("eager", "torch", "torchweld")
 MODES = ("default", "reduce-overhead", "max-autotune")
-DTYPES = ("float32", "float16", "bfloat16")
+DTYPES = ("float32", "float16", "bfloat16", "amp_bfloat16", "amp_float16")  # amp_*: float32 model, torch.autocast
 SUITE = "models"
 
 
@@ -141,18 +141,39 @@ def make_optimizer(job: dict, case):
     return torch.optim.Adam(case.model.parameters(), lr=1e-3) if job["phase"] == "training" else None
 
 
+def model_dtype(job: dict):
+    """The dtype of the row's parameters and inputs: float32 under autocast (the amp_* dtypes)."""
+    import torch
+
+    return torch.float32 if job["dtype"].startswith("amp_") else getattr(torch, job["dtype"])
+
+
+def autocast_of(job: dict):
+    """A context-manager factory: torch.autocast to the amp_* dtype on the row's device, else nothing."""
+    import contextlib
+    import functools
+
+    import torch
+
+    if not job["dtype"].startswith("amp_"):
+        return contextlib.nullcontext
+    return functools.partial(torch.autocast, job["device"], dtype=getattr(torch, job["dtype"][len("amp_"):]))
+
+
 def make_callable(job: dict, compiler: str, case, opt=None):
     """The argument-less call the row times, returning what the compiled code returned. Inference
     calls the compiled model under no_grad; training runs one step with `opt`: zero_grad, forward,
-    loss, backward, Adam, with the model compiled or (whole_step) the step function compiled."""
+    loss, backward, Adam, with the model compiled or (whole_step) the step function compiled. The
+    amp_* dtypes run the forward (and the loss) under torch.autocast, outside the compiled model."""
     import torch
 
+    amp = autocast_of(job)
     if job["phase"] == "inference":
         case.model.eval()
         compiled = compile_with(compiler, case.model, job["mode"], job["options"])
 
         def infer():
-            with torch.no_grad():
+            with torch.no_grad(), amp():
                 return compiled(*case.inputs)
         return infer
 
@@ -161,7 +182,8 @@ def make_callable(job: dict, compiler: str, case, opt=None):
 
     def step():
         opt.zero_grad(True)
-        loss = case.loss(model(*case.inputs), case.target)
+        with amp():
+            loss = case.loss(model(*case.inputs), case.target)
         loss.backward()
         opt.step()
         return loss.detach()
@@ -184,7 +206,7 @@ def run_worker(job: dict) -> dict:
     device, compiler = job["device"], job["compiler"]
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    case = BENCHMARKS[job["model"]].make(device, job["quick"], getattr(torch, job["dtype"]))
+    case = BENCHMARKS[job["model"]].make(device, job["quick"], model_dtype(job))
     opt = make_optimizer(job, case)
     _sync(device)
     t0 = time.perf_counter()
@@ -247,7 +269,7 @@ def time_in_turns(job: dict, compilers: list[str], caches: dict[str, dict] | Non
     benchmark = BENCHMARKS[job["model"]]
     fns, failed = {}, {}
     for compiler in compilers:
-        case = benchmark.make(job["device"], job["quick"], getattr(torch, job["dtype"]))
+        case = benchmark.make(job["device"], job["quick"], model_dtype(job))
         cache_dir = (caches or {}).get(compiler, {}).get("TORCHWELD_CACHE_DIR") or torchweld.config.cache_dir
         try:
             with torchweld.config.patch(cache_dir=cache_dir):
@@ -355,7 +377,8 @@ def parse_args(argv=None):
                         help="then time the first call again in a second fresh process, the caches filled")
     parser.add_argument("--repeat", type=int, default=5, help="timed rounds (the median is reported)")
     parser.add_argument("--min-time", type=float, default=2.0, help="seconds of timed calls per compiler, all rounds")
-    parser.add_argument("--dtype", choices=DTYPES, default="float32")
+    parser.add_argument("--dtype", choices=DTYPES, default="float32",
+                        help="the parameters' and inputs' dtype; amp_bfloat16/amp_float16: float32 under torch.autocast")
     parser.add_argument("--quick", action="store_true", help="smaller sizes (the row's label says which)")
     parser.add_argument("--timing", choices=("fresh", "turns"), default=None,
                         help="steady state in each compiler's fresh process (CUDA's default) or in this "

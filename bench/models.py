@@ -11,6 +11,8 @@ benchmarks that need them; `available()` says which can be built here.
 """
 from __future__ import annotations
 
+import functools
+
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -180,10 +182,10 @@ def _bert(device: str, quick: bool) -> Case:
                 (torch.randint(0, 30000, (b, s)),), torch.randn(b, s, 768))
 
 
-def _gpt2(device: str, quick: bool) -> Case:
+def _gpt2(device: str, quick: bool, b: int = 8, s: int = 256) -> Case:
     import transformers
 
-    b, s = 8, 64 if quick else 256
+    s = 64 if quick else s
     model = transformers.GPT2Model(transformers.GPT2Config(**({"n_layer": 2} if quick else {})))
     return Case(f"GPT-2 b{b} s{s}" + (" 2 layers" if quick else ""), LastHidden(model),
                 (torch.randint(0, 50000, (b, s)),), torch.randn(b, s, 768))
@@ -193,15 +195,21 @@ LLAMA_CONFIG = dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=
                     num_key_value_heads=4, vocab_size=32000, max_position_embeddings=2048)
 
 
-def _llama(device: str, quick: bool) -> Case:
+# TinyLlama-1.1B's shape: 22 layers of width 2048, 4 key/value heads for 32 query heads
+LLAMA_1B_CONFIG = dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,
+                       num_key_value_heads=4, vocab_size=32000, max_position_embeddings=2048)
+
+
+def _llama(device: str, quick: bool, config: dict = LLAMA_CONFIG, b: int = 8, s: int = 256,
+           name: str = "Llama-style decoder") -> Case:
     """A Llama-style decoder (RMSNorm, rotary positions, grouped-query attention, SwiGLU) from
-    transformers' LlamaConfig: 8 layers of width 1024, 4 key/value heads for 16 query heads."""
+    transformers' LlamaConfig: by default 8 layers of width 1024, 4 key/value heads for 16 query heads."""
     import transformers
 
-    b, s = (2, 64) if quick else (8, 256)
-    config = dict(LLAMA_CONFIG, **({"num_hidden_layers": 2} if quick else {}))
+    b, s = (2, 64) if quick else (b, s)
+    config = dict(config, **({"num_hidden_layers": 2} if quick else {}))
     model = transformers.LlamaModel(transformers.LlamaConfig(**config))
-    return Case(f"Llama-style decoder b{b} s{s}" + (" 2 layers" if quick else ""), LastHidden(model),
+    return Case(f"{name} b{b} s{s}" + (" 2 layers" if quick else ""), LastHidden(model),
                 (torch.randint(0, 32000, (b, s)),), torch.randn(b, s, config["hidden_size"]))
 
 
@@ -218,6 +226,11 @@ BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in [
     Benchmark("bert", _bert, needs="transformers", devices=("cuda",)),
     Benchmark("gpt2", _gpt2, needs="transformers", devices=("cuda",), aliases=("gpt-2",)),
     Benchmark("llama", _llama, needs="transformers", devices=("cuda",)),
+    # issue 49's bfloat16 rows (--dtype amp_bfloat16): only when named
+    Benchmark("resnet50_b64", _torchvision("resnet50", 64, 224, 8), needs="torchvision", devices=()),
+    Benchmark("gpt2_s1024", functools.partial(_gpt2, s=1024), needs="transformers", devices=()),
+    Benchmark("llama_1b", functools.partial(_llama, config=LLAMA_1B_CONFIG, b=4, s=1024, name="Llama 1.1B"),
+              needs="transformers", devices=()),
 ]}
 
 

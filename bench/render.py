@@ -153,6 +153,8 @@ def table(recs: list[dict]) -> list[str]:
 def section_title(key: tuple) -> str:
     place, phase, step, mode, dtype, _ = key
     what = phase + (f", {step} compiled" if step else "")
+    if dtype.startswith("amp_"):
+        dtype = f"float32 under {dtype[len('amp_'):]} autocast"
     return f"{place}, {what}, {mode} mode, {dtype}"
 
 
