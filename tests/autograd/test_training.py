@@ -226,6 +226,50 @@ def test_a_model_called_under_autocast_trains_like_eager():
         torch.testing.assert_close(q.grad, p.grad, atol=5e-3, rtol=5e-2)
 
 
+class _RotaryStyle(nn.Module):
+    """Llama's rotary embedding: a float32 matmul in a `torch.autocast(enabled=False)` region,
+    between autocast's bfloat16 linears."""
+
+    def __init__(self, d: int = 16):
+        super().__init__()
+        self.inp, self.out = nn.Linear(d, d), nn.Linear(d, d)
+        self.freqs = nn.Parameter(torch.randn(d, d))
+
+    def forward(self, x):
+        h = self.inp(x)
+        with torch.autocast("cpu", enabled=False):
+            angles = h.float() @ self.freqs.float()
+            h = h.float() * angles.cos() + angles.sin()
+        return self.out(h)
+
+
+@pytest.mark.parametrize("training", [False, True], ids=["inference", "training"])
+def test_float32_region_under_autocast_runs_its_traced_casts_only(training):
+    """The graph of a float32 region inside autocast holds a float32 matmul; run under the
+    user's autocast again, that extern call came back bfloat16, half the bytes the next kernel
+    read (a segfault in GPT-2's training step, where the CPU's attention math keeps float32).
+    Compiled graphs run with autocast off (runtime/autocast_off.py); every call equals eager."""
+    torch.manual_seed(0)
+    eager = _RotaryStyle()
+    model = copy.deepcopy(eager)
+    compiled = torchweld.compile(model, backend="weld")
+    for step in range(3):
+        x = torch.randn(4, 8, 16)
+        for m in (eager, compiled):
+            m.zero_grad()
+            with torch.set_grad_enabled(training), torch.autocast("cpu", dtype=torch.bfloat16):
+                out = m(x)
+            if training:
+                out.float().square().mean().backward()
+            if m is eager:
+                expected = out
+        assert out.dtype == expected.dtype == torch.bfloat16
+        torch.testing.assert_close(out, expected, atol=3e-2, rtol=2e-2)
+        if training:
+            for p, q in zip(eager.parameters(), model.parameters()):
+                torch.testing.assert_close(q.grad, p.grad, atol=3e-2, rtol=5e-2)
+
+
 def test_mixed_outputs_and_inputs():
     """Inputs without grad, outputs without grad, an output aliasing an input, a None gradient."""
     def fn(x, w, unused, frozen):

@@ -21,6 +21,7 @@ from torchweld.compiler.constant_folding import HoistedConstants, hoist_constant
 from torchweld.compiler.lowering import GraphLowering
 from torchweld.compiler.schedule import Kernel, Schedule, schedule
 from torchweld.disk_cache import content_hash, write_source
+from torchweld.runtime.autocast_off import autocast_off
 from torchweld.runtime.triton_launch import ensure_context_function
 
 log = logging.getLogger("torchweld.weld")
@@ -48,6 +49,10 @@ class CompiledGraph:
     _fn_profiled: Callable | None = dataclasses.field(default=None, repr=False)
 
     def __call__(self, *args):
+        with autocast_off():
+            return self._call(args)
+
+    def _call(self, args: tuple):
         self.refresh_constants()
         if self.make_profiled is not None and torch.autograd._profiler_enabled():
             return self._profiled(list(args))
@@ -56,11 +61,15 @@ class CompiledGraph:
     def call_boxed(self, args: list):
         """The outputs for the inputs in `args`, which it empties: with the schedule's
         frees_inputs, an input nothing else holds goes back at its last reader."""
+        with autocast_off():
+            return self._call_boxed(args)
+
+    def _call_boxed(self, args: list):
         if self.make_profiled is not None and torch.autograd._profiler_enabled():
             self.refresh_constants()
             return self._profiled(args)
         if self.fn_boxed is None:
-            outputs = self(*args)
+            outputs = self._call(tuple(args))
             args.clear()
             return outputs
         self.refresh_constants()
@@ -122,7 +131,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list, options: dict 
     triton = lambda device: uses_triton(device, options)  # noqa: E731
     lowering = GraphLowering(aten_gm, check=lambda buf: _check(buf, options), bias_in_kernel=triton,
                              split_reductions=lambda device: triton(device) and options.get("split_reductions", True))
-    with timing.phase("weld.lower"):
+    with timing.phase("weld.lower"), autocast_off():  # the trace wrote autocast's casts
         lowered = lowering.run(list(example_inputs), output_strides)
     for line in lowered.externs:
         log.debug("extern call: %s", line)
