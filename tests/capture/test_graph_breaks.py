@@ -536,3 +536,126 @@ def test_a_break_in_a_resume_function_at_a_jump_with_an_extended_argument():
     for scale in (1.0, 1000.0, -1000.0):
         x = torch.randn(3) * scale
         torch.testing.assert_close(compiled(x), _breaks_in_a_long_branch(x))
+
+
+# -- a break inside a `try`: the instruction natively, the rest compiled again -------------
+
+EVENTS: list = []
+
+
+def _opaque(x, fail=False):
+    """A call capture does not go into (a break), which raises when asked to."""
+    EVENTS.append("opaque")
+    if fail:
+        raise ValueError("asked to fail")
+    return x
+
+
+
+def _break_then_ops_in_try(x, fail):
+    y = x.sin()
+    try:
+        print(end="")  # a break inside the try
+        _opaque(y, fail)
+        z = y.cos() + 1
+        w = z * 2
+    except ValueError:
+        EVENTS.append("except")
+        w = y - 1
+    finally:
+        EVENTS.append("finally")
+    return w.exp()
+
+
+def _data_dependent_if_in_try(x):
+    y = x.sin()
+    try:
+        z = y.cos() + 1
+        if z.sum() > 3:  # a break at a jump inside the try: both ways continue compiled
+            z = z * 2
+        w = z.tanh()
+        if w.mean() > 10:
+            raise KeyError("never")
+    except KeyError:
+        w = y
+    finally:
+        EVENTS.append("finally")
+    return w.exp() + y
+
+
+def _raise_after_the_break(x, n):
+    try:
+        if x.sum() > 0:  # the break
+            x = x + 1
+        x = x * 2
+        if n > 1:  # a Python value: compiled code raises it after the break
+            raise IndexError(n)
+    except IndexError:
+        EVENTS.append("except")  # once, as eager: not again in the native resume's try
+        x = x - 100
+    return x
+
+
+def _reraise_after_the_break(x):
+    try:
+        if x.sum() > 0:
+            x = x + 1
+        raise RuntimeError("out")
+    except RuntimeError:
+        EVENTS.append("except")
+        raise
+    finally:
+        EVENTS.append("finally")
+
+
+@pytest.mark.parametrize("fn, calls, graphs", [
+    (_break_then_ops_in_try, [(torch.randn(3), False), (torch.randn(3), True), (torch.randn(3), False)], 2),
+    (_data_dependent_if_in_try, [(torch.randn(3),), (torch.randn(3) + 2,), (torch.randn(3) - 2,)], 2),
+    (_raise_after_the_break, [(torch.randn(3) + 2, 0), (torch.randn(3) - 2, 2), (torch.randn(3) + 2, 3)], 2),
+], ids=["call", "jump", "raise"])
+def test_a_break_inside_a_try_continues_compiled(fn, calls, graphs):
+    """The breaking instruction runs natively inside the user's `try`, then the rest of the
+    frame is compiled again (a resume function re-entering the `try`), called from outside the
+    native `try`: handlers and `finally` run once each, as in eager; torch.compile 2.13 runs
+    such a frame eagerly, whole."""
+    backend = CountingBackend()
+    compiled = torchweld.compile(fn, backend=backend)
+    for args in calls:
+        EVENTS.clear()
+        expected = fn(*args)
+        eager_events = list(EVENTS)
+        EVENTS.clear()
+        assert_same(compiled(*args), expected)
+        assert EVENTS == eager_events
+    # the code after the break is in graphs, not run by Python
+    assert len(backend.graphs) >= graphs and all(backend.op_counts[1:]), backend.op_counts
+
+
+def test_an_exception_reraised_after_a_break_in_a_try_leaves_once():
+    compiled = torchweld.compile(_reraise_after_the_break, backend=CountingBackend())
+    for sign in (1, -1, 1):
+        x = torch.randn(3) + 2 * sign
+        results = []
+        for f in (_reraise_after_the_break, compiled):
+            EVENTS.clear()
+            with pytest.raises(RuntimeError, match="out"):
+                f(x.clone())
+            results.append(list(EVENTS))
+        assert results[0] == results[1] == ["except", "finally"]
+
+
+def _break_in_try_in_a_loop(x):
+    for i in range(3):  # the loop's iterator is on the stack: the rest of the frame runs natively
+        try:
+            if (x + i).sum() > 0:
+                x = x + 1
+            x = x * 2
+        except ValueError:
+            x = x - 1
+    return x
+
+
+def test_a_break_inside_a_try_inside_a_loop():
+    compiled = torchweld.compile(_break_in_try_in_a_loop, backend=CountingBackend())
+    for x in (torch.randn(3), torch.randn(3) + 3, torch.randn(3) - 3):
+        assert_same(compiled(x), _break_in_try_in_a_loop(x))

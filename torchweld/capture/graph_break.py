@@ -22,7 +22,9 @@ from torchweld.capture.handlers.calls import callable_and_args
 from torchweld.capture.handlers.ops import compare_makes_bool
 from torchweld.capture.objects import NNModuleValue, _has_hooks, guard_plain_call, is_standard_module
 from torchweld.capture.reconstruct import Reconstructor
-from torchweld.capture.resume import ITERATOR, NULL_SLOT, VALUE, live_locals_at, make_resume_code
+from torchweld.capture.resume import (
+    ITERATOR, NULL_SLOT, VALUE, Continuation, Handoff, live_locals_at, make_resume_code,
+)
 from torchweld.capture.sources import LocalSource
 from torchweld.capture.values import CellValue, IteratorValue, NullValue, Value
 from torchweld.errors import Unsupported
@@ -37,6 +39,9 @@ _JUMPS_ON_TRUTH = {
     "POP_JUMP_BACKWARD_IF_TRUE": True, "POP_JUMP_BACKWARD_IF_FALSE": False,
 }
 _JUMPS_KEEPING_VALUE = {"JUMP_IF_TRUE_OR_POP": True, "JUMP_IF_FALSE_OR_POP": False}
+# how many values a breaking instruction leaves on the stack, where a resume can take them
+_PUSHES = {"CALL": 1, "CALL_KW": 1, "CALL_FUNCTION_EX": 1, "BINARY_OP": 1, "COMPARE_OP": 1, "BINARY_SUBSCR": 1,
+           "UNARY_NOT": 1, "TO_BOOL": 1, "STORE_ATTR": 0, "STORE_SUBSCR": 0, "STORE_GLOBAL": 0}
 _STATEMENTS = {"CALL", "CALL_KW", "CALL_FUNCTION_EX", "STORE_ATTR", "STORE_SUBSCR", "STORE_GLOBAL", "BINARY_OP",
                "COMPARE_OP", "BINARY_SUBSCR", "UNARY_NOT", "TO_BOOL", "LOAD_ATTR", "LOAD_METHOD", "RAISE_VARARGS"}
 BREAKABLE = set(_JUMPS_ON_TRUTH) | set(_JUMPS_KEEPING_VALUE) | _STATEMENTS
@@ -103,14 +108,40 @@ class BreakCodegen:
 
     def _native_rest(self) -> list[str]:
         """Inside a `try`, an exception of the breaking instruction must reach the user's
-        handler: the resume function starts at the instruction itself and runs natively
-        (not captured). Callees on the stack go through their compiled wrappers."""
+        handler: the resume function starts at the instruction itself, natively (not
+        captured), and hands over to a compiled resume function right after it (see
+        `_handoff`). Callees on the stack go through their compiled wrappers."""
         tx, index = self.tx, self.tx.ip
         while index > 0 and tx.instructions[index - 1].opname in ("PRECALL", "KW_NAMES"):
             index -= 1  # CALL needs the KW_NAMES (and PRECALL) before it
         stack = [self._compiled_callee(v) for v in tx.stack]
         slots = self._slots(stack)
-        return self.lines + [f"return {self._resume_call(index, slots, self._locals(), compiled=False)}"]
+        locals_now = self._locals()
+        handoff = self._handoff(slots, locals_now)
+        call = self._resume_call(index, slots, locals_now, compiled=False, handoff=handoff)
+        return self.lines + [f"return {call}"]
+
+    def _handoff(self, slots: list[tuple[str, str | None]], locals_now: dict[str, str]) -> Handoff | None:
+        """After the breaking instruction, the rest of the frame in a compiled resume function
+        (re-entering the `try` there), called from outside the native one's `try`s; None (the
+        rest runs natively) where the stack below the instruction's inputs holds more than
+        plain values (a NULL of a call in progress, a `for` loop's iterator), or the
+        instruction pushes what a resume cannot take (a method and its NULL)."""
+        inst, tx = self.inst, self.tx
+        below = slots[: len(slots) - self._input_count()]
+        if any(kind != VALUE for kind, _ in below):
+            return None
+        names = tuple(locals_now)
+        if inst.opname in _JUMPS_ON_TRUTH and "BACKWARD" not in inst.opname:
+            return Handoff(tx.ip, self._continuation(tx.ip + 1, len(below), names),
+                           self._continuation(tx.index_of_offset[inst.argval], len(below), names))
+        pushed = _PUSHES.get(inst.opname)
+        if pushed is None:
+            return None
+        return Handoff(tx.ip, self._continuation(tx.ip + 1, len(below) + pushed, names))
+
+    def _continuation(self, index: int, stack: int, names: tuple[str, ...]) -> Continuation:
+        return Continuation(self._resume_function(index, (VALUE,) * stack, names, compiled=True), stack, names)
 
     def _compiled_callee(self, value: Value) -> Value:
         """A callable on the stack as Python source: user functions and modules as their
@@ -167,7 +198,16 @@ class BreakCodegen:
         return exprs
 
     def _resume_call(self, index: int, stack: list[tuple[str, str | None]], locals_now: dict[str, str],
-                     compiled: bool = True) -> str:
+                     compiled: bool = True, handoff: Handoff | None = None) -> str:
+        names = tuple(locals_now)
+        wrapper = self._resume_function(index, tuple(kind for kind, _ in stack), names, compiled, handoff)
+        args = [expr for kind, expr in stack if kind != NULL_SLOT] + [locals_now[n] for n in names]
+        return f"{self.rebuild.const(wrapper)}({', '.join(args)})"
+
+    def _resume_function(self, index: int, layout: tuple[str, ...], names: tuple[str, ...], compiled: bool,
+                         handoff: Handoff | None = None):
+        """The function resuming the frame at instruction `index` with that stack and those locals:
+        compiled (its own CompiledFunction), or native (a plain function)."""
         from torchweld.capture.compiled_function import CompiledFunction
 
         for _ in range(4):  # resume at the target of an unconditional jump: one resume point per place
@@ -175,16 +215,13 @@ class BreakCodegen:
             if inst.opname not in ("JUMP_FORWARD", "JUMP_BACKWARD", "JUMP_BACKWARD_NO_INTERRUPT"):
                 break
             index = self.tx.index_of_offset[inst.argval]
-        layout = tuple(kind for kind, _ in stack)
-        names = tuple(locals_now)
-        code = make_resume_code(self.tx.code, index, layout, names)
+        code = make_resume_code(self.tx.code, index, layout, names, handoff)
+
         def make():
             function = types.FunctionType(code, self.fn.__globals__, code.co_name, None, self.fn.__closure__)
             return CompiledFunction(function, self.settings) if compiled else function
 
-        wrapper = self.settings.wrapper(("resume", code, compiled), make)
-        args = [expr for kind, expr in stack if kind != NULL_SLOT] + [locals_now[n] for n in names]
-        return f"{self.rebuild.const(wrapper)}({', '.join(args)})"
+        return self.settings.wrapper(("resume", code, compiled), make)
 
     # -- the instruction, natively ------------------------------------------------------
     def _input_count(self) -> int:

@@ -9,9 +9,11 @@ a short prologue puts the stack back and jumps into a copy of the original code.
 """
 from __future__ import annotations
 
+import dataclasses
 import dis
 import functools
 import inspect
+import sys
 import types
 import weakref
 
@@ -35,9 +37,29 @@ def instruction_index_in_bytecode(code: types.CodeType, dis_index: int) -> int:
 _ORIGINS: "weakref.WeakKeyDictionary[types.CodeType, tuple[types.CodeType, dict[int, int]]]" = weakref.WeakKeyDictionary()
 
 
+@dataclasses.dataclass(frozen=True)
+class Continuation:
+    """Where a resume function that runs one instruction natively hands over: it calls `fn` with
+    the `stack` values on the stack there and the locals in `names`, and returns its result."""
+    fn: object
+    stack: int
+    names: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Handoff:
+    """After the `at`-th instruction (dis index), the resume function calls `fallthrough`; where
+    that instruction is a jump, `jumped` where it jumps. The call sits outside every `try`: an
+    exception the continuation lets out is not caught a second time."""
+    at: int
+    fallthrough: Continuation
+    jumped: Continuation | None = None
+
+
 def make_resume_code(code: types.CodeType, dis_index: int, stack_layout: tuple[str, ...],
-                     live_locals: tuple[str, ...]) -> types.CodeType:
-    """A code object that resumes `code` at its `dis_index`-th instruction."""
+                     live_locals: tuple[str, ...], handoff: Handoff | None = None) -> types.CodeType:
+    """A code object that resumes `code` at its `dis_index`-th instruction (and with `handoff`,
+    hands over after one instruction)."""
     if code in _ORIGINS:
         original, index_map = _ORIGINS[code]
         instructions = list(dis.get_instructions(code))
@@ -45,7 +67,9 @@ def make_resume_code(code: types.CodeType, dis_index: int, stack_layout: tuple[s
             dis_index += 1
         code, dis_index = original, index_map[dis_index]
         live_locals = tuple(_original_name(name) for name in live_locals)
-    return _make_resume_code(code, dis_index, stack_layout, live_locals)
+        if handoff is not None:
+            handoff = dataclasses.replace(handoff, at=index_map[handoff.at])
+    return _make_resume_code(code, dis_index, stack_layout, live_locals, handoff)
 
 
 def forget() -> None:
@@ -55,9 +79,11 @@ def forget() -> None:
 
 @functools.lru_cache(maxsize=256)
 def _make_resume_code(code: types.CodeType, dis_index: int, stack_layout: tuple[str, ...],
-                      live_locals: tuple[str, ...]) -> types.CodeType:
+                      live_locals: tuple[str, ...], handoff: Handoff | None = None) -> types.CodeType:
     original = Bytecode.from_code(code)
     target_position = instruction_index_in_bytecode(code, dis_index)
+    handoff_position = instruction_index_in_bytecode(code, handoff.at) if handoff is not None else None
+    stubs: list = []
     target = Label()
     body: list = []
     offsets = [inst.offset for inst in dis.get_instructions(code) if inst.opname != "EXTENDED_ARG"]
@@ -72,10 +98,15 @@ def _make_resume_code(code: types.CodeType, dis_index: int, stack_layout: tuple[
             unplaced.clear()
             if seen == target_position:
                 body.append(target)
+            if seen == handoff_position:
+                _hand_over(item, handoff, body, stubs, code.co_cellvars, live_locals)
+                seen += 1
+                continue
             seen += 1
             if item.name in ("RESUME", "MAKE_CELL", "COPY_FREE_VARS"):
                 item = Instr("NOP", location=item.location)
         body.append(item)
+    body += stubs  # after every TryEnd: outside the `try`s
     _keep_handler_depths(code, body, label_offsets)
     if target not in body:  # resuming at the very end cannot happen: the last instruction returns
         raise ValueError(f"no instruction {dis_index} in {code.co_name}")
@@ -123,6 +154,42 @@ def _make_resume_code(code: types.CodeType, dis_index: int, stack_layout: tuple[
     body_start = len(prologue)
     _ORIGINS[new_code] = (code, {real[body_start + k]: originals[k] for k in range(len(originals))})
     return new_code
+
+
+def _hand_over(inst: Instr, handoff: Handoff, body: list, stubs: list, cellvars: tuple[str, ...],
+               parameters: tuple[str, ...]) -> None:
+    """Append `inst` to `body`, then a jump to a stub (appended to `stubs`) that calls the
+    fall-through continuation; a jump instruction jumps to a stub of `handoff.jumped` instead."""
+    if handoff.jumped is not None:
+        inst = inst.copy()
+        inst.arg = _stub(handoff.jumped, stubs, cellvars, parameters, inst.location)
+    body.append(inst)
+    body.append(Instr("JUMP_FORWARD", _stub(handoff.fallthrough, stubs, cellvars, parameters, inst.location),
+                      location=inst.location))
+
+
+def _stub(go: Continuation, stubs: list, cellvars: tuple[str, ...], parameters: tuple[str, ...], location) -> Label:
+    """Code that calls `go.fn(*stack, *locals)` and returns what it returns; its label."""
+    label = Label()
+    held = [f"___handoff{i}" for i in range(go.stack)]
+    code: list = [label] + [Instr("STORE_FAST", name) for name in reversed(held)]
+    if sys.version_info >= (3, 13):
+        code += [Instr("LOAD_CONST", go.fn), Instr("PUSH_NULL")]
+    else:
+        code += [Instr("PUSH_NULL"), Instr("LOAD_CONST", go.fn)]
+    code += [Instr("LOAD_FAST", name) for name in held]
+    for name in go.names:
+        code.append(Instr("LOAD_DEREF", CellVar(name)) if name in cellvars
+                    else Instr("LOAD_FAST", _parameter_name(name) if name in parameters else name))
+    n = len(held) + len(go.names)
+    if sys.version_info < (3, 12):
+        code.append(Instr("PRECALL", n))
+    code += [Instr("CALL", n), Instr("RETURN_VALUE")]
+    for inst in code:
+        if isinstance(inst, Instr):
+            inst.location = location
+    stubs += code
+    return label
 
 
 def _parameter_name(name: str) -> str:
