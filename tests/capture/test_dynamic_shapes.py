@@ -69,6 +69,18 @@ def concatenation(x, y):
     return torch.cat([x, y, x * 2], dim=0).relu(), torch.stack([x, y]).sum(0)
 
 
+def shape_tuples(x):  # GPT-2's `(-1,) + input_shape[1:] + (hidden.size(-1),)`; a list spelling too
+    out_shape = (-1,) + x.shape[1:-1] + (x.size(-1),)
+    return x.view(out_shape) * 2, x.view([-1] + [x.size(-1)]).sum(0)
+
+
+POSITIONS = torch.arange(64).view(1, -1)
+
+
+def integer_buffer_sliced(x):  # BERT's `self.position_ids[:, 0 : seq_length + 0]`: an int64 tensor
+    return x + POSITIONS[:, 0 : x.shape[1] + 0].unsqueeze(-1)
+
+
 def Block():  # noqa: N802 - the models' transformer block, causal, small
     return models.Block(d=16, heads=2, causal=True)
 
@@ -100,12 +112,16 @@ def _calls(name):
         return concatenation, [(torch.randn(n, 4), torch.randn(n, 4)) for n in SIZES]
     if name == "transformer":
         return Block().eval(), [(torch.randn(2, n, 16),) for n in SIZES]
+    if name == "shape tuples":
+        return shape_tuples, [(torch.randn(2, n, 4),) for n in SIZES]
+    if name == "int slice":
+        return integer_buffer_sliced, [(torch.randn(2, n, 3),) for n in SIZES]
     if name == "cnn":
         return SmallCNN().eval(), [(torch.randn(n, 3, 12, 12),) for n in SIZES]
     raise KeyError(name)
 
 
-PROGRAMS = ["views", "arange", "slicing", "reductions", "cat", "transformer", "cnn"]
+PROGRAMS = ["views", "arange", "slicing", "reductions", "cat", "transformer", "shape tuples", "int slice", "cnn"]
 
 
 @pytest.mark.parametrize("name", PROGRAMS)

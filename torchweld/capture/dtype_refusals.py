@@ -44,7 +44,7 @@ def needs_checking(target: object, operands: list) -> bool:
 def refusal(target: object, run, args: list, kwargs: dict) -> str | None:
     """Eager's error message where its kernel refuses the operands' dtypes, else None."""
     leaves, spec = pytree.tree_flatten((args, kwargs))
-    leaves = [hint(x) for x in leaves]  # symbolic sizes as their values now: no guard is added for a probe
+    leaves = [_hinted(x) for x in leaves]  # symbolic sizes as their values now: no guard is added for a probe
     key = _key(target, leaves)
     if key is not None and key in _REFUSES:
         return _REFUSES[key]
@@ -54,6 +54,13 @@ def refusal(target: object, run, args: list, kwargs: dict) -> str | None:
             _REFUSES.clear()
         _REFUSES[key] = answer
     return answer
+
+
+def _hinted(x: object) -> object:
+    """`x` with its symbolic sizes as their values now, also inside a slice (pytree's leaf)."""
+    if isinstance(x, slice):
+        return slice(hint(x.start), hint(x.stop), hint(x.step))
+    return hint(x)
 
 
 def _probe(run, leaves: list, spec) -> str | None:

@@ -56,6 +56,12 @@ def binary(tx: "Translator", fn: Callable, a: Value, b: Value) -> Value:
 
 
 def _sequence_binary(tx, fn, plain, a: Value, b: Value) -> Value:
+    if plain is operator.add and isinstance(b, SequenceValue) and not isinstance(a, SequenceValue) and a.is_constant():
+        left = a.as_constant()  # `(-1,) + x.shape[1:]` with a symbolic size on the right
+        if isinstance(left, tuple) and issubclass(b.python_type(), tuple):
+            return TupleValue(a.items(tx) + b.items(tx))
+        if type(left) is list and issubclass(b.python_type(), list):
+            return ListValue(a.items(tx) + b.items(tx))
     if plain is operator.add and isinstance(a, SequenceValue):
         right = b.items(tx)
         if fn is operator.iadd and isinstance(a, ListValue):

@@ -357,6 +357,9 @@ class SequenceValue(Value):
     def as_constant(self) -> object:
         return self.container_type(v.as_constant() for v in self.elements)
 
+    def is_constant(self) -> bool:  # without as_constant's int() of a symbolic size, which specializes it
+        return all(v.is_constant() for v in self.elements)
+
     def items(self, tx: "Translator") -> list[Value]:
         return list(self.elements)
 
@@ -429,6 +432,9 @@ class DictValue(Value):
 
     def as_constant(self) -> object:
         return {k: v.as_constant() for k, v in self.entries.items()}
+
+    def is_constant(self) -> bool:
+        return all(v.is_constant() for v in self.entries.values())
 
     def truth(self, tx: "Translator") -> bool:
         return bool(self.entries)
