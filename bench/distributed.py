@@ -1,0 +1,416 @@
+"""Distributed training, eager against torch.compile and torchweld side by side (issue 47): DDP of
+resnet50 and GPT-2, FSDP2 of a ~1B Llama-style decoder; each row is appended as a record to
+bench/records/distributed.jsonl (bench/records.py; its "row" names model, label, parallel,
+world_size, device, dtype).
+
+    python bench/distributed.py --device cuda --nproc 2 --only ddp_resnet50,ddp_gpt2,fsdp_llama --scaling
+    python bench/distributed.py --device cpu --nproc 2 --quick --only ddp_gpt2,fsdp_llama --compilers eager,torchweld
+
+Rows, sizes per rank (--quick: tiny models for the CPU and gloo, resnet18 for resnet50; the label says):
+- ddp_resnet50: torchvision resnet50, batch 32 224x224, cross-entropy, SGD with momentum.
+- ddp_gpt2: transformers' GPT2LMHeadModel (124M, sdpa attention, dropout 0 so that losses compare),
+  batch 8 sequence 512, next-token cross-entropy from the logits, AdamW.
+- fsdp_llama: LlamaForCausalLM of 0.98B parameters (width 2048, MLP 5632, 18 layers, 16 heads, 8
+  key/value heads), `fully_shard` of each decoder layer then of the root, bfloat16 parameters and
+  float32 gradient reduction (MixedPrecisionPolicy), batch 4 sequence 1024, AdamW.
+DDP rows run `torch.compile(DDP(model))` / `torchweld.compile(DDP(model))` (DDP without device_ids:
+the model is on its rank's GPU; the loss outside, eager). FSDP2 compiles each decoder layer, then
+shards it (`layers[i] = torch.compile(layer)`: torch.compile's recipe; torchweld's the same).
+
+Each compiler runs in fresh processes, one a rank (NCCL on CUDA, with NCCL_NVLS_ENABLE=0; gloo on
+the CPU), whose torchweld, Triton and Inductor caches start empty. Measured, per row and compiler:
+- `cold_s`: the first training step (forward, loss, backward, optimizer step; compiles included),
+  the largest over the ranks (`cold_s_ranks` each); `cold_vs_torch`: torchweld's over torch.compile's.
+- `steps_per_s`: after --warmup more steps, --steps steps (or as many as fill --min-time seconds),
+  devices synchronized and ranks at a barrier at both ends; the lowest over the ranks.
+  `samples_per_s`: that times the batch times the ranks; `speedup`: over eager's steps/s.
+- `peak_mib` (CUDA): torch.cuda.max_memory_allocated on rank 0, all steps.
+- `losses`: rank 0's losses of the first three steps (the same weights, and the same seeded data
+  on a rank, for every compiler); `max_diff`: their largest difference from eager's.
+- with --scaling, `one_rank`: the same figures on one rank, and `scaling`: samples/s on --nproc
+  ranks over samples/s on one.
+A rank that fails, or a run past --timeout, ends that compiler's run (its ranks killed), not the
+row: {"error", "traceback"} in its place. On the GPU machine, one row a command fits its 10
+minutes: `--only fsdp_llama --scaling --timeout 300 --records-dir $OUT`.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from bench.harness import COMPILERS, empty_caches  # noqa: E402  (also sets OMP_WAIT_POLICY=PASSIVE)
+
+SUITE = "distributed"
+NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+LLAMA_1B = dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=18, num_attention_heads=16,
+                num_key_value_heads=8, vocab_size=32000, max_position_embeddings=2048)
+LLAMA_TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, vocab_size=1024, max_position_embeddings=128)
+
+
+# =============================================================================
+# The rows: model, data, loss, optimizer (built in each rank)
+# =============================================================================
+
+
+class LMLogits(nn.Module):
+    """A transformers language model returning the logits its output dataclass holds."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids):
+        return self.model(input_ids=ids, use_cache=False).logits
+
+
+def lm_loss(logits, ids):
+    """Next-token cross-entropy, in float32."""
+    return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), ids[:, 1:].flatten())
+
+
+def resnet(quick: bool) -> dict:
+    import torchvision
+
+    arch, b, size = ("resnet18", 2, 64) if quick else ("resnet50", 32, 224)
+    return dict(label=f"DDP {arch} b{b} {size}x{size}", model=getattr(torchvision.models, arch)(), batch=b,
+                dtype="float32", data=lambda g: (torch.randn(b, 3, size, size, generator=g),
+                                                 torch.randint(0, 1000, (b,), generator=g)),
+                loss=lambda model, x, y: F.cross_entropy(model(x), y),
+                optimizer=lambda params: torch.optim.SGD(params, lr=0.01, momentum=0.9))
+
+
+def gpt2(quick: bool) -> dict:
+    import transformers
+
+    b, s = (2, 32) if quick else (8, 512)
+    tiny = dict(n_layer=2, n_embd=64, n_head=2, vocab_size=1024, n_positions=128, bos_token_id=0, eos_token_id=0)
+    config = transformers.GPT2Config(**(tiny if quick else {}), resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                                     attn_implementation="sdpa")
+    return dict(label=f"DDP GPT-2 {'2 layers d64' if quick else '124M'} b{b} s{s}",
+                model=LMLogits(transformers.GPT2LMHeadModel(config)), batch=b, dtype="float32",
+                data=lambda g: (torch.randint(0, config.vocab_size, (b, s), generator=g),),
+                loss=lambda model, ids: lm_loss(model(ids), ids),
+                optimizer=lambda params: torch.optim.AdamW(params, lr=1e-4))
+
+
+def llama(quick: bool) -> dict:
+    import transformers
+
+    b, s = (2, 32) if quick else (4, 1024)
+    config = transformers.LlamaConfig(**(LLAMA_TINY if quick else LLAMA_1B), attn_implementation="sdpa")
+    model = LMLogits(transformers.LlamaForCausalLM(config))
+    n = sum(p.numel() for p in model.parameters())
+    size = f"{n / 1e6:.1f}M" if n < 1e8 else f"{n / 1e9:.2f}B"
+    return dict(label=f"FSDP2 Llama {size} {config.num_hidden_layers} layers bf16 b{b} s{s}", model=model,
+                batch=b, dtype="bfloat16", data=lambda g: (torch.randint(0, config.vocab_size, (b, s), generator=g),),
+                loss=lambda model, ids: lm_loss(model(ids), ids),
+                optimizer=lambda params: torch.optim.AdamW(params, lr=1e-4))
+
+
+# name: (the module it needs, the builder: quick -> {label, model, batch, dtype, data(generator) -> inputs,
+# loss(model, *inputs), optimizer(params)}); torch.manual_seed(0) first gives every rank the same weights
+ROWS = {"ddp_resnet50": ("torchvision", resnet), "ddp_gpt2": ("transformers", gpt2),
+        "fsdp_llama": ("transformers", llama)}
+
+
+def wrap(name: str, compiler: str, model):
+    """`model` under DDP or FSDP2 with `compiler` applied as its row says; what the step calls."""
+    compile_ = {"torch": torch.compile, "eager": None}.get(compiler)
+    if compiler == "torchweld":
+        import torchweld
+
+        compile_ = torchweld.compile
+    if name.startswith("ddp_"):
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        return compile_(DDP(model)) if compile_ else DDP(model)
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    layers = model.model.model.layers
+    for i, layer in enumerate(layers):
+        layers[i] = compile_(layer) if compile_ else layer
+        fully_shard(layers[i], mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
+    return model
+
+
+# =============================================================================
+# One rank: what each spawned process runs
+# =============================================================================
+
+
+def run_rank(job: dict) -> dict:
+    import torch.distributed as dist
+
+    rank = int(os.environ["RANK"])
+    cuda = job["device"] == "cuda"
+    if cuda:
+        torch.cuda.set_device(rank)
+        device = torch.device("cuda", rank)
+        dist.init_process_group("nccl", device_id=device)
+        torch.cuda.reset_peak_memory_stats()
+    else:
+        device = torch.device("cpu")
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+        dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    with device:  # built there: a 1B model's initialization on the CPU takes long
+        row = ROWS[job["row"]][1](job["quick"])
+    model = wrap(job["row"], job["compiler"], row["model"])  # compile() is lazy: the first step compiles
+    opt = row["optimizer"](model.parameters())
+    inputs = tuple(t.to(device) for t in row["data"](torch.Generator().manual_seed(1000 + rank)))
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss = row["loss"](model, *inputs)
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    def synced():
+        if cuda:
+            torch.cuda.synchronize()
+        dist.barrier()
+        return time.perf_counter()
+
+    t0 = synced()
+    losses = [float(step())]  # float() waits for the device
+    cold_s = time.perf_counter() - t0
+    for _ in range(max(2, job["warmup"])):  # losses of the first three steps
+        loss = step()
+        if len(losses) < 3:
+            losses.append(float(loss))
+    steps = job["steps"]
+    if not steps:  # as many as fill min_time, by rank 0's count: every rank must take as many steps
+        t0 = synced()
+        step(), step()
+        per_step = (synced() - t0) / 2
+        count = torch.tensor([max(3, math.ceil(job["min_time"] / max(per_step, 1e-6)))], device=device)
+        dist.broadcast(count, 0)
+        steps = int(count.item())
+    t0 = synced()
+    for _ in range(steps):
+        step()
+    seconds = synced() - t0
+    result = {"rank": rank, "label": row["label"], "batch": row["batch"], "dtype": row["dtype"], "cold_s": cold_s,
+              "steps": steps, "steps_per_s": steps / seconds, "losses": losses}
+    if cuda:
+        result["peak_mib"] = torch.cuda.max_memory_allocated() / 2 ** 20
+    return result
+
+
+def rank_main(job: dict) -> None:
+    """run_rank's figures on stdout (a line "RESULT {...}"), or why it failed ("ERROR ..."), the
+    traceback on stderr. Then exit at once: no destroy_process_group, which can wait on ranks
+    stuck in a collective."""
+    code = 0
+    try:
+        print("RESULT " + json.dumps(run_rank(job)))
+    except BaseException as e:  # noqa: BLE001
+        traceback.print_exc()
+        print("ERROR " + json.dumps({"error": f"{type(e).__name__}: {e}"[:600], "time": time.time()}))
+        code = 1
+    sys.stdout.flush(), sys.stderr.flush()
+    os._exit(code)
+
+
+# =============================================================================
+# A compiler on N ranks, a row, the table
+# =============================================================================
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(job: dict, world: int, caches: dict, timeout: float, logs: str) -> dict:
+    """`job` on `world` fresh rank processes; their figures combined, or {"error": ...}. The
+    first rank to fail, or the timeout, kills the others."""
+    port, procs = free_port(), []
+    for rank in range(world):
+        env = {**os.environ, **caches, **NO_MULTICAST, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+               "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world)}
+        env.pop("TORCHWELD_BENCH_RECORDS", None)
+        if job["device"] == "cpu":
+            env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // world))
+        out = open(os.path.join(logs, f"rank{rank}.out"), "w")
+        err = open(os.path.join(logs, f"rank{rank}.err"), "w")
+        procs.append(subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--rank-job", json.dumps(job)],
+                                      stdout=out, stderr=err, env=env, cwd=ROOT, start_new_session=True))
+        out.close(), err.close()
+    deadline, problem, first_failed = time.monotonic() + timeout, None, None
+    try:
+        while problem is None and any(p.poll() is None for p in procs):
+            failed = [r for r, p in enumerate(procs) if p.poll() not in (None, 0)]
+            if failed:  # a crash without an ERROR line (a signal) says this
+                first_failed = failed[0]
+                problem = f"exited with {procs[first_failed].returncode}"
+            elif time.monotonic() > deadline:
+                problem = f"no result in {timeout:.0f} s (--timeout)"
+            time.sleep(0.1)
+    finally:  # each rank leads a process group of its own: its compile workers go with it
+        for p in procs:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            p.wait()
+    results, errors = [], {}
+    for rank in range(world):
+        lines = Path(logs, f"rank{rank}.out").read_text().splitlines()
+        got = [ln.split(" ", 1) for ln in lines if ln.startswith(("RESULT ", "ERROR "))]
+        if got and got[-1][0] == "RESULT":
+            results.append(json.loads(got[-1][1]))
+        elif got:
+            errors[rank] = json.loads(got[-1][1])
+    if len(results) < world:  # the rank that failed first (the others may fail for want of it)
+        rank = min(errors, key=lambda r: errors[r]["time"]) if errors else first_failed or 0
+        why = errors[rank]["error"] if errors else problem
+        tail = Path(logs, f"rank{rank}.err").read_text().strip().splitlines()[-25:]
+        return {"error": f"rank {rank}: {why}", "traceback": "\n".join(tail)[-3000:]}
+    first = results[0]
+    figures = {"label": first["label"], "dtype": first["dtype"], "cold_s": max(r["cold_s"] for r in results),
+               "cold_s_ranks": [r["cold_s"] for r in results], "steps": first["steps"],
+               "steps_per_s": min(r["steps_per_s"] for r in results), "losses": first["losses"]}
+    figures["samples_per_s"] = figures["steps_per_s"] * first["batch"] * world
+    if "peak_mib" in first:
+        figures["peak_mib"] = first["peak_mib"]
+    return figures
+
+
+def run_row(name: str, args) -> tuple[dict, str | None, str | None]:
+    """{compiler: figures} of one row, with the ratios; and the row's label and dtype."""
+    figures = {}
+    with tempfile.TemporaryDirectory(prefix="torchweld-distributed-") as tmp:
+        for compiler in args.compilers:
+            job = {"row": name, "compiler": compiler, "device": args.device, "quick": args.quick,
+                   "warmup": args.warmup, "steps": args.steps, "min_time": args.min_time}
+            worlds = [args.nproc] + ([1] if args.scaling and args.nproc > 1 else [])
+            for world in worlds:
+                logs = os.path.join(tmp, f"{compiler}-{world}")
+                os.makedirs(logs)
+                got = launch(job, world, empty_caches(tmp, f"{compiler}-{world}"), args.timeout, logs)
+                if world == args.nproc:
+                    figures[compiler] = got
+                else:
+                    got.pop("label", None), got.pop("dtype", None)
+                    figures[compiler]["one_rank"] = got
+                    if "error" not in got and "error" not in figures[compiler]:
+                        figures[compiler]["scaling"] = figures[compiler]["samples_per_s"] / got["samples_per_s"]
+                print(f"  {compiler:10s} {world} rank{'s' * (world > 1)}: {_summary(got)}", flush=True)
+    label = next((f["label"] for f in figures.values() if "label" in f), None)
+    dtype = next((f["dtype"] for f in figures.values() if "dtype" in f), None)
+    for f in figures.values():
+        f.pop("label", None), f.pop("dtype", None)
+    eager, torch_ = figures.get("eager", {}), figures.get("torch", {})
+    for compiler, f in figures.items():
+        if f.get("steps_per_s") and eager.get("steps_per_s"):
+            f["speedup"] = f["steps_per_s"] / eager["steps_per_s"]
+        if f.get("losses") and eager.get("losses"):
+            f["max_diff"] = max(abs(a - b) for a, b in zip(f["losses"], eager["losses"]))
+        if compiler == "torchweld" and f.get("cold_s") and torch_.get("cold_s"):
+            f["cold_vs_torch"] = f["cold_s"] / torch_["cold_s"]
+    return figures, label, dtype
+
+
+def _summary(f: dict) -> str:
+    if "error" in f:
+        return "failed: " + f["error"][:300] + "\n    " + "\n    ".join(f["traceback"].splitlines()[-8:])
+    return ", ".join(f"{k} {f[k]:.3f}" for k in ("cold_s", "steps_per_s", "samples_per_s", "peak_mib") if k in f)
+
+
+def print_table(label: str, figures: dict) -> None:
+    print(f"{label}\n{'':10s} {'steps/s':>8s} {'x eager':>8s} {'samples/s':>10s} {'cold s':>7s} {'x tc cold':>9s} "
+          f"{'peak MiB':>9s} {'scaling':>8s} {'max diff':>9s}  losses")
+    num = lambda f, k, fmt: format(f[k], fmt) if f.get(k) is not None else "-"  # noqa: E731
+    for compiler, f in figures.items():
+        if "error" in f:
+            print(f"{compiler:10s} failed: {f['error'][:200]}")
+            continue
+        print(f"{compiler:10s} {num(f, 'steps_per_s', '8.3f'):>8s} {num(f, 'speedup', '.2f'):>8s} "
+              f"{num(f, 'samples_per_s', '.1f'):>10s} {num(f, 'cold_s', '.2f'):>7s} {num(f, 'cold_vs_torch', '.3f'):>9s} "
+              f"{num(f, 'peak_mib', '.0f'):>9s} {num(f, 'scaling', '.2f'):>8s} {num(f, 'max_diff', '.1e'):>9s}  "
+              + " ".join(f"{x:.5f}" for x in f.get("losses", [])))
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description="Distributed training (DDP, FSDP2): eager, torch.compile and "
+                                                 "torchweld side by side; see the module's docstring")
+    parser.add_argument("--only", default=",".join(ROWS), help=f"rows, comma-separated: {', '.join(ROWS)}")
+    parser.add_argument("--compilers", default=",".join(COMPILERS), help="comma-separated: eager,torch,torchweld")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda where there is one")
+    parser.add_argument("--nproc", type=int, default=2, help="ranks (one a GPU on CUDA)")
+    parser.add_argument("--scaling", action="store_true", help="each compiler on one rank too, for `scaling`")
+    parser.add_argument("--quick", action="store_true", help="tiny models (the CPU smoke test)")
+    parser.add_argument("--warmup", type=int, default=3, help="steps after the first before timing (at least 2)")
+    parser.add_argument("--steps", type=int, default=0, help="timed steps (default: as many as fill --min-time)")
+    parser.add_argument("--min-time", type=float, default=10.0, help="seconds of timed steps, without --steps")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds for one compiler's ranks, all steps")
+    parser.add_argument("--records-dir", default=None, help="another records directory (tests)")
+    parser.add_argument("--no-record", action="store_true")
+    parser.add_argument("--rank-job", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    args.only = [r.strip() for r in args.only.split(",") if r.strip()]
+    args.compilers = [c.strip() for c in args.compilers.split(",") if c.strip()]
+    for bad, known in ((set(args.only) - set(ROWS), ROWS), (set(args.compilers) - set(COMPILERS), COMPILERS)):
+        if bad:
+            parser.error(f"unknown {sorted(bad)}; known: {', '.join(known)}")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.rank_job:
+        rank_main(json.loads(args.rank_job))
+    from bench import records
+
+    if args.records_dir:
+        os.environ["TORCHWELD_BENCH_RECORDS"] = args.records_dir
+    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if args.device == "cuda" and torch.cuda.device_count() < args.nproc:
+        raise SystemExit(f"--nproc {args.nproc}: {torch.cuda.device_count()} CUDA devices here")
+    where = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU, {os.cpu_count()} cores"
+    print(f"torch {torch.__version__}, {args.nproc} x {where}, {'nccl' if args.device == 'cuda' else 'gloo'}; "
+          f"each compiler in fresh processes with empty caches", flush=True)
+    command = records.command_line([__file__, *(sys.argv[1:] if argv is None else argv)])
+    failures = 0
+    for name in args.only:
+        if importlib.util.find_spec(ROWS[name][0]) is None:
+            print(f"{name}: {ROWS[name][0]} is not installed; skipped")
+            continue
+        print(f"{name}:", flush=True)
+        figures, label, dtype = run_row(name, args)
+        print_table(label or name, figures)
+        failures += sum("error" in f or "error" in f.get("one_rank", {}) for f in figures.values())
+        if not args.no_record:
+            row = {"model": name, "label": label or name, "parallel": "DDP" if name.startswith("ddp") else "FSDP2",
+                   "world_size": args.nproc, "device": args.device, "dtype": dtype}
+            options = {k: v for k, v in vars(args).items() if k not in ("rank_job", "records_dir")}
+            record = records.make_record(SUITE, {"compilers": figures}, options=options, command=command, row=row)
+            print(f"  appended to {records.append(SUITE, record)}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
