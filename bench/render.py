@@ -15,6 +15,7 @@ included, over torch.compile's (lower is better).
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 from pathlib import Path
@@ -188,6 +189,8 @@ def render_results(directory: Path | None = None) -> str:
         out += ["Commands: " + "; ".join(f"`{c}`" + (" (diary: the script is under bench/investigations/ now)" if diary
                                                      else "") for c, diary in commands if c), ""]
     out += decode_section(directory)
+    out += distributed_section(directory)
+    out += dynamic_sizes_section(directory)
     out += other_suites(directory)
     return "\n".join(out).rstrip() + "\n"
 
@@ -215,6 +218,65 @@ def decode_section(directory: Path | None) -> list[str]:
     return out + ["", f"Command: `{latest.get('command', '')}`", ""]
 
 
+def _latest_rows(suite: str, directory: Path | None) -> list[dict]:
+    """The latest record of each row of `suite` (records with a "row"), in the order first seen."""
+    latest: dict[str, dict] = {}
+    for r in records.read(suite, directory=directory):
+        if "row" in r:
+            key = json.dumps(r["row"], sort_keys=True)
+            if key not in latest or r.get("date", "") >= latest[key].get("date", ""):
+                latest[key] = r
+    return list(latest.values())
+
+
+def distributed_section(directory: Path | None) -> list[str]:
+    """Distributed training (bench/distributed.py): the latest record of each row."""
+    rows = _latest_rows("distributed", directory)
+    if not rows:
+        return []
+    out = ["## Distributed training (bench/distributed.py)", "",
+           "| row | ranks | where | compiler | steps/s | x eager | cold s | x torch.compile cold | peak MiB | "
+           "scaling 1 to N | loss diff | commit |",
+           "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for r in rows:
+        row = r["row"]
+        for compiler, f in r["figures"]["compilers"].items():
+            name = NAMES.get(compiler, compiler)
+            head = f"| {row['label']} | {row['world_size']} | {short_gpu(r.get('gpu')) or 'CPU'} | {name} |"
+            if "error" in f:
+                out.append(f"{head} failed | | | | | | | {short_commit(r)} |")
+                continue
+            out.append(f"{head} {f['steps_per_s']:.2f} | {fmt(f.get('speedup'), '.2f', 'x')} | "
+                       f"{f['cold_s']:.1f} | {fmt(f.get('cold_vs_torch'), '.3f')} | {fmt(f.get('peak_mib'), '.0f')} | "
+                       f"{fmt(f.get('scaling'), '.2f')} | {fmt(f.get('max_diff'), '.1e')} | {short_commit(r)} |")
+    commands = sorted({r.get("command", "") for r in rows})
+    return out + ["", "Commands: " + "; ".join(f"`{c}`" for c in commands if c), ""]
+
+
+def dynamic_sizes_section(directory: Path | None) -> list[str]:
+    """Dynamic shapes over many lengths (bench/dynamic_sizes.py, its model rows)."""
+    rows = _latest_rows("dynamic_sizes", directory)
+    if not rows:
+        return []
+    out = ["## Dynamic shapes: one model over many input lengths (bench/dynamic_sizes.py)", "",
+           "| row | where | compiler | captured graphs | of them symbolic | weld compiles | total s | "
+           "first compile s | mean ms | x one compile a length | max diff | commit |",
+           "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for r in rows:
+        row = r["row"]
+        label = f"{row['label']} {row.get('phase', '')}, {row.get('lengths')} lengths {row.get('min_len')}-{row.get('max_len')}"
+        for compiler, f in r["figures"]["compilers"].items():
+            head = f"| {label} | {short_gpu(r.get('gpu')) or 'CPU'} | {compiler} |"
+            if "error" in f:
+                out.append(f"{head} failed | | | | | | | | {short_commit(r)} |")
+                continue
+            out.append(f"{head} {f.get('graphs')} | {f.get('symbolic_graphs')} | {fmt(f.get('weld_compiles'), 'd')} | "
+                       f"{f['total_s']:.1f} | {fmt(f.get('first_compile_s'), '.2f')} | {fmt(f.get('mean_ms'), '.2f')} | "
+                       f"{fmt(f.get('mean_ratio_to_static'), '.3f')} | {fmt(f.get('max_diff'), '.1e')} | {short_commit(r)} |")
+    commands = sorted({r.get("command", "") for r in rows})
+    return out + ["", "Commands: " + "; ".join(f"`{c}`" for c in commands if c), ""]
+
+
 # the order of rows in a table (bench/models.py's names; render.py does not import torch)
 MODEL_ORDER = ("chain", "add_mul", "tiny_mlp", "mlp", "cnn", "block", "resnet50", "densenet121", "bert", "gpt2", "llama")
 
@@ -229,7 +291,7 @@ def other_suites(directory: Path | None) -> list[str]:
     """One line per other suite (fuzz, reliability, ...): its latest record."""
     latest: dict[str, dict] = {}
     for r in records.read(directory=directory):
-        if "row" not in r and r.get("bench") and r["bench"] != "decode":
+        if "row" not in r and r.get("bench") and r["bench"] not in ("decode", "distributed"):
             if r["bench"] not in latest or r.get("date", "") >= latest[r["bench"]].get("date", ""):
                 latest[r["bench"]] = r
     if not latest:

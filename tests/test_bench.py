@@ -102,3 +102,28 @@ def test_decode_benchmark_records_tokens_per_second_and_render_shows_them(tmp_pa
     page = run("bench/render.py", "--records-dir", str(tmp_path), "--stdout").stdout
     assert "## LLM decoding: tiny Llama-style decoder, bfloat16" in page
     assert any(line.startswith("| torchweld | 1 |") for line in page.splitlines())
+
+
+def test_distributed_and_dynamic_sizes_sections(tmp_path):
+    """The latest record of each distributed and dynamic-sizes row becomes a table row a compiler."""
+    common = {"source": "run", "commit": "c" * 40, "dirty": False, "host": "h", "gpu": "NVIDIA H100 80GB HBM3",
+              "options": {}}
+    ddp = {**common, "bench": "distributed", "date": "2026-01-01T00:00:00+00:00", "command": "python bench/distributed.py",
+           "row": {"model": "ddp_gpt2", "label": "DDP GPT-2", "parallel": "DDP", "world_size": 2, "device": "cuda",
+                   "dtype": "float32"},
+           "figures": {"compilers": {"eager": {"steps_per_s": 10.0, "speedup": 1.0, "cold_s": 1.0},
+                                     "torchweld": {"steps_per_s": 12.5, "speedup": 1.25, "cold_s": 5.0,
+                                                   "scaling": 1.97, "max_diff": 1e-6}}}}
+    dyn = {**common, "bench": "dynamic_sizes", "date": "2026-01-01T00:00:00+00:00",
+           "command": "python bench/dynamic_sizes.py",
+           "row": {"model": "gpt2", "label": "GPT-2 b8", "phase": "inference", "device": "cuda", "lengths": 16,
+                   "min_len": 32, "max_len": 512},
+           "figures": {"lengths": [32], "compilers": {"torchweld": {"graphs": 2, "symbolic_graphs": 1,
+                                                                    "weld_compiles": 16, "total_s": 23.8,
+                                                                    "mean_ratio_to_static": 1.006}}}}
+    (tmp_path / "distributed.jsonl").write_text(json.dumps(ddp) + "\n")
+    (tmp_path / "dynamic_sizes.jsonl").write_text(json.dumps(dyn) + "\n")
+    page = render.render_results(tmp_path)
+    assert "| DDP GPT-2 | 2 | H100 | torchweld | 12.50 | 1.25x | 5.0 | - | - | 1.97 | 1.0e-06 | ccccccc |" in page
+    assert "| GPT-2 b8 inference, 16 lengths 32-512 | H100 | torchweld | 2 | 1 | 16 | 23.8 |" in page
+    assert "**distributed**" not in page and "**dynamic_sizes**" not in page  # not again among the other suites
