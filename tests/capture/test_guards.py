@@ -3,6 +3,7 @@ limit, identity guards that do not keep objects alive."""
 import gc
 import logging
 import time
+import sys
 import weakref
 
 import pytest
@@ -336,3 +337,24 @@ def test_reads_shared_by_graph_inputs_are_made_once():
     assert lines == ["___s0 = ___G['opt']", "___s1 = ___s0.param_groups", "___s2 = ___s1[0]",
                      "___s3 = ___s2['params']"]
     assert exprs == ["___s3[0]", "___s3[1]", "___s3[2]", "___G['x'].w"]
+
+
+def test_a_guarded_object_dying_after_the_finalizer_released_the_entries(monkeypatch):
+    """At interpreter exit the finalizer releases a compiled function's entries first; an
+    identity guard's object dying after it must not raise inside the weakref callback (it
+    printed "Exception ignored ... list.remove(x): x not in list")."""
+    from torchweld.capture import compiled_function
+
+    def call(m, x):
+        return m(x)
+
+    model = Scale()
+    fn = torchweld.compile(call)
+    fn(model, torch.randn(3))
+    cache = fn.cache_entries[0]
+    compiled_function._release_all(fn._unreleased)
+    unraisable = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    del model
+    gc.collect()
+    assert not unraisable and not cache.alive

@@ -145,8 +145,9 @@ class CompiledFunction:
             self._entries = [e for e in self._entries if e.alive]
             self._runs = [e.run for e in self._entries]
             for entry in dead:
-                self._unreleased.remove(entry)
-                entry.release()
+                if entry in self._unreleased:  # else the finalizer released it (at interpreter exit)
+                    self._unreleased.remove(entry)
+                    entry.release()
 
     def _may_compile(self, args: tuple, kwargs: dict) -> bool:
         """Whether a call no entry takes may be compiled; False runs it eagerly (where its arguments
