@@ -2,8 +2,8 @@
 limit, identity guards that do not keep objects alive."""
 import gc
 import logging
-import time
 import sys
+import time
 import weakref
 
 import pytest
