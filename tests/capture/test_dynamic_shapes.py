@@ -81,6 +81,23 @@ def integer_buffer_sliced(x):  # BERT's `self.position_ids[:, 0 : seq_length + 0
     return x + POSITIONS[:, 0 : x.shape[1] + 0].unsqueeze(-1)
 
 
+def int_argument(x, n):  # a count passed in: slices, a factory, arithmetic, an output
+    return x[:, :n] * n + torch.arange(n, dtype=x.dtype), n * 2
+
+
+def branch_on_int(x, k):  # a branch on the int: one symbolic version a side
+    if k > 3:
+        return x * k
+    return x - k
+
+
+def size_across_a_break(x):  # the size a resume function receives as a local
+    n = x.shape[0]
+    y = x.sin()
+    print(end="")  # a graph break
+    return y.view(n, -1) + n
+
+
 def Block():  # noqa: N802 - the models' transformer block, causal, small
     return models.Block(d=16, heads=2, causal=True)
 
@@ -112,6 +129,12 @@ def _calls(name):
         return concatenation, [(torch.randn(n, 4), torch.randn(n, 4)) for n in SIZES]
     if name == "transformer":
         return Block().eval(), [(torch.randn(2, n, 16),) for n in SIZES]
+    if name == "int argument":
+        return int_argument, [(torch.randn(3, 20), n) for n in (4, 5, 7, 9, 12, 1, 0)]
+    if name == "int branch":
+        return branch_on_int, [(torch.randn(3), k) for k in (2, 5, 7, 1, 3, 9, -4)]
+    if name == "size across a break":
+        return size_across_a_break, [(torch.randn(n, 6),) for n in SIZES]
     if name == "shape tuples":
         return shape_tuples, [(torch.randn(2, n, 4),) for n in SIZES]
     if name == "int slice":
@@ -121,7 +144,8 @@ def _calls(name):
     raise KeyError(name)
 
 
-PROGRAMS = ["views", "arange", "slicing", "reductions", "cat", "transformer", "shape tuples", "int slice", "cnn"]
+PROGRAMS = ["views", "arange", "slicing", "reductions", "cat", "transformer", "shape tuples", "int slice",
+            "int argument", "int branch", "size across a break", "cnn"]
 
 
 @pytest.mark.parametrize("name", PROGRAMS)
@@ -131,7 +155,9 @@ def test_graph_counts_and_dynamic_dims_match_torch_compile(name, dynamic):
     ours = _torchweld(fn, calls, dynamic)
     theirs = _torch_compile(fn, calls, dynamic)
     assert ours == theirs
-    if name != "cnn":  # the convolution's meta function picks its algorithm by batch (< 16 or not): one more
+    if name not in ("cnn", "int argument", "int branch", "size across a break"):  # the convolution's meta function
+        # picks its algorithm by batch (< 16 or not); slicing and arange by an int of 0 or 1 specialize; a branch
+        # compiles a version a side; a break is two functions: more versions, as many as torch.compile's
         assert ours[0] <= (2 if dynamic is None else 1)
 
 
@@ -417,3 +443,44 @@ def test_a_broken_size_relation_is_named_in_the_recompile_log(caplog):
     assert len(messages) == 1
     assert re.search(r"guard failed: symbolic sizes: L\['y'\]\.size\(\)\[0\] == s\d+ \(got False, with s\d+ = 6\)$",
                      messages[0]), messages
+
+
+class _Counted(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 8)
+
+    def forward(self, x, n):
+        return self.linear(x[:, :n]).relu().sum(1) * n
+
+
+@pytest.mark.parametrize("backend", ["eager", "weld"])
+def test_an_int_argument_trains_symbolic_under_weld(backend):
+    """An int argument that changes is a symbol after the second value (weld compiles its code per
+    value still); outputs and gradients equal eager's for every value, 0 and 1 included."""
+    import copy
+
+    torch.manual_seed(0)
+    model = _Counted()
+    eager = copy.deepcopy(model)
+    counting = CountingBackend()
+    compiled = torchweld.compile(model, backend=counting if backend == "eager" else "weld")
+    for n in (3, 5, 6, 7, 1, 0, 4):
+        x = torch.randn(4, 8, 8)
+        out, expected = compiled(x, n), eager(x, n)
+        torch.testing.assert_close(out, expected)
+        out.sum().backward()
+        expected.sum().backward()
+        for p, q in zip(model.parameters(), eager.parameters()):
+            torch.testing.assert_close(p.grad, q.grad)
+            p.grad = q.grad = None
+    if backend == "eager":
+        assert len(counting.graphs) <= 4  # 3 specialized, 5 symbolic, 1 and 0 (slices of 0/1 specialize)
+
+
+def test_an_int_argument_under_dynamic_false_compiles_each_value():
+    backend = CountingBackend()
+    compiled = torchweld.compile(int_argument, backend=backend, dynamic=False)
+    for n in (4, 5, 7):
+        assert_same(compiled(torch.ones(2, 9), n), int_argument(torch.ones(2, 9), n))
+    assert len(backend.graphs) == 3

@@ -96,6 +96,8 @@ def wrap(tx: "Translator", obj: object, source: Source | None, guard: bool = Tru
     if guards and type(obj) is float and tx.output.number_input_sources \
             and source.name() in tx.output.number_input_sources:
         return GuardedOnUseNumber(obj, source, guards)
+    if guards and type(obj) is int and tx.output.dims is not None and tx.output.dims.int_is_symbolic(source, obj):
+        return tx.output.input_int(source, obj)  # a size or count passed in, symbolic (dynamic_dims.py)
     if is_constant_literal(obj) and not _holds_number_inputs(tx, obj, source):
         if guards:
             guards.constant(source, obj)

@@ -7,7 +7,10 @@
   from the one the first capture saw ("automatic dynamic"), and stays symbolic for that
   function; the first capture is specialized.
 
-`mark_static` keeps a dim a number in every mode. One `DimChoices` belongs to one compiled
+An int argument of the function (a size or count passed in, or one a graph break hands a
+resume function) is read as a symbol the same way: under `dynamic=True` from the first call,
+under `dynamic=None` once a call brings another value (torch.compile's unspecialized ints:
+of any sign, 0 and 1 included). `mark_static` keeps a dim a number in every mode. One `DimChoices` belongs to one compiled
 function (a resume function or a callee compiled at a break has its own), which keeps it
 across its captures. Marks are attributes set on the tensor, read here:
 torchweld's own and the ones torch's mark_dynamic, maybe_mark_dynamic and mark_static
@@ -136,6 +139,20 @@ class DimChoices:
                 if d not in static and d < real.dim():
                     chosen.setdefault(d, (why, False, None, None))
         return chosen
+
+    def int_is_symbolic(self, source: Source, value: int) -> bool:
+        """Whether the int argument `value` read from `source` is a symbol in this capture."""
+        if not isinstance(source, LocalSource) or self.dynamic is False:
+            return False
+        name = source.name()
+        first = self.first_sizes.setdefault(name, (value,))
+        if self.dynamic is None and name not in self.automatic:
+            if first == (value,):
+                return False
+            why = f"value changed from {first[0]} to {value} (automatic dynamic)"
+            self.automatic[name] = {0: why}
+            logs.get("dynamic").info("%s becomes symbolic: %s", name, why)
+        return True
 
     def _notice_changes(self, name: str, real: torch.Tensor) -> None:
         sizes = tuple(real.shape)

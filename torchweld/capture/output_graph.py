@@ -16,6 +16,7 @@ from torch._dispatch.python import enable_python_dispatcher
 from torch._subclasses.fake_tensor import (
     DataDependentOutputException, DynamicOutputShapeException, FakeTensorMode, UnsupportedOperatorException,
 )
+from torch.fx.experimental.symbolic_shapes import DimDynamic
 from torch.nn.utils.stateless import _reparametrize_module
 from torch.utils import _pytree as pytree
 
@@ -27,7 +28,8 @@ from torchweld.capture.guards import GuardSet, autocast_state
 from torchweld.capture.module_fakes import batch_norm_example
 from torchweld.capture.side_effects import SideEffects
 from torchweld.capture.symbolic_sizes import (
-    SIZES_GUARDED, CaptureShapeEnv, SizeGuard, SymbolicInput, is_symbolic, specialized_marks, spell_over_inputs, symbolic_fake,
+    SIZES_GUARDED, CaptureShapeEnv, IntSource, SizeGuard, SymbolicInput, is_symbolic, specialized_marks, spell_over_inputs,
+    symbolic_fake,
 )
 from torchweld.capture.number_inputs import NumberTensor
 from torchweld.capture.sources import ModuleEntrySource, NumberTensorSource, Source
@@ -118,6 +120,28 @@ class OutputGraph:
         self._input_by_source[source.name()] = value
         self._input_by_id[id(real)] = value
         return value
+
+    def input_int(self, source: Source, value: int) -> SymNumberValue:
+        """The placeholder for an int argument read as a symbol (dynamic_dims.int_is_symbolic):
+        guarded on its type here, its value by the size guard's relations."""
+        known = self._input_by_source.get(source.name())
+        if known is not None:
+            return known
+        env = self._shape_env()
+        where = IntSource(source.name())
+        # not a size: any sign, and 0 and 1 symbols too (torch.compile's unspecialized ints)
+        symbol = env.create_unspecified_symbol(value, where, dynamic_dim=DimDynamic.DYNAMIC)
+        sym = env.create_symintnode(symbol, hint=value, source=where)
+        self.guards.type_is(source, int)
+        with self._insert_placeholder():
+            node = self.graph.placeholder(source.placeholder_name())
+        node.meta["example_value"] = sym
+        node.meta["source"] = source.name()
+        result = SymNumberValue(node, sym, self)
+        self.symbolic_inputs.append(SymbolicInput(source, sym, set()))
+        self.inputs.append((source, value, node))
+        self._input_by_source[source.name()] = result
+        return result
 
     def input_number(self, source: Source, value: float, device: torch.device, dtype: torch.dtype,
                      formula: str = "{}", compute: Callable[[float], float] | None = None) -> TensorValue:

@@ -47,6 +47,21 @@ class SizeSource(TorchSource):
         return GuardSource.LOCAL
 
 
+@dataclasses.dataclass(frozen=True)
+class IntSource(TorchSource):
+    """Where the symbol of an int argument was read: `L['n']`."""
+
+    expr_name: str
+
+    @property
+    def name(self) -> str:
+        return self.expr_name
+
+    @property
+    def guard_source(self) -> GuardSource:
+        return GuardSource.LOCAL
+
+
 class CaptureShapeEnv(ShapeEnv):
     """A ShapeEnv that places what it records at the user's line capture is at, instead of
     walking the Python stack (torch's walk imports its own compiler's modules to know
@@ -62,11 +77,20 @@ class CaptureShapeEnv(ShapeEnv):
 
 @dataclasses.dataclass
 class SymbolicInput:
-    """A tensor input with at least one symbolic dim."""
+    """A tensor input with at least one symbolic dim, or an int input read as a symbol (`fake`
+    its SymInt)."""
 
     source: Source
-    fake: torch.Tensor
+    fake: torch.Tensor | torch.SymInt
     marked: set[int]  # dims the user marked with mark_dynamic: an error if capture specializes them
+
+    def symbols(self) -> list[tuple[object, str, Callable[[str], str]]]:
+        """(symbolic size, readable name, how Python reads it from the input's expression) of each
+        symbolic size this input brings."""
+        if isinstance(self.fake, torch.SymInt):
+            return [(self.fake, self.source.name(), lambda e: e)]
+        return [(n, f"{self.source.name()}.size()[{d}]", lambda e, d=d: f"{e}.size({d})")
+                for d, n in enumerate(self.fake.shape) if isinstance(n, torch.SymInt)]
 
 
 def is_symbolic(value: object) -> bool:
@@ -154,16 +178,15 @@ class SizeGuard:
         relations: list[tuple[str, str]] = []
         for item in self.inputs:
             e = item.source.expr()
-            for d, size in enumerate(item.fake.shape):
-                if not isinstance(size, torch.SymInt):
-                    continue
+            for size, readable, read in item.symbols():
                 expr = size.node.expr
                 if isinstance(expr, sympy.Symbol) and env.replace(expr) == expr and expr not in bound:
                     bound.add(expr)
-                    binds.append((str(expr), f"{item.source.name()}.size()[{d}]", f"{e}.size({d})"))
+                    binds.append((str(expr), readable, read(e)))
                     continue
-                relations.append((f"{item.source.name()}.size()[{d}] == {env.replace(expr)}",
-                                  f"{e}.size({d}) == {self._spell(expr, module)}"))
+                relations.append((f"{readable} == {env.replace(expr)}", f"{read(e)} == {self._spell(expr, module)}"))
+            if not isinstance(item.fake, torch.Tensor):
+                continue
             strides = [self._spell(s.node.expr, module) if isinstance(s, torch.SymInt) else repr(s) for s in item.fake.stride()]
             relations.append((f"{item.source.name()}.stride() == ({', '.join(map(str, item.fake.stride()))})",
                               f"{e}.stride() == ({', '.join(strides)}{',' if len(strides) == 1 else ''})"))
@@ -190,7 +213,7 @@ def specialized_marks(env: ShapeEnv, inputs: list[SymbolicInput]) -> None:
     from torchweld.errors import DynamicDimSpecialized
 
     for item in inputs:
-        for d in sorted(item.marked):
+        for d in sorted(item.marked):  # (an int input has no marks)
             symbol = env.source_to_var.get(SizeSource(item.source.name(), d).name)  # as made, before replacements
             if symbol is None:
                 continue
@@ -224,13 +247,13 @@ def spell_over_inputs(env: ShapeEnv, inputs: list[SymbolicInput], sym: object, r
     names: dict = {}
     reads: dict[str, str] = {}
     for symbol in expr.free_symbols:
-        found = next(((item.source, d) for item in inputs for d, n in enumerate(item.fake.shape)
-                      if isinstance(n, torch.SymInt) and n.node.expr == symbol), None)
+        found = next(((item.source, how) for item in inputs for n, _, how in item.symbols()
+                      if n.node.expr == symbol), None)
         if found is None:
             return None
         placeholder = f"___size{len(names)}___"
         names[symbol] = sympy.Symbol(placeholder, integer=True)
-        reads[placeholder] = f"{read(found[0])}.size({found[1]})"
+        reads[placeholder] = found[1](read(found[0]))
     text = python_text(expr, names, module)
     for placeholder, spelled in reads.items():
         text = text.replace(placeholder, spelled)
