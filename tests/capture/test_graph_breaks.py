@@ -645,7 +645,7 @@ def test_an_exception_reraised_after_a_break_in_a_try_leaves_once():
 
 
 def _break_in_try_in_a_loop(x):
-    for i in range(3):  # the loop's iterator is on the stack: the rest of the frame runs natively
+    for i in range(3):  # the loop's iterator is on the stack: handed over as the items it has left
         try:
             if (x + i).sum() > 0:
                 x = x + 1
@@ -656,6 +656,8 @@ def _break_in_try_in_a_loop(x):
 
 
 def test_a_break_inside_a_try_inside_a_loop():
-    compiled = torchweld.compile(_break_in_try_in_a_loop, backend=CountingBackend())
+    backend = CountingBackend()
+    compiled = torchweld.compile(_break_in_try_in_a_loop, backend=backend)
     for x in (torch.randn(3), torch.randn(3) + 3, torch.randn(3) - 3):
         assert_same(compiled(x), _break_in_try_in_a_loop(x))
+    assert len(backend.graphs) > 1  # the iterations after the first break are compiled too

@@ -125,23 +125,23 @@ class BreakCodegen:
         """After the breaking instruction, the rest of the frame in a compiled resume function
         (re-entering the `try` there), called from outside the native one's `try`s; None (the
         rest runs natively) where the stack below the instruction's inputs holds more than
-        plain values (a NULL of a call in progress, a `for` loop's iterator), or the
-        instruction pushes what a resume cannot take (a method and its NULL)."""
+        values and loops' iterators (a NULL of a call in progress), or the instruction pushes
+        what a resume cannot take (a method and its NULL)."""
         inst, tx = self.inst, self.tx
-        below = slots[: len(slots) - self._input_count()]
-        if any(kind != VALUE for kind, _ in below):
+        below = tuple(kind for kind, _ in slots[: len(slots) - self._input_count()])
+        if NULL_SLOT in below:
             return None
         names = tuple(locals_now)
         if inst.opname in _JUMPS_ON_TRUTH and "BACKWARD" not in inst.opname:
-            return Handoff(tx.ip, self._continuation(tx.ip + 1, len(below), names),
-                           self._continuation(tx.index_of_offset[inst.argval], len(below), names))
+            return Handoff(tx.ip, self._continuation(tx.ip + 1, below, names),
+                           self._continuation(tx.index_of_offset[inst.argval], below, names))
         pushed = _PUSHES.get(inst.opname)
         if pushed is None:
             return None
-        return Handoff(tx.ip, self._continuation(tx.ip + 1, len(below) + pushed, names))
+        return Handoff(tx.ip, self._continuation(tx.ip + 1, below + (VALUE,) * pushed, names))
 
-    def _continuation(self, index: int, stack: int, names: tuple[str, ...]) -> Continuation:
-        return Continuation(self._resume_function(index, (VALUE,) * stack, names, compiled=True), stack, names)
+    def _continuation(self, index: int, layout: tuple[str, ...], names: tuple[str, ...]) -> Continuation:
+        return Continuation(self._resume_function(index, layout, names, compiled=True), layout, names)
 
     def _compiled_callee(self, value: Value) -> Value:
         """A callable on the stack as Python source: user functions and modules as their

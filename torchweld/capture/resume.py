@@ -40,9 +40,10 @@ _ORIGINS: "weakref.WeakKeyDictionary[types.CodeType, tuple[types.CodeType, dict[
 @dataclasses.dataclass(frozen=True)
 class Continuation:
     """Where a resume function that runs one instruction natively hands over: it calls `fn` with
-    the `stack` values on the stack there and the locals in `names`, and returns its result."""
+    the values on the stack there (`layout`: VALUE or ITERATOR each, an iterator passed as the
+    list of its remaining items) and the locals in `names`, and returns its result."""
     fn: object
-    stack: int
+    layout: tuple[str, ...]
     names: tuple[str, ...]
 
 
@@ -169,27 +170,32 @@ def _hand_over(inst: Instr, handoff: Handoff, body: list, stubs: list, cellvars:
 
 
 def _stub(go: Continuation, stubs: list, cellvars: tuple[str, ...], parameters: tuple[str, ...], location) -> Label:
-    """Code that calls `go.fn(*stack, *locals)` and returns what it returns; its label."""
+    """Code that calls `go.fn(*stack, *locals)` and returns what it returns; its label. A
+    loop's iterator goes as `list(iterator)`: the items it has left, which the continuation's
+    prologue iterates again."""
     label = Label()
-    held = [f"___handoff{i}" for i in range(go.stack)]
-    code: list = [label] + [Instr("STORE_FAST", name) for name in reversed(held)]
-    if sys.version_info >= (3, 13):
-        code += [Instr("LOAD_CONST", go.fn), Instr("PUSH_NULL")]
-    else:
-        code += [Instr("PUSH_NULL"), Instr("LOAD_CONST", go.fn)]
-    code += [Instr("LOAD_FAST", name) for name in held]
+    held = [f"___handoff{i}" for i in range(len(go.layout))]
+    args: list = []
+    for name, kind in zip(held, go.layout):
+        args += _call(list, [Instr("LOAD_FAST", name)]) if kind == ITERATOR else [Instr("LOAD_FAST", name)]
     for name in go.names:
-        code.append(Instr("LOAD_DEREF", CellVar(name)) if name in cellvars
+        args.append(Instr("LOAD_DEREF", CellVar(name)) if name in cellvars
                     else Instr("LOAD_FAST", _parameter_name(name) if name in parameters else name))
-    n = len(held) + len(go.names)
-    if sys.version_info < (3, 12):
-        code.append(Instr("PRECALL", n))
-    code += [Instr("CALL", n), Instr("RETURN_VALUE")]
+    code: list = [label] + [Instr("STORE_FAST", name) for name in reversed(held)]
+    code += _call(go.fn, args, len(held) + len(go.names)) + [Instr("RETURN_VALUE")]
     for inst in code:
         if isinstance(inst, Instr):
             inst.location = location
     stubs += code
     return label
+
+
+def _call(fn: object, args: list, n: int = 1) -> list:
+    """Instructions calling the constant `fn` with the `n` values `args` push."""
+    callee = [Instr("LOAD_CONST", fn), Instr("PUSH_NULL")] if sys.version_info >= (3, 13) else \
+        [Instr("PUSH_NULL"), Instr("LOAD_CONST", fn)]
+    call = [Instr("PRECALL", n), Instr("CALL", n)] if sys.version_info < (3, 12) else [Instr("CALL", n)]
+    return callee + args + call
 
 
 def _parameter_name(name: str) -> str:
