@@ -661,3 +661,34 @@ def test_a_break_inside_a_try_inside_a_loop():
     for x in (torch.randn(3), torch.randn(3) + 3, torch.randn(3) - 3):
         assert_same(compiled(x), _break_in_try_in_a_loop(x))
     assert len(backend.graphs) > 1  # the iterations after the first break are compiled too
+
+
+def _raise_and_finally_in_a_loop(x):
+    for i in range(3):
+        try:
+            if (x + i).sum() > 0:  # the break: its resume jumps into the middle of the try
+                x = x + 1
+            x = x * 2
+            if i == 1:
+                raise ValueError(i)
+        except ValueError:
+            EVENTS.append("except")
+            x = x - 1
+        finally:
+            EVENTS.append("finally")
+    return x
+
+
+def test_a_break_inside_a_try_with_raise_and_finally_in_a_loop():
+    """The bytecode library could not compute the stack depth of this resume function (the
+    whole function ran eagerly); the original's depth bounds it."""
+    backend = CountingBackend()
+    compiled = torchweld.compile(_raise_and_finally_in_a_loop, backend=backend)
+    for x in (torch.randn(3), torch.randn(3) + 3, torch.randn(3) - 3, torch.randn(3)):
+        EVENTS.clear()
+        expected = _raise_and_finally_in_a_loop(x)
+        eager_events = list(EVENTS)
+        EVENTS.clear()
+        assert_same(compiled(x), expected)
+        assert EVENTS == eager_events
+    assert len(backend.graphs) > 1

@@ -141,15 +141,21 @@ def _make_resume_code(code: types.CodeType, dis_index: int, stack_layout: tuple[
     resumed.docstring = None
     resumed.freevars = list(code.co_freevars)
     resumed.cellvars = list(code.co_cellvars)
+    # Every instruction of the copy runs on the stack the original had there (the prologue
+    # rebuilds the stack at the resume point; handlers are entered at the original's depths),
+    # so the original's depth bounds the copy's, with room for the hand-over stubs' calls.
+    # Too small a depth lets pushes run over into the next frame's memory.
+    bound = code.co_stacksize
+    for go in ([handoff.fallthrough, handoff.jumped] if handoff is not None else []):
+        if go is not None:
+            bound = max(bound, len(go.layout) + len(go.names) + 4)  # callee, NULL, arguments, list()
     try:
         new_code = resumed.to_code(compute_exception_stack_depths=False)
-    except RuntimeError as e:  # a `with` block that always raises after the break: the stack of its
-        # handler cannot be computed from a resume that jumps past the start of its region
-        raise Unsupported(f"cannot resume {code.co_name} after the break ({e})") from None
-    # the depth computed from the prologue's jump misses handlers entered only by a raise; the
-    # original's depth covers them (the prologue rebuilds a stack the original had). Too small a
-    # depth lets a handler's pushes run over into the next frame's memory.
-    new_code = new_code.replace(co_stacksize=max(new_code.co_stacksize, code.co_stacksize))
+    except RuntimeError:  # the library's walk from the prologue's jump into the middle of a `try`
+        # (a `with` block that always raises, a `raise` or `finally` in a loop) finds a handler's
+        # stack below zero; the bound above needs no walk
+        new_code = resumed.to_code(stacksize=bound, compute_exception_stack_depths=False)
+    new_code = new_code.replace(co_stacksize=max(new_code.co_stacksize, bound))
     real = [i for i, inst in enumerate(dis.get_instructions(new_code)) if inst.opname != "EXTENDED_ARG"]
     originals = [i for i, inst in enumerate(dis.get_instructions(code)) if inst.opname != "EXTENDED_ARG"]
     body_start = len(prologue)
