@@ -484,3 +484,27 @@ def test_an_int_argument_under_dynamic_false_compiles_each_value():
     for n in (4, 5, 7):
         assert_same(compiled(torch.ones(2, 9), n), int_argument(torch.ones(2, 9), n))
     assert len(backend.graphs) == 3
+
+
+def _divides_by_an_int(x, n):
+    try:
+        n = 10 // n
+    except ZeroDivisionError:
+        n = 0
+    return x + n, n % 7 if n else -1
+
+
+def _float_times_int(x, n, s=0.0):
+    return x * 2, s * n, 1.5 * n
+
+
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_symbolic_int_arithmetic_keeps_pythons_errors_and_types(dynamic):
+    """Found by the fuzzer: a graph dividing by a symbolic int raised ZeroDivisionError outside
+    the user's `try` when a later call passed 0 (the divisor is now guarded nonzero); `0.0 * n`
+    came back as the int 0 (sympy simplifies it; a float is spelled `float(...)`)."""
+    for fn, values in ((_divides_by_an_int, (-2, 2, 5, 0, 3, 0)), (_float_times_int, (-1, 5, 0, 3))):
+        compiled = torchweld.compile(fn, backend=CountingBackend(), dynamic=dynamic)
+        for n in values:
+            x = torch.randn(3)
+            assert_same(compiled(x, n), fn(x, n))

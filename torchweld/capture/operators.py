@@ -41,7 +41,12 @@ def binary(tx: "Translator", fn: Callable, a: Value, b: Value) -> Value:
             fn = _INPLACE_TO_PLAIN.get(fn, fn)
         return tx.output.call_function(fn, [a, b], {})
     if _symbolic_number(a, b):  # `x.shape[0] // 2`: a graph value; its example a SymInt
-        return tx.output.call_function(_INPLACE_TO_PLAIN.get(fn, fn), [a, b], {})
+        plain = _INPLACE_TO_PLAIN.get(fn, fn)
+        if plain in _DIVIDING and isinstance(b, SymNumberValue):
+            # guarded nonzero (its answer at capture): a call with 0 must not reach a graph that
+            # divides by it, where the ZeroDivisionError would escape the user's `try`
+            bool(b.sym != 0)
+        return tx.output.call_function(plain, [a, b], {})
     on_sets = set_operator(tx, _INPLACE_TO_PLAIN.get(fn, fn), fn in _INPLACE_TO_PLAIN, a, b)
     if on_sets is not None:
         return on_sets
@@ -98,6 +103,9 @@ def compare(tx: "Translator", fn: Callable, a: Value, b: Value) -> Value:
         except TypeError:
             pass
     return _fold(fn, a, b)
+
+
+_DIVIDING = (operator.floordiv, operator.truediv, operator.mod)
 
 
 def _symbolic_number(a: Value, b: Value) -> bool:

@@ -99,7 +99,10 @@ class Reconstructor:
             return f"bool({self.expr(value.tensor)})"
         if isinstance(value, SymNumberValue):  # `x.shape[0] // 2`: computed again from the inputs' sizes
             spelled = value.output.spell_size(value.sym, self.read, self.const)
-            return spelled if spelled is not None else repr(value.as_constant())
+            if spelled is None:
+                return repr(value.as_constant())
+            # a float stays one where the expression simplifies to an integer (`0.0 * n` is 0)
+            return f"float{spelled}" if value.python_type() is float else spelled
         if isinstance(value, ConstantValue):
             v = value.as_constant()  # written into the code: a number read from outside is guarded now
             if type(v) in _LITERAL_TYPES or (type(v) is float and v == v and v not in (float("inf"), -float("inf"))):
