@@ -6,7 +6,7 @@ with their times, one row per reduction.
 The error is |result - float64 result| / |float64 result| (the largest over a result's
 elements). torchweld's C++ sums add float partials of 1024 elements into double totals
 (compiler/codegen/cpp_reduction.py); its Triton sums do so per chunk of 32 RBLOCK-wide steps
-(codegen/triton.py, CHUNK_STEPS). With --record the figures are appended to
+(codegen/triton.py, tuning.chunk_steps). With --record the figures are appended to
 bench/records/reduction_accuracy.jsonl.
 """
 from __future__ import annotations

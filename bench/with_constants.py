@@ -1,26 +1,40 @@
-"""Run a bench script with module constants of torchweld changed, for an A/B of a tuning constant.
+"""Run a bench script with fields of torchweld's tuning changed, for an A/B of a tuning constant.
 
-    python3 bench/with_constants.py torchweld.compiler.codegen.triton:ROW_BLOCK_ELEMENTS=4096 \
+    python3 bench/with_constants.py row_block_elements=4096 \
         -- bench/investigations/profile_train_gpu.py --model GPT-2 --skip-eager
 
-Each `module:NAME=value` (an int, a float, or else a string) is set before the script runs, in
-this process; the script then runs as `__main__` with the arguments after `--`.
+Each `name=value` sets that field of `torchweld.tuning.tuning` (torchweld/tuning.py lists them,
+with what each means) before the script runs, in this process (not in processes the script
+starts); the value is parsed as the field's type. The script then runs as `__main__` with the
+arguments after `--`.
 """
 from __future__ import annotations
 
-import importlib
+import dataclasses
 import os
 import runpy
 import sys
 
 
-def _value(text: str) -> object:
-    for kind in (int, float):
+def tuning_changes(settings: list[str]) -> dict[str, object]:
+    """{field: value} from `name=value` arguments; a name that is not a field, or a value that
+    is not of its field's type, exits with an error saying which."""
+    from torchweld.tuning import tuning
+
+    known = [f.name for f in dataclasses.fields(tuning)]
+    changes = {}
+    for setting in settings:
+        name, equals, text = setting.partition("=")
+        if not equals:
+            sys.exit(f"{setting!r}: expected name=value")
+        if name not in known:
+            sys.exit(f"tuning has no field {name!r}; its fields: {', '.join(known)}")
+        kind = type(getattr(tuning, name))
         try:
-            return kind(text)
+            changes[name] = kind(text)
         except ValueError:
-            pass
-    return text
+            sys.exit(f"{name}={text}: {name} is {kind.__name__}")
+    return changes
 
 
 def main() -> None:
@@ -28,14 +42,13 @@ def main() -> None:
         sys.exit(__doc__)
     split = sys.argv.index("--")
     settings, script_argv = sys.argv[1:split], sys.argv[split + 1:]
-    for setting in settings:
-        target, _, text = setting.partition("=")
-        module, _, name = target.partition(":")
-        mod = importlib.import_module(module)
-        if not hasattr(mod, name):
-            sys.exit(f"{module} has no {name}")
-        setattr(mod, name, _value(text))
-        print(f"{module}.{name} = {getattr(mod, name)!r}", flush=True)
+    if not script_argv:
+        sys.exit(__doc__)
+    from torchweld.tuning import tuning
+
+    for name, value in tuning_changes(settings).items():
+        setattr(tuning, name, value)
+        print(f"tuning.{name} = {value!r}", flush=True)
     sys.path.insert(0, os.path.dirname(os.path.abspath(script_argv[0])))
     sys.argv = script_argv
     runpy.run_path(script_argv[0], run_name="__main__")

@@ -127,3 +127,18 @@ def test_distributed_and_dynamic_sizes_sections(tmp_path):
     assert "| DDP GPT-2 | 2 | H100 | torchweld | 12.50 | 1.25x | 5.0 | - | - | 1.97 | 1.0e-06 | ccccccc |" in page
     assert "| GPT-2 b8 inference, 16 lengths 32-512 | H100 | torchweld | 2 | 1 | 16 | 23.8 |" in page
     assert "**distributed**" not in page and "**dynamic_sizes**" not in page  # not again among the other suites
+
+
+def test_with_constants_runs_a_script_with_tuning_fields_changed(tmp_path):
+    """bench/with_constants.py sets fields of torchweld.tuning before the script runs, with
+    the field's type; an unknown field or a value of the wrong type is an error."""
+    script = tmp_path / "show.py"
+    script.write_text("import sys\nfrom torchweld.tuning import tuning\n"
+                      "print('seen', tuning.row_block_elements, tuning.chunk_steps, sys.argv[1:])\n")
+    out = run("bench/with_constants.py", "row_block_elements=4096", "--", str(script), "a", "b").stdout
+    assert "tuning.row_block_elements = 4096" in out and "seen 4096 32 ['a', 'b']" in out
+    for setting, error in [("ROW_BLOCK_ELEMENTS=4096", "tuning has no field 'ROW_BLOCK_ELEMENTS'; its fields: "),
+                           ("row_block_elements=4k", "row_block_elements=4k: row_block_elements is int")]:
+        proc = subprocess.run([sys.executable, "bench/with_constants.py", setting, "--", str(script)], cwd=ROOT,
+                              capture_output=True, text=True, timeout=240, check=False)
+        assert proc.returncode != 0 and error in proc.stderr and "seen" not in proc.stdout, proc.stderr

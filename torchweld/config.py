@@ -1,11 +1,11 @@
 """Every knob torchweld has, in one place; tests change them with `config.patch`.
 
-This is the only module-level mutable state in torchweld (besides append-only
-import-time registries such as the opcode table and the backend registry), and the
-only module that reads environment variables: each TORCHWELD_* variable (and CC, CXX)
-sets the knob it is named beside, once, when torchweld is imported. (Triton's own TRITON_*
-variables are Triton's: runtime/ only passes them on to its compile workers. A captured
-program's `os.environ.get(...)` is the user's code, modelled by capture/environ.py.)
+This is the only module-level mutable state in torchweld (besides tuning.py's performance
+constants, and append-only import-time registries such as the opcode table and the backend
+registry), and the only module that reads environment variables: each TORCHWELD_* variable
+(and CC, CXX) sets the knob it is named beside, once, when torchweld is imported. (Triton's
+own TRITON_* variables are Triton's: runtime/ only passes them on to its compile workers. A
+captured program's `os.environ.get(...)` is the user's code, modelled by capture/environ.py.)
 """
 from __future__ import annotations
 
@@ -89,7 +89,7 @@ compile_workers: int | None = _int_from_env("TORCHWELD_COMPILE_WORKERS", None)
 # Triton's front end in 16 workers took time from the parent's threads rendering the kernels they
 # wait for (densenet121's cold training step, H100 host).
 worker_niceness: int = _int_from_env("TORCHWELD_WORKER_NICENESS", 10)
-# Threads that load worker-compiled Triton kernels (runtime/triton_launch.py); 0: its LOADING_THREADS.
+# Threads that load worker-compiled Triton kernels (runtime/triton_launch.py); 0: tuning.loading_threads.
 loading_threads: int = _int_from_env("TORCHWELD_LOADING_THREADS", 0)
 # Threads that compile Triton kernels in this process where no worker does; 0: one per core, up to 32.
 compile_threads: int = _int_from_env("TORCHWELD_COMPILE_THREADS", 0)

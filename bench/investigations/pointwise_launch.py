@@ -8,7 +8,7 @@ timed with `triton.testing.do_bench` (L2 flushed between runs) at resnet50's act
 and at 1M-64M floats; a row per size and body, microseconds per launch for each
 configuration (E: streamed loads evict first, per-channel ones evict last, as weld emits;
 -: no hints). bench/DECISIONS.md#launch-xblock has the H100's figures behind
-`compiler/codegen/triton.py`'s POINTWISE_XBLOCK.
+`tuning.pointwise_xblock` (torchweld/tuning.py).
 """
 from __future__ import annotations
 

@@ -260,7 +260,7 @@ def test_a_max_pool_saves_its_argmax_as_bytes():
 
 
 def test_a_max_pool_of_wider_windows_keeps_aten_indices():
-    """Windows of more positions than weld's kernels unroll (pool_offsets.MAX_WINDOW) keep
+    """Windows of more positions than weld's kernels unroll (tuning.max_window) keep
     aten's pool and backward: offsets there would pool a second time, eagerly."""
     pool = nn.MaxPool2d(5, 2, 2)
     x = torch.randn(2, 3, 11, 11, requires_grad=True)

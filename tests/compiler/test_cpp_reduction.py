@@ -5,7 +5,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from torchweld.compiler.codegen.cpp_reduction import CHUNK, SEGMENTS, THREADED_MIN, reduced_loops
+from torchweld.compiler.codegen.cpp_reduction import reduced_loops
+from torchweld.tuning import tuning
 
 from weld_helpers import weld_compile
 
@@ -76,45 +77,45 @@ def test_the_threaded_walk_splits_rows_into_fixed_segments():
         source = weld_compile(fn, [x]).kernel_sources["cpp"]
         return source[source.index('extern "C"'):]
 
-    whole = kernels(lambda x: (x * 1.0).sum(), torch.ones(THREADED_MIN))
-    assert f"rseg < {SEGMENTS}" in whole and "double acc" in whole
-    assert "for (int64_t rseg" in kernels(lambda x: x.sum(1), torch.ones(3, THREADED_MIN))
-    many_outputs = kernels(lambda x: x.sum(1), torch.ones(64, 4 * CHUNK))
+    whole = kernels(lambda x: (x * 1.0).sum(), torch.ones(tuning.threaded_min))
+    assert f"rseg < {tuning.segments}" in whole and "double acc" in whole
+    assert "for (int64_t rseg" in kernels(lambda x: x.sum(1), torch.ones(3, tuning.threaded_min))
+    many_outputs = kernels(lambda x: x.sum(1), torch.ones(64, 4 * tuning.chunk))
     assert "rseg" not in many_outputs and "for (int64_t rq" in many_outputs  # threads share the outputs; rows in chunks
-    short_rows = kernels(lambda x: x.sum(1), torch.ones(64, CHUNK))
+    short_rows = kernels(lambda x: x.sum(1), torch.ones(64, tuning.chunk))
     assert "for (int64_t rq" not in short_rows and "double" not in short_rows  # as before: one float sum per lane
 
 
 def test_few_columns_share_their_rows_across_threads():
     """A column sum of few columns (one block of a C++ outer reduction) ran on one thread:
     16 columns of 6.25e6 rows took 33 ms on 16 cores, torch.compile 4.3. Its rows now go to
-    segments as a row sum's do, each block of columns summed in chunks of CHUNK / 16 rows."""
-    x = _normal(THREADED_MIN // 4, 5, seed=18)
+    segments as a row sum's do, each block of columns summed in chunks of tuning.chunk / 16 rows."""
+    x = _normal(tuning.threaded_min // 4, 5, seed=18)
     x[1000, 2] = float("nan")
     fn = lambda x: [x.sum(0), x.amax(0), x.amin(0), (x > 1).any(0)]  # noqa: E731
     compiled = weld_compile(fn, [x])
     source = compiled.kernel_sources["cpp"]
-    assert "x0b" in source and f"rseg < {SEGMENTS}" in source
+    assert "x0b" in source and f"rseg < {tuning.segments}" in source
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), fn(x), equal_nan=True)
 
 
 def test_reduced_loops_cut_the_outermost_loop_whose_inner_ones_fit_a_chunk():
-    assert not reduced_loops((8,), (CHUNK,)).chunked
+    assert not reduced_loops((8,), (tuning.chunk,)).chunked
     walk = reduced_loops((16,), (3, 2000, 1, 100))  # 16 outputs: threads share those
     assert [v for v, _ in walk.loops] == ["r0", "r1", "r3"]
-    assert walk.loops[walk.split] == ("r1", 2000) and walk.chunk == CHUNK // 100 and not walk.threaded
-    walk = reduced_loops((), (5 * THREADED_MIN,))
-    assert walk.split == 0 and walk.chunk == CHUNK and walk.threaded
-    assert walk.chunks == -(-5 * THREADED_MIN // CHUNK)
-    columns = reduced_loops((1,), (THREADED_MIN // 16,), lanes=16)  # an outer reduction's block of 16
-    assert columns.chunk == CHUNK // 16 and columns.threaded
+    assert walk.loops[walk.split] == ("r1", 2000) and walk.chunk == tuning.chunk // 100 and not walk.threaded
+    walk = reduced_loops((), (5 * tuning.threaded_min,))
+    assert walk.split == 0 and walk.chunk == tuning.chunk and walk.threaded
+    assert walk.chunks == -(-5 * tuning.threaded_min // tuning.chunk)
+    columns = reduced_loops((1,), (tuning.threaded_min // 16,), lanes=16)  # an outer reduction's block of 16
+    assert columns.chunk == tuning.chunk // 16 and columns.threaded
 
 
 def test_max_min_nan_and_integer_sums_over_threaded_rows():
-    x = _normal(3, THREADED_MIN + 7, seed=12)
+    x = _normal(3, tuning.threaded_min + 7, seed=12)
     x[1, 100_000] = float("nan")
-    i = torch.randint(-1000, 1000, (THREADED_MIN + 5,), generator=_generator(13))
+    i = torch.randint(-1000, 1000, (tuning.threaded_min + 5,), generator=_generator(13))
 
     def fn(x, i):
         return x.amax(1), x.amin(1), (x > 0).any(1), (x > -10).all(1), i.sum(), (i * 3).amax(), i.prod()

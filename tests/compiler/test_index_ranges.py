@@ -90,6 +90,6 @@ def test_many_pieces_stay_one_loop():
 
 
 def index_ranges_max() -> int:
-    from torchweld.compiler.codegen.cpp import MAX_PIECES
+    from torchweld.tuning import tuning
 
-    return MAX_PIECES
+    return tuning.max_pieces

@@ -253,8 +253,8 @@ def test_a_buffer_lives_as_long_as_an_extern_view_of_it():
 def test_kernels_stop_growing_at_the_size_cap():
     """A chain of 80 residual adds whose 80 layer-norm-like consumers could all join the first
     kernel (a GPT-2 backward recomputing every block's residual stream) is cut into kernels
-    of at most MAX_KERNEL_MEMBERS buffers and MAX_KERNEL_READS loads; results equal eager's."""
-    from torchweld.compiler.schedule import MAX_KERNEL_MEMBERS, MAX_KERNEL_READS
+    of at most tuning.max_kernel_members buffers and tuning.max_kernel_reads loads; results equal eager's."""
+    from torchweld.tuning import tuning
 
     n = 80
 
@@ -268,22 +268,23 @@ def test_kernels_stop_growing_at_the_size_cap():
     c = check(fn, [torch.randn(4, 8), torch.randn(n, 4, 8)])
     kernels = c.schedule.kernels()
     assert len(kernels) >= 2
-    assert all(len(k.members) <= MAX_KERNEL_MEMBERS and len(k.reads) <= MAX_KERNEL_READS for k in kernels)
+    assert all(len(k.members) <= tuning.max_kernel_members for k in kernels)
+    assert all(len(k.reads) <= tuning.max_kernel_reads for k in kernels)
 
 
 def test_single_element_updates_are_cut_into_kernels_of_equal_size():
     """An optimizer's step counters (one element each) fuse across parameters, but into
-    kernels of SINGLE_ELEMENT_MEMBERS at most: one kernel of all 364 of densenet121's took
+    kernels of tuning.single_element_members at most: one kernel of all 364 of densenet121's took
     2.5 s to compile; equal ones compile once."""
-    from torchweld.compiler.schedule import SINGLE_ELEMENT_MEMBERS
+    from torchweld.tuning import tuning
 
-    n = 2 * SINGLE_ELEMENT_MEMBERS + 3
+    n = 2 * tuning.single_element_members + 3
 
     graph = torch.fx.Graph()
     graph.output([graph.call_function(torch.add, (graph.placeholder(f"step{i}"), 1)) for i in range(n)])
     c = check(torch.fx.GraphModule(torch.nn.Module(), graph), [torch.tensor(float(i)) for i in range(n)])
     sizes = sorted(len(k.writes) for k in c.schedule.kernels())
-    assert sizes == [3, SINGLE_ELEMENT_MEMBERS, SINGLE_ELEMENT_MEMBERS]
+    assert sizes == [3, tuning.single_element_members, tuning.single_element_members]
 
 
 def test_mutated_inputs_are_written_in_place_where_nothing_reads_them_later():

@@ -215,12 +215,12 @@ def test_few_outputs_long_rows_reduce_in_two_steps(monkeypatch):
     activations), a layer norm's weight gradient (per-column sums) and a whole-tensor sum:
     few outputs and long rows reduce in two steps (lowering.split_plan), so that many
     programs share the work; results equal eager's."""
-    from torchweld.compiler import lowering
     from torchweld.compiler.lowering import split_plan
     from torchweld.compiler.ir import Op
+    from torchweld.tuning import tuning
 
-    monkeypatch.setattr(lowering, "SPLIT_MIN_ELEMENTS", 1 << 18)  # the interpreter's shapes stay small
-    monkeypatch.setattr(lowering, "SPLIT_MIN_ELEMENTS_ACROSS", 1 << 18)
+    monkeypatch.setattr(tuning, "split_min_elements", 1 << 18)  # the interpreter's shapes stay small
+    monkeypatch.setattr(tuning, "split_min_elements_across", 1 << 18)
     # 64 channels, rows of 16*32*32: 128 partial results, from all of N and 8 slices of H
     assert split_plan((16, 64, 32, 32), (0, 2, 3), Op.SUM, True) == (2, 8)
     assert split_plan((2048, 768), (0,), Op.SUM, True) == (0, 16)  # rows of 128 at least
@@ -318,7 +318,7 @@ def test_kernels_that_differ_only_in_sizes_share_one_function():
     so the later ones of its family are one function; the first two, handed over before the
     others are rendered, keep their literals, as does a kernel no other resembles. Results
     equal eager's."""
-    from torchweld.compiler.codegen.triton import LITERAL_FAMILY_MEMBERS
+    from torchweld.tuning import tuning
 
     channels = (3, 6, 7, 11, 13)
 
@@ -335,7 +335,7 @@ def test_kernels_that_differ_only_in_sizes_share_one_function():
     assert len(with_sizes) == 2, src  # the later relus are one function, the later cats another
     assert "_tw_divide(xindex, kd0)" in src
     assert "@triton.jit(do_not_specialize=['kd0'" in src  # a magic number's divisibility splits no compile
-    assert len(kernels) == 2 * LITERAL_FAMILY_MEMBERS + 3  # the first relus and cats, d.t() * 2: literals
+    assert len(kernels) == 2 * tuning.literal_family_members + 3  # the first relus and cats, d.t() * 2: literals
 
 
 def test_reductions_that_differ_only_in_sizes_share_one_function():

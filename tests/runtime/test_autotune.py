@@ -83,7 +83,8 @@ def test_stale_cache_entry_is_retuned(tmp_path):
 
 @interpreter
 def test_launch_candidates():
-    from torchweld.compiler.codegen.triton import MAX_PERSISTENT_RBLOCK, block_sizes, launch_candidates, launch_config
+    from torchweld.compiler.codegen.triton import block_sizes, launch_candidates, launch_config
+    from torchweld.tuning import tuning
     fn = lambda x, y: [x.sin() * 2, x.sum(1), y.sum(1)]  # noqa: E731
     c = weld_compile(fn, [torch.randn(64, 100), torch.randn(4, 5000)], {"cpu_codegen": "triton"})
     for k in c.schedule.kernels():
@@ -91,7 +92,7 @@ def test_launch_candidates():
         xblock, rblock = block_sizes(k)
         assert cands[0] == {"XBLOCK": xblock, "RBLOCK": rblock, "num_warps": launch_config(k).get("num_warps", 4)}
         assert 2 <= len(cands) <= 8 and len({tuple(sorted(d.items())) for d in cands}) == len(cands)
-        if k.is_reduction and max(k.reduced) <= MAX_PERSISTENT_RBLOCK:
+        if k.is_reduction and max(k.reduced) <= tuning.max_persistent_rblock:
             assert {d["RBLOCK"] for d in cands} == {rblock}
 
 

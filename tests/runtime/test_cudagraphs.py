@@ -9,8 +9,8 @@ import torch.nn as nn
 
 import torchweld
 from graph_fakes import FakeRecorder
-from torchweld.runtime.cudagraphs import MAX_LAYOUTS, CudaGraphed, CudaGraphPool, graph_reason, \
-    mutated_placeholders, pool_for
+from torchweld.runtime.cudagraphs import CudaGraphed, CudaGraphPool, graph_reason, mutated_placeholders, pool_for
+from torchweld.tuning import tuning
 
 
 def graphed(fn, recorder=None, **kw):
@@ -251,9 +251,9 @@ def test_recording_failure_after_a_mutating_warm_up_returns_its_result():
 def test_too_many_layouts_is_dynamic(caplog):
     g = graphed(lambda x: x + 1)
     with caplog.at_level(logging.INFO, logger="torchweld.weld"):
-        for n in range(1, MAX_LAYOUTS + 3):
+        for n in range(1, tuning.max_layouts + 3):
             torch.testing.assert_close(g(torch.ones(n)), torch.ones(n) + 1)
-    assert len(g.pool.recorder.records) == MAX_LAYOUTS
+    assert len(g.pool.recorder.records) == tuning.max_layouts
     assert any("dynamic sizes" in r.getMessage() for r in caplog.records)
 
 

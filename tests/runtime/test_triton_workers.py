@@ -154,11 +154,12 @@ def test_a_worker_adopts_the_parents_install_key(monkeypatch):
 def test_the_parent_loads_what_the_workers_compiled(tmp_path, monkeypatch):
     from triton import knobs
 
-    from torchweld.runtime import triton_launch, triton_workers
+    from torchweld.runtime import triton_workers
+    from torchweld.tuning import tuning
 
     if triton_workers.worker_pool() is None:
         pytest.skip("no compile workers for this Triton")
-    monkeypatch.setattr(triton_launch, "WORKERS_FROM", 1)  # this graph's few kernels go to the workers too
+    monkeypatch.setattr(tuning, "workers_from", 1)  # this graph's few kernels go to the workers too
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
     hits = []
     monkeypatch.setattr(knobs.compilation, "listener", lambda **kw: hits.append(kw["cache_hit"]))

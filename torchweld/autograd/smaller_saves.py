@@ -13,7 +13,7 @@ takes fewer bytes.
   8 bytes, and draw the mask again in the backward, rather than save the mask, a byte an
   element. The draw still happens once, in the forward: its seed is the random op.
 - `max_pool2d_with_indices` whose indices feed its backward, over a floating-point input
-  with windows weld's kernels compute (pool_offsets.MAX_WINDOW positions at most): the
+  with windows weld's kernels compute (tuning.max_window positions at most): the
   backward reads each window's argmax as an int8 offset within the window
   (runtime/pool_offsets.py) instead of the int64 index, and needs the input's sizes
   alone, not the input.
@@ -25,6 +25,7 @@ import operator
 import torch
 
 from torchweld.runtime import pool_offsets, seeded_rand
+from torchweld.tuning import tuning
 
 aten, prims = torch.ops.aten, torch.ops.prims
 
@@ -74,7 +75,7 @@ def max_pool_offsets(graph: torch.fx.Graph) -> None:
         if pool is None or pool.target is not aten.max_pool2d_with_indices.default or pool.args[0] is not x:
             continue
         window = pool_offsets.pool_window(kernel, stride, padding, dilation)
-        if window[0][0] * window[0][1] > pool_offsets.MAX_WINDOW or not x.meta["val"].is_floating_point():
+        if window[0][0] * window[0][1] > tuning.max_window or not x.meta["val"].is_floating_point():
             continue
         with graph.inserting_after(pool):
             offsets = _call(graph, pool_offsets.max_pool2d_offsets, (x, *window, ceil_mode))

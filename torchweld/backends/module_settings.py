@@ -17,13 +17,13 @@ from typing import Callable
 import torch
 
 from torchweld.backends.weld_declines import UNTRACEABLE
+from torchweld.tuning import tuning
 
 log = logging.getLogger("torchweld.weld")
 
 SETTING_TYPES = (bool, int, float, str, type(None), tuple)
 # settings captured graphs are guarded on already (capture/guards.py)
 GUARDED_BY_CAPTURE = frozenset({"training"})
-VARIANTS_LIMIT = 8  # compiled variants for other settings, then the graph runs as captured
 
 
 def leaf_settings(gm: torch.fx.GraphModule) -> list[tuple[torch.nn.Module, Callable]]:
@@ -47,7 +47,7 @@ def leaf_settings(gm: torch.fx.GraphModule) -> list[tuple[torch.nn.Module, Calla
 class SettingsGuarded:
     """`compile_(inputs)`'s callable for the leaf settings of the call; compiled again, with that
     call's inputs as examples, for settings not met before (`exact`, the captured graph, past
-    VARIANTS_LIMIT of them)."""
+    tuning.variants_limit of them)."""
 
     def __init__(self, compile_: Callable[[list], Callable], settings: list, exact: Callable, example_inputs: list):
         self.compile_, self.settings, self.exact = compile_, settings, exact
@@ -68,9 +68,9 @@ class SettingsGuarded:
         found = self.variants.get(key)
         if found is not None:
             return found
-        if len(self.variants) >= VARIANTS_LIMIT:
+        if len(self.variants) >= tuning.variants_limit:
             log.warning("the settings of this graph's modules changed %d times; it runs as captured, "
-                        "without weld's kernels, for settings met after that", VARIANTS_LIMIT)
+                        "without weld's kernels, for settings met after that", tuning.variants_limit)
             found = self.exact
         else:
             log.info("a setting of a module this graph calls changed since weld compiled it: compiling it again")

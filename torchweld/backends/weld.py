@@ -12,7 +12,8 @@ import torch.utils._pytree as pytree
 from torchweld.backends import Option, register_backend
 from torchweld.backends.module_settings import SettingsGuarded, leaf_settings
 from torchweld.backends.weld_declines import UNTRACEABLE, Decline, warn_declined, why_declined
-from torchweld.backends.weld_sizes import DEFAULT_SPECIALIZATIONS, CompiledPerSize
+from torchweld.backends.weld_sizes import CompiledPerSize
+from torchweld.tuning import tuning
 
 log = logging.getLogger("torchweld.weld")
 
@@ -69,16 +70,6 @@ def records_autograd(gm: torch.fx.GraphModule) -> bool:
     return False
 
 
-# A graph of this many nodes makes enough Triton kernels that compile worker processes,
-# started at once, pay off: they are ready by the time its kernels are. Started at the
-# first batch of 12 kernels instead (runtime/triton_launch.py, WORKERS_FROM), they missed
-# GPT-2's training forward: its 8 kernels compiled in threads, under the GIL of the
-# backward's lowering, 3.4 s against 1.9-2.3 s in workers (H100 host). Inference graphs
-# joined once workers stopped hashing Triton's library at their first compile
-# (triton_workers.install_key): BERT's 7 kernels 0.87-0.95 s in workers, 1.06-1.19 in threads.
-WORKERS_FROM_NODES = 100
-
-
 # Every key `options=` takes for weld; torchweld.compile refuses any other (backends.check_options).
 OPTIONS = {
     "fuse_attention": Option("softmax(q @ k^T * scale) @ v becomes one scaled_dot_product_attention call "
@@ -101,7 +92,8 @@ OPTIONS = {
     "autotuner": Option("the runtime.autotune.Autotuner that times candidates (default: a new one)", types=(object,)),
     "autotune_timer": Option("the timer an Autotuner made here uses (tests)", types=(object,)),
     "size_specializations": Option("a graph with symbolic sizes: how many per-size compiles are kept "
-                                   f"(backends/weld_sizes.py); default {DEFAULT_SPECIALIZATIONS}", types=(int,)),
+                                   "(backends/weld_sizes.py); default: tuning.default_specializations, "
+                                   f"{tuning.default_specializations}", types=(int,)),
     "split_reductions": Option("Triton: a long reduction runs in two kernels, split across blocks; default True"),
     "cpu_codegen": Option("the code CPU kernels are written in: 'cpp' (default) or 'triton' (through Triton's "
                           "interpreter, for tests)", choices=("cpp", "triton")),
@@ -119,7 +111,7 @@ def weld(gm: torch.fx.GraphModule, example_inputs: list, mode=None, options=None
     options = {} if options is None else options
     declined = why_declined(gm, example_inputs)
     if declined is not None and declined[0] is Decline.SYMBOLIC_SIZES:  # shortcut: compiled per size (weld_sizes.py)
-        limit = options.get("size_specializations", DEFAULT_SPECIALIZATIONS)
+        limit = options.get("size_specializations", tuning.default_specializations)
         return CompiledPerSize(gm, lambda static_gm, inputs: weld(static_gm, inputs, mode, options), limit)
     if declined is not None:
         kind, detail = declined
@@ -137,7 +129,7 @@ def _weld(gm: torch.fx.GraphModule, example_inputs: list, mode, options: dict):
     grad_tensors = reads_grad_tensors(gm, example_inputs)
     training = grad_tensors and records_autograd(gm)
     if _on_cuda(gm, example_inputs):
-        _start_cuda_helpers(workers=len(gm.graph.nodes) >= WORKERS_FROM_NODES)
+        _start_cuda_helpers(workers=len(gm.graph.nodes) >= tuning.workers_from_nodes)
     if training:
         return _compile_training(prepare(gm, options, inference=False), example_inputs, mode, options)
     from torchweld.compiler import compile_graph
@@ -198,9 +190,9 @@ def _start_cuda_helpers(workers: bool) -> None:
 
 
 # Whether a call whose tensors are on CUDA starts the compile workers before its capture
-# (else at the backend's entry, for graphs of WORKERS_FROM_NODES): 16 workers took ~2 s to be
-# ready on the H100 host, and GPT-2's first kernels waited 0.4 s for them when started at the
-# backend. GPT-2's cold first call 2.12-2.37 s against 2.38-2.67; resnet50's 2.91-3.28 against
+# (else at the backend's entry, for graphs of tuning.workers_from_nodes nodes): 16 workers took
+# ~2 s to be ready on the H100 host, and GPT-2's first kernels waited 0.4 s for them when started
+# at the backend. GPT-2's cold first call 2.12-2.37 s against 2.38-2.67; resnet50's 2.91-3.28 against
 # 2.97-2.98 (bench/with_constants.py ...:WORKERS_AT_FIRST_CALL=0 -- bench/investigations/profile_compile.py).
 WORKERS_AT_FIRST_CALL = True
 

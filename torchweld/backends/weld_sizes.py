@@ -24,9 +24,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torchweld import logs
 from torchweld.backends.weld_declines import is_symbolic
 from torchweld.capture.symbolic_sizes import SIZES_GUARDED, SYMBOLIC_TYPES
-
-
-DEFAULT_SPECIALIZATIONS = 8
+from torchweld.tuning import tuning
 
 
 def _layout(args: tuple) -> tuple:
@@ -119,10 +117,10 @@ def static_copy(gm: torch.fx.GraphModule, args: tuple) -> torch.fx.GraphModule:
 class CompiledPerSize:
     """Calls the specialization of `gm` compiled for the sizes and strides of its arguments."""
 
-    def __init__(self, gm: torch.fx.GraphModule, compile_static: Callable, limit: int = DEFAULT_SPECIALIZATIONS):
+    def __init__(self, gm: torch.fx.GraphModule, compile_static: Callable, limit: int | None = None):
         self.gm = gm
         self.compile_static = compile_static  # (static graph module, example inputs) -> callable
-        self.limit = limit
+        self.limit = tuning.default_specializations if limit is None else limit
         self.specializations: collections.OrderedDict = collections.OrderedDict()
         self.compiles = 0
         self._reads = symbol_reads(gm)

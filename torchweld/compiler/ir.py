@@ -24,6 +24,8 @@ from typing import Callable, Iterable
 
 import torch
 
+from torchweld.tuning import tuning
+
 
 class Op(enum.Enum):
     # -- leaves ------------------------------------------------------------------
@@ -659,9 +661,6 @@ def producer_of(name: str, buffers: dict) -> tuple[Buffer | None, int]:
     base, _, index = name.rpartition("_")
     return buffers.get(base), int(index) if index.isdigit() else 0
 
-INLINE_MAX_NODES = 48  # a body larger than this is stored rather than recomputed by several readers
-SMALL_READ_FRACTION = 16  # a load from a buffer this many times smaller (a bias, a scale) is cheap
-
 
 def cheap_to_recompute(buf: Pointwise, buffers: dict) -> bool:
     """Whether every reader of `buf` may recompute it instead of loading it: a small
@@ -669,10 +668,11 @@ def cheap_to_recompute(buf: Pointwise, buffers: dict) -> bool:
     activation). Each reader then loads that one buffer where it would have loaded
     `buf`, so memory traffic never grows, and `buf` itself is never written."""
     nodes = list(walk(buf.body))
-    if len(nodes) > INLINE_MAX_NODES:
+    if len(nodes) > tuning.inline_max_nodes:
         return False
     size = math.prod(buf.shape)
-    large = {n.arg for n in nodes if n.op is Op.LOAD and stored_numel(n.arg, buffers) * SMALL_READ_FRACTION > size}
+    fraction = tuning.small_read_fraction
+    large = {n.arg for n in nodes if n.op is Op.LOAD and stored_numel(n.arg, buffers) * fraction > size}
     return len(large) <= 1
 
 

@@ -18,6 +18,7 @@ from torchweld.compiler.aten_graph import pure_overload
 from torchweld.compiler.ir import Expr, Layout
 from torchweld.compiler.op_effects import returned_storage
 from torchweld.runtime.seeded_rand import SEED_HIGH, SEED_LOW
+from torchweld.tuning import tuning
 
 log = logging.getLogger("torchweld.weld")
 aten = torch.ops.aten
@@ -668,17 +669,6 @@ def draws_a_seed(node) -> bool:
 
 
 SPLIT_OPS = frozenset({ir.Op.SUM, ir.Op.MAX, ir.Op.MIN})  # associative: partial results combine
-# A reduction reading fewer elements runs in one step. Below ~8 MB of float32 (3 us of an
-# H100's bandwidth) the second launch costs more than it saves; densenet121's train step,
-# bound by CPU time, ran 400 launches more per step with 1 MB here. Rows read across (a
-# column sum) split from fewer: one step gives them a program per 8 to 64 outputs, so a
-# layer norm's or a bias's gradient over 768 features of 2048 rows ran 96 programs at
-# 0.75 TB/s. On the H100 this took 106 us of GPU time off GPT-2's step and 8 ms off
-# densenet121's (its batch norms' statistics over 1024 to 16384 rows); BERT's, over rows
-# of 1024, came out 61 us slower.
-SPLIT_MIN_ELEMENTS = 1 << 21
-SPLIT_MIN_ELEMENTS_ACROSS = 1 << 19
-PARTIAL_ROW_MIN = 128  # the first step's rows are at least this long
 # Outputs the first step should have: per-column sums take blocks of 64 columns per program,
 # per-row sums blocks of 4 rows; either way about 512 programs.
 PARTIAL_OUTPUTS = {True: 64 * 512, False: 4 * 512}
@@ -696,8 +686,9 @@ def split_plan(shape, reduced: tuple[int, ...], reduce_op: ir.Op, along_kept: bo
         return None
     outputs = math.prod(s for i, s in enumerate(shape) if i not in reduced)
     row = math.prod(shape[d] for d in reduced)
-    wanted = min(PARTIAL_OUTPUTS[along_kept] // max(outputs, 1), row // PARTIAL_ROW_MIN)
-    if outputs * row < (SPLIT_MIN_ELEMENTS_ACROSS if along_kept else SPLIT_MIN_ELEMENTS) or wanted < 4:
+    wanted = min(PARTIAL_OUTPUTS[along_kept] // max(outputs, 1), row // tuning.partial_row_min)
+    least = tuning.split_min_elements_across if along_kept else tuning.split_min_elements
+    if outputs * row < least or wanted < 4:
         return None
     best, before = None, 1  # the most partial results, at most `wanted`
     for d in reduced:

@@ -15,6 +15,7 @@ from torchweld.compiler import ir
 from torchweld.compiler.ir import Expr, Layout, Op
 from torchweld.compiler.lowering import GraphLowering, RuleNode, BufferView, draws_a_seed, meta_layout
 from torchweld.runtime import pool_offsets, seeded_rand
+from torchweld.tuning import tuning
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -910,12 +911,12 @@ def window_max(L, node, x: BufferView, kernel_size, stride=(), padding=0, dilati
     """Max pooling as a pointwise computation over the output: the maximum of the window's
     loads, positions in the padding masked to -inf. What produces `x` (batch norm and ReLU
     after a convolution) inlines into it, so that tensor is never stored. None where
-    this does not apply (integer dtypes, windows of more than pool_offsets.MAX_WINDOW positions)."""
+    this does not apply (integer dtypes, windows of more than tuning.max_window positions)."""
     val = out_val(node)[0]
     if not val.is_floating_point() or len(x.shape) not in (3, 4):
         return None
     kernel, stride, padding, dilation = pool_offsets.pool_window(kernel_size, stride, padding, dilation)
-    if kernel[0] * kernel[1] > pool_offsets.MAX_WINDOW:
+    if kernel[0] * kernel[1] > tuning.max_window:
         return None
     shape = tuple(val.shape)
     compute = upcast(val.dtype)
@@ -936,8 +937,8 @@ def max_pool2d_offsets(L, node, x, kernel_size, stride, padding, dilation, ceil_
     window maximum that reads the same input (runtime/pool_offsets.py)."""
     val = out_val(node)
     kernel, stride, padding, dilation = pool_offsets.pool_window(kernel_size, stride, padding, dilation)
-    if len(x.shape) not in (3, 4) or kernel[0] * kernel[1] > pool_offsets.MAX_WINDOW:
-        raise NotImplementedError(f"windows of more than {pool_offsets.MAX_WINDOW} positions")
+    if len(x.shape) not in (3, 4) or kernel[0] * kernel[1] > tuning.max_window:
+        raise NotImplementedError(f"windows of more than {tuning.max_window} positions")
     compute = upcast(x.dtype)
     best = offset = started = None
     for number, value, inside in _window_reads(x, tuple(val.shape), kernel, stride, padding, dilation):
@@ -967,8 +968,8 @@ def max_pool2d_backward_from_offsets(L, node, grad, offsets, input_size, kernel_
     stride where that divides, inside the output (columns alike)."""
     val = out_val(node)
     kernel, stride, padding, dilation = pool_offsets.pool_window(kernel_size, stride, padding, dilation)
-    if len(val.shape) not in (3, 4) or kernel[0] * kernel[1] > pool_offsets.MAX_WINDOW:
-        raise NotImplementedError(f"windows of more than {pool_offsets.MAX_WINDOW} positions")
+    if len(val.shape) not in (3, 4) or kernel[0] * kernel[1] > tuning.max_window:
+        raise NotImplementedError(f"windows of more than {tuning.max_window} positions")
     shape = tuple(val.shape)
     out_shape = tuple(grad.shape)
     index = ir.dim_vars(len(shape))

@@ -26,6 +26,7 @@ import torch.utils._pytree as pytree
 from torchweld.compiler import ir
 from torchweld.compiler.ir import Expr, Op
 from torchweld.compiler.lowering import LoweredGraph, BufferView
+from torchweld.tuning import tuning
 
 
 # =============================================================================
@@ -154,18 +155,6 @@ def map_exprs(kernel: Kernel, value, index=lambda e: e) -> Kernel:
 # =============================================================================
 
 
-# A kernel computes at most this many buffers and loads at most this many: larger ones
-# (a training backward recomputing the residual stream of all 12 blocks of GPT-2 in one
-# kernel, 194 pointers) spill registers and take many seconds to compile. Kernels of single
-# elements (the step counters of all batch norms, of an optimizer's parameters) load one
-# buffer a member and take up to SINGLE_ELEMENT_MEMBERS: Adam's 364 step counters of
-# densenet121 in one kernel of 728 pointers took 2.5 s to compile, the longest of its step;
-# in kernels of 32, two distinct kernels (32 and the rest) of ~0.3 s each.
-MAX_KERNEL_MEMBERS = 64
-MAX_KERNEL_READS = 64
-SINGLE_ELEMENT_MEMBERS = 32
-
-
 @dataclasses.dataclass
 class _Group:
     position: int
@@ -178,10 +167,10 @@ class _Group:
 
     def has_room(self, buf) -> bool:
         if math.prod(self.full) == 1:
-            return len(self.members) < SINGLE_ELEMENT_MEMBERS
-        if len(self.members) >= MAX_KERNEL_MEMBERS:
+            return len(self.members) < tuning.single_element_members
+        if len(self.members) >= tuning.max_kernel_members:
             return False
-        return len((self.reads | buf.reads()) - set(self.members) - {buf.name}) <= MAX_KERNEL_READS
+        return len((self.reads | buf.reads()) - set(self.members) - {buf.name}) <= tuning.max_kernel_reads
 
     @property
     def outer_shape(self) -> tuple[int, ...]:

@@ -59,7 +59,7 @@ graphs' replays (the loss the user holds, the activations the backward reads), s
 each tracked recording gets a pool of its own, where no other graph's scratch lies.
 
 A graph with symbolic sizes is recorded once per concrete layout, as any graph is (more
-than MAX_LAYOUTS of them run without CUDA graphs). What cannot be recorded (CPU tensors,
+than tuning.max_layouts of them run without CUDA graphs). What cannot be recorded (CPU tensors,
 ops that synchronize with the host, a failure while recording) runs without CUDA graphs; the reason
 is logged once per compiled model on the "torchweld.weld" logger at INFO.
 
@@ -77,10 +77,11 @@ from typing import Callable, Protocol, Sequence
 import torch
 import torch.utils._pytree as pytree
 
+from torchweld.tuning import tuning
+
 log = logging.getLogger("torchweld.weld")
 
 OUTPUT_POLICIES = ("copy", "track")
-MAX_LAYOUTS = 16  # distinct input layouts one CudaGraphed records before calling sizes dynamic
 
 # Ops whose result needs the host to wait for the device, or whose output size
 # depends on data: a stream being recorded cannot contain them.
@@ -247,7 +248,7 @@ def graph_reason(gm: torch.fx.GraphModule, device_type: str = "cuda") -> str | N
             if target in SYNCHRONIZING and _synchronizes(node, target):
                 where = _user_location(node)
                 return f"{target}() synchronizes with the host or has a data-dependent size{where}"
-    return None  # symbolic sizes are no reason: each concrete layout is recorded (up to MAX_LAYOUTS)
+    return None  # symbolic sizes are no reason: each concrete layout is recorded (up to tuning.max_layouts)
 
 
 def _synchronizes(node: torch.fx.Node, target: str) -> bool:
@@ -441,8 +442,8 @@ class CudaGraphed:
         if not self.layouts and self._adopt(args):
             key = _layout_key(args, self._keyed(len(args)))  # the adopted inputs may leave the key
         reason = input_reason(args, self.pool.recorder.device_type)
-        if reason is None and len(self.layouts) >= MAX_LAYOUTS:
-            reason = f"more than {MAX_LAYOUTS} input layouts (dynamic sizes)"
+        if reason is None and len(self.layouts) >= tuning.max_layouts:
+            reason = f"more than {tuning.max_layouts} input layouts (dynamic sizes)"
         if reason is not None:
             self._run_eagerly(key, reason)
             return self._unrecorded(self.fn(*args))

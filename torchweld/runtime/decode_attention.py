@@ -22,7 +22,7 @@ import functools
 
 import torch
 
-BLOCK_S = 64  # cache positions a step of a split reads
+from torchweld.tuning import tuning
 
 
 @functools.cache
@@ -93,9 +93,9 @@ def _kernels():
 
 def splits_for(groups: int, length: int, device: torch.device) -> int:
     """How many splits of the cache: about two thread blocks a multiprocessor, each split at
-    least one BLOCK_S step; a power of two (the combine kernel's range)."""
+    least one tuning.block_s step; a power of two (the combine kernel's range)."""
     processors = _multiprocessors(device.index if device.index is not None else torch.cuda.current_device())
-    want = max(1, min(-(-2 * processors // groups), -(-length // BLOCK_S)))
+    want = max(1, min(-(-2 * processors // groups), -(-length // tuning.block_s)))
     return 1 << (want - 1).bit_length()
 
 
@@ -121,7 +121,7 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
     r_pad = max(16, 1 << (r - 1).bit_length())
     splits = splits_for(b * kv, s, q.device)
     per_split = -(-s // splits)
-    per_split = -(-per_split // BLOCK_S) * BLOCK_S
+    per_split = -(-per_split // tuning.block_s) * tuning.block_s
     m = torch.empty(b * kv * splits * r_pad, device=q.device, dtype=torch.float32)
     l = torch.empty_like(m)
     acc = torch.empty(b * kv * splits * r_pad * d, device=q.device, dtype=torch.float32)
@@ -133,7 +133,7 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
         kind, mstrides = (1 if mask.dtype == torch.bool else 2), mask_arg.stride()
     split_kernel[(b * kv, splits)](q, k, v, mask_arg, m, l, acc, scale, r, s, per_split, kv,
                                     *q.stride(), *k.stride(), *v.stride(), *mstrides,
-                                    R_PAD=r_pad, D=d, BLOCK=BLOCK_S, MASK=kind, SPLITS=splits)
+                                    R_PAD=r_pad, D=d, BLOCK=tuning.block_s, MASK=kind, SPLITS=splits)
     combine_kernel[(b * kv, r)](m, l, acc, out, kv, *out.stride(), R_PAD=r_pad, D=d, SPLITS=splits)
     return out
 

@@ -26,10 +26,6 @@ _LIBRARY.define("max_pool2d_offsets(Tensor self, int[2] kernel_size, int[2] stri
 _LIBRARY.define("max_pool2d_backward_from_offsets(Tensor grad_output, Tensor offsets, SymInt[] input_size, "
                 "int[2] kernel_size, int[2] stride, int[2] padding, int[2] dilation, bool ceil_mode) -> Tensor")
 
-# Positions a window may have for weld's kernels (each read is unrolled into the kernel; an
-# int8 would hold 127): beyond it the pool keeps aten's indices and aten's backward.
-MAX_WINDOW = 16
-
 
 def pool_window(kernel_size, stride=(), padding=0, dilation=1) -> tuple[list[int], ...]:
     """max_pool2d's (kernel, stride, padding, dilation) as pairs; an empty stride is the kernel's."""

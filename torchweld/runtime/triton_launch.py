@@ -16,7 +16,7 @@ an input is misaligned).
     h = handles[0]
     h.launch(grid, 1, 1, stream, h.function, *h.leading, *pointers, *h.passed(ints), *h.trailing)
 
-Where Triton allows it and a graph brings many new kernels (WORKERS_FROM), worker
+Where Triton allows it and a graph brings many new kernels (tuning.workers_from), worker
 processes (triton_workers.py) compile each kernel into Triton's disk cache first:
 Triton's front end is Python and holds the GIL, so threads alone compile little in
 parallel. The threads then load each kernel (from the cache, or compiling it
@@ -43,6 +43,7 @@ import torch
 from torchweld import config as torchweld_config
 from torchweld import timing
 from torchweld.c_extension import ExtensionBuildError, load_extension, loaded_once
+from torchweld.tuning import tuning
 
 log = logging.getLogger("torchweld.weld")
 
@@ -93,21 +94,15 @@ _compiled: dict[tuple, Future] = {}
 _lock = threading.Lock()
 _pools: dict[bool, ThreadPoolExecutor] = {}
 
-# A kernel a worker process compiled is only loaded in this process (Triton's cache hit,
-# ~25 ms of Python under the GIL each): a few threads do it, more only fight for the GIL.
-# On the H100 host, densenet121's 68 kernels: 4.5 s of compile phase with 32 threads
-# loading, 3.5-4.1 s with 1 or 4 (resnet50's 19: 1.9 s either way).
-LOADING_THREADS = 4
-
 
 def _executor(loading: bool) -> ThreadPoolExecutor:
-    """The threads that load worker-compiled kernels (`loading`: LOADING_THREADS, or
+    """The threads that load worker-compiled kernels (`loading`: tuning.loading_threads, or
     config.loading_threads), or those that compile kernels themselves: one per core
     up to 32, or config.compile_threads."""
     pool = _pools.get(loading)
     if pool is None:
         if loading:
-            count = torchweld_config.loading_threads or LOADING_THREADS
+            count = torchweld_config.loading_threads or tuning.loading_threads
         else:
             count = torchweld_config.compile_threads or min(32, os.cpu_count() or 1)
         pool = _pools[loading] = ThreadPoolExecutor(max_workers=count, thread_name_prefix="torchweld-triton")
@@ -149,7 +144,7 @@ def submit_kernels(jobs: list[CompileJob], batch: int | None = None) -> list[Fut
     with _lock:
         new = {job.key for job in jobs if job.key not in _compiled}
         count = len(new) if batch is None else batch
-        use_workers = bool(new) and (count >= WORKERS_FROM or (count > 1 and _workers_running()))
+        use_workers = bool(new) and (count >= tuning.workers_from or (count > 1 and _workers_running()))
         for job in jobs:
             future = _compiled.get(job.key)
             if future is None:
@@ -177,16 +172,6 @@ def _dummy_arguments(job: CompileJob) -> list:
             t = torch.empty(2 * ALIGNMENT, dtype=dtype, device=job.device)
             args.append(t[1:])  # an itemsize past an aligned start: not 16-byte aligned (itemsize < 16)
     return args + list(job.ints)
-
-
-# Worker processes compile a graph's kernels when it has at least this many new ones, or
-# more than one once the workers run (an earlier graph started them). Below it threads do
-# as well on small kernels: on the H100 host, resnet50's 19 took 2.1-2.5 s either way (a
-# worker starts in ~0.3 s), BERT's 8 1.6 s in threads and 2.3 s in workers started for
-# them; densenet121's 68 took 4.4-4.6 s in workers and 8.4 s in threads, and the 15 kernels
-# of densenet121's Adam step (long ones) 7.9 s in threads.
-WORKERS_FROM = 12
-WORKER_TIMEOUT_S = 300  # past this a kernel's worker is given up on, and the kernel compiled here
 
 
 def _workers_running() -> bool:
@@ -229,7 +214,7 @@ def _compile(job: CompileJob, ahead: Future | None = None) -> "LaunchHandle":
         start = time.perf_counter()
         binary = None
         try:
-            reply = ahead.result(timeout=WORKER_TIMEOUT_S)
+            reply = ahead.result(timeout=tuning.worker_timeout_s)
             for part, s in reply["seconds"].items():
                 timing.record(f"weld.triton_compile.workers.{part}", s, job.fn.name)
             binary = reply.get("binary")

@@ -36,17 +36,17 @@ from concurrent.futures import Future
 from torchweld import config as torchweld_config
 from torchweld.c_extension import loaded_once
 from torchweld.runtime.triton_worker_main import read_message, write_message
+from torchweld.tuning import tuning
 
 log = logging.getLogger("torchweld.weld")
 
 WORKER_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "triton_worker_main.py")
-MAX_WORKERS = 16
 
 
 def worker_count() -> int:
     if torchweld_config.compile_workers is not None:
         return max(0, torchweld_config.compile_workers)
-    return min(MAX_WORKERS, os.cpu_count() or 1)
+    return min(tuning.max_workers, os.cpu_count() or 1)
 
 
 def _niceness_arguments() -> list[str]:

@@ -3,7 +3,7 @@
 
 A reduction whose loads are contiguous along the last outer dim rather than the
 last reduced one (a column sum: bias and LayerNorm-weight gradients) is rendered
-as an *outer reduction*: the last outer loop is cut into blocks of OUTER_BLOCK,
+as an *outer reduction*: the last outer loop is cut into blocks of tuning.outer_block,
 each accumulator becomes an array over the block, and the `omp simd` loop runs
 over the block inside the reduced loops, so loads are unit-stride vectors instead
 of one strided scalar per step.
@@ -19,14 +19,13 @@ import math
 import torch
 
 from torchweld.compiler.codegen.common import C_LIKE_OPS, KernelRenderer, Scope
-from torchweld.compiler.codegen.cpp_reduction import SEGMENTS, reduced_loops
+from torchweld.compiler.codegen.cpp_reduction import reduced_loops
 from torchweld.compiler import index_ranges, ir
 from torchweld.compiler.ir import Op
 from torchweld.compiler.schedule import Kernel, Stage, Store
+from torchweld.tuning import tuning
 
 HALF_TYPES = (torch.float16, torch.bfloat16)
-OUTER_BLOCK = 16  # lanes of an outer reduction's simd loop (one AVX-512 register of float)
-MAX_PIECES = 16  # innermost loops a pointwise kernel is split into at most (a cat of 16 inputs)
 
 # Helpers every generated file starts with: math on GCC's builtins, NaN-propagating
 # max/min, Python-style integer division, and half/bfloat16 storage converted to float
@@ -252,8 +251,8 @@ class CppRenderer(KernelRenderer):
         self.block_var = _outer_reduction_var(kernel, outer)
         if self.block_var is not None:
             # threads share its blocks of columns, or, where there are few, its rows
-            blocks = math.prod(s for _, s in outer[:-1]) * -(-outer[-1][1] // OUTER_BLOCK)
-            self.walk = reduced_loops((blocks,), kernel.reduced, lanes=OUTER_BLOCK)
+            blocks = math.prod(s for _, s in outer[:-1]) * -(-outer[-1][1] // tuning.outer_block)
+            self.walk = reduced_loops((blocks,), kernel.reduced, lanes=tuning.outer_block)
             return self.open_blocked_kernel(outer, "" if self.walk.threaded else parallel)
         self.walk = reduced_loops(kernel.outer, kernel.reduced)
         if split:
@@ -283,7 +282,7 @@ class CppRenderer(KernelRenderer):
         return Scope(None, indent)
 
     def open_blocked_kernel(self, outer: list, parallel: str) -> Scope:
-        """Outer loops of an outer reduction: the last one steps by OUTER_BLOCK (see the module doc)."""
+        """Outer loops of an outer reduction: the last one steps by tuning.outer_block (see the module doc)."""
         var, size = outer[-1]
         if not self.walk.threaded:
             self.emit(Scope(None, 1), f"#pragma omp parallel for collapse({len(outer)}){parallel}")
@@ -291,9 +290,10 @@ class CppRenderer(KernelRenderer):
         for v, s in outer[:-1]:
             self.emit(Scope(None, indent), f"for (int64_t {v} = 0; {v} < {s}; {v}++) {{")
             indent += 1
-        self.emit(Scope(None, indent), f"for (int64_t {var}b = 0; {var}b < {size}; {var}b += {OUTER_BLOCK}) {{")
-        self.block_lanes = str(OUTER_BLOCK) if size % OUTER_BLOCK == 0 else \
-            f"({size} - {var}b < {OUTER_BLOCK} ? {size} - {var}b : INT64_C({OUTER_BLOCK}))"
+        block = tuning.outer_block
+        self.emit(Scope(None, indent), f"for (int64_t {var}b = 0; {var}b < {size}; {var}b += {block}) {{")
+        self.block_lanes = str(block) if size % block == 0 else \
+            f"({size} - {var}b < {block} ? {size} - {var}b : INT64_C({block}))"
         self.open_loops = len(outer)
         return Scope(None, indent + 1)
 
@@ -359,11 +359,11 @@ class CppRenderer(KernelRenderer):
         if walk.threaded:  # each segment's results in arrays, combined in order at close_stage
             for acc, name, wide in self.stage_accs:
                 self.emit(outer, f"{self.register_type(acc.dtype)} {name};")
-                self.emit(outer, f"{'double' if wide else self.accumulator_type(acc)} {name}s[{SEGMENTS}];")
+                self.emit(outer, f"{'double' if wide else self.accumulator_type(acc)} {name}s[{tuning.segments}];")
                 if acc.name in self.nan_flags:
-                    self.emit(outer, f"int {self.nan_flags[acc.name]}s[{SEGMENTS}];")
+                    self.emit(outer, f"int {self.nan_flags[acc.name]}s[{tuning.segments}];")
             self.emit(outer, "#pragma omp parallel for schedule(static)")
-            self.emit(outer, f"for (int64_t rseg = 0; rseg < {SEGMENTS}; rseg++) {{")
+            self.emit(outer, f"for (int64_t rseg = 0; rseg < {tuning.segments}; rseg++) {{")
             indent += 1
         here = Scope(None, indent)
         for acc, name, wide in self.stage_accs:
@@ -388,7 +388,7 @@ class CppRenderer(KernelRenderer):
         if walk.chunked:
             chunks = walk.chunks
             lo, hi = ("0", str(chunks)) if not walk.threaded else \
-                (f"rseg * {chunks} / {SEGMENTS}", f"(rseg + 1) * {chunks} / {SEGMENTS}")
+                (f"rseg * {chunks} / {tuning.segments}", f"(rseg + 1) * {chunks} / {tuning.segments}")
             self.emit(Scope(None, indent), f"for (int64_t rq = {lo}; rq < {hi}; rq++) {{")
             indent += 1
             body = Scope(None, indent)
@@ -405,7 +405,7 @@ class CppRenderer(KernelRenderer):
                 if wide and stage is not None:
                     self.emit(body, f"{self.register_type(acc.dtype)} {name}p = 0;")
                 elif wide:
-                    self.emit(body, f"{self.register_type(acc.dtype)} {name}p[{OUTER_BLOCK}] = {{}};")
+                    self.emit(body, f"{self.register_type(acc.dtype)} {name}p[{tuning.outer_block}] = {{}};")
             end = f"{var}c + {walk.chunk}" if size % walk.chunk == 0 else \
                 f"({var}c + {walk.chunk} < {size} ? {var}c + {walk.chunk} : INT64_C({size}))"
             loops = ([(var, f"{var}c", end)] if walk.chunk > 1 else []) + loops[walk.split + 1:]
@@ -466,7 +466,7 @@ class CppRenderer(KernelRenderer):
 
     def combine_segments(self, outer: Scope) -> None:
         """Each accumulation's result from its segments' results, in segment order."""
-        loop = f"for (int64_t rseg = 0; rseg < {SEGMENTS}; rseg++)"
+        loop = f"for (int64_t rseg = 0; rseg < {tuning.segments}; rseg++)"
         for acc, name, wide in self.stage_accs:
             if wide:
                 self.emit(outer, f"double {name}w = 0;")
@@ -486,30 +486,30 @@ class CppRenderer(KernelRenderer):
         """Accumulator arrays over the block, the reduced loops, then the simd loop over lanes;
         for a threaded walk, each segment's arrays (combined in order at close_blocked_stage)."""
         lane, walk = f"{self.block_var}i", self.walk
-        lanes = f"for (int64_t {lane} = 0; {lane} < {OUTER_BLOCK}; {lane}++)"
+        lanes = f"for (int64_t {lane} = 0; {lane} < {tuning.outer_block}; {lane}++)"
         self.blocked_accs = []
         indent = outer.indent
         for acc in stage.reductions:
             name = self.new_tmp("acc")
             wide = walk.chunked and _summed_in_chunks(acc)
             self.blocked_accs.append((acc, name, wide))
-            self.emit(outer, f"{self.register_type(acc.dtype)} {name}[{OUTER_BLOCK}];")
+            self.emit(outer, f"{self.register_type(acc.dtype)} {name}[{tuning.outer_block}];")
             if walk.threaded:
                 self.emit(outer, f"{'double' if wide else self.register_type(acc.dtype)} "
-                                 f"{name}s[{SEGMENTS}][{OUTER_BLOCK}];")
+                                 f"{name}s[{tuning.segments}][{tuning.outer_block}];")
         if walk.threaded:
             self.emit(outer, "#pragma omp parallel for schedule(static)")
-            self.emit(outer, f"for (int64_t rseg = 0; rseg < {SEGMENTS}; rseg++) {{")
+            self.emit(outer, f"for (int64_t rseg = 0; rseg < {tuning.segments}; rseg++) {{")
             indent += 1
         here = Scope(None, indent)
         for acc, name, wide in self.blocked_accs:
             local = f"{name}l" if walk.threaded else name
             if wide:
-                self.emit(here, f"double {name}w[{OUTER_BLOCK}] = {{}};")
+                self.emit(here, f"double {name}w[{tuning.outer_block}] = {{}};")
                 self.reduced_names[acc.name] = f"{name}p[{lane}]"
             else:
                 if walk.threaded:
-                    self.emit(here, f"{self.register_type(acc.dtype)} {local}[{OUTER_BLOCK}];")
+                    self.emit(here, f"{self.register_type(acc.dtype)} {local}[{tuning.outer_block}];")
                 self.emit(here, f"{lanes} {local}[{lane}] = {self.accumulator_init(acc)};")
                 self.reduced_names[acc.name] = f"{local}[{lane}]"
         indent = self.open_lanes(self.open_row_loops(indent, None))
@@ -517,7 +517,7 @@ class CppRenderer(KernelRenderer):
 
     def close_blocked_stage(self, outer: Scope) -> None:
         lane, walk = f"{self.block_var}i", self.walk
-        lanes = f"for (int64_t {lane} = 0; {lane} < {OUTER_BLOCK}; {lane}++)"
+        lanes = f"for (int64_t {lane} = 0; {lane} < {tuning.outer_block}; {lane}++)"
         indent = outer.indent + walk.threaded
         self.emit(Scope(None, indent + self.chunk_open + self.row_loops), "}")  # the lanes
         body = Scope(None, self.close_row_loops(indent))
@@ -538,7 +538,7 @@ class CppRenderer(KernelRenderer):
                 self.emit(Scope(None, outer.indent + 1), f"{'double' if wide else self.register_type(acc.dtype)} "
                                                           f"{total} = {0 if wide else self.accumulator_init(acc)};")
                 part = f"{name}s[rseg][{lane}]"
-                self.emit(Scope(None, outer.indent + 1), f"for (int64_t rseg = 0; rseg < {SEGMENTS}; rseg++) "
+                self.emit(Scope(None, outer.indent + 1), f"for (int64_t rseg = 0; rseg < {tuning.segments}; rseg++) "
                                                           f"{total} = {f'{total} + {part}' if wide else _combined(acc, total, part)};")
                 self.emit(Scope(None, outer.indent + 1), f"{name}[{lane}] = static_cast<{self.register_type(acc.dtype)}>({total});")
                 self.emit(outer, "}")
@@ -629,7 +629,7 @@ def _innermost_pieces(kernel: Kernel) -> list[tuple[int, int, list[Store]]] | No
     var, size = outer[-1]
     stores = kernel.outer_stores
     points = index_ranges.breakpoints([e for st in stores for e in (st.index, st.value)], var, size)
-    if not points or len(points) >= MAX_PIECES:
+    if not points or len(points) >= tuning.max_pieces:
         return None
     bounds = {v: (0, s - 1) for v, s in outer}
     pieces = []

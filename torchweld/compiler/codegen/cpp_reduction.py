@@ -3,25 +3,22 @@ a double total adds up, and, for a long row with few outputs, across threads.
 
 One float accumulator per SIMD lane over a whole row loses about one ulp of the total per
 element it adds: `(x * 1.0).mean()` of 10**8 elements of 0.1 gave 0.112. Summed in chunks
-of CHUNK elements (CHUNK / lanes per lane: 16 with AVX-512, 32 with AVX2) and the chunks in
-double, the error is that of a 32-element float sum at most; eager's cascade sum is within
-the same factor. (1024-element chunks, 128 adds a lane with AVX2, were 12 times less
-accurate than eager on a constant row, whose roundings all go one way; 256 costs no time.)
+of tuning.chunk elements (tuning.chunk / lanes per lane: 16 with AVX-512, 32 with AVX2) and
+the chunks in double, the error is that of a 32-element float sum at most; eager's cascade
+sum is within the same factor. (1024-element chunks, 128 adds a lane with AVX2, were 12 times
+less accurate than eager on a constant row, whose roundings all go one way; 256 costs no time.)
 
-A row of THREADED_MIN elements or more, with at most THREADED_MAX_OUTPUTS of them, is cut
-into SEGMENTS fixed segments of chunks that the threads share; each segment's results are
-combined in segment order afterwards, so the answer does not depend on the thread count
-(OpenMP's own reduction clause combines in the order threads finish).
+A row of tuning.threaded_min elements or more, with at most tuning.threaded_max_outputs of
+them, is cut into tuning.segments fixed segments of chunks that the threads share; each
+segment's results are combined in segment order afterwards, so the answer does not depend
+on the thread count (OpenMP's own reduction clause combines in the order threads finish).
 """
 from __future__ import annotations
 
 import dataclasses
 import math
 
-CHUNK = 256
-SEGMENTS = 64
-THREADED_MIN = 1 << 17
-THREADED_MAX_OUTPUTS = 8
+from torchweld.tuning import tuning
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,20 +47,20 @@ class ReducedLoops:
 
 def reduced_loops(outer: tuple[int, ...], reduced: tuple[int, ...], lanes: int = 1) -> ReducedLoops:
     """The walk for a kernel with outer loop sizes `outer` and reduced loop sizes `reduced`:
-    the split loop is the outermost one whose loops under it take at most CHUNK elements;
-    a chunk is as many of its iterations as fit in CHUNK elements (at least one). `lanes`:
-    the outputs each step of the reduced loops adds to at once, a lane each (an outer
-    reduction's block of columns): its chunks take CHUNK / lanes steps, as many adds a lane
-    as a row's chunk gives each SIMD lane."""
+    the split loop is the outermost one whose loops under it take at most tuning.chunk
+    elements; a chunk is as many of its iterations as fit in tuning.chunk elements (at least
+    one). `lanes`: the outputs each step of the reduced loops adds to at once, a lane each (an
+    outer reduction's block of columns): its chunks take tuning.chunk / lanes steps, as many
+    adds a lane as a row's chunk gives each SIMD lane."""
     loops = tuple((f"r{k}", size) for k, size in enumerate(reduced) if size != 1)
-    row, most = math.prod(size for _, size in loops), max(1, CHUNK // lanes)
+    row, most = math.prod(size for _, size in loops), max(1, tuning.chunk // lanes)
     if row <= most:
         return ReducedLoops(loops, None, 0, False)
     split, inner = len(loops) - 1, 1
     while split > 0 and inner * loops[split][1] <= most:
         inner *= loops[split][1]
         split -= 1
-    threaded = row * lanes >= THREADED_MIN and math.prod(outer) <= THREADED_MAX_OUTPUTS
+    threaded = row * lanes >= tuning.threaded_min and math.prod(outer) <= tuning.threaded_max_outputs
     return ReducedLoops(loops, split, _chunk(loops[split][1], max(1, most // inner)), threaded)
 
 

@@ -8,7 +8,7 @@ only so is rendered with its integers as arguments (`ks0, ks1, ...`), one source
 of its family, compiled once per specialization (Triton compiles apart an integer divisible by
 16, and 1); the first two of a family, and a kernel no other resembles, keep their literals,
 which cost the GPU nothing (`TritonRenderer.render_modules` decides as it renders, see
-LITERAL_FAMILY_MEMBERS). densenet121's training step: forward 261 compiles to 123, backward
+tuning.literal_family_members). densenet121's training step: forward 261 compiles to 123, backward
 240 to 165.
 
 Which integers become arguments: the element counts (masks, reduction loops), the sizes a

@@ -15,33 +15,15 @@ from torchweld.compiler.codegen.common import C_LIKE_OPS, KernelRenderer, Scope
 from torchweld.compiler.ir import Expr, Op
 from torchweld.compiler.schedule import Kernel, Stage, map_exprs, structure
 from torchweld.runtime.triton_launch import CONSTEXPRS, specialization_class
+from torchweld.tuning import tuning
 
 HALF_TYPES = (torch.float16, torch.bfloat16)
-MAX_PERSISTENT_RBLOCK = 2048  # rows up to this long reduce in one block, longer ones loop
-LOOPED_RBLOCK = 1024
 OUTER_XBLOCK, OUTER_PROGRAMS = 64, 128  # reductions read across rows (reads_across_rows)
-# A row-wise reduction's block holds this many elements, whole rows where they fit: one
-# row of 768 (padded to 1024) a block, 8 elements a thread. On the H100 four rows a block
-# (4096) took GPT-2's training step 170 us longer in its generated kernels, BERT's 120 us;
-# inference was level (bench/DECISIONS.md#row-block).
-ROW_BLOCK_ELEMENTS = 1024
-# A pointwise kernel's block, with Triton's default 4 warps (8 elements a thread). On one H100
-# host, 2048-element blocks with 8 warps took 3-7% longer on memory-bound kernels of 4M-64M
-# floats (batch norm + add + ReLU, an add/mul chain), on another as long, and 1-2% less on the
-# 12-op transcendental chain (bench/investigations/pointwise_launch.py; bench/DECISIONS.md#launch-xblock).
-POINTWISE_XBLOCK = 1024
-STREAMING = 1 << 22  # elements from which a pointwise kernel's data outgrows L2: its loads evict first
 INT32_LIMIT = 1 << 31
 # the digits of a kernel's text (floats' too: kernels that differ in a size's mean, 1/N, are one
 # family, whose later members share a source where their floats agree: 123 forward compiles of
 # densenet121's step against 130 for integers alone)
 INTEGER = re.compile(r"\b\d+\b")
-# A family of kernels that differ only in their integers (size_args.py) keeps them in the source
-# of its first two: two compile twice either way, and with arguments each compile takes longer
-# (densenet121 inference: 65 kernels, 37-40 s of worker CPU, against 67 and 31-34 s with literals)
-# and the GPU divides by magic number. densenet121's training step: forward 123 compiles, backward
-# 165 (116 and 159 from the second member on, 261 and 240 with literals).
-LITERAL_FAMILY_MEMBERS = 2
 CONSTANT_INDEX = re.compile(r"[\d\s()+*-]+")  # a rendered offset that names no variable
 
 
@@ -125,9 +107,9 @@ def block_sizes(kernel: Kernel) -> tuple[int, int]:
 def _block_sizes(kernel: Kernel) -> tuple[int, int]:
     xnumel = max(math.prod(kernel.outer), 1)
     if size_generic(kernel):  # one block size, so that kernels of any size share one function
-        return POINTWISE_XBLOCK, 1
+        return tuning.pointwise_xblock, 1
     if not kernel.is_reduction:
-        return min(POINTWISE_XBLOCK, next_power_of_2(xnumel)), 1
+        return min(tuning.pointwise_xblock, next_power_of_2(xnumel)), 1
     rnumel = math.prod(kernel.reduced)
     if reads_across_rows(kernel):
         # blocks of up to OUTER_XBLOCK outputs side by side, each row's load one contiguous
@@ -137,21 +119,18 @@ def _block_sizes(kernel: Kernel) -> tuple[int, int]:
             xblock //= 2
         xblock = min(xblock, next_power_of_2(xnumel))
         return xblock, min(4096 // xblock, next_power_of_2(rnumel))
-    rblock = next_power_of_2(rnumel) if rnumel <= MAX_PERSISTENT_RBLOCK else LOOPED_RBLOCK
-    xblock = max(1, min(next_power_of_2(xnumel), ROW_BLOCK_ELEMENTS // rblock, 64))
+    rblock = next_power_of_2(rnumel) if rnumel <= tuning.max_persistent_rblock else tuning.looped_rblock
+    xblock = max(1, min(next_power_of_2(xnumel), tuning.row_block_elements // rblock, 64))
     return xblock, rblock
 
 
-# A looped reduction's floating sums add each RBLOCK-wide step into a partial sum of a chunk
-# of CHUNK_STEPS steps, and the partials into a float64 running total (one add per chunk):
+# A looped reduction's floating sums add each RBLOCK-wide step into a partial sum of a chunk of
+# tuning.chunk_steps steps, and the partials into a float64 running total (one add per chunk):
 # one float32 running sum per lane over a row of 1.5M elements (1465 adds a lane) was 20x
 # further from the exact sum than eager's (cpp_reduction.py does the same on the CPU).
-CHUNK_STEPS = 32
-
-
 def chunk_steps(rnumel: int, rblock: int) -> int:
     """RBLOCK-wide steps of a looped reduction per chunk, or 0 for one running sum (a row of few steps)."""
-    return CHUNK_STEPS if -(-rnumel // rblock) > 2 * CHUNK_STEPS else 0
+    return tuning.chunk_steps if -(-rnumel // rblock) > 2 * tuning.chunk_steps else 0
 
 
 def reads_across_rows(kernel: Kernel) -> bool:
@@ -565,7 +544,7 @@ class TritonRenderer(KernelRenderer):
         dims = {f"x{k}" for k, size in enumerate(self.kernel.outer) if size != 1}
         if "xindex" not in index and not dims <= set(re.findall(r"\bx\d+\b", index)):
             return ", eviction_policy='evict_last'"  # a broadcast read: each element is read many times
-        if math.prod(self.kernel.outer) >= STREAMING and re.fullmatch(r"\(?xindex( \+ -?\w+)?\)?", index):
+        if math.prod(self.kernel.outer) >= tuning.streaming and re.fullmatch(r"\(?xindex( \+ -?\w+)?\)?", index):
             return ", eviction_policy='evict_first'"
         return ""
 
@@ -739,10 +718,10 @@ class TritonRenderer(KernelRenderer):
 
         Functions are named by a hash of their text, so identical kernels (the repeated
         blocks of a network) are one function, compiled once per process and found in
-        Triton's disk cache by the next. A kernel that differs from LITERAL_FAMILY_MEMBERS
-        earlier ones only in its integers takes them as arguments (size_args.py), so that the
-        later kernels of its family are one function too; the first ones keep their literals,
-        handed over before the later ones are rendered. One module per function lets each
+        Triton's disk cache by the next. A kernel that differs from
+        tuning.literal_family_members earlier ones only in its integers takes them as
+        arguments (size_args.py), so that the later kernels of its family are one function
+        too; the first ones keep their literals, handed over before the later ones are rendered. One module per function lets each
         kernel be loaded and handed to the compilers while the next is rendered. (Rendering
         every kernel first and deciding then made densenet121's training step 255 compiles
         instead of 288 and lost that overlap: its inference's first call took 8.7 s, not 6.5.)"""
@@ -762,7 +741,7 @@ class TritonRenderer(KernelRenderer):
                 text, sizes = self.function_text(kernel), None
                 if config.size_generic_kernels and not size_generic(kernel) and not needs_int64(kernel):
                     family = families.setdefault(INTEGER.sub("N", text), set())
-                    if len(family) < LITERAL_FAMILY_MEMBERS or text in family:
+                    if len(family) < tuning.literal_family_members or text in family:
                         family.add(text)
                     elif (sizes := size_args.parameterized(prepared(kernel))) is not None:
                         size_args.choose(kernel, sizes)
@@ -804,7 +783,7 @@ def launch_candidates(kernel: Kernel) -> list[dict]:
         found = [{"XBLOCK": x, "RBLOCK": r, "num_warps": 4 if x * r <= 4096 else 8}
                  for x, r in shapes if x <= max(xcap, 16)]
     else:
-        looped = math.prod(kernel.reduced) > MAX_PERSISTENT_RBLOCK
+        looped = math.prod(kernel.reduced) > tuning.max_persistent_rblock
         rblocks = (512, 1024, 2048) if looped else (rblock,)
         found = []
         for r in rblocks:

@@ -29,6 +29,7 @@ from torchweld.compiler.codegen.triton import (int_classes, kernel_params, kerne
                                                launch_config, runtime_ints, tune_launch, unspecialized_params)
 from torchweld.compiler.schedule import Kernel, Schedule
 from torchweld.runtime import triton_launch
+from torchweld.tuning import tuning
 
 log = logging.getLogger("torchweld.weld")
 
@@ -137,10 +138,6 @@ class TritonCompile:
         return launches
 
 
-# A Philox draw unrolls to ten rounds of multiplies and xors, about this many nodes of the kernel
-RAND_NODES = 60
-
-
 def compile_order(kernels: list[Kernel]) -> list[Kernel]:
     """`kernels` in the order to render and hand them to the compilers: the largest first. A
     graph's first call waits for its slowest compile, and each compile starts once its kernel is
@@ -149,7 +146,7 @@ def compile_order(kernels: list[Kernel]) -> list[Kernel]:
     kernel computes, a Philox draw counted as the rounds it unrolls to; ties keep the schedule's
     order. The wrapper launches kernels in the schedule's order whatever this one is."""
     def nodes(kernel: Kernel) -> int:
-        return sum(RAND_NODES if node.op is ir.Op.RAND else 1
+        return sum(tuning.rand_nodes if node.op is ir.Op.RAND else 1
                    for value in kernel_values(kernel) for node in ir.walk(value)) + 10 * len(kernel.stages)
 
     return sorted(kernels, key=nodes, reverse=True)
