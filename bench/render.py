@@ -229,28 +229,31 @@ def _latest_rows(suite: str, directory: Path | None) -> list[dict]:
     return list(latest.values())
 
 
+def _per_compiler_table(title: str, columns: list[str], figures: list[str], rows: list[dict], label, cells) -> list[str]:
+    """A section with a line per row and compiler: `label(record)` gives the row's first cells
+    (for `columns`, before the compiler's), `cells(f)` the compiler's figures (for `figures`)."""
+    out = [f"## {title}", "", "| " + " | ".join([*columns, "compiler", *figures, "commit"]) + " |",
+           "|" + "---|" * (len(columns) + 1) + "---:|" * len(figures) + "---|"]
+    for r in rows:
+        for compiler, f in r["figures"]["compilers"].items():
+            values = ["failed"] + [""] * (len(figures) - 1) if "error" in f else cells(f)
+            out.append("| " + " | ".join([*label(r), NAMES.get(compiler, compiler), *values, short_commit(r)]) + " |")
+    commands = sorted({r.get("command", "") for r in rows})
+    return out + ["", "Commands: " + "; ".join(f"`{c}`" for c in commands if c), ""]
+
+
 def distributed_section(directory: Path | None) -> list[str]:
     """Distributed training (bench/distributed.py): the latest record of each row."""
     rows = _latest_rows("distributed", directory)
     if not rows:
         return []
-    out = ["## Distributed training (bench/distributed.py)", "",
-           "| row | ranks | where | compiler | steps/s | x eager | cold s | x torch.compile cold | peak MiB | "
-           "scaling 1 to N | loss diff | commit |",
-           "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
-    for r in rows:
-        row = r["row"]
-        for compiler, f in r["figures"]["compilers"].items():
-            name = NAMES.get(compiler, compiler)
-            head = f"| {row['label']} | {row['world_size']} | {short_gpu(r.get('gpu')) or 'CPU'} | {name} |"
-            if "error" in f:
-                out.append(f"{head} failed | | | | | | | {short_commit(r)} |")
-                continue
-            out.append(f"{head} {f['steps_per_s']:.2f} | {fmt(f.get('speedup'), '.2f', 'x')} | "
-                       f"{f['cold_s']:.1f} | {fmt(f.get('cold_vs_torch'), '.3f')} | {fmt(f.get('peak_mib'), '.0f')} | "
-                       f"{fmt(f.get('scaling'), '.2f')} | {fmt(f.get('max_diff'), '.1e')} | {short_commit(r)} |")
-    commands = sorted({r.get("command", "") for r in rows})
-    return out + ["", "Commands: " + "; ".join(f"`{c}`" for c in commands if c), ""]
+    return _per_compiler_table(
+        "Distributed training (bench/distributed.py)", ["row", "ranks", "where"],
+        ["steps/s", "x eager", "cold s", "x torch.compile cold", "peak MiB", "scaling 1 to N", "loss diff"], rows,
+        lambda r: [r["row"]["label"], str(r["row"]["world_size"]), short_gpu(r.get("gpu")) or "CPU"],
+        lambda f: [f"{f['steps_per_s']:.2f}", fmt(f.get("speedup"), ".2f", "x"), f"{f['cold_s']:.1f}",
+                   fmt(f.get("cold_vs_torch"), ".3f"), fmt(f.get("peak_mib"), ".0f"), fmt(f.get("scaling"), ".2f"),
+                   fmt(f.get("max_diff"), ".1e")])
 
 
 def dynamic_sizes_section(directory: Path | None) -> list[str]:
@@ -258,23 +261,19 @@ def dynamic_sizes_section(directory: Path | None) -> list[str]:
     rows = _latest_rows("dynamic_sizes", directory)
     if not rows:
         return []
-    out = ["## Dynamic shapes: one model over many input lengths (bench/dynamic_sizes.py)", "",
-           "| row | where | compiler | captured graphs | of them symbolic | weld compiles | total s | "
-           "first compile s | mean ms | x one compile a length | max diff | commit |",
-           "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
-    for r in rows:
+
+    def label(r: dict) -> list[str]:
         row = r["row"]
-        label = f"{row['label']} {row.get('phase', '')}, {row.get('lengths')} lengths {row.get('min_len')}-{row.get('max_len')}"
-        for compiler, f in r["figures"]["compilers"].items():
-            head = f"| {label} | {short_gpu(r.get('gpu')) or 'CPU'} | {compiler} |"
-            if "error" in f:
-                out.append(f"{head} failed | | | | | | | | {short_commit(r)} |")
-                continue
-            out.append(f"{head} {f.get('graphs')} | {f.get('symbolic_graphs')} | {fmt(f.get('weld_compiles'), 'd')} | "
-                       f"{f['total_s']:.1f} | {fmt(f.get('first_compile_s'), '.2f')} | {fmt(f.get('mean_ms'), '.2f')} | "
-                       f"{fmt(f.get('mean_ratio_to_static'), '.3f')} | {fmt(f.get('max_diff'), '.1e')} | {short_commit(r)} |")
-    commands = sorted({r.get("command", "") for r in rows})
-    return out + ["", "Commands: " + "; ".join(f"`{c}`" for c in commands if c), ""]
+        return [f"{row['label']} {row.get('phase', '')}, {row.get('lengths')} lengths {row.get('min_len')}-{row.get('max_len')}",
+                short_gpu(r.get("gpu")) or "CPU"]
+
+    return _per_compiler_table(
+        "Dynamic shapes: one model over many input lengths (bench/dynamic_sizes.py)", ["row", "where"],
+        ["captured graphs", "of them symbolic", "weld compiles", "total s", "first compile s", "mean ms",
+         "x one compile a length", "max diff"], rows, label,
+        lambda f: [str(f.get("graphs")), str(f.get("symbolic_graphs")), fmt(f.get("weld_compiles"), "d"),
+                   f"{f['total_s']:.1f}", fmt(f.get("first_compile_s"), ".2f"), fmt(f.get("mean_ms"), ".2f"),
+                   fmt(f.get("mean_ratio_to_static"), ".3f"), fmt(f.get("max_diff"), ".1e")])
 
 
 # the order of rows in a table (bench/models.py's names; render.py does not import torch)
