@@ -30,6 +30,11 @@ def tuning_changes(settings: list[str]) -> dict[str, object]:
         if name not in known:
             sys.exit(f"tuning has no field {name!r}; its fields: {', '.join(known)}")
         kind = type(getattr(tuning, name))
+        if kind is bool:  # bool("0") is True
+            if text.lower() not in ("0", "1", "false", "true"):
+                sys.exit(f"{name}={text}: {name} is bool (0, 1, false, true)")
+            changes[name] = text.lower() in ("1", "true")
+            continue
         try:
             changes[name] = kind(text)
         except ValueError:

@@ -162,7 +162,7 @@ def test_weld_warm_up_starts_cuda_helpers_only_for_cuda_calls(monkeypatch):
             yield types.SimpleNamespace(is_cuda=True)
 
     warm_up((OnCuda(), torch.randn(2)), {})
-    assert started == [weld_backend.WORKERS_AT_FIRST_CALL]
+    assert started == [torchweld.tuning.tuning.workers_at_first_call]
 
 
 @pytest.mark.parametrize("mode", [None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"])

@@ -35,6 +35,9 @@ class Tuning:
     split_min_elements: int = 1 << 21  # a reduction reading fewer elements than this runs in one step
     split_min_elements_across: int = 1 << 19  # the same for a reduction whose rows are read across
     partial_row_min: int = 128  # a two-step reduction's first step reduces rows at least this long
+    # per-column sums take blocks of 64 columns a program, per-row sums blocks of 4 rows: ~512 programs
+    partial_outputs_across: int = 64 * 512  # outputs a two-step reduction's first step aims at, rows read across
+    partial_outputs: int = 4 * 512  # the same, rows read along
 
     # -- scheduling (compiler/schedule.py) ------------------------------------------------
     # Larger kernels (a training backward recomputing the residual stream of all 12 blocks of
@@ -59,6 +62,8 @@ class Tuning:
 
     # -- Triton kernels (compiler/codegen/triton.py, triton_launches.py) --------------------
     max_persistent_rblock: int = 2048  # rows up to this long reduce in one block, longer ones loop
+    outer_xblock: int = 64  # outputs side by side in a block of a reduction read across rows, at most
+    outer_programs: int = 128  # such a reduction's block shrinks (to 8) until it has this many programs
     looped_rblock: int = 1024  # the block of a looped reduction's row (RBLOCK)
     # One row of 768 (padded to 1024) a block, 8 elements a thread. On the H100 four rows a block
     # (4096) took GPT-2's training step 170 us longer in its generated kernels, BERT's 120 us;
@@ -105,6 +110,11 @@ class Tuning:
     # workers stopped hashing Triton's library at their first compile (triton_workers.install_key):
     # BERT's 7 kernels 0.87-0.95 s in workers, 1.06-1.19 in threads.
     workers_from_nodes: int = 100  # nodes of a CUDA graph from which weld starts the compile workers
+    # 16 workers took ~2 s to be ready on the H100 host, and GPT-2's first kernels waited 0.4 s for
+    # them when started at the backend. GPT-2's cold first call 2.12-2.37 s against 2.38-2.67;
+    # resnet50's 2.91-3.28 against 2.97-2.98 (bench/with_constants.py workers_at_first_call=0 --
+    # bench/investigations/profile_compile.py; bench/DECISIONS.md#workers-at-first-call).
+    workers_at_first_call: bool = True  # a call with CUDA tensors starts the compile workers before its capture
     default_specializations: int = 8  # per-size compiles a graph with symbolic sizes keeps (weld_sizes.py)
     variants_limit: int = 8  # compiled variants for other module settings, then the graph runs as captured
 

@@ -189,14 +189,6 @@ def _start_cuda_helpers(workers: bool) -> None:
         triton_workers.start_in_background()
 
 
-# Whether a call whose tensors are on CUDA starts the compile workers before its capture
-# (else at the backend's entry, for graphs of tuning.workers_from_nodes nodes): 16 workers took
-# ~2 s to be ready on the H100 host, and GPT-2's first kernels waited 0.4 s for them when started
-# at the backend. GPT-2's cold first call 2.12-2.37 s against 2.38-2.67; resnet50's 2.91-3.28 against
-# 2.97-2.98 (bench/with_constants.py ...:WORKERS_AT_FIRST_CALL=0 -- bench/investigations/profile_compile.py).
-WORKERS_AT_FIRST_CALL = True
-
-
 def warm_up(args: tuple, kwargs: dict) -> None:
     """Before a frame is captured for weld (backends.backend_warm_up): if the call's tensors,
     or the parameters of a module it is a method of, are on CUDA, start the CUDA helpers now."""
@@ -205,7 +197,7 @@ def warm_up(args: tuple, kwargs: dict) -> None:
     if module is not None:
         tensors += [next(module.parameters(), None), next(module.buffers(), None)]
     if any(t is not None and t.is_cuda for t in tensors):
-        _start_cuda_helpers(workers=WORKERS_AT_FIRST_CALL)
+        _start_cuda_helpers(workers=tuning.workers_at_first_call)
 
 
 weld.warm_up = warm_up

@@ -669,9 +669,6 @@ def draws_a_seed(node) -> bool:
 
 
 SPLIT_OPS = frozenset({ir.Op.SUM, ir.Op.MAX, ir.Op.MIN})  # associative: partial results combine
-# Outputs the first step should have: per-column sums take blocks of 64 columns per program,
-# per-row sums blocks of 4 rows; either way about 512 programs.
-PARTIAL_OUTPUTS = {True: 64 * 512, False: 4 * 512}
 
 
 def split_plan(shape, reduced: tuple[int, ...], reduce_op: ir.Op, along_kept: bool) -> tuple[int, int] | None:
@@ -686,7 +683,8 @@ def split_plan(shape, reduced: tuple[int, ...], reduce_op: ir.Op, along_kept: bo
         return None
     outputs = math.prod(s for i, s in enumerate(shape) if i not in reduced)
     row = math.prod(shape[d] for d in reduced)
-    wanted = min(PARTIAL_OUTPUTS[along_kept] // max(outputs, 1), row // tuning.partial_row_min)
+    aimed = tuning.partial_outputs_across if along_kept else tuning.partial_outputs
+    wanted = min(aimed // max(outputs, 1), row // tuning.partial_row_min)
     least = tuning.split_min_elements_across if along_kept else tuning.split_min_elements
     if outputs * row < least or wanted < 4:
         return None

@@ -18,7 +18,6 @@ from torchweld.runtime.triton_launch import CONSTEXPRS, specialization_class
 from torchweld.tuning import tuning
 
 HALF_TYPES = (torch.float16, torch.bfloat16)
-OUTER_XBLOCK, OUTER_PROGRAMS = 64, 128  # reductions read across rows (reads_across_rows)
 INT32_LIMIT = 1 << 31
 # the digits of a kernel's text (floats' too: kernels that differ in a size's mean, 1/N, are one
 # family, whose later members share a source where their floats agree: 123 forward compiles of
@@ -112,10 +111,10 @@ def _block_sizes(kernel: Kernel) -> tuple[int, int]:
         return min(tuning.pointwise_xblock, next_power_of_2(xnumel)), 1
     rnumel = math.prod(kernel.reduced)
     if reads_across_rows(kernel):
-        # blocks of up to OUTER_XBLOCK outputs side by side, each row's load one contiguous
+        # blocks of up to tuning.outer_xblock outputs side by side, each row's load one contiguous
         # segment; narrower (down to 8 outputs, a 32-byte sector) where that leaves too few programs
-        xblock = OUTER_XBLOCK
-        while xblock > 8 and xnumel // xblock < OUTER_PROGRAMS:
+        xblock = tuning.outer_xblock
+        while xblock > 8 and xnumel // xblock < tuning.outer_programs:
             xblock //= 2
         xblock = min(xblock, next_power_of_2(xnumel))
         return xblock, min(4096 // xblock, next_power_of_2(rnumel))
