@@ -81,8 +81,8 @@ def integer_buffer_sliced(x):  # BERT's `self.position_ids[:, 0 : seq_length + 0
     return x + POSITIONS[:, 0 : x.shape[1] + 0].unsqueeze(-1)
 
 
-def int_argument(x, n):  # a count passed in: slices, a factory, arithmetic, an output
-    return x[:, :n] * n + torch.arange(n, dtype=x.dtype), n * 2
+def int_argument(x, n):  # a count passed in: slices, a factory, arithmetic, float(), an output
+    return x[:, :n] * n + torch.arange(n, dtype=x.dtype) / float(n or 1), n * 2, float(n), int(n)
 
 
 def branch_on_int(x, k):  # a branch on the int: one symbolic version a side

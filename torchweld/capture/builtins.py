@@ -434,6 +434,12 @@ def _number(fn):
     def impl(tx, *args: Value) -> Value:
         if any(isinstance(a, TensorValue) for a in args):
             raise Unsupported(f"data-dependent: {fn.__name__}() of a tensor reads its value out of the graph")
+        if fn in (int, float) and len(args) == 1 and isinstance(args[0], SymNumberValue):
+            # `float(n)` of a symbolic int stays symbolic (torch.sym_float), as torch.compile keeps it
+            if args[0].python_type() is fn:
+                return args[0]
+            if fn is float:
+                return tx.output.call_function(torch.sym_float, [args[0]], {})
         return _fold_call(fn, list(args), {})
     return impl
 
