@@ -154,7 +154,10 @@ def _make_resume_code(code: types.CodeType, dis_index: int, stack_layout: tuple[
     except RuntimeError:  # the library's walk from the prologue's jump into the middle of a `try`
         # (a `with` block that always raises, a `raise` or `finally` in a loop) finds a handler's
         # stack below zero; the bound above needs no walk
-        new_code = resumed.to_code(stacksize=bound, compute_exception_stack_depths=False)
+        try:
+            new_code = resumed.to_code(stacksize=bound, compute_exception_stack_depths=False)
+        except RuntimeError as e:
+            raise Unsupported(f"cannot resume {code.co_name} after the break ({e})") from None
     new_code = new_code.replace(co_stacksize=max(new_code.co_stacksize, bound))
     real = [i for i, inst in enumerate(dis.get_instructions(new_code)) if inst.opname != "EXTENDED_ARG"]
     originals = [i for i, inst in enumerate(dis.get_instructions(code)) if inst.opname != "EXTENDED_ARG"]
