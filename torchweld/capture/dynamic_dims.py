@@ -10,7 +10,9 @@
 An int argument of the function (a size or count passed in, or one a graph break hands a
 resume function) is read as a symbol the same way: under `dynamic=True` from the first call,
 under `dynamic=None` once a call brings another value (torch.compile's unspecialized ints:
-of any sign, 0 and 1 included). `mark_static` keeps a dim a number in every mode. One `DimChoices` belongs to one compiled
+of any sign, 0 and 1 included).
+
+`mark_static` keeps a dim a number in every mode. One `DimChoices` belongs to one compiled
 function (a resume function or a callee compiled at a break has its own), which keeps it
 across its captures. Marks are attributes set on the tensor, read here:
 torchweld's own and the ones torch's mark_dynamic, maybe_mark_dynamic and mark_static
