@@ -243,16 +243,18 @@ class _RotaryStyle(nn.Module):
         return self.out(h)
 
 
+@pytest.mark.parametrize("codegen", [True, False], ids=["kernels", "aten ops"])
 @pytest.mark.parametrize("training", [False, True], ids=["inference", "training"])
-def test_float32_region_under_autocast_runs_its_traced_casts_only(training):
+def test_float32_region_under_autocast_runs_its_traced_casts_only(training, codegen):
     """The graph of a float32 region inside autocast holds a float32 matmul; run under the
     user's autocast again, that extern call came back bfloat16, half the bytes the next kernel
     read (a segfault in GPT-2's training step, where the CPU's attention math keeps float32).
-    Compiled graphs run with autocast off (runtime/autocast_off.py); every call equals eager."""
+    Compiled graphs run with autocast off (runtime/autocast_off.py), and so do the traced aten
+    graphs a training step runs as they are (training_codegen=False); every call equals eager."""
     torch.manual_seed(0)
     eager = _RotaryStyle()
     model = copy.deepcopy(eager)
-    compiled = torchweld.compile(model, backend="weld")
+    compiled = torchweld.compile(model, backend="weld", options=None if codegen else {"training_codegen": False})
     for step in range(3):
         x = torch.randn(4, 8, 16)
         for m in (eager, compiled):

@@ -11,7 +11,6 @@ import torch
 import torch.utils._pytree as pytree
 
 from torchweld.errors import TorchweldError
-from torchweld.runtime.autocast_off import autocast_off
 
 log = logging.getLogger("torchweld.weld")
 
@@ -60,8 +59,7 @@ class CompiledGraphFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, graph: TrainingGraph, *primals):
-        with autocast_off():  # the joint trace wrote autocast's casts
-            results = graph.forward(*primals)
+        results = graph.forward(*primals)
         lease = None
         if graph.forward_lends:
             results, lease = results
@@ -107,8 +105,7 @@ class CompiledGraphFunction(torch.autograd.Function):
         # empties `args`: each saved activation is freed after its last reader, as eager's
         # autograd frees it after its node (resnet50's step peaked ~750 MiB higher otherwise)
         ctx.maybe_clear_saved_tensors()
-        with autocast_off():
-            grads = list(graph.backward(args))
+        grads = list(graph.backward(args))
         result = [None] * (len(ctx.needs_input_grad) - 1)
         for i, g in zip(graph.grad_primals, grads):
             result[i] = g

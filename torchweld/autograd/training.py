@@ -3,6 +3,7 @@ compile forward and backward with weld's inference pipeline, and return a
 callable that runs them through one autograd.Function."""
 from __future__ import annotations
 
+import functools
 import logging
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -14,6 +15,7 @@ from torchweld.autograd.joint import JointGraph, ModuleState, StateReader, modul
 from torchweld.autograd.partition import Partition, partition
 from torchweld.autograd.runtime import TrainingGraph, run
 from torchweld.compiler.graph_modules import graph_module
+from torchweld.runtime.autocast_off import run_without_autocast
 from torchweld.runtime.input_overlap import WrittenOverlap
 from torchweld.runtime.write_back import WriteBack
 
@@ -129,8 +131,11 @@ def compile_aten(gm: torch.fx.GraphModule, example_inputs: list, options: dict, 
     from torchweld.compiler.lowering import LoweringError
     from torchweld.runtime.cpp_loader import CppCompileError
 
+    # the aten graph run as it is: with autocast off, as the compiled one runs (the trace wrote
+    # autocast's casts; runtime/autocast_off.py)
+    as_traced = functools.partial(run_without_autocast, gm)
     if options.get("training_codegen", True) is False:
-        return gm
+        return as_traced
     try:
         with torch.no_grad():
             return compile_graph(gm, list(example_inputs), options, traced=True, output_strides=output_strides,
@@ -138,7 +143,7 @@ def compile_aten(gm: torch.fx.GraphModule, example_inputs: list, options: dict, 
     except (LoweringError, CppCompileError) as e:
         log.warning("weld cannot compile the %s graph of this training step, running its aten ops eagerly: %s",
                     what, e)
-        return gm
+        return as_traced
 
 
 _ahead_pool: ThreadPoolExecutor | None = None

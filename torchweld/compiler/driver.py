@@ -21,7 +21,7 @@ from torchweld.compiler.constant_folding import HoistedConstants, hoist_constant
 from torchweld.compiler.lowering import GraphLowering
 from torchweld.compiler.schedule import Kernel, Schedule, schedule
 from torchweld.disk_cache import content_hash, write_source
-from torchweld.runtime.autocast_off import autocast_off
+from torchweld.runtime.autocast_off import autocast_off, run_without_autocast
 from torchweld.runtime.triton_launch import ensure_context_function
 
 log = logging.getLogger("torchweld.weld")
@@ -49,8 +49,7 @@ class CompiledGraph:
     _fn_profiled: Callable | None = dataclasses.field(default=None, repr=False)
 
     def __call__(self, *args):
-        with autocast_off():
-            return self._call(args)
+        return run_without_autocast(self._call, args)
 
     def _call(self, args: tuple):
         self.refresh_constants()
@@ -61,8 +60,7 @@ class CompiledGraph:
     def call_boxed(self, args: list):
         """The outputs for the inputs in `args`, which it empties: with the schedule's
         frees_inputs, an input nothing else holds goes back at its last reader."""
-        with autocast_off():
-            return self._call_boxed(args)
+        return run_without_autocast(self._call_boxed, args)
 
     def _call_boxed(self, args: list):
         if self.make_profiled is not None and torch.autograd._profiler_enabled():

@@ -19,3 +19,12 @@ def autocast_off():
     if torch._C._is_any_autocast_enabled():
         return torch._C._DisableAutocast()
     return contextlib.nullcontext()
+
+
+def run_without_autocast(fn, *args):
+    """`fn(*args)` with autocast off: a traced graph's call. On the per-call path, one check
+    where autocast is off (no context object)."""
+    if torch._C._is_any_autocast_enabled():
+        with torch._C._DisableAutocast():
+            return fn(*args)
+    return fn(*args)
