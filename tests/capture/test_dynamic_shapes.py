@@ -508,3 +508,31 @@ def test_symbolic_int_arithmetic_keeps_pythons_errors_and_types(dynamic):
         for n in values:
             x = torch.randn(3)
             assert_same(compiled(x, n), fn(x, n))
+
+
+OFFSET = 1
+
+
+def _int_and_state(x, n, seen, k=2):
+    seen.append(n)
+    return x[:n] * k + OFFSET + n, len(seen)
+
+
+def test_a_symbolic_int_with_state_changed_between_calls():
+    """Once `n` is a symbol, the graph still answers to a global, a default and a list passed
+    in that change between calls, as eager does."""
+    global OFFSET
+    backend = CountingBackend()
+    compiled = torchweld.compile(_int_and_state, backend=backend)
+    defaults = _int_and_state.__defaults__
+    try:
+        for step, n in enumerate((3, 5, 7, 4, 6)):
+            OFFSET = step
+            _int_and_state.__defaults__ = (step % 3,)
+            x = torch.randn(9)
+            ours, theirs = [step], [step]
+            assert_same(compiled(x, n, ours), _int_and_state(x, n, theirs))
+            assert ours == theirs
+    finally:
+        OFFSET = 1
+        _int_and_state.__defaults__ = defaults

@@ -692,3 +692,36 @@ def test_a_break_inside_a_try_with_raise_and_finally_in_a_loop():
         assert_same(compiled(x), expected)
         assert EVENTS == eager_events
     assert len(backend.graphs) > 1
+
+
+SCALE = 2.0
+
+
+def _state_after_a_break_in_a_try(x, items, bias=1.0):
+    try:
+        if x.sum() > 0:  # the break: what follows is the compiled continuation's
+            x = x + 1
+        items.append(len(items))  # a container passed in, changed in place
+        y = x * SCALE + bias  # a global and a default read after the break
+    except ValueError:
+        y = x
+    return y, len(items)
+
+
+def test_a_compiled_continuation_in_a_try_sees_state_changed_between_calls():
+    """The compiled resume function of a break inside a `try` guards what it reads after the
+    break (a global, a default) and changes a list passed in as eager does, call after call."""
+    global SCALE
+    compiled = torchweld.compile(_state_after_a_break_in_a_try, backend=CountingBackend())
+    defaults = _state_after_a_break_in_a_try.__defaults__
+    try:
+        for step, (scale, bias) in enumerate([(2.0, 1.0), (3.0, 1.0), (3.0, -4.0), (0.5, 2.0)]):
+            SCALE = scale
+            _state_after_a_break_in_a_try.__defaults__ = (bias,)
+            x = torch.randn(3) + (2 if step % 2 else -2)
+            ours, theirs = [step], [step]
+            assert_same(compiled(x, ours), _state_after_a_break_in_a_try(x, theirs))
+            assert ours == theirs
+    finally:
+        SCALE = 2.0
+        _state_after_a_break_in_a_try.__defaults__ = defaults
