@@ -101,6 +101,8 @@ class DimChoices:
         self.fullgraph = fullgraph  # a size outside a mark_dynamic range is then an error, not a new version
         self.first_sizes: dict[str, tuple[int, ...]] = {}  # source name -> sizes at the first capture
         self.automatic: dict[str, dict[int, str]] = {}  # source name -> {dim: why it became symbolic}
+        self.first_ints: dict[str, int] = {}  # int argument's source name -> its value at the first capture
+        self.symbolic_ints: set[str] = set()  # int arguments made symbols (under dynamic=None)
 
     def choose(self, source: Source, real: torch.Tensor) -> dict[int, DimChoice]:
         """The dims of `real` (read from `source`) to make symbolic in this capture."""
@@ -147,13 +149,13 @@ class DimChoices:
         if not isinstance(source, LocalSource) or self.dynamic is False:
             return False
         name = source.name()
-        first = self.first_sizes.setdefault(name, (value,))
-        if self.dynamic is None and name not in self.automatic:
-            if first == (value,):
+        first = self.first_ints.setdefault(name, value)
+        if self.dynamic is None and name not in self.symbolic_ints:
+            if first == value:
                 return False
-            why = f"value changed from {first[0]} to {value} (automatic dynamic)"
-            self.automatic[name] = {0: why}
-            logs.get("dynamic").info("%s becomes symbolic: %s", name, why)
+            self.symbolic_ints.add(name)
+            logs.get("dynamic").info("%s becomes symbolic: value changed from %d to %d (automatic dynamic)",
+                                     name, first, value)
         return True
 
     def _notice_changes(self, name: str, real: torch.Tensor) -> None:
