@@ -358,3 +358,29 @@ def test_a_guarded_object_dying_after_the_finalizer_released_the_entries(monkeyp
     del model
     gc.collect()
     assert not unraisable and not cache.alive
+
+
+class TryBreak(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+
+    def forward(self, x):
+        try:
+            if x.sum() > 0:  # a break inside a try: a native resume handing over to a compiled one
+                x = x + 1
+            return self.a(x)
+        except ValueError:
+            return x
+
+
+@pytest.mark.parametrize("backend", ["eager", "weld"])
+def test_a_model_with_a_break_inside_a_try_is_freed_once_dropped(backend):
+    model = TryBreak()
+    compiled = torchweld.compile(model, backend=backend)
+    for sign in (1, -1):
+        torch.testing.assert_close(compiled(torch.ones(2, 4) * sign), model(torch.ones(2, 4) * sign))
+    weight = weakref.ref(model.a.weight)
+    del model, compiled
+    gc.collect()
+    assert weight() is None, "a resume function's code (cached process-wide) kept the compiled model alive"

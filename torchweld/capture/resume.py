@@ -70,7 +70,9 @@ def make_resume_code(code: types.CodeType, dis_index: int, stack_layout: tuple[s
         live_locals = tuple(_original_name(name) for name in live_locals)
         if handoff is not None:
             handoff = dataclasses.replace(handoff, at=index_map[handoff.at])
-    return _make_resume_code(code, dis_index, stack_layout, live_locals, handoff)
+    if handoff is not None:  # its code holds a compiled model's continuation: not in the process-wide cache
+        return _make_resume_code.__wrapped__(code, dis_index, stack_layout, live_locals, handoff)
+    return _make_resume_code(code, dis_index, stack_layout, live_locals)
 
 
 def forget() -> None:
