@@ -116,6 +116,9 @@ class Tuning:
     # bench/investigations/profile_compile.py; bench/DECISIONS.md#workers-at-first-call).
     workers_at_first_call: bool = True  # a call with CUDA tensors starts the compile workers before its capture
     default_specializations: int = 8  # per-size compiles a graph with symbolic sizes keeps (weld_sizes.py)
+    # the call of a new size at which weld compiles it (weld_sizes.py); the calls before run the graph
+    # as captured: a generation loop whose length grows by one each call compiles nothing
+    specialize_at_call: int = 2
     variants_limit: int = 8  # compiled variants for other module settings, then the graph runs as captured
 
     @contextlib.contextmanager

@@ -1,5 +1,5 @@
 """weld with symbolic sizes (backends/weld_sizes.py): one capture, a compile per concrete size
-(the shortcut), every size's result equal to eager's, in training too."""
+(the shortcut) from that size's second call, every size's result equal to eager's, in training too."""
 from __future__ import annotations
 
 import logging
@@ -24,11 +24,34 @@ def f(x, y):
 
 def test_each_size_equals_eager_and_capture_happens_once():
     fn = torchweld.compile(f, backend="weld", dynamic=True)
-    for n in (6, 9, 7, 13, 10, 6, 9):
+    for n in (6, 9, 7, 13, 10, 6, 9, 7, 13, 10, 6):
         x, y = torch.randn(n, 5), torch.randn(n, 5)
         torch.testing.assert_close(fn(x, y), f(x, y))
     assert len(fn.cache_entries) == 1
-    assert _per_size(fn).compiles == 5
+    per_size = _per_size(fn)
+    assert per_size.compiles == 5 and per_size.calls_as_captured == 5  # each size's first call runs as captured
+
+
+def test_sizes_seen_once_compile_nothing():
+    """A generation loop whose length grows by one each call: no compile per token."""
+    fn = torchweld.compile(f, backend="weld", dynamic=True)
+    for n in range(4, 40):
+        x, y = torch.randn(n, 5), torch.randn(n, 5)
+        torch.testing.assert_close(fn(x, y), f(x, y))
+    assert _per_size(fn).compiles == 0
+    x, y = torch.randn(20, 5), torch.randn(20, 5)
+    torch.testing.assert_close(fn(x, y), f(x, y))  # a second call of 20: the last 4 * limit sizes are counted
+    assert _per_size(fn).compiles == 1
+
+
+def test_specializations_share_their_triton_kernels():
+    """Kernels that differ only in sizes take them as arguments: one source for every size."""
+    fn = torchweld.compile(f, backend="weld", dynamic=True, options={"cpu_codegen": "triton"})
+    for n in (40, 40, 56, 56):
+        x, y = torch.randn(n, 5), torch.randn(n, 5)
+        torch.testing.assert_close(fn(x, y), f(x, y))
+    first, second = (c.kernel_sources["triton"] for c in _per_size(fn).specializations.values())
+    assert first == second
 
 
 def test_automatic_dynamic_transformer_block_on_weld():
@@ -44,7 +67,7 @@ def test_automatic_dynamic_transformer_block_on_weld():
 def test_oldest_specialization_is_dropped_with_a_log_line(caplog):
     fn = torchweld.compile(f, backend="weld", dynamic=True, options={"size_specializations": 2})
     with torchweld.config.patch(logs="dynamic"), caplog.at_level(logging.INFO, logger="torchweld"):
-        for n in (6, 7, 8, 6):
+        for n in (6, 6, 7, 7, 8, 8, 6, 6):
             x, y = torch.randn(n, 5), torch.randn(n, 5)
             torch.testing.assert_close(fn(x, y), f(x, y))
     per_size = _per_size(fn)
@@ -66,3 +89,4 @@ def test_training_with_varying_length_gives_eager_gradients_on_weld():
         reference(x).square().mean().backward()
         for (name, p), q in zip(model.named_parameters(), reference.parameters()):
             torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=name)
+    assert _per_size(compiled._compiled_forward).compiles == 3  # each length's second call (the first was a static graph)

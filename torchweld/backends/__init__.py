@@ -73,6 +73,13 @@ class BackendOptions(dict):
         super().__init__(options or {})
         self.shared: dict[str, object] = {}
 
+    @classmethod
+    def derived(cls, options: dict, **values) -> "BackendOptions":
+        """`options` with `values` set, sharing its `shared` (a plain dict's copy gets its own)."""
+        made = cls({**options, **values})
+        made.shared = getattr(options, "shared", made.shared)
+        return made
+
 
 def check_options(backend: str | Backend, options: dict | None) -> None:
     """Raise InvalidArgument for a key `backend` does not list in its `known_options`, or a value

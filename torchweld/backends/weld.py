@@ -9,7 +9,7 @@ import logging
 import torch
 import torch.utils._pytree as pytree
 
-from torchweld.backends import Option, register_backend
+from torchweld.backends import BackendOptions, Option, register_backend
 from torchweld.backends.module_settings import SettingsGuarded, leaf_settings
 from torchweld.backends.weld_declines import UNTRACEABLE, Decline, warn_declined, why_declined
 from torchweld.backends.weld_sizes import CompiledPerSize
@@ -94,6 +94,9 @@ OPTIONS = {
     "size_specializations": Option("a graph with symbolic sizes: how many per-size compiles are kept "
                                    "(backends/weld_sizes.py); default: tuning.default_specializations, "
                                    f"{tuning.default_specializations}", types=(int,)),
+    "sizes_as_arguments": Option("Triton: every kernel takes its integers as arguments, so kernels that differ "
+                                 "only in sizes are one compiled function; default: on for a graph with symbolic "
+                                 "sizes (backends/weld_sizes.py), else from a kernel's third such sibling"),
     "split_reductions": Option("Triton: a long reduction runs in two kernels, split across blocks; default True"),
     "cpu_codegen": Option("the code CPU kernels are written in: 'cpp' (default) or 'triton' (through Triton's "
                           "interpreter, for tests)", choices=("cpp", "triton")),
@@ -112,7 +115,8 @@ def weld(gm: torch.fx.GraphModule, example_inputs: list, mode=None, options=None
     declined = why_declined(gm, example_inputs)
     if declined is not None and declined[0] is Decline.SYMBOLIC_SIZES:  # shortcut: compiled per size (weld_sizes.py)
         limit = options.get("size_specializations", tuning.default_specializations)
-        return CompiledPerSize(gm, lambda static_gm, inputs: weld(static_gm, inputs, mode, options), limit)
+        per_size = BackendOptions.derived(options, sizes_as_arguments=True)  # kernels shared across sizes
+        return CompiledPerSize(gm, lambda static_gm, inputs: weld(static_gm, inputs, mode, per_size), limit)
     if declined is not None:
         kind, detail = declined
         log.warning("weld runs this graph without its kernels (%s): %s", detail, kind.value)

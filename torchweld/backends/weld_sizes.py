@@ -2,10 +2,15 @@
 
 Shortcut (issue 45): weld's lowering and kernels work with the sizes of the example inputs,
 so a graph whose sizes are symbols is not compiled size-generically. Capture hands weld the
-symbolic graph once; each call whose inputs have sizes and strides not seen before gets
-a copy of the graph whose example values hold those sizes (`static_copy`), compiled as
-any static graph is, and kept in a bounded cache (options={"size_specializations": n},
-default 8); a log line says when the oldest specialization is dropped. The guard capture
+symbolic graph once; a call whose inputs have sizes and strides not seen before runs the
+graph as captured (eager's kernels), and the next call with those sizes
+(tuning.specialize_at_call) gets a copy of the graph whose example values hold them
+(`static_copy`), compiled as any static graph is, and kept in a bounded cache
+(options={"size_specializations": n}, default 8); a log line says when the oldest
+specialization is dropped. So sizes seen once (a generation loop whose length grows by one a
+call) cost no compile, and one that repeats (a padded batch length) runs weld's kernels from
+its second call. The specializations' Triton kernels take their integers as arguments
+(option sizes_as_arguments): kernels that differ only in sizes are compiled once. The guard capture
 made for the symbolic graph decides which calls reach here; the cache key decides which
 specialization runs, so a specialization is never used for sizes it was not compiled for:
 the symbols' values, read from the inputs, where capture's guards fix every other size
@@ -125,16 +130,24 @@ class CompiledPerSize:
         self.compiles = 0
         self._reads = symbol_reads(gm)
         self._sizes: dict[tuple, list] = {}  # key -> its inputs' sizes, for the log
+        self._calls: collections.OrderedDict = collections.OrderedDict()  # key not compiled -> its calls so far
+        self.calls_as_captured = 0
 
     def __call__(self, *args):
         # the symbols' values (0.5 us), where capture's guards fix the rest; else every layout (2 us)
         key = _layout(args) if self._reads is None else tuple([args[i].shape[d] for i, d in self._reads])
         compiled = self.specializations.get(key)
-        if compiled is None:
-            compiled = self._compile(key, args)
-        else:
+        if compiled is not None:
             self.specializations.move_to_end(key)
-        return compiled(*args)
+            return compiled(*args)
+        calls = self._calls.pop(key, 0) + 1
+        if calls < tuning.specialize_at_call:
+            self._calls[key] = calls
+            if len(self._calls) > 4 * self.limit:  # the sizes seen least recently are forgotten
+                self._calls.popitem(last=False)
+            self.calls_as_captured += 1
+            return self.gm(*args)
+        return self._compile(key, args)(*args)
 
     def _compile(self, key: tuple, args: tuple) -> Callable:
         compiled = self.compile_static(static_copy(self.gm, args), list(args))

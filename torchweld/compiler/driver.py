@@ -163,7 +163,9 @@ def _triton_kernels(renderer, kernels: list[Kernel], sched: Schedule, buffer_dty
     compile_ = TritonCompile(kernels, sched, options)
     loaded: dict[str, GeneratedKernel] = {}  # function name -> its kernel (imported when first used)
     with timing.phase("weld.render"):
-        for kernel, fn_name, module_source in renderer.render_modules(compile_order(kernels), buffer_dtypes):
+        literal_members = 0 if options.get("sizes_as_arguments") else None
+        for kernel, fn_name, module_source in renderer.render_modules(compile_order(kernels), buffer_dtypes,
+                                                                      literal_members):
             if module_source is not None:
                 loaded[fn_name] = GeneratedKernel(module_source, fn_name)
             compile_.add(kernel, loaded[fn_name])

@@ -711,7 +711,8 @@ class TritonRenderer(KernelRenderer):
             combine = f"{name} | {value}" if acc.reduce_op in (Op.MAX, Op.SUM) else f"{name} & {value}"
         self.emit(scope, f"{name} = tl.where(xrmask, {combine}, {name})")
 
-    def render_modules(self, kernels: list[Kernel], buffer_dtypes: dict) -> Iterator[tuple[Kernel, str, str | None]]:
+    def render_modules(self, kernels: list[Kernel], buffer_dtypes: dict,
+                       literal_members: int | None = None) -> Iterator[tuple[Kernel, str, str | None]]:
         """Per scheduled kernel, as it is rendered: (kernel, its function's name, the source
         of a module holding that function alone, or None where an earlier kernel's is the same).
 
@@ -720,13 +721,17 @@ class TritonRenderer(KernelRenderer):
         Triton's disk cache by the next. A kernel that differs from
         tuning.literal_family_members earlier ones only in its integers takes them as
         arguments (size_args.py), so that the later kernels of its family are one function
-        too; the first ones keep their literals, handed over before the later ones are rendered. One module per function lets each
+        too; the first ones keep their literals, handed over before the later ones are rendered.
+        `literal_members` (default tuning.literal_family_members) of a family keep them: 0 for a
+        graph compiled once per size (backends/weld_sizes.py), whose kernels then share one
+        source, compiled once, across its sizes. One module per function lets each
         kernel be loaded and handed to the compilers while the next is rendered. (Rendering
         every kernel first and deciding then made densenet121's training step 255 compiles
         instead of 288 and lost that overlap: its inference's first call took 8.7 s, not 6.5.)"""
         from torchweld.disk_cache import content_hash
 
         self.buffer_dtypes = buffer_dtypes
+        literal_members = tuning.literal_family_members if literal_members is None else literal_members
         families: dict[str, set[str]] = {}  # a function's text with its integers elided -> its first texts
         done: set[str] = set()
         rendered: dict[tuple, tuple[str, size_args.SizeArgs | None]] = {}  # schedule.structure -> (text, sizes)
@@ -740,7 +745,7 @@ class TritonRenderer(KernelRenderer):
                 text, sizes = self.function_text(kernel), None
                 if config.size_generic_kernels and not size_generic(kernel) and not needs_int64(kernel):
                     family = families.setdefault(INTEGER.sub("N", text), set())
-                    if len(family) < tuning.literal_family_members or text in family:
+                    if len(family) < literal_members or text in family:
                         family.add(text)
                     elif (sizes := size_args.parameterized(prepared(kernel))) is not None:
                         size_args.choose(kernel, sizes)
