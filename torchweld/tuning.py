@@ -115,7 +115,7 @@ class Tuning:
     # resnet50's 2.91-3.28 against 2.97-2.98 (bench/with_constants.py workers_at_first_call=0 --
     # bench/investigations/profile_compile.py; bench/DECISIONS.md#workers-at-first-call).
     workers_at_first_call: bool = True  # a call with CUDA tensors starts the compile workers before its capture
-    default_specializations: int = 8  # per-size compiles a graph with symbolic sizes keeps (weld_sizes.py)
+    default_specializations: int = 16  # sizes weld compiles a graph with symbolic sizes for (weld_sizes.py)
     # the call of a new size at which weld compiles it (weld_sizes.py); the calls before run the graph
     # as captured: a generation loop whose length grows by one each call compiles nothing
     specialize_at_call: int = 2

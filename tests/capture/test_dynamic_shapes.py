@@ -536,3 +536,121 @@ def test_a_symbolic_int_with_state_changed_between_calls():
     finally:
         OFFSET = 1
         _int_and_state.__defaults__ = defaults
+
+
+# -- tensors read through attributes: automatic dynamic as torch.compile (not parameters or buffers)
+
+class _Holder:
+    def __init__(self, t):
+        self.t = t
+
+
+class _WithPlainAttribute(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.extra = torch.zeros(3)  # a plain tensor attribute, not a buffer
+
+    def forward(self, h):
+        return self.lin(h.t).sum(0) * self.extra.sum() + self.extra.mean()
+
+
+_GLOBAL_HOLDER = _Holder(torch.zeros(2))
+
+
+def _reads_a_global_objects_tensor(x):
+    return x * 2 + _GLOBAL_HOLDER.t
+
+
+def _attribute_calls(kind):
+    """(fn, a generator of each call's arguments, which changes the state it reads)."""
+    torch.manual_seed(0)
+    if kind == "object attribute":
+        return _WithPlainAttribute(), lambda: ((_Holder(torch.randn(n, 4)),) for n in SIZES)
+    if kind == "module attribute":
+        module = _WithPlainAttribute()
+
+        def calls():
+            for n in SIZES:
+                module.extra = torch.randn(n)
+                yield (_Holder(torch.randn(2, 4)),)
+        return module, calls
+    if kind == "global object attribute":
+        def calls():
+            for n in SIZES:
+                _GLOBAL_HOLDER.t = torch.randn(n)
+                yield (torch.randn(n),)
+        return _reads_a_global_objects_tensor, calls
+    raise KeyError(kind)
+
+
+def _symbolic_placeholders(gm) -> int:
+    return sum(isinstance(n, torch.SymInt) for node in gm.graph.nodes if node.op == "placeholder"
+               for n in getattr(node.meta.get("example_value"), "shape", ()))
+
+
+@pytest.mark.parametrize("kind", ["object attribute", "module attribute", "global object attribute"])
+def test_tensors_read_through_attributes_become_dynamic_as_under_torch_compile(kind):
+    fn, calls = _attribute_calls(kind)
+    ours = CountingBackend()
+    compiled = torchweld.compile(fn, backend=ours)
+    for args in calls():
+        assert_same(compiled(*args), fn(*args))
+    torch._dynamo.reset()
+    fn, calls = _attribute_calls(kind)
+    theirs = CountingBackend()
+    compiled = torch.compile(fn, backend=theirs)
+    for args in calls():
+        compiled(*args)
+    torch._dynamo.reset()
+    assert len(ours.graphs) == len(theirs.graphs) == 2
+    assert _symbolic_placeholders(ours.graphs[-1]) >= 1 and _symbolic_placeholders(theirs.graphs[-1]) >= 1
+
+
+class _GrowingCache:
+    """A KV cache object as transformers' DynamicCache: a list of tensors grown by torch.cat."""
+
+    def __init__(self):
+        self.keys = [torch.ones(1, 2, 3, 4)]
+
+
+def _decode_step(x, cache):
+    keys = torch.cat([cache.keys[0], x], dim=2)
+    cache.keys[0] = keys
+    return (keys.softmax(2) * keys.shape[2]).sum(2)
+
+
+@pytest.mark.parametrize("backend", ["eager", "weld"])
+def test_a_cache_object_growing_each_call_compiles_twice_then_never_again(backend):
+    """A generation loop: the cache object's tensor grows by one each call (recompiled at every
+    length before tensors read through attributes could be dynamic)."""
+    compiled = torchweld.compile(_decode_step, backend=backend)
+    mine, theirs = _GrowingCache(), _GrowingCache()
+    for _ in range(12):
+        x = torch.randn(1, 2, 1, 4)
+        assert_same(compiled(x, mine), _decode_step(x, theirs))
+        assert_same(mine.keys[0], theirs.keys[0])
+    assert len(compiled.cache_entries) == 2
+
+
+def test_transformers_generate_with_its_dynamic_cache_captures_as_torch_compile():
+    """GPT-2's greedy generation with transformers' DynamicCache: the prompt, the first token, then
+    one symbolic version for every later cache length (torch.compile: the same 3), tokens equal."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=300, n_positions=128,
+                                     bos_token_id=0, eos_token_id=0)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    ids = torch.randint(1, 300, (1, 6))
+    generate = dict(max_new_tokens=16, do_sample=False, pad_token_id=0, min_new_tokens=16)
+    with torch.no_grad():
+        expected = model.generate(ids, **generate)
+        counts = []
+        for compile_ in (torchweld.compile, torch.compile):
+            backend = CountingBackend()
+            model.forward = compile_(type(model).forward.__get__(model), backend=backend)
+            assert torch.equal(model.generate(ids, **generate), expected)
+            counts.append(len(backend.graphs))
+            del model.forward
+            torch._dynamo.reset()
+    assert counts[0] == counts[1] == 3

@@ -91,7 +91,7 @@ OPTIONS = {
                              "one per compiled model)", types=(object,)),
     "autotuner": Option("the runtime.autotune.Autotuner that times candidates (default: a new one)", types=(object,)),
     "autotune_timer": Option("the timer an Autotuner made here uses (tests)", types=(object,)),
-    "size_specializations": Option("a graph with symbolic sizes: how many per-size compiles are kept "
+    "size_specializations": Option("a graph with symbolic sizes: for how many sizes weld compiles it (later ones run as captured) "
                                    "(backends/weld_sizes.py); default: tuning.default_specializations, "
                                    f"{tuning.default_specializations}", types=(int,)),
     "sizes_as_arguments": Option("Triton: every kernel takes its integers as arguments, so kernels that differ "

@@ -5,9 +5,10 @@ so a graph whose sizes are symbols is not compiled size-generically. Capture han
 symbolic graph once; a call whose inputs have sizes and strides not seen before runs the
 graph as captured (eager's kernels), and the next call with those sizes
 (tuning.specialize_at_call) gets a copy of the graph whose example values hold them
-(`static_copy`), compiled as any static graph is, and kept in a bounded cache
-(options={"size_specializations": n}, default 8); a log line says when the oldest
-specialization is dropped. So sizes seen once (a generation loop whose length grows by one a
+(`static_copy`), compiled as any static graph is, and kept. At most
+options={"size_specializations": n} sizes are compiled (default tuning.default_specializations);
+later sizes run as captured, and a log line says so once (no size is dropped and compiled
+again: a cache that evicted thrashed, a compile every call). So sizes seen once (a generation loop whose length grows by one a
 call) cost no compile, and one that repeats (a padded batch length) runs weld's kernels from
 its second call. The specializations' Triton kernels take their integers as arguments
 (option sizes_as_arguments): kernels that differ only in sizes are compiled once. The guard capture
@@ -126,37 +127,37 @@ class CompiledPerSize:
         self.gm = gm
         self.compile_static = compile_static  # (static graph module, example inputs) -> callable
         self.limit = tuning.default_specializations if limit is None else limit
-        self.specializations: collections.OrderedDict = collections.OrderedDict()
+        self.specializations: dict[tuple, Callable] = {}
         self.compiles = 0
         self._reads = symbol_reads(gm)
         self._sizes: dict[tuple, list] = {}  # key -> its inputs' sizes, for the log
         self._calls: collections.OrderedDict = collections.OrderedDict()  # key not compiled -> its calls so far
         self.calls_as_captured = 0
+        self._told_full = False
 
     def __call__(self, *args):
         # the symbols' values (0.5 us), where capture's guards fix the rest; else every layout (2 us)
         key = _layout(args) if self._reads is None else tuple([args[i].shape[d] for i, d in self._reads])
         compiled = self.specializations.get(key)
         if compiled is not None:
-            self.specializations.move_to_end(key)
             return compiled(*args)
         calls = self._calls.pop(key, 0) + 1
-        if calls < tuning.specialize_at_call:
-            self._calls[key] = calls
-            if len(self._calls) > 4 * self.limit:  # the sizes seen least recently are forgotten
-                self._calls.popitem(last=False)
-            self.calls_as_captured += 1
-            return self.gm(*args)
-        return self._compile(key, args)(*args)
+        if calls >= tuning.specialize_at_call and self.compiles < self.limit:
+            return self._compile(key, args)(*args)
+        self._calls[key] = calls
+        if len(self._calls) > 4 * self.limit:  # the sizes seen least recently are forgotten
+            self._calls.popitem(last=False)
+        if calls >= tuning.specialize_at_call and not self._told_full:
+            self._told_full = True
+            logs.get("dynamic").info("weld has compiled this graph for %d sizes (options size_specializations): "
+                                     "other sizes run as captured, with eager's kernels; sizes compiled: %s",
+                                     self.limit, list(self._sizes.values()))
+        self.calls_as_captured += 1
+        return self.gm(*args)
 
     def _compile(self, key: tuple, args: tuple) -> Callable:
         compiled = self.compile_static(static_copy(self.gm, args), list(args))
         self.compiles += 1
         self.specializations[key] = compiled
         self._sizes[key] = [tuple(a.shape) for a in args if isinstance(a, torch.Tensor)]
-        if len(self.specializations) > self.limit:
-            dropped, _ = self.specializations.popitem(last=False)
-            sizes = self._sizes.pop(dropped)
-            logs.get("dynamic").info("weld drops its specialization for sizes %s: more than %d kept (options "
-                                     "size_specializations)", sizes, self.limit)
         return compiled

@@ -1,8 +1,8 @@
 """Which dims of a compiled function's tensor inputs are symbolic, as torch.compile decides:
 
 - `dynamic=False`: none but those marked with `mark_dynamic` (torchweld's or torch's);
-- `dynamic=True`: every dim of every input tensor (not parameters, buffers or tensors read
-  through an attribute), from the first call;
+- `dynamic=True`: every dim of every input tensor (read from an argument or a global, also
+  through items and attributes; not a module's parameters and buffers), from the first call;
 - `dynamic=None` (the default): a dim becomes symbolic once a call brings a size different
   from the one the first capture saw ("automatic dynamic"), and stays symbolic for that
   function; the first capture is specialized.
@@ -25,7 +25,7 @@ import logging
 import torch
 
 from torchweld import logs
-from torchweld.capture.sources import GlobalSource, ItemSource, LocalSource, Source
+from torchweld.capture.sources import AttrSource, GlobalSource, ItemSource, LocalSource, ModuleEntrySource, Source
 
 # (why, exact, min, max): `exact` asks for a symbol of its own (a mark), else sizes equal at
 # capture share one symbol, as torch.compile's duck sizing does
@@ -83,11 +83,14 @@ def marked(t: torch.Tensor, attribute: str) -> set[int]:
 
 
 def may_be_dynamic(source: Source, real: torch.Tensor) -> bool:
-    """Inputs only: an argument, an item of one, a global; not a parameter or buffer, and not a
-    tensor an object holds as an attribute (torch.compile keeps module state static too)."""
+    """Read from an argument or a global, through items and attributes (a KV cache object's
+    tensors, a module's plain tensor attribute); not a module's parameter or buffer, which stay
+    static, as torch.compile's force_parameter_static_shapes keeps them."""
     if isinstance(real, (torch.nn.Parameter, torch.nn.parameter.Buffer)):
         return False
-    while isinstance(source, ItemSource):
+    while isinstance(source, (ItemSource, AttrSource)):
+        if isinstance(source, ModuleEntrySource) and source.store in ("_parameters", "_buffers"):
+            return False
         source = source.base
     return isinstance(source, (LocalSource, GlobalSource))
 
