@@ -103,6 +103,11 @@ class Tuning:
     workers_from: int = 12  # a graph's new Triton kernels from which worker processes compile them
     worker_timeout_s: int = 300  # past this a kernel's worker is given up on, and the kernel compiled here
 
+    # -- training (torchweld/autograd/) -----------------------------------------------------
+    # forward nodes a value's recomputation in the backward may reach back over (partition.py's
+    # far_from_saved_values); torch.compile's partitioner bans fusible chains of about 100 too
+    max_recompute_span: int = 100
+
     # -- backends (torchweld/backends/) -----------------------------------------------------
     # Started at the first batch of workers_from kernels instead, the workers missed GPT-2's
     # training forward: its 8 kernels compiled in threads, under the GIL of the backward's

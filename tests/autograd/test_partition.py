@@ -158,6 +158,35 @@ def test_residual_stream_is_saved_and_parameter_inputs_cost_nothing():
     assert_partition_matches_autograd(part, joint, residual_stream, [h, *weights], torch.randn(8, 16))
 
 
+def half_branch_stream(h, w1, w2, w3, w4, w5, w6, w7, w8):
+    """A residual stream under autocast: each branch output is bfloat16, half the float32 h's bytes."""
+    for w in (w1, w2, w3, w4, w5, w6, w7, w8):
+        h = h + (h.sin() @ w).to(torch.bfloat16).float()
+    return h
+
+
+def test_a_long_recomputation_chain_is_not_recomputed():
+    """Saving the bfloat16 branch outputs is fewer bytes, but the backward would recompute
+    the whole float32 stream at its start: past tuning.max_recompute_span forward nodes
+    the stream is computed in the forward and saved (partition.far_from_saved_values)."""
+    from torchweld.tuning import tuning
+
+    h = torch.randn(8, 16, requires_grad=True)
+    weights = [torch.randn(16, 16, requires_grad=True) for _ in range(8)]
+    joint = joint_of(half_branch_stream, h, *weights)
+    stream = [n.name for n in joint.gm.graph.nodes if n.target is torch.ops.aten.add.Tensor][:8]  # the forward's
+
+    def recomputed(part) -> int:
+        return sum(n.name in stream for n in part.backward.graph.nodes)
+
+    with tuning.patch(max_recompute_span=10 ** 6):  # no limit: the whole stream recomputed
+        assert recomputed(partition(joint, "min_cut")) >= 7
+    with tuning.patch(max_recompute_span=8):
+        part = partition(joint, "min_cut")
+        assert recomputed(part) <= 4
+    assert_partition_matches_autograd(part, joint, half_branch_stream, [h, *weights], torch.randn(8, 16))
+
+
 def mlp_block(x, w1, w2):
     h = x @ w1
     return torch.nn.functional.gelu(h, approximate="tanh") @ w2

@@ -1,6 +1,7 @@
 """Training through the weld backend: outputs, gradients, buffers and optimizer
 steps equal eager's, on the CPU (GPU variants where CUDA is there)."""
 import copy
+import logging
 import gc
 import warnings
 
@@ -224,6 +225,28 @@ def test_a_model_called_under_autocast_trains_like_eager():
     for p, q in zip(eager.parameters(), model.parameters()):
         assert q.grad.dtype == torch.float32
         torch.testing.assert_close(q.grad, p.grad, atol=5e-3, rtol=5e-2)
+
+
+def _rotate_half(x, w):
+    """Llama's rotate_half: the halves of the last dim swapped, one negated (a slice each)."""
+    x = x * w
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+    return torch.cat((-x2, x1), dim=-1) * 3 + x[:, 1:].sum(1, keepdim=True)
+
+
+def test_the_backward_of_slices_is_a_kernel_not_extern_fills_and_copies(caplog):
+    """slice_backward (zeros and slice_scatter, an extern fill and an extern copy in aten's
+    decomposition) is a pad of the gradient: fused into the backward's kernels."""
+    x, w = torch.randn(4, 6, 16, requires_grad=True), torch.randn(16, requires_grad=True)
+    compiled = torchweld.compile(_rotate_half, backend="weld")
+    with caplog.at_level(logging.DEBUG, logger="torchweld.weld"):
+        for _ in range(2):
+            got = torch.autograd.grad(compiled(x, w).square().sum(), (x, w))
+            want = torch.autograd.grad(_rotate_half(x, w).square().sum(), (x, w))
+            for g, e in zip(got, want):
+                torch.testing.assert_close(g, e)
+    externs = [r.getMessage() for r in caplog.records if r.getMessage().startswith("extern call")]
+    assert not any("slice" in line or "pad" in line for line in externs), externs
 
 
 class _RotaryStyle(nn.Module):
