@@ -654,3 +654,32 @@ def test_transformers_generate_with_its_dynamic_cache_captures_as_torch_compile(
             del model.forward
             torch._dynamo.reset()
     assert counts[0] == counts[1] == 3
+
+
+class _State:
+    def __init__(self, n):
+        self.t = torch.arange(float(n))
+        self.scale = 2.0
+
+
+def _reads_and_writes_an_attribute(x, state):
+    n = state.t.shape[0]
+    state.t.mul_(state.scale)  # written in place: the caller's tensor changes
+    y = x[:n] * state.t + state.t.sum() / n
+    return y.view(-1, 1).expand(n, 2).sum(0), n
+
+
+@pytest.mark.parametrize("backend", ["eager", "weld"])
+def test_an_attribute_tensor_changing_size_and_state_between_calls(backend):
+    """A tensor held by an argument object, replaced by one of another size between calls,
+    written in place, its size returned, and the object's float changed: every call as eager's."""
+    compiled = torchweld.compile(_reads_and_writes_an_attribute, backend=backend)
+    for n, scale in ((3, 2.0), (5, 2.0), (5, -1.0), (7, 0.5), (4, 0.5), (5, 3.0), (7, 0.5)):
+        mine, theirs = _State(n), _State(n)
+        mine.scale = theirs.scale = scale
+        x = torch.randn(9)
+        assert_same(compiled(x, mine), _reads_and_writes_an_attribute(x, theirs))
+        assert_same(mine.t, theirs.t)
+    # the first size, one symbolic version, and one a new float: torchweld reads an attribute's float
+    # as a constant (torch.compile makes it a graph input once it changed: 3 versions in all)
+    assert len(compiled.cache_entries) == 5
