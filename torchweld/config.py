@@ -24,7 +24,11 @@ def _int_from_env(name: str, default: int | None) -> int | None:
         raise ValueError(f"the environment variable {name}={value!r} must be an integer") from None
 
 # -- capture -----------------------------------------------------------------
-cache_size_limit: int = 8  # cache entries per code object; past it the frame runs eagerly
+# compiled versions of a function for the same objects (those its guards hold by identity, such
+# as a module instance; a resume function's loop position) and in all; past either, new inputs
+# run eagerly (torch.compile's cache_size_limit and accumulated_cache_size_limit)
+cache_size_limit: int = 8
+accumulated_cache_size_limit: int = 256
 suppress_errors: bool = False  # a backend that raises: run the frame eagerly with a warning
 inline_depth_limit: int = 32  # nested inlined user calls before the frame gives up
 # A graph captured inside DistributedDataParallel's forward is split at DDP's gradient buckets,

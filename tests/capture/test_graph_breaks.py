@@ -3,6 +3,7 @@ natively and capture resumes after it. Every case is compared with eager on
 inputs that take each branch, and its graph count with torch.compile's."""
 import copy
 import logging
+import warnings
 
 import numpy as np
 import pytest
@@ -725,3 +726,53 @@ def test_a_compiled_continuation_in_a_try_sees_state_changed_between_calls():
     finally:
         SCALE = 2.0
         _state_after_a_break_in_a_try.__defaults__ = defaults
+
+
+class _BreakingBlock(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        x = self.fc(x).relu()
+        if x.sum() > 1e9:  # data-dependent: a graph break in every block
+            x = x * 0
+        return x + 1
+
+
+class _DeepNet(torch.nn.Module):
+    def __init__(self, depth):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(_BreakingBlock() for _ in range(depth))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+@pytest.mark.parametrize("backend", ["eager", "weld"])
+def test_a_break_in_each_of_many_blocks_compiles_every_block(backend):
+    """Twelve blocks whose forward breaks the graph: twelve versions of the block's forward (one
+    per instance) and of the loop's resume function (one per number of blocks left). The limit
+    counts versions per object held by identity and per loop position, as torch.compile counts
+    per ID_MATCH'ed object: no block runs eagerly past config.cache_size_limit (8)."""
+    torch.manual_seed(0)
+    model = _DeepNet(12)
+    compiled = torchweld.compile(model, backend=backend)
+    x = torch.randn(4, 8)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*cache_size_limit")  # a block run eagerly past the limit
+        for _ in range(3):
+            torch.testing.assert_close(compiled(x), model(x))
+
+
+def test_the_limit_still_stops_versions_for_one_object():
+    """A Python float changing at every call of one function: eager past config.cache_size_limit."""
+    fn = torchweld.compile(lambda x, s: x + s, backend="eager")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for n in range(12):
+            torch.testing.assert_close(fn(torch.ones(2), n / 2), torch.ones(2) + n / 2)
+    assert len(fn.cache_entries) <= torchweld.config.cache_size_limit
+    assert any("cache_size_limit" in str(w.message) for w in caught)

@@ -44,6 +44,8 @@ class CacheEntry:
     namespace: dict  # the generated functions' globals
     alive: bool = True
     watchers: list = dataclasses.field(default_factory=list)
+    # what the function's cache_size_limit counts versions by (CompiledFunction._limit_key)
+    limit_key: tuple = ((), ())
 
     def release(self) -> None:
         """Called once the entry is dropped: break its FX graph's module-graph cycle, so that

@@ -27,6 +27,10 @@ from torchweld.capture.dynamic_dims import DimChoices
 from torchweld.errors import InvalidArgument
 
 
+def _length(obj: object) -> int | None:
+    return len(obj) if isinstance(obj, list) else None
+
+
 def _python_function(fn: Callable) -> tuple[types.FunctionType, object | None]:
     """The Python function to capture and the object bound as its first argument."""
     if isinstance(fn, types.MethodType):
@@ -49,8 +53,12 @@ def _python_function(fn: Callable) -> tuple[types.FunctionType, object | None]:
 class CompiledFunction:
     """A function with a cache of entries, each a (guards, compiled graph) pair."""
 
-    def __init__(self, fn: Callable, settings: CompileSettings, request: object | None = None):
+    def __init__(self, fn: Callable, settings: CompileSettings, request: object | None = None,
+                 loop_lists: tuple[str, ...] = ()):
         self._fn, self._owner = _python_function(fn)
+        # a resume function's parameters that hold a loop's remaining items (resume.py): the
+        # versions for each number of items left count apart against cache_size_limit
+        self._loop_lists = loop_lists
         functools.update_wrapper(self, fn)
         self._settings = settings
         self._target = fn  # as given: what a copy compiles again
@@ -116,6 +124,7 @@ class CompiledFunction:
                     return self._fn(*args, **kwargs)
                 self._log_recompile(args, kwargs)
                 entry = translate_frame(self._fn, args, kwargs, self._settings, self._dims)
+                entry.limit_key = self._limit_key(entry, args, kwargs)
                 self._add(entry)
         result = entry.run(*args, **kwargs)
         if result is MISS:  # the guards changed their mind (an input mutated by another thread)
@@ -164,10 +173,39 @@ class CompiledFunction:
         if stance in ("eager_then_compile", "aot_eager_then_compile") and not self._ran_eagerly_first:
             self._ran_eagerly_first = True
             return False
-        if len(self._entries) >= config.cache_size_limit:
+        if len(self._entries) >= config.accumulated_cache_size_limit or \
+                sum(self._same_objects(e, args, kwargs) for e in self._entries) >= config.cache_size_limit:
             self._warn_limit(args, kwargs)
             return False
         return True
+
+    def _same_objects(self, entry: CacheEntry, args: tuple, kwargs: dict) -> bool:
+        """Whether `entry` was compiled for the objects this call passes, as far as the limit goes:
+        the same object for each argument its guards hold by identity (a module instance: as
+        torch.compile counts its versions per ID_MATCH'ed object), and for a resume function the
+        same number of items left in each loop handed to it. A model's twelve blocks whose
+        forward breaks the graph are twelve versions of one code object, and its loop over them
+        resumes with twelve lengths: each counts apart, so that no block runs eagerly past the
+        limit (config.accumulated_cache_size_limit bounds them all)."""
+        try:
+            bound = inspect.signature(self._fn, follow_wrapped=False).bind(*args, **kwargs).arguments
+        except TypeError:
+            return True
+        identities, lengths = entry.limit_key
+        return all(name not in bound or id(bound[name]) == ident for name, ident in identities) and \
+            all(name not in bound or _length(bound[name]) == n for name, n in lengths)
+
+    def _limit_key(self, entry: CacheEntry, args: tuple, kwargs: dict) -> tuple:
+        """What `_same_objects` compares: (argument, id) for each argument `entry`'s guards hold by
+        identity, (parameter, number of items) for each loop handed over."""
+        try:
+            bound = inspect.signature(self._fn, follow_wrapped=False).bind(*args, **kwargs).arguments
+        except TypeError:
+            return (), ()
+        identities = tuple((name, id(bound[name])) for name in entry.guards.identity_matched_arguments()
+                           if name in bound)
+        lengths = tuple((name, _length(bound[name])) for name in self._loop_lists if name in bound)
+        return identities, lengths
 
     def _fail_on_recompile(self, args: tuple, kwargs: dict) -> None:
         code = self._fn.__code__

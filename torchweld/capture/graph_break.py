@@ -217,9 +217,11 @@ class BreakCodegen:
             index = self.tx.index_of_offset[inst.argval]
         code = make_resume_code(self.tx.code, index, layout, names, handoff)
 
+        loop_lists = tuple(f"___stack{i}" for i, kind in enumerate(layout) if kind == ITERATOR)
+
         def make():
             function = types.FunctionType(code, self.fn.__globals__, code.co_name, None, self.fn.__closure__)
-            return CompiledFunction(function, self.settings) if compiled else function
+            return CompiledFunction(function, self.settings, loop_lists=loop_lists) if compiled else function
 
         return self.settings.wrapper(("resume", code, compiled), make)
 

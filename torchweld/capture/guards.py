@@ -193,6 +193,11 @@ class GuardSet:
         text = f"{source.name()} is {_describe(obj)}"
         self._add((source.name(), "id"), text, f"id({source.expr()}) == {id(obj)}", source, "id", (id(obj),))
 
+    def identity_matched_arguments(self) -> list[str]:
+        """The names of the frame's arguments that a guard holds by identity (`L['self'] is <Block>`)."""
+        return [g.source.local for g in self.guards
+                if g.kind == "id" and isinstance(g.source, LocalSource)]
+
     def truthiness(self, source: Source, truthy: bool) -> None:
         """`bool(source)` is `truthy`: for a number read anew at each call whose being zero
         or not decides what the graph computes (SGD's momentum)."""
