@@ -150,7 +150,8 @@ def test_weld_runs_a_transformer_block_through_one_attention_call(caplog, device
         compiled = torchweld.compile(model, backend="weld")
         torch.testing.assert_close(compiled(x), model(x), atol=1e-5, rtol=1e-5)
         x2 = torch.randn(2, 24, 64, device=device)  # a new shape: the guards fail, the rewrite happens again
-        torch.testing.assert_close(compiled(x2), model(x2), atol=1e-5, rtol=1e-5)
+        for _ in range(2):  # weld compiles a symbolic graph's size at its second call
+            torch.testing.assert_close(compiled(x2), model(x2), atol=1e-5, rtol=1e-5)
     externs = [r.getMessage() for r in caplog.records if r.getMessage().startswith("extern call")]
     assert sum("scaled_dot_product" in line for line in externs) == 2, externs
     assert not any("bmm" in line for line in externs), externs
