@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -36,8 +35,7 @@ from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-
-COMPILERS = ("eager", "torch", "torchweld")
+from bench.runner import COMPILERS, empty_caches, sync, worker_env  # noqa: E402
 
 
 @dataclasses.dataclass(frozen=True)
@@ -224,11 +222,6 @@ def compiled_step(compiler: str, mode: str):
     return torchweld.compile(decode_step, backend="weld", mode=mode, fullgraph=True)
 
 
-def sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
 def run_worker(job: dict) -> dict:
     device, dtype = job["device"], getattr(torch, job["dtype"])
     shape = PRESETS[job["preset"]]
@@ -304,10 +297,7 @@ def profile(fn, tokens: int, device: str, top: int = 30) -> list[dict]:
 
 def spawn(job: dict, workdir: Path) -> dict:
     """`job` in a fresh Python process with empty compiler caches; its result."""
-    env = dict(os.environ)
-    env["TORCHWELD_CACHE_DIR"] = str(workdir / f"weld-{job['compiler']}-{job['batch']}")
-    env["TORCHINDUCTOR_CACHE_DIR"] = str(workdir / f"inductor-{job['compiler']}-{job['batch']}")
-    env["TRITON_CACHE_DIR"] = str(workdir / f"triton-{job['compiler']}-{job['batch']}")
+    env = worker_env(empty_caches(str(workdir), f"{job['compiler']}-{job['batch']}"))
     spec = workdir / f"job-{job['compiler']}-{job['batch']}.json"
     spec.write_text(json.dumps(job))
     proc = subprocess.run([sys.executable, __file__, "--worker", str(spec)], env=env, capture_output=True, text=True)

@@ -55,7 +55,10 @@ import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from bench.harness import COMPILERS, empty_caches  # noqa: E402  (also sets OMP_WAIT_POLICY=PASSIVE)
+from bench import runner  # noqa: E402
+from bench.runner import COMPILERS, fmt  # noqa: E402
+
+runner.wait_passively()  # for the ranks, which inherit it
 
 SUITE = "distributed"
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -224,7 +227,7 @@ def rank_main(job: dict) -> None:
     stuck in a collective."""
     code = 0
     try:
-        print("RESULT " + json.dumps(run_rank(job)))
+        print(runner.result_line(run_rank(job)))
     except BaseException as e:  # noqa: BLE001
         traceback.print_exc()
         print("ERROR " + json.dumps({"error": f"{type(e).__name__}: {e}"[:600], "time": time.time()}))
@@ -249,15 +252,14 @@ def launch(job: dict, world: int, caches: dict, timeout: float, logs: str) -> di
     first rank to fail, or the timeout, kills the others."""
     port, procs = free_port(), []
     for rank in range(world):
-        env = {**os.environ, **caches, **NO_MULTICAST, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+        env = {**runner.worker_env(caches), **NO_MULTICAST, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world)}
-        env.pop("TORCHWELD_BENCH_RECORDS", None)
         if job["device"] == "cpu":
             env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // world))
         out = open(os.path.join(logs, f"rank{rank}.out"), "w")
         err = open(os.path.join(logs, f"rank{rank}.err"), "w")
-        procs.append(subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--rank-job", json.dumps(job)],
-                                      stdout=out, stderr=err, env=env, cwd=ROOT, start_new_session=True))
+        procs.append(subprocess.Popen(runner.worker_command(__file__, job, "--rank-job"), stdout=out, stderr=err,
+                                      env=env, cwd=ROOT, start_new_session=True))
         out.close(), err.close()
     deadline, problem, first_failed = time.monotonic() + timeout, None, None
     try:
@@ -310,7 +312,7 @@ def run_row(name: str, args) -> tuple[dict, str | None, str | None]:
             for world in worlds:
                 logs = os.path.join(tmp, f"{compiler}-{world}")
                 os.makedirs(logs)
-                got = launch(job, world, empty_caches(tmp, f"{compiler}-{world}"), args.timeout, logs)
+                got = launch(job, world, runner.empty_caches(tmp, f"{compiler}-{world}"), args.timeout, logs)
                 if world == args.nproc:
                     figures[compiler] = got
                 else:
@@ -319,10 +321,13 @@ def run_row(name: str, args) -> tuple[dict, str | None, str | None]:
                     if "error" not in got and "error" not in figures[compiler]:
                         figures[compiler]["scaling"] = figures[compiler]["samples_per_s"] / got["samples_per_s"]
                 print(f"  {compiler:10s} {world} rank{'s' * (world > 1)}: {_summary(got)}", flush=True)
-    label = next((f["label"] for f in figures.values() if "label" in f), None)
-    dtype = next((f["dtype"] for f in figures.values() if "dtype" in f), None)
-    for f in figures.values():
-        f.pop("label", None), f.pop("dtype", None)
+    label, dtype = runner.take_shared(figures, "label"), runner.take_shared(figures, "dtype")
+    add_ratios(figures)
+    return figures, label, dtype
+
+
+def add_ratios(figures: dict[str, dict]) -> None:
+    """speedup and max_diff (of the losses) against eager, cold_vs_torch for torchweld."""
     eager, torch_ = figures.get("eager", {}), figures.get("torch", {})
     for compiler, f in figures.items():
         if f.get("steps_per_s") and eager.get("steps_per_s"):
@@ -331,27 +336,27 @@ def run_row(name: str, args) -> tuple[dict, str | None, str | None]:
             f["max_diff"] = max(abs(a - b) for a, b in zip(f["losses"], eager["losses"]))
         if compiler == "torchweld" and f.get("cold_s") and torch_.get("cold_s"):
             f["cold_vs_torch"] = f["cold_s"] / torch_["cold_s"]
-    return figures, label, dtype
 
 
 def _summary(f: dict) -> str:
     if "error" in f:
         return "failed: " + f["error"][:300] + "\n    " + "\n    ".join(f["traceback"].splitlines()[-8:])
-    return ", ".join(f"{k} {f[k]:.3f}" for k in ("cold_s", "steps_per_s", "samples_per_s", "peak_mib") if k in f)
+    return runner.summary(f, ("cold_s", "steps_per_s", "samples_per_s", "peak_mib"))
 
 
 def print_table(label: str, figures: dict) -> None:
     print(f"{label}\n{'':10s} {'steps/s':>8s} {'x eager':>8s} {'samples/s':>10s} {'cold s':>7s} {'x tc cold':>9s} "
           f"{'peak MiB':>9s} {'scaling':>8s} {'max diff':>9s}  losses")
-    num = lambda f, k, fmt: format(f[k], fmt) if f.get(k) is not None else "-"  # noqa: E731
-    for compiler, f in figures.items():
-        if "error" in f:
-            print(f"{compiler:10s} failed: {f['error'][:200]}")
-            continue
-        print(f"{compiler:10s} {num(f, 'steps_per_s', '8.3f'):>8s} {num(f, 'speedup', '.2f'):>8s} "
-              f"{num(f, 'samples_per_s', '.1f'):>10s} {num(f, 'cold_s', '.2f'):>7s} {num(f, 'cold_vs_torch', '.3f'):>9s} "
-              f"{num(f, 'peak_mib', '.0f'):>9s} {num(f, 'scaling', '.2f'):>8s} {num(f, 'max_diff', '.1e'):>9s}  "
-              + " ".join(f"{x:.5f}" for x in f.get("losses", [])))
+    runner.print_rows(figures, 10, table_cells)
+
+
+def table_cells(f: dict) -> str:
+    """A compiler's cells in print_table's line."""
+    return (f"{fmt(f.get('steps_per_s'), '8.3f'):>8s} {fmt(f.get('speedup'), '.2f'):>8s} "
+            f"{fmt(f.get('samples_per_s'), '.1f'):>10s} {fmt(f.get('cold_s'), '.2f'):>7s} "
+            f"{fmt(f.get('cold_vs_torch'), '.3f'):>9s} {fmt(f.get('peak_mib'), '.0f'):>9s} "
+            f"{fmt(f.get('scaling'), '.2f'):>8s} {fmt(f.get('max_diff'), '.1e'):>9s}  "
+            + " ".join(f"{x:.5f}" for x in f.get("losses", [])))
 
 
 def parse_args(argv=None):
@@ -359,7 +364,7 @@ def parse_args(argv=None):
                                                  "torchweld side by side; see the module's docstring")
     parser.add_argument("--only", default=",".join(ROWS), help=f"rows, comma-separated: {', '.join(ROWS)}")
     parser.add_argument("--compilers", default=",".join(COMPILERS), help="comma-separated: eager,torch,torchweld")
-    parser.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda where there is one")
+    runner.add_device_option(parser)
     parser.add_argument("--nproc", type=int, default=2, help="ranks (one a GPU on CUDA)")
     parser.add_argument("--scaling", action="store_true", help="each compiler on one rank too, for `scaling`")
     parser.add_argument("--quick", action="store_true", help="tiny models (the CPU smoke test)")
@@ -367,12 +372,10 @@ def parse_args(argv=None):
     parser.add_argument("--steps", type=int, default=0, help="timed steps (default: as many as fill --min-time)")
     parser.add_argument("--min-time", type=float, default=10.0, help="seconds of timed steps, without --steps")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds for one compiler's ranks, all steps")
-    parser.add_argument("--records-dir", default=None, help="another records directory (tests)")
-    parser.add_argument("--no-record", action="store_true")
-    parser.add_argument("--rank-job", default=None, help=argparse.SUPPRESS)
+    runner.add_record_and_worker_options(parser, "--rank-job")
     args = parser.parse_args(argv)
-    args.only = [r.strip() for r in args.only.split(",") if r.strip()]
-    args.compilers = [c.strip() for c in args.compilers.split(",") if c.strip()]
+    args.only = runner.comma_separated(args.only)
+    args.compilers = runner.comma_separated(args.compilers)
     for bad, known in ((set(args.only) - set(ROWS), ROWS), (set(args.compilers) - set(COMPILERS), COMPILERS)):
         if bad:
             parser.error(f"unknown {sorted(bad)}; known: {', '.join(known)}")
@@ -385,9 +388,8 @@ def main(argv=None) -> int:
         rank_main(json.loads(args.rank_job))
     from bench import records
 
-    if args.records_dir:
-        os.environ["TORCHWELD_BENCH_RECORDS"] = args.records_dir
-    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    runner.use_records_dir(args.records_dir)
+    args.device = runner.pick_device(args.device)
     if args.device == "cuda" and torch.cuda.device_count() < args.nproc:
         raise SystemExit(f"--nproc {args.nproc}: {torch.cuda.device_count()} CUDA devices here")
     where = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU, {os.cpu_count()} cores"
@@ -406,8 +408,8 @@ def main(argv=None) -> int:
         if not args.no_record:
             row = {"model": name, "label": label or name, "parallel": "DDP" if name.startswith("ddp") else "FSDP2",
                    "world_size": args.nproc, "device": args.device, "dtype": dtype}
-            options = {k: v for k, v in vars(args).items() if k not in ("rank_job", "records_dir")}
-            record = records.make_record(SUITE, {"compilers": figures}, options=options, command=command, row=row)
+            record = records.make_record(SUITE, {"compilers": figures}, options=runner.record_options(args),
+                                         command=command, row=row)
             print(f"  appended to {records.append(SUITE, record)}")
     return 1 if failures else 0
 

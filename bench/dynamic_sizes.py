@@ -57,26 +57,24 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-# as bench/harness.py: OpenMP threads that spin while they wait are slow on the shared 2-core machine
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+from bench import runner  # noqa: E402
+from bench.runner import fmt, sync  # noqa: E402
+
+runner.wait_passively()  # before torch is imported, here and in the workers
 
 import torch  # noqa: E402
 
 import torchweld  # noqa: E402
 from bench import records  # noqa: E402
-from bench.harness import empty_caches  # noqa: E402
 from tests.models import Block  # noqa: E402
 
 SUITE = "dynamic_sizes"
@@ -161,7 +159,7 @@ def run_block(args) -> None:
         print(f"{compiler:14} {backend:8} dynamic={str(dynamic):5}: {row['graphs']:2} graphs, "
               f"{row['total_s']:7.2f} s for {row['calls']} calls", flush=True)
     if not args.no_record:
-        record = records.make_record(SUITE, {"lengths": lengths, "rows": rows}, _options(args),
+        record = records.make_record(SUITE, {"lengths": lengths, "rows": rows}, runner.record_options(args),
                                      row={"model": "block", "label": "transformer block d64 b4", "phase": "inference",
                                           "device": "cpu", "batch": 4, "dtype": "float32"})
         print(f"recorded in {records.append(SUITE, record)}")
@@ -170,11 +168,6 @@ def run_block(args) -> None:
 # =============================================================================
 # --model bert|gpt2: one compiler in a fresh process (the worker)
 # =============================================================================
-
-
-def _sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
 
 
 def build(job: dict):
@@ -242,17 +235,21 @@ class Counter:
         return sum(getattr(c, "compiles", 1) if hasattr(c, "specializations") else 1 for c in self.compiled)
 
 
+def family(name: str) -> str:
+    """The compiler a --compilers name runs: eager, torchweld or torch (torch.compile)."""
+    return name.split("-")[0]
+
+
 def compile_with(name: str, model, counter: Counter | None, limit: int):
+    """`model` as the --compilers `name` compiles it, through `counter`'s backend; torch.compile
+    with `limit` as its recompile limit (torchweld's comes from the config run_worker patches)."""
     compiler, dynamic = COMPILERS[name]
     if compiler == "eager":
         return model
     if compiler == "torch.compile":
-        torch._dynamo.reset()
         config = torch._dynamo.config
         setattr(config, "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit", limit)
-        return torch.compile(model, backend=counter.backend, dynamic=dynamic)
-    torchweld.reset()
-    return torchweld.compile(model, backend=counter.backend, dynamic=dynamic)
+    return runner.compile_with(family(name), model, backend=counter.backend, dynamic=dynamic)
 
 
 def make_step(job: dict, model, opt):
@@ -307,19 +304,19 @@ def run_worker(job: dict) -> dict:
     outputs = {}
     with torchweld.config.patch(cache_size_limit=limit):
         # the pass: compile() and two calls of each length, in the random order
-        _sync(device)
+        sync(device)
         t0 = time.perf_counter()
         compiled = compile_with(name, model, counter, limit)
         fn = make_step(job, compiled, opt)
         total = 0.0
         for i, n in enumerate(job["lengths"]):
             if i:
-                _sync(device)
+                sync(device)
                 t0 = time.perf_counter()
             before, symbolic_before = graphs(), sum(counter.graphs) if counter else 0
             for _ in range(PASS_CALLS):
                 out = fn(*inputs[n])
-            _sync(device)
+            sync(device)
             seconds = time.perf_counter() - t0
             total += seconds
             outputs[n] = tuple(t.clone() for t in out) if training else out.clone()
@@ -360,11 +357,11 @@ def run_worker(job: dict) -> dict:
             fn(*args)
             rounds = []
             for _ in range(job["rounds"]):
-                _sync(device)
+                sync(device)
                 t0 = time.perf_counter()
                 for _ in range(job["calls"]):
                     fn(*args)
-                _sync(device)
+                sync(device)
                 rounds.append((time.perf_counter() - t0) / job["calls"] * 1e3)
             per_length[n].update(ms=statistics.median(rounds), rounds_ms=rounds)
         result["graphs_in_steady"] = graphs() - graphs_after_pass
@@ -383,40 +380,10 @@ def run_worker(job: dict) -> dict:
 # =============================================================================
 
 
-def in_fresh_process(job: dict, caches: dict[str, str], timeout: float) -> dict:
-    """run_worker(job) in a process of its own with `caches` as its cache directories; its
-    progress lines are printed as they come. {"error": ...} where it failed."""
-    env = dict(os.environ)
-    env.pop("TORCHWELD_BENCH_RECORDS", None)
-    env.update(caches)
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(job)]
-    result = None
-    with tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=env, cwd=ROOT)
-        watchdog = threading.Timer(timeout, proc.kill)  # ends the worker even while it prints nothing
-        watchdog.start()
-        try:
-            for line in proc.stdout:
-                if line.startswith("RESULT "):
-                    result = json.loads(line[len("RESULT "):])
-                else:
-                    print("    " + line.rstrip(), flush=True)
-            proc.wait()
-        finally:
-            watchdog.cancel()
-        if result is None and proc.returncode == -9:
-            return {"error": f"killed after --worker-timeout {timeout:.0f} s (or for memory)"}
-        if proc.returncode or result is None:
-            err.seek(0)
-            tail = err.read().strip().splitlines()[-3:]
-            return {"error": f"exit {proc.returncode}: " + " | ".join(tail)[-400:]}
-    return result
-
-
 def add_ratios(figures: dict[str, dict]) -> None:
     """ratio_to_static for each length (and its mean), where the compiler's -static counterpart ran."""
     for name, f in figures.items():
-        static = figures.get(f"{COMPILERS[name][0].replace('torch.compile', 'torch')}-static")
+        static = figures.get(f"{family(name)}-static")
         if name.endswith("-static") or "error" in f or not static or "error" in static:
             continue
         ratios = []
@@ -429,24 +396,14 @@ def add_ratios(figures: dict[str, dict]) -> None:
             f["mean_ratio_to_static"] = statistics.mean(ratios)
 
 
-def fmt(value, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
-
-
 def print_tables(label: str, lengths: list[int], figures: dict[str, dict]) -> None:
     print(f"\n{label}, lengths in the pass's order: {lengths}")
     print(f"{'':18s} {'graphs':>6s} {'symb':>4s} {'weld':>4s} {'total s':>8s} {'first s':>8s} {'dyn s':>7s} "
           f"{'mean ms':>8s} {'x static':>8s} {'max diff':>9s}")
-    for name, f in figures.items():
-        if "error" in f:
-            print(f"{name:18s} failed: {f['error'][:200]}")
-            continue
-        print(f"{name:18s} {f['graphs']:6d} {f['symbolic_graphs']:4d} {fmt(f.get('weld_compiles'), '4d'):>4s} "
-              f"{f['total_s']:8.2f} {f['first_compile_s']:8.2f} {fmt(f['dynamic_compile_s'], '7.2f'):>7s} "
-              f"{f['mean_ms']:8.3f} {fmt(f.get('mean_ratio_to_static'), '8.3f'):>8s} {f['max_diff']:9.1e}")
+    runner.print_rows(figures, 18, compiler_cells)
     for name, f in figures.items():
         if f.get("mean_ratio_to_static") is not None:
-            static = f"{COMPILERS[name][0].replace('torch.compile', 'torch')}-static"
+            static = f"{family(name)}-static"
             print(f"{name} over {static}, steady state: mean {f['mean_ratio_to_static']:.3f} "
                   f"(goal, issue 45: within 5%, {'met' if abs(f['mean_ratio_to_static'] - 1) <= 0.05 else 'not met'})")
     ok = [name for name, f in figures.items() if "error" not in f]
@@ -463,42 +420,46 @@ def print_tables(label: str, lengths: list[int], figures: dict[str, dict]) -> No
         print(f"{n:6d} " + " ".join(f"{c:>17s}" for c in cells))
 
 
+def compiler_cells(f: dict) -> str:
+    """A compiler's cells in the first table's line."""
+    return (f"{f['graphs']:6d} {f['symbolic_graphs']:4d} {fmt(f.get('weld_compiles'), '4d'):>4s} "
+            f"{f['total_s']:8.2f} {f['first_compile_s']:8.2f} {fmt(f['dynamic_compile_s'], '7.2f'):>7s} "
+            f"{f['mean_ms']:8.3f} {fmt(f.get('mean_ratio_to_static'), '8.3f'):>8s} {f['max_diff']:9.1e}")
+
+
 def run_models(args) -> int:
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("--device cuda: no CUDA device here")
+    device = runner.pick_device(args.device)
     count = args.lengths or DEFAULT_LENGTHS[args.phase]
     if count > args.max_len - args.min_len + 1 or args.min_len < 2:
         raise SystemExit("--lengths: more lengths than [--min-len, --max-len] holds (or --min-len below 2)")
     lengths = random.Random(args.seed).sample(range(args.min_len, args.max_len + 1), count)
-    names = [c.strip() for c in (args.compilers or DEFAULT_COMPILERS[args.phase]).split(",") if c.strip()]
-    for c in names:
-        if c not in COMPILERS:
-            raise SystemExit(f"unknown compiler {c!r}; known: {', '.join(COMPILERS)}")
+    names = runner.comma_separated(args.compilers or DEFAULT_COMPILERS[args.phase])
+    if problem := runner.unknown_compiler(names, COMPILERS):
+        raise SystemExit(problem)
     calls = args.calls or (10 if device == "cuda" else 3)
     job = {"model": args.model, "phase": args.phase, "device": device, "batch": args.batch, "quick": args.quick,
            "lengths": lengths, "max_len": args.max_len, "calls": calls, "rounds": args.rounds,
            "options": json.loads(args.options)}
-    where = torch.cuda.get_device_name() if device == "cuda" else f"CPU, {torch.get_num_threads()} threads"
-    print(f"torch {torch.__version__}, {where}, {args.model} {args.phase}, batch {args.batch}, {count} lengths in "
-          f"[{args.min_len}, {args.max_len}]; each compiler in a fresh process with empty caches", flush=True)
+    print(f"torch {torch.__version__}, {runner.device_name(device)}, {args.model} {args.phase}, batch {args.batch}, "
+          f"{count} lengths in [{args.min_len}, {args.max_len}]; each compiler in a fresh process with empty caches",
+          flush=True)
     figures: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="torchweld-dynamic-") as tmp:
         for name in names:
             print(f"{name}:", flush=True)
             started = time.perf_counter()
-            figures[name] = in_fresh_process(dict(job, compiler=name), empty_caches(tmp, name), args.worker_timeout)
+            figures[name] = runner.in_fresh_process(__file__, dict(job, compiler=name), runner.empty_caches(tmp, name),
+                                                    args.worker_timeout)
             print(f"  {name}: {'failed: ' + figures[name]['error'] if 'error' in figures[name] else 'done'} "
                   f"({time.perf_counter() - started:.1f} s)", flush=True)
-    label = next((f.pop("label") for f in figures.values() if "label" in f), args.model)
-    for f in figures.values():
-        f.pop("label", None)
+    label = runner.take_shared(figures, "label") or args.model
     add_ratios(figures)
     print_tables(label, lengths, figures)
     if not args.no_record:
         row = {"model": args.model, "label": label, "phase": args.phase, "device": device, "batch": args.batch,
                "dtype": "float32", "lengths": count, "min_len": args.min_len, "max_len": args.max_len}
-        record = records.make_record(SUITE, {"lengths": lengths, "compilers": figures}, _options(args), row=row)
+        record = records.make_record(SUITE, {"lengths": lengths, "compilers": figures}, runner.record_options(args),
+                                     row=row)
         print(f"recorded in {records.append(SUITE, record)}")
     return 1 if any("error" in f for f in figures.values()) else 0
 
@@ -513,7 +474,7 @@ def parse_args(argv=None):
     parser.add_argument("--model", choices=("block", "bert", "gpt2"), default="block")
     parser.add_argument("--phase", choices=("inference", "training"), default="inference",
                         help="training: forward, backward and an AdamW step a call (bert, gpt2)")
-    parser.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda where there is one")
+    runner.add_device_option(parser)
     parser.add_argument("--lengths", type=int, default=None,
                         help="how many lengths (default: block 12, inference 16, training 8)")
     parser.add_argument("--min-len", type=int, default=32)
@@ -530,9 +491,7 @@ def parse_args(argv=None):
     parser.add_argument("--repeats", type=int, default=3, help="block: passes over the lengths")
     parser.add_argument("--options", default="{}", help="weld's options as JSON ('{\"size_specializations\": 16}')")
     parser.add_argument("--worker-timeout", type=float, default=1800, help="seconds a compiler's process may take")
-    parser.add_argument("--records-dir", default=None, help="another records directory (tests)")
-    parser.add_argument("--no-record", action="store_true")
-    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    runner.add_record_and_worker_options(parser)
     args = parser.parse_args(argv)
     if args.model == "block":
         args.lengths = args.lengths or DEFAULT_LENGTHS["block"]
@@ -541,17 +500,11 @@ def parse_args(argv=None):
     return args
 
 
-def _options(args) -> dict:
-    return {k: v for k, v in vars(args).items() if k not in ("worker", "records_dir")}
-
-
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.worker:
-        print("RESULT " + json.dumps(run_worker(json.loads(args.worker))), flush=True)
-        return 0
-    if args.records_dir:
-        os.environ["TORCHWELD_BENCH_RECORDS"] = args.records_dir
+        return runner.answer_job(run_worker, args.worker)
+    runner.use_records_dir(args.records_dir)
     if args.model == "block":
         run_block(args)
         return 0

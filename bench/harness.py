@@ -45,7 +45,6 @@ import math
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -53,12 +52,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the checkout: bench.models, tests.models
-# OpenMP threads that spin while waiting wait long for one the shared machine descheduled: a
-# tiny training step took 200 ms instead of 1.5 on the 2-core machine. Every CPU row of the
-# diary ran with PASSIVE; set before torch is imported, here and in the workers.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+from bench import runner  # noqa: E402
+from bench.runner import COMPILERS, fmt, sync  # noqa: E402
 
-COMPILERS = ("eager", "torch", "torchweld")
+runner.wait_passively()  # before torch is imported, here and in the workers
+
 MODES = ("default", "reduce-overhead", "max-autotune")
 DTYPES = ("float32", "float16", "bfloat16", "amp_bfloat16", "amp_float16")  # amp_*: float32 model, torch.autocast
 SUITE = "models"
@@ -69,20 +67,13 @@ SUITE = "models"
 # =============================================================================
 
 
-def _sync(device: str) -> None:
-    import torch
-
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
 def calls_per_round(fn, device: str, seconds: float) -> int:
     """How many back-to-back calls of `fn` fill about `seconds` (at least 1), from three timed ones."""
-    _sync(device)
+    sync(device)
     t0 = time.perf_counter()
     for _ in range(3):
         fn()
-    _sync(device)
+    sync(device)
     per_call = (time.perf_counter() - t0) / 3
     return max(1, math.ceil(seconds / max(per_call, 1e-7)))
 
@@ -100,11 +91,11 @@ def steady(fns: dict, device: str = "cpu", repeat: int = 5, min_time: float = 1.
     rounds = {name: [] for name in fns}
     for _ in range(repeat):
         for name, fn in fns.items():
-            _sync(device)
+            sync(device)
             t0 = time.perf_counter()
             for _ in range(counts[name]):
                 fn()
-            _sync(device)
+            sync(device)
             rounds[name].append((time.perf_counter() - t0) / counts[name] * 1e3)
     return {name: (statistics.median(r), r) for name, r in rounds.items()}
 
@@ -114,22 +105,12 @@ def steady(fns: dict, device: str = "cpu", repeat: int = 5, min_time: float = 1.
 # =============================================================================
 
 
-def compile_with(compiler: str, fn, mode: str, options: dict):
-    """`fn` (a module or the step function) as `compiler` compiles it."""
-    if compiler == "eager":
-        return fn
-    mode = None if mode == "default" else mode
-    if compiler == "torch":
-        import torch
-
-        torch._dynamo.reset()
-        return torch.compile(fn, mode=mode)
-    if compiler == "torchweld":
-        import torchweld
-
-        torchweld.reset()
-        return torchweld.compile(fn, backend="weld", mode=mode, options=options or None)
-    raise SystemExit(f"unknown compiler {compiler!r}; known: {', '.join(COMPILERS)}")
+def compile_for_row(job: dict, compiler: str, fn):
+    """`fn` (a module or the step function) as `compiler` compiles it in the row's mode;
+    torchweld with backend weld and the row's options."""
+    mode = None if job["mode"] == "default" else job["mode"]
+    weld = {"backend": "weld", "options": job["options"] or None} if compiler == "torchweld" else {}
+    return runner.compile_with(compiler, fn, mode=mode, **weld)
 
 
 def make_optimizer(job: dict, case):
@@ -170,7 +151,7 @@ def make_callable(job: dict, compiler: str, case, opt=None):
     amp = autocast_of(job)
     if job["phase"] == "inference":
         case.model.eval()
-        compiled = compile_with(compiler, case.model, job["mode"], job["options"])
+        compiled = compile_for_row(job, compiler, case.model)
 
         def infer():
             with torch.no_grad(), amp():
@@ -178,7 +159,7 @@ def make_callable(job: dict, compiler: str, case, opt=None):
         return infer
 
     case.model.train()
-    model = case.model if job["whole_step"] else compile_with(compiler, case.model, job["mode"], job["options"])
+    model = case.model if job["whole_step"] else compile_for_row(job, compiler, case.model)
 
     def step():
         opt.zero_grad(True)
@@ -188,7 +169,7 @@ def make_callable(job: dict, compiler: str, case, opt=None):
         opt.step()
         return loss.detach()
     if job["whole_step"]:
-        step = compile_with(compiler, step, job["mode"], job["options"])
+        step = compile_for_row(job, compiler, step)
     return step
 
 
@@ -208,7 +189,7 @@ def run_worker(job: dict) -> dict:
         torch.cuda.reset_peak_memory_stats()
     case = BENCHMARKS[job["model"]].make(device, job["quick"], model_dtype(job))
     opt = make_optimizer(job, case)
-    _sync(device)
+    sync(device)
     t0 = time.perf_counter()
     fn = make_callable(job, compiler, case, opt)
     out = fn()
@@ -216,7 +197,7 @@ def run_worker(job: dict) -> dict:
     out = out.detach().float().cpu().clone()
     for _ in range(first_calls(job) - 1):
         fn()
-    _sync(device)
+    sync(device)
     first_s = time.perf_counter() - t0
     result = {"label": case.label, "first_s": first_s}
     torch.save(out, job["out"])
@@ -228,29 +209,6 @@ def run_worker(job: dict) -> dict:
         result["reserved_mib"] = torch.cuda.max_memory_reserved() / 2 ** 20
     result["max_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return result
-
-
-def in_fresh_process(job: dict, caches: dict[str, str] | None) -> dict:
-    """run_worker(job) in a process of its own; `caches` sets its cache directories (torchweld's,
-    Triton's, Inductor's), None leaves the user's. {"error": ...} where it failed."""
-    env = dict(os.environ)
-    env.pop("TORCHWELD_BENCH_RECORDS", None)
-    if caches:
-        env.update(caches)
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(job)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    if proc.returncode or not lines:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-        return {"error": f"exit {proc.returncode}: " + " | ".join(tail)[-400:]}
-    return json.loads(lines[-1][len("RESULT "):])
-
-
-def empty_caches(root: str, compiler: str) -> dict[str, str]:
-    folder = os.path.join(root, compiler)
-    return {"TORCHWELD_CACHE_DIR": os.path.join(folder, "torchweld"),
-            "TRITON_CACHE_DIR": os.path.join(folder, "triton"),
-            "TORCHINDUCTOR_CACHE_DIR": os.path.join(folder, "inductor")}
 
 
 # =============================================================================
@@ -289,18 +247,18 @@ def run_row(job: dict, compilers: list[str], args) -> dict:
     figures: dict[str, dict] = {}
     outputs: dict[str, torch.Tensor] = {}
     with tempfile.TemporaryDirectory(prefix="torchweld-harness-") as tmp:
-        caches = {c: empty_caches(tmp, c) for c in compilers} if args.cold else None
+        caches = {c: runner.empty_caches(tmp, c) for c in compilers} if args.cold else None
         timed_here = args.timing == "fresh"
         for compiler in compilers:
             worker = dict(job, compiler=compiler, time=timed_here, out=os.path.join(tmp, f"{compiler}.pt"))
-            got = in_fresh_process(worker, caches[compiler] if caches else None)
+            got = runner.in_fresh_process(__file__, worker, caches[compiler] if caches else None)
             if "error" not in got:
                 got["cold_s" if args.cold else "first_s"] = got.pop("first_s")
                 got["cold_calls"] = first_calls(job)
                 outputs[compiler] = torch.load(worker["out"])
                 if args.warm:
-                    again = in_fresh_process(dict(worker, time=False, out=worker["out"] + ".warm"),
-                                             caches[compiler] if caches else None)
+                    again = runner.in_fresh_process(__file__, dict(worker, time=False, out=worker["out"] + ".warm"),
+                                                    caches[compiler] if caches else None)
                     got["warm_s"] = again.get("first_s", math.nan)
             figures[compiler] = got
             print(f"  {compiler:10s} {_summary(got)}", flush=True)
@@ -308,9 +266,7 @@ def run_row(job: dict, compilers: list[str], args) -> dict:
             ok = [c for c in compilers if "error" not in figures[c]]
             for compiler, timed in time_in_turns(job, ok, caches).items():
                 figures[compiler].update(timed)
-    label = next((f.pop("label") for f in figures.values() if "label" in f), None)
-    for f in figures.values():
-        f.pop("label", None)
+    label = runner.take_shared(figures, "label")
     add_ratios(figures, outputs)
     return {"label": label, "compilers": figures}
 
@@ -332,25 +288,22 @@ def add_ratios(figures: dict[str, dict], outputs: dict) -> None:
 def _summary(f: dict) -> str:
     if "error" in f:
         return "failed: " + f["error"][:200]
-    parts = [f"{k} {f[k]:.3f}" for k in ("ms", "cold_s", "first_s", "warm_s", "peak_mib") if f.get(k) is not None]
-    return ", ".join(parts)
+    return runner.summary(f, ("ms", "cold_s", "first_s", "warm_s", "peak_mib"))
 
 
 def print_table(label: str, figures: dict[str, dict]) -> None:
     header = f"{'':10s} {'ms':>9s} {'x eager':>8s} {'cold s':>8s} {'x tc cold':>9s} {'warm s':>7s} " \
              f"{'peak MiB':>9s} {'max diff':>9s}"
     print(f"{label}\n{header}")
+    runner.print_rows(figures, 10, table_cells, error_chars=150)
 
-    def num(f, key, fmt):
-        return format(f[key], fmt) if f.get(key) is not None else "-"
-    for compiler, f in figures.items():
-        if "error" in f:
-            print(f"{compiler:10s} failed: {f['error'][:150]}")
-            continue
-        cold = f.get("cold_s", f.get("first_s"))
-        print(f"{compiler:10s} {num(f, 'ms', '9.3f'):>9s} {num(f, 'speedup', '.2f'):>8s} "
-              f"{(format(cold, '.2f') if cold is not None else '-'):>8s} {num(f, 'cold_vs_torch', '.3f'):>9s} "
-              f"{num(f, 'warm_s', '.2f'):>7s} {num(f, 'peak_mib', '.0f'):>9s} {num(f, 'max_diff', '.1e'):>9s}")
+
+def table_cells(f: dict) -> str:
+    """A compiler's cells in print_table's line."""
+    cold = f.get("cold_s", f.get("first_s"))
+    return (f"{fmt(f.get('ms'), '9.3f'):>9s} {fmt(f.get('speedup'), '.2f'):>8s} {fmt(cold, '.2f'):>8s} "
+            f"{fmt(f.get('cold_vs_torch'), '.3f'):>9s} {fmt(f.get('warm_s'), '.2f'):>7s} "
+            f"{fmt(f.get('peak_mib'), '.0f'):>9s} {fmt(f.get('max_diff'), '.1e'):>9s}")
 
 
 # =============================================================================
@@ -364,7 +317,7 @@ def parse_args(argv=None):
                         help="benchmark names, comma-separated or repeated (bench/models.py: "
                              "chain, add_mul, mlp, cnn, block, tiny_mlp, resnet50, densenet121, bert, gpt2, llama); "
                              "default: the device's usual rows")
-    parser.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda where there is one")
+    runner.add_device_option(parser)
     parser.add_argument("--phase", choices=("inference", "training"), default="inference")
     parser.add_argument("--mode", choices=MODES, default="default")
     parser.add_argument("--compilers", default=",".join(COMPILERS), help="comma-separated: eager,torch,torchweld")
@@ -385,37 +338,29 @@ def parse_args(argv=None):
                              "process, compilers in turns (the CPU's default)")
     parser.add_argument("--options", default="{}", help="torchweld options as JSON")
     parser.add_argument("--suite", default=SUITE, help="records go to bench/records/SUITE.jsonl")
-    parser.add_argument("--records-dir", default=None, help="another records directory (tests)")
-    parser.add_argument("--no-record", action="store_true")
-    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    runner.add_record_and_worker_options(parser)
     args = parser.parse_args(argv)
-    args.only = [name.strip() for item in args.only for name in item.split(",") if name.strip()]
-    args.compilers = [c.strip() for c in args.compilers.split(",") if c.strip()]
-    for c in args.compilers:
-        if c not in COMPILERS:
-            parser.error(f"unknown compiler {c!r}; known: {', '.join(COMPILERS)}")
+    args.only = [name for item in args.only for name in runner.comma_separated(item)]
+    args.compilers = runner.comma_separated(args.compilers)
+    if problem := runner.unknown_compiler(args.compilers, COMPILERS):
+        parser.error(problem)
     return args
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.worker:
-        print("RESULT " + json.dumps(run_worker(json.loads(args.worker))), flush=True)
-        return 0
+        return runner.answer_job(run_worker, args.worker)
     import torch
 
     from bench import records
     from bench.models import available, select
 
-    if args.records_dir:
-        os.environ["TORCHWELD_BENCH_RECORDS"] = args.records_dir
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("--device cuda: no CUDA device here")
+    runner.use_records_dir(args.records_dir)
+    device = runner.pick_device(args.device)
     args.timing = args.timing or ("fresh" if device == "cuda" else "turns")
     options = json.loads(args.options)
-    where = torch.cuda.get_device_name() if device == "cuda" else f"CPU, {torch.get_num_threads()} threads"
-    print(f"torch {torch.__version__}, {where}, {args.phase}, mode {args.mode}, {args.dtype}; "
+    print(f"torch {torch.__version__}, {runner.device_name(device)}, {args.phase}, mode {args.mode}, {args.dtype}; "
           f"each compiler in a fresh process ({'empty caches' if args.cold else 'caches as found'}), "
           f"steady state {'there' if args.timing == 'fresh' else 'here, in turns'}")
     failures = 0
@@ -434,7 +379,7 @@ def main(argv=None) -> int:
         row = {"model": benchmark.name, "label": label, "phase": args.phase, "step": _step(job), "mode": args.mode,
                "device": device, "dtype": args.dtype}
         if not args.no_record:
-            record = records.make_record(args.suite, figures, options=_options(args), row=row)
+            record = records.make_record(args.suite, figures, options=runner.record_options(args), row=row)
             path = records.append(args.suite, record)
             print(f"  appended to {path}")
     return 1 if failures else 0
@@ -444,10 +389,6 @@ def _step(job: dict) -> str | None:
     if job["phase"] != "training":
         return None
     return "whole step" if job["whole_step"] else "model"
-
-
-def _options(args) -> dict:
-    return {k: v for k, v in vars(args).items() if k not in ("worker", "records_dir")}
 
 
 if __name__ == "__main__":

@@ -93,3 +93,19 @@ def test_training_with_varying_length_gives_eager_gradients_on_weld():
         for (name, p), q in zip(model.named_parameters(), reference.parameters()):
             torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=name)
     assert _per_size(compiled._compiled_forward).compiles == 3  # each length's second call (the first was a static graph)
+
+
+def test_cpp_specializations_share_one_library():
+    """On the CPU too the specializations take their loops' sizes as arguments: the transformer
+    block's kernels for lengths 10, 13 and 31 are one C++ file, built once."""
+    torch.manual_seed(0)
+    block = Block().eval()
+    compiled = torchweld.compile(block, backend="weld")
+    with torch.no_grad():
+        for t in (7, 10, 10, 13, 13, 31, 31, 13):
+            x = torch.randn(2, t, 16)
+            torch.testing.assert_close(compiled(x), block(x), rtol=1e-4, atol=1e-5)
+    per_size = _per_size(compiled._compiled_forward)
+    assert per_size.compiles == 3
+    assert len({c.paths["cpp"] for c in per_size.specializations.values()}) == 1
+    assert "const int64_t ks0" in next(iter(per_size.specializations.values())).kernel_sources["cpp"]

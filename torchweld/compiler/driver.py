@@ -15,6 +15,7 @@ import torch.utils._pytree as pytree
 from torchweld import timing
 from torchweld.compiler import ir
 from torchweld.compiler.aten_graph import to_aten_graph, traced_aten_graph
+from torchweld.compiler.codegen import size_args
 from torchweld.compiler.codegen.cpp import CppRenderer
 from torchweld.compiler.codegen.wrapper import PRELUDE, WrapperRenderer
 from torchweld.compiler.constant_folding import HoistedConstants, hoist_constants
@@ -207,14 +208,16 @@ def _codegen(sched: Schedule, out_spec, options: dict, handed_over: Callable[[],
             from torchweld.runtime.cpp_loader import load_kernels
 
             with timing.phase("weld.render"):
-                source = renderer.render_kernels(kernels, buffer_dtypes)
+                source = renderer.render_kernels(kernels, buffer_dtypes, bool(options.get("sizes_as_arguments")))
+            ints = {k.name: size_args.chosen(k).values() if size_args.chosen(k) else () for k in kernels}
             with timing.phase("weld.cpp_compile"):
-                fns, path = load_kernels(source, [k.name for k in kernels], {k.name: len(k.args) for k in kernels})
+                fns, path = load_kernels(source, [k.name for k in kernels],
+                                         {k.name: (len(k.args), len(ints[k.name])) for k in kernels})
             sources["cpp"], paths["cpp"] = source, path
             for k in kernels:
                 kernel_objects[f"_k_{k.name}"] = fns[k.name]
-                ptrs = ", ".join(f"{a}.data_ptr()" for a in k.args)
-                launches[k.name] = f"_k_{k.name}({ptrs})"
+                arguments = [f"{a}.data_ptr()" for a in k.args] + [str(n) for n in ints[k.name]]
+                launches[k.name] = f"_k_{k.name}({', '.join(arguments)})"
         else:
             triton, sources["triton"], paths["triton"] = _triton_kernels(renderer, kernels, sched, buffer_dtypes,
                                                                          options, handed_over)

@@ -43,15 +43,17 @@ def build(source: str) -> str:
         return library("cpp", f"k{key}.so", key, lambda path: _compile(source, key, path))[0]
 
 
-def load_kernels(source: str, names: list[str], n_args: dict[str, int]) -> tuple[dict, str]:
-    """{name: ctypes function taking data pointers} and the library's path."""
+def load_kernels(source: str, names: list[str], n_args: dict[str, tuple[int, int]]) -> tuple[dict, str]:
+    """{name: ctypes function taking data pointers, then int64 sizes} and the library's path;
+    `n_args`: each kernel's (pointers, sizes)."""
     key = library_key(source)
     with _lock_for(key), _cache_errors():
         lib = load_library("cpp", f"k{key}.so", key, lambda path: _compile(source, key, path), _load_library)
     kernels = {}
     for name in names:
         fn = getattr(lib, name)
-        fn.argtypes = [ctypes.c_void_p] * n_args[name]
+        pointers, sizes = n_args[name]
+        fn.argtypes = [ctypes.c_void_p] * pointers + [ctypes.c_int64] * sizes
         fn.restype = None
         kernels[name] = fn
     return kernels, lib._name

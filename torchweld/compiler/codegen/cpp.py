@@ -18,6 +18,7 @@ import math
 
 import torch
 
+from torchweld.compiler.codegen import size_args
 from torchweld.compiler.codegen.common import C_LIKE_OPS, KernelRenderer, Scope
 from torchweld.compiler.codegen.cpp_reduction import reduced_loops
 from torchweld.compiler import index_ranges, ir
@@ -240,13 +241,18 @@ class CppRenderer(KernelRenderer):
         (`_innermost_pieces`), all but it: render_outer_stores opens one loop per piece."""
         self.pieces = _innermost_pieces(kernel)
         split = self.pieces is not None
+        taken = size_args.chosen(kernel)
+        self.size_names = taken.names if taken else {}
         params = []
         for name in self.args:
             const = "" if name in kernel.writes else "const "
             params.append(f"{const}{self.dtype_names[self.buffer_dtypes[name]]}* __restrict__ {self.pointer(name)}")
+        params += [f"const int64_t {name}" for name in self.size_names.values()]
         self.emit(Scope(None, 0), f'extern "C" void {kernel.name}({", ".join(params)}) {{')
         outer = [(f"x{k}", s) for k, s in enumerate(kernel.outer) if s != 1]
         numel = math.prod(kernel.outer) * max(math.prod(kernel.reduced), 1)
+        if self.size_names and numel:
+            numel = " * ".join(self.bound(s) for s in (*kernel.outer, *kernel.reduced) if s != 1) or "1"
         parallel = f" if({numel} > 32768)" if numel else ""
         self.block_var = _outer_reduction_var(kernel, outer)
         if self.block_var is not None:
@@ -277,7 +283,7 @@ class CppRenderer(KernelRenderer):
                 pragma = "#pragma omp simd"
             if pragma:
                 self.emit(Scope(None, indent), pragma)
-            self.emit(Scope(None, indent), f"for (int64_t {var} = 0; {var} < {size}; {var}++) {{")
+            self.emit(Scope(None, indent), f"for (int64_t {var} = 0; {var} < {self.bound(size)}; {var}++) {{")
             indent += 1
         return Scope(None, indent)
 
@@ -316,6 +322,10 @@ class CppRenderer(KernelRenderer):
             for store in stores:
                 self.store(store, inner)
             self.emit(scope, "}")
+
+    def bound(self, size: int) -> str:
+        """A loop's bound in the source: the size's argument where the kernel takes its sizes."""
+        return self.size_names.get(size, str(size))
 
     def close_kernel(self, kernel: Kernel) -> None:
         for k in range(self.open_loops, -1, -1):
@@ -383,7 +393,7 @@ class CppRenderer(KernelRenderer):
         gets `omp simd` with the stage's reduction clauses (none for a blocked stage, whose
         simd loop runs over lanes: stage None). Returns the indent of the loop body."""
         walk = self.walk
-        loops = [(var, "0", str(size)) for var, size in walk.loops]
+        loops = [(var, "0", self.bound(size)) for var, size in walk.loops]
         self.chunk_open = walk.chunked
         if walk.chunked:
             chunks = walk.chunks
@@ -578,12 +588,19 @@ class CppRenderer(KernelRenderer):
         }[acc.reduce_op]
         self.emit(scope, f"{name} = {combine};")
 
-    def render_kernels(self, kernels: list[Kernel], buffer_dtypes: dict) -> str:
-        """One C++ file with every kernel of a graph."""
+    def render_kernels(self, kernels: list[Kernel], buffer_dtypes: dict, sizes_as_arguments: bool = False) -> str:
+        """One C++ file with every kernel of a graph. With `sizes_as_arguments` (a graph weld
+        compiles once per size: backends/weld_sizes.py), a kernel whose code depends on its sizes
+        only through its loops' bounds and its index arithmetic takes those as arguments
+        (`size_args.chosen(kernel)` says which, in order), so that the file of another size of
+        the graph is the same text, whose library the disk cache has already built."""
         self.buffer_dtypes = buffer_dtypes
         parts = [PRELUDE]
         for kernel in kernels:
-            parts.append(self.render(kernel))
+            taking = size_args.with_loop_sizes(kernel) if sizes_as_arguments and _sizes_in_loops_only(kernel) else None
+            if taking is not None:
+                size_args.choose(kernel, taking)
+            parts.append(self.render(taking.kernel if taking is not None else kernel))
         return "\n".join(parts)
 
 
@@ -616,6 +633,18 @@ def _combined(acc, a: str, b: str) -> str:
 def _nan_propagating(acc) -> bool:
     """A floating max/min: torch returns NaN for a row holding one."""
     return acc.reduce_op in (Op.MAX, Op.MIN) and acc.dtype.is_floating_point
+
+
+def _sizes_in_loops_only(kernel: Kernel) -> bool:
+    """Whether `kernel` may take its loops' bounds and its index arithmetic's integers as
+    arguments: not where its code is made from the constants of its indices (the pieces of a
+    concatenation, an outer reduction's choice). A reduction walked in chunks keeps the
+    chunks' counts in its source: such a kernel is shared by the sizes whose reduced loops
+    are the same (a layer norm over a fixed width), and no others."""
+    if _innermost_pieces(kernel) is not None:
+        return False
+    outer = [(f"x{k}", s) for k, s in enumerate(kernel.outer) if s != 1]
+    return _outer_reduction_var(kernel, outer) is None
 
 
 def _innermost_pieces(kernel: Kernel) -> list[tuple[int, int, list[Store]]] | None:

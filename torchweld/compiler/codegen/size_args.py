@@ -76,14 +76,11 @@ def parameterized(prepared: Kernel) -> SizeArgs | None:
     names: dict[int, str] = {}
     divisors: dict[int, str] = {}
 
-    def name(value: int) -> str:
-        return names.setdefault(value, f"ks{len(names)}") if abs(value) >= 2 else str(value)
-
     def divisor(value: int) -> None:
         divisors.setdefault(value, f"kd{len(divisors)}")
 
     for sizes in (prepared.outer, prepared.reduced):
-        name(math.prod(sizes))
+        _name(names, math.prod(sizes))
         inner, first = math.prod(sizes), True
         for size in sizes:
             inner //= max(size, 1)
@@ -92,22 +89,41 @@ def parameterized(prepared: Kernel) -> SizeArgs | None:
             if inner != 1:
                 divisor(inner)
             if not first:
-                name(size)
+                _name(names, size)
             first = False
+    return _taking(prepared, names, divisors)
 
+
+def with_loop_sizes(kernel: Kernel) -> SizeArgs | None:
+    """`kernel` with its loops' sizes and its index arithmetic's integers as arguments, for a
+    target whose loops run to bounds given at run time (C++: compiler/codegen/cpp.py), or None
+    where it has none to take or one outside int32."""
+    names: dict[int, str] = {}
+    for size in (*kernel.outer, *kernel.reduced):
+        _name(names, size)
+    return _taking(kernel, names, {})
+
+
+def _name(names: dict[int, str], value: int) -> str:
+    return names.setdefault(value, f"ks{len(names)}") if abs(value) >= 2 else str(value)
+
+
+def _taking(kernel: Kernel, names: dict[int, str], divisors: dict[int, str]) -> SizeArgs | None:
+    """`kernel` with the integer constants of its index arithmetic and comparisons named too,
+    chosen (`choose`), as SizeArgs; None where it takes none or one outside int32."""
     memo: dict = {}
 
     def leaf(node: Expr):
         if node.op not in _PARAMETERIZED_IN or not any(_takes(a) for a in node.args):
             return None
-        args = tuple(ir.var(name(a.arg)) if _takes(a) else a for a in node.args)
+        args = tuple(ir.var(_name(names, a.arg)) if _takes(a) else a for a in node.args)
         return Expr(node.op, node.dtype, args, node.arg)
 
-    kernel = map_exprs(prepared, lambda e: ir.rewrite(e, leaf, memo), lambda e: ir.rewrite(e, leaf, memo))
+    taking = map_exprs(kernel, lambda e: ir.rewrite(e, leaf, memo), lambda e: ir.rewrite(e, leaf, memo))
     if any(abs(v) >= _INT32 for v in names) or not (names or divisors):
         return None
-    sizes = SizeArgs(kernel, names, divisors)
-    choose(kernel, sizes)  # the kernel as rendered takes them: its kernel_params name them
+    sizes = SizeArgs(taking, names, divisors)
+    choose(taking, sizes)  # the kernel as rendered takes them: its kernel_params name them
     return sizes
 
 
