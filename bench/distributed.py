@@ -58,7 +58,7 @@ sys.path.insert(0, str(ROOT))
 from bench import runner  # noqa: E402
 from bench.runner import COMPILERS, fmt  # noqa: E402
 
-runner.wait_passively()  # for the ranks, which inherit it
+runner.set_omp_wait_passive()  # for the ranks, which inherit it
 
 SUITE = "distributed"
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}

@@ -69,7 +69,7 @@ sys.path.insert(0, str(ROOT))
 from bench import runner  # noqa: E402
 from bench.runner import fmt, sync  # noqa: E402
 
-runner.wait_passively()  # before torch is imported, here and in the workers
+runner.set_omp_wait_passive()  # before torch is imported, here and in the workers
 
 import torch  # noqa: E402
 

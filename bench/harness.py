@@ -55,7 +55,7 @@ sys.path.insert(0, str(ROOT))  # the checkout: bench.models, tests.models
 from bench import runner  # noqa: E402
 from bench.runner import COMPILERS, fmt, sync  # noqa: E402
 
-runner.wait_passively()  # before torch is imported, here and in the workers
+runner.set_omp_wait_passive()  # before torch is imported, here and in the workers
 
 MODES = ("default", "reduce-overhead", "max-autotune")
 DTYPES = ("float32", "float16", "bfloat16", "amp_bfloat16", "amp_float16")  # amp_*: float32 model, torch.autocast

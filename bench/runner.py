@@ -1,6 +1,6 @@
 """The plumbing the benchmark scripts share (issue 48): bench/harness.py, bench/dynamic_sizes.py
-and bench/distributed.py use all of it, bench/decode.py `sync`, `COMPILERS` and the workers'
-environment.
+and bench/distributed.py use all of it; bench/decode.py `COMPILERS`, `sync`, `empty_caches` and
+`worker_env`.
 
 - A compiler's job in a fresh Python process: the script runs again with `--worker JOB` (JSON)
   and prints its figures on a line `RESULT {...}` (`answer_job`, `result_line`), which
@@ -10,8 +10,8 @@ environment.
 - The command line: the options every script has, the device, the options a record keeps.
 - The tables: `fmt` a cell, `summary` a progress line, `print_rows` a line a compiler.
 
-Nothing here imports torch until it is called; `wait_passively` sets OMP_WAIT_POLICY, which has
-to come before torch is imported.
+Importing it imports no torch (its functions do, when called), so that a script can call
+`set_omp_wait_passive` before torch is imported.
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ COMPILERS = ("eager", "torch", "torchweld")
 RESULT = "RESULT "  # starts the line on which a worker prints its figures (JSON)
 
 
-def wait_passively() -> None:
+def set_omp_wait_passive() -> None:
     """OMP_WAIT_POLICY=PASSIVE unless the environment sets it; before torch is imported, and the
     workers inherit it. OpenMP threads that spin while waiting wait long for one the shared
     machine descheduled: a tiny training step took 200 ms instead of 1.5 on the 2-core machine.
