@@ -683,3 +683,58 @@ def test_an_attribute_tensor_changing_size_and_state_between_calls(backend):
     # the first size, one symbolic version, and one a new float: torchweld reads an attribute's float
     # as a constant (torch.compile makes it a graph input once it changed: 3 versions in all)
     assert len(compiled.cache_entries) == 5
+
+
+# -- float arguments: graph inputs once they changed, as torch.compile's unspecialized floats
+
+def _scaled(x, lr):
+    return x * lr + 1, lr * x - x, x + lr
+
+
+def test_a_float_argument_compiles_twice_as_under_torch_compile():
+    calls = [(torch.randn(3), lr) for lr in (0.1, 0.2, 0.3, 0.4, 0.5)]
+    ours = CountingBackend()
+    compiled = torchweld.compile(_scaled, backend=ours)
+    for args in calls:
+        got, want = compiled(*args), _scaled(*args)
+        assert all(torch.equal(g, w) for g, w in zip(got, want))  # bit for bit: aten rounds the float alike
+    torch._dynamo.reset()
+    theirs = CountingBackend()
+    compiled = torch.compile(_scaled, backend=theirs)
+    for args in calls:
+        compiled(*args)
+    torch._dynamo.reset()
+    assert len(ours.graphs) == len(theirs.graphs) == 2
+
+
+def _uses_a_float(x, s, t=0.5):
+    y = x * s - t * x
+    if s > 0.25:  # Python compares it: guarded on the answer
+        y = y + 1
+    return y * (2 * t), s  # Python computes with t: guarded on its value; s returned as it came
+
+
+@pytest.mark.parametrize("backend", ["eager", "weld"])
+def test_float_arguments_read_as_inputs_keep_eager_results(backend):
+    compiled = torchweld.compile(_uses_a_float, backend=backend)
+    for s, t in ((0.1, 0.5), (0.2, 0.5), (0.3, 0.5), (0.35, 0.7), (0.4, 0.9), (0.3, 0.7), (0.26, 0.9)):
+        x = torch.randn(4, dtype=torch.float64)
+        got, want = compiled(x, s, t), _uses_a_float(x, s, t)
+        assert torch.equal(got[0], want[0]) and got[1] == want[1] and type(got[1]) is float
+    # 0.1; then one version a side of `s > 0.25` for each value of t: (0.2, 0.5), (0.3, 0.5), (0.35, 0.7), (0.4, 0.9)
+    assert len(compiled.cache_entries) == 5
+
+
+def _times(x, s):
+    return x * s
+
+
+def test_a_float_with_integer_or_half_tensors_stays_a_constant():
+    """A 0-d tensor would change the result: an int tensor times a float is float32 (a float64
+    tensor would make it float64), and a bfloat16 one computes in float32 (a bfloat16 tensor
+    would round the float first)."""
+    compiled = torchweld.compile(_times, backend="eager")
+    for s in (0.5, 1.5, 2.7):
+        for x in (torch.arange(4), torch.randn(4, dtype=torch.bfloat16), torch.randn(4)):
+            got, want = compiled(x, s), _times(x, s)
+            assert got.dtype == want.dtype and torch.equal(got, want)

@@ -768,11 +768,11 @@ def test_a_break_in_each_of_many_blocks_compiles_every_block(backend):
 
 
 def test_the_limit_still_stops_versions_for_one_object():
-    """A Python float changing at every call of one function: eager past config.cache_size_limit."""
-    fn = torchweld.compile(lambda x, s: x + s, backend="eager")
+    """A string changing at every call of one function: eager past config.cache_size_limit."""
+    fn = torchweld.compile(lambda x, s: x + len(s), backend="eager")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for n in range(12):
-            torch.testing.assert_close(fn(torch.ones(2), n / 2), torch.ones(2) + n / 2)
+            torch.testing.assert_close(fn(torch.ones(2), "a" * n), torch.ones(2) + n)
     assert len(fn.cache_entries) <= torchweld.config.cache_size_limit
     assert any("cache_size_limit" in str(w.message) for w in caught)

@@ -93,8 +93,8 @@ def wrap(tx: "Translator", obj: object, source: Source | None, guard: bool = Tru
         if source is None:
             raise Unsupported("a tensor reached the frame without a source to read it from")
         return tx.output.input_tensor(source, obj)
-    if guards and type(obj) is float and tx.output.number_input_sources \
-            and source.name() in tx.output.number_input_sources:
+    if guards and type(obj) is float and ((tx.output.number_input_sources and source.name() in tx.output.number_input_sources)
+                                          or (tx.output.dims is not None and tx.output.dims.float_is_input(source, obj))):
         return GuardedOnUseNumber(obj, source, guards)
     if guards and type(obj) is int and tx.output.dims is not None and tx.output.dims.int_is_symbolic(source, obj):
         return tx.output.input_int(source, obj)  # a size or count passed in, symbolic (dynamic_dims.py)

@@ -10,7 +10,9 @@
 An int argument of the function (a size or count passed in, or one a graph break hands a
 resume function) is read as a symbol the same way: under `dynamic=True` from the first call,
 under `dynamic=None` once a call brings another value (torch.compile's unspecialized ints:
-of any sign, 0 and 1 included).
+of any sign, 0 and 1 included). A float argument likewise becomes a graph input, a 0-d tensor
+that a float32 or float64 tensor's + - * reads (operators.py), guarded on its type only until
+Python itself computes with its value (torch.compile's unspecialized floats).
 
 `mark_static` keeps a dim a number in every mode. One `DimChoices` belongs to one compiled
 function (a resume function or a callee compiled at a break has its own), which keeps it
@@ -106,6 +108,8 @@ class DimChoices:
         self.automatic: dict[str, dict[int, str]] = {}  # source name -> {dim: why it became symbolic}
         self.first_ints: dict[str, int] = {}  # int argument's source name -> its value at the first capture
         self.symbolic_ints: set[str] = set()  # int arguments made symbols (under dynamic=None)
+        self.first_floats: dict[str, float] = {}  # float argument's source name -> its value at the first capture
+        self.input_floats: set[str] = set()  # float arguments read as graph inputs (under dynamic=None)
 
     def choose(self, source: Source, real: torch.Tensor) -> dict[int, DimChoice]:
         """The dims of `real` (read from `source`) to make symbolic in this capture."""
@@ -159,6 +163,22 @@ class DimChoices:
             self.symbolic_ints.add(name)
             logs.get("dynamic").info("%s becomes symbolic: value changed from %d to %d (automatic dynamic)",
                                      name, first, value)
+        return True
+
+    def float_is_input(self, source: Source, value: float) -> bool:
+        """Whether the float argument `value` read from `source` is read as a graph input where
+        a tensor's + - * takes it (torch.compile's unspecialized floats): under dynamic=True from
+        the first call, under dynamic=None once a call brings another value."""
+        if not isinstance(source, LocalSource) or self.dynamic is False or value != value:
+            return False
+        name = source.name()
+        first = self.first_floats.setdefault(name, value)
+        if self.dynamic is None and name not in self.input_floats:
+            if first == value:
+                return False
+            self.input_floats.add(name)
+            logs.get("dynamic").info("%s becomes a graph input where a tensor's + - * takes it: value changed "
+                                     "from %r to %r (automatic dynamic)", name, first, value)
         return True
 
     def _notice_changes(self, name: str, real: torch.Tensor) -> None:

@@ -198,6 +198,13 @@ class GuardSet:
         return [g.source.local for g in self.guards
                 if g.kind == "id" and isinstance(g.source, LocalSource)]
 
+    def comparison(self, source: Source, symbol: str, other: object, outcome: bool) -> None:
+        """`source <symbol> other` is `outcome`: for a float read as a graph input that Python
+        compares (`if lr > 0.5:`), its answer, not its value."""
+        text = f"({source.name()} {symbol} {other!r}) is {outcome}"
+        self._add((source.name(), f"cmp {symbol} {other!r}"), text,
+                  f"({source.expr()} {symbol} {self.name_constant(other)}) is {outcome}", source)
+
     def truthiness(self, source: Source, truthy: bool) -> None:
         """`bool(source)` is `truthy`: for a number read anew at each call whose being zero
         or not decides what the graph computes (SGD's momentum)."""

@@ -5,11 +5,13 @@ from __future__ import annotations
 import operator
 from typing import TYPE_CHECKING, Callable
 
+import torch
+
 from torchweld.capture.collection_values import set_operator
 from torchweld.capture.exceptions import CapturedRaise
 from torchweld.capture.values import (
-    ConstantValue, DictValue, ListValue, NullValue, SequenceValue, SymNumberValue, TensorTruthValue, TensorValue, TupleValue,
-    Value, const,
+    ConstantValue, DictValue, GuardedOnUseNumber, ListValue, NullValue, SequenceValue, SymNumberValue, TensorTruthValue,
+    TensorValue, TupleValue, Value, const,
 )
 from torchweld.errors import Unsupported
 
@@ -39,6 +41,7 @@ def binary(tx: "Translator", fn: Callable, a: Value, b: Value) -> Value:
     if isinstance(a, TensorValue) or isinstance(b, TensorValue):
         if not isinstance(a, TensorValue):  # `n += t` of a number: Python computes `n + t`, a new tensor
             fn = _INPLACE_TO_PLAIN.get(fn, fn)
+        a, b = _number_as_input(tx, fn, a, b), _number_as_input(tx, fn, b, a)
         return tx.output.call_function(fn, [a, b], {})
     if _symbolic_number(a, b):  # `x.shape[0] // 2`: a graph value; its example a SymInt
         plain = _INPLACE_TO_PLAIN.get(fn, fn)
@@ -58,6 +61,24 @@ def binary(tx: "Translator", fn: Callable, a: Value, b: Value) -> Value:
     if isinstance(a, DictValue) and isinstance(b, DictValue) and plain is operator.or_:
         return DictValue({**a.entries, **b.entries})
     raise Unsupported(f"operator {plain.__name__} on {a} and {b} is not supported in capture")
+
+
+# a tensor's operators whose Python float operand a 0-d tensor of the tensor's dtype replaces
+# exactly: aten rounds the float to that dtype and computes in it (not division: a CPU scalar
+# divisor is multiplied by its reciprocal on CUDA, a device tensor's is not)
+_NUMBER_AS_TENSOR = frozenset({operator.add, operator.sub, operator.mul, operator.iadd, operator.isub, operator.imul})
+
+
+def _number_as_input(tx: "Translator", fn: Callable, number: Value, tensor: Value) -> Value:
+    """`number`, or where it is a float read as a graph input (GuardedOnUseNumber) that a float32
+    or float64 tensor's + - * takes, the 0-d tensor holding it at each call (number_inputs.py):
+    a new value is then no new version."""
+    if not isinstance(number, GuardedOnUseNumber) or not isinstance(tensor, TensorValue) or fn not in _NUMBER_AS_TENSOR:
+        return number
+    example = tensor.example()
+    if example.dtype not in (torch.float32, torch.float64) or example.device.type not in ("cpu", "cuda"):
+        return number
+    return tx.output.input_number(number.source, number.value, example.device, example.dtype)
 
 
 def _sequence_binary(tx, fn, plain, a: Value, b: Value) -> Value:
@@ -94,15 +115,38 @@ def unary(tx: "Translator", fn: Callable, a: Value) -> Value:
     return _fold(fn, a)
 
 
+_COMPARISON_SYMBOLS = {operator.lt: "<", operator.le: "<=", operator.gt: ">", operator.ge: ">=",
+                       operator.eq: "==", operator.ne: "!="}
+
+
 def compare(tx: "Translator", fn: Callable, a: Value, b: Value) -> Value:
     if isinstance(a, TensorValue) or isinstance(b, TensorValue):
         return tx.output.call_function(fn, [a, b], {})
+    decided = _compared_input_number(tx, fn, a, b)
+    if decided is not None:
+        return decided
     if _symbolic_number(a, b):  # `x.shape[0] > 4`: decided now; the ShapeEnv records the answer as a guard
         try:
             return ConstantValue(bool(fn(a.example(), b.example())))
         except TypeError:
             pass
     return _fold(fn, a, b)
+
+
+def _compared_input_number(tx: "Translator", fn: Callable, a: Value, b: Value) -> Value | None:
+    """`lr > 0.5` of a float read as a graph input and a constant number: decided now and
+    guarded on its answer, so that another value with the same answer is no new version."""
+    symbol = _COMPARISON_SYMBOLS.get(fn)
+    number, other, flipped = (a, b, False) if isinstance(a, GuardedOnUseNumber) else (b, a, True)
+    if symbol is None or not isinstance(number, GuardedOnUseNumber) or isinstance(other, GuardedOnUseNumber) \
+            or not other.is_constant() or type(other.as_constant()) not in (int, float, bool):
+        return None
+    value = other.as_constant()
+    outcome = bool(fn(value, number.value) if flipped else fn(number.value, value))
+    if flipped:  # `0.5 < lr` is `lr > 0.5`
+        symbol = {"<": ">", "<=": ">=", ">": "<", ">=": "<="}.get(symbol, symbol)
+    tx.output.guards.comparison(number.source, symbol, value, outcome)
+    return ConstantValue(outcome)
 
 
 _DIVIDING = (operator.floordiv, operator.truediv, operator.mod)

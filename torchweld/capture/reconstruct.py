@@ -23,7 +23,8 @@ from torchweld.capture.objects import NNModuleValue
 from torchweld.capture.python_contexts import PythonContextExitValue
 from torchweld.capture.sources import LocalSource, Source
 from torchweld.capture.values import (
-    ConstantValue, DictValue, IteratorValue, ListValue, SymNumberValue, TensorTruthValue, TensorValue, TupleValue, Value,
+    ConstantValue, DictValue, GuardedOnUseNumber, IteratorValue, ListValue, SymNumberValue, TensorTruthValue, TensorValue,
+    TupleValue, Value,
 )
 from torchweld.errors import Unsupported
 
@@ -103,6 +104,8 @@ class Reconstructor:
                 return repr(value.as_constant())
             # a float stays one where the expression simplifies to an integer (`0.0 * n` is 0)
             return f"float{spelled}" if value.python_type() is float else spelled
+        if isinstance(value, GuardedOnUseNumber):  # a float read as a graph input: read anew, not guarded
+            return self.read(value.source)
         if isinstance(value, ConstantValue):
             v = value.as_constant()  # written into the code: a number read from outside is guarded now
             if type(v) in _LITERAL_TYPES or (type(v) is float and v == v and v not in (float("inf"), -float("inf"))):
