@@ -153,32 +153,26 @@ class DimChoices:
 
     def int_is_symbolic(self, source: Source, value: int) -> bool:
         """Whether the int argument `value` read from `source` is a symbol in this capture."""
-        if not isinstance(source, LocalSource) or self.dynamic is False:
-            return False
-        name = source.name()
-        first = self.first_ints.setdefault(name, value)
-        if self.dynamic is None and name not in self.symbolic_ints:
-            if first == value:
-                return False
-            self.symbolic_ints.add(name)
-            logs.get("dynamic").info("%s becomes symbolic: value changed from %d to %d (automatic dynamic)",
-                                     name, first, value)
-        return True
+        return self._number_varies(source, value, self.first_ints, self.symbolic_ints, "becomes symbolic")
 
     def float_is_input(self, source: Source, value: float) -> bool:
         """Whether the float argument `value` read from `source` is read as a graph input where
-        a tensor's + - * takes it (torch.compile's unspecialized floats): under dynamic=True from
-        the first call, under dynamic=None once a call brings another value."""
-        if not isinstance(source, LocalSource) or self.dynamic is False or value != value:
+        a tensor's + - * takes it (torch.compile's unspecialized floats)."""
+        return value == value and self._number_varies(source, value, self.first_floats, self.input_floats,
+                                                      "becomes a graph input where a tensor's + - * takes it")
+
+    def _number_varies(self, source: Source, value: object, first_values: dict, varying: set, what: str) -> bool:
+        """Whether the number argument `value` read from `source` is treated as varying: under
+        dynamic=True from the first call, under dynamic=None once a call brings another value."""
+        if not isinstance(source, LocalSource) or self.dynamic is False:
             return False
         name = source.name()
-        first = self.first_floats.setdefault(name, value)
-        if self.dynamic is None and name not in self.input_floats:
+        first = first_values.setdefault(name, value)
+        if self.dynamic is None and name not in varying:
             if first == value:
                 return False
-            self.input_floats.add(name)
-            logs.get("dynamic").info("%s becomes a graph input where a tensor's + - * takes it: value changed "
-                                     "from %r to %r (automatic dynamic)", name, first, value)
+            varying.add(name)
+            logs.get("dynamic").info("%s %s: value changed from %r to %r (automatic dynamic)", name, what, first, value)
         return True
 
     def _notice_changes(self, name: str, real: torch.Tensor) -> None:
