@@ -738,3 +738,32 @@ def test_a_float_with_integer_or_half_tensors_stays_a_constant():
         for x in (torch.arange(4), torch.randn(4, dtype=torch.bfloat16), torch.randn(4)):
             got, want = compiled(x, s), _times(x, s)
             assert got.dtype == want.dtype and torch.equal(got, want)
+
+
+def test_a_float_input_is_its_own_per_thread_and_keeps_the_sign_of_zero():
+    """Threads calling one compiled function with their own floats each read theirs (one
+    tensor refilled by both raced between a fill and the graph); -0.0 is not 0.0."""
+    import threading
+
+    compiled = torchweld.compile(_scaled, backend="eager")
+    x = torch.ones(3)
+    compiled(x, 0.1)
+    compiled(x, 0.2)  # the float is a graph input from here
+    wrong = []
+
+    def work(lr: float) -> None:
+        for _ in range(300):
+            got, want = compiled(x, lr), _scaled(x, lr)
+            if not all(torch.equal(g, w) for g, w in zip(got, want)):
+                wrong.append(lr)
+
+    threads = [threading.Thread(target=work, args=(lr,)) for lr in (0.25, 0.75, 1.5)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not wrong
+    for lr in (0.0, -0.0, 0.0):
+        got, want = compiled(x, lr), _scaled(x, lr)
+        assert all(torch.equal(g, w) and torch.equal(g.signbit(), w.signbit()) for g, w in zip(got, want))
+    assert len(compiled.cache_entries) == 2

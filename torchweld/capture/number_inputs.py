@@ -19,22 +19,46 @@ use as a constant (`lr * 2` in user code, a print) guards its value as usual
 """
 from __future__ import annotations
 
+import math
+import threading
 from typing import Callable
 
 import torch
 
 
 class NumberTensor:
-    """One 0-d tensor holding `compute(number)` for a Python number read at each call."""
+    """One 0-d tensor holding `compute(number)` for a Python number read at each call; one
+    per thread, so that threads calling one compiled function with different numbers do not
+    refill each other's tensor between a fill and the graph that reads it."""
 
     def __init__(self, value: float, device: torch.device, dtype: torch.dtype,
                  compute: Callable[[float], float] | None = None):
         self.compute = compute or (lambda x: x)
+        self.device, self.dtype = device, dtype
         self.value = value
         self.tensor = torch.tensor(self.compute(value), dtype=dtype, device=device)
+        self._thread = threading.get_ident()  # the thread that holds `tensor`
+        self._others = threading.local()  # every other thread's (value, tensor)
 
     def __call__(self, value: float) -> torch.Tensor:
-        if value != self.value:  # queued on the stream, before the graph that reads it
+        if threading.get_ident() != self._thread:
+            return self._in_another_thread(value)
+        if not _same(value, self.value):  # queued on the stream, before the graph that reads it
             self.tensor.fill_(self.compute(value))
             self.value = value
         return self.tensor
+
+    def _in_another_thread(self, value: float) -> torch.Tensor:
+        held = getattr(self._others, "held", None)
+        if held is None:
+            held = self._others.held = [value, torch.tensor(self.compute(value), dtype=self.dtype, device=self.device)]
+        elif not _same(value, held[0]):
+            held[1].fill_(self.compute(value))
+            held[0] = value
+        return held[1]
+
+
+def _same(a: float, b: float) -> bool:
+    """The same number to a graph: -0.0 is not 0.0 (x * -0.0 is -0.0 where x > 0), and NaN is
+    never the same (it is refilled, which costs nothing it would not)."""
+    return a == b and math.copysign(1.0, a) == math.copysign(1.0, b)
