@@ -802,6 +802,7 @@ _REFUSED_FOR_INTEGERS = {
     "lerp": lambda x: x.lerp(x, 0.5),
     "relu of bool": lambda x: (x > 0).relu(),
     "max_pool1d": lambda x: torch.nn.functional.max_pool1d(x[None], 2),
+    "rand_like": lambda x: torch.rand_like(x) * 0 + 1,  # a draw: probed under a forked generator
 }
 
 
@@ -822,6 +823,29 @@ def test_an_operation_eager_refuses_for_a_dtype_raises(name, backend):
     if name != "relu of bool":
         x = torch.randn(3, 4)
         torch.testing.assert_close(compiled(x), fn(x))
+
+
+def _writes_then_draws(x, seen):
+    seen.append(len(seen))
+    x[1:].clamp_(min=0)
+    return torch.rand_like(x)  # eager: "not implemented for 'Long'", after the append and the write
+
+
+@pytest.mark.parametrize("backend", ["eager", "weld"])
+def test_a_refused_draw_after_a_write_raises_after_the_side_effects(backend):
+    """Fuzzer seed 47: a random draw eager refuses for an int tensor, after an in-place write and
+    a list append. The graph raised after its write, so it could not run again eagerly, and the
+    append was lost; now the draw is probed as other refused operations are, and breaks the graph."""
+    compiled = torchweld.compile(_writes_then_draws, backend=backend)
+    for _ in range(2):
+        mine, theirs = [], []
+        x = torch.randint(-3, 4, (3, 4))
+        y = x.clone()
+        with pytest.raises(NotImplementedError):
+            _writes_then_draws(y, theirs)
+        with pytest.raises(NotImplementedError):
+            compiled(x, mine)
+        assert mine == theirs and torch.equal(x, y)
 
 
 _COUNTED_CALLS = []

@@ -277,7 +277,7 @@ class OutputGraph:
         example_kwargs = {k: v.example() for k, v in kwargs.items()}
         if not self.autocast_regions and not torch._C._is_any_autocast_enabled():  # autocast casts them
             _check_matmul_dtypes(target, self.root, [*example_args, *example_kwargs.values()])
-            if op != "call_module" and not draws_random(target_name(target)) and \
+            if op != "call_module" and \
                     dtype_refusals.needs_checking(target, [*example_args, *example_kwargs.values()]):
                 refused = dtype_refusals.refusal(target, run, example_args, example_kwargs)
                 if refused is not None:
