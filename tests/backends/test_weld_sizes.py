@@ -92,7 +92,8 @@ def test_training_with_varying_length_gives_eager_gradients_on_weld():
         reference(x).square().mean().backward()
         for (name, p), q in zip(model.named_parameters(), reference.parameters()):
             torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=name)
-    assert _per_size(compiled._compiled_forward).compiles == 3  # each length's second call (the first was a static graph)
+    # each length's second call compiles it (the first length's graph was a static one)
+    assert _per_size(compiled._compiled_forward).compiles == 3
 
 
 def test_cpp_specializations_share_one_library():

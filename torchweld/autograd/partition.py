@@ -193,8 +193,9 @@ def _min_cut_saved(joint: JointGraph, frontier: set, tangent_side: set, forward_
 
 
 def far_from_saved_values(nodes: list, forward: set) -> set:
-    """Values of the forward (`forward`: those it computes for its outputs) that every chain of cheap ops from an earlier value runs through (a bottleneck),
-    more than tuning.max_recompute_span forward nodes after where the chain started: they are
+    """Values of the forward (`forward`: those it computes for its outputs) that every chain of
+    cheap ops from an earlier value runs through (a bottleneck), more than
+    tuning.max_recompute_span forward nodes after where the chain started: they are
     computed in the forward (and saved where the backward reads them), so that no
     recomputation in the backward reaches back further, as torch.compile's partitioner bans
     long fusible chains. The residual stream of a transformer, h = h + branch in each block, is

@@ -91,12 +91,13 @@ OPTIONS = {
                              "one per compiled model)", types=(object,)),
     "autotuner": Option("the runtime.autotune.Autotuner that times candidates (default: a new one)", types=(object,)),
     "autotune_timer": Option("the timer an Autotuner made here uses (tests)", types=(object,)),
-    "size_specializations": Option("a graph with symbolic sizes: for how many sizes weld compiles it (later ones run as captured) "
-                                   "(backends/weld_sizes.py); default: tuning.default_specializations, "
-                                   f"{tuning.default_specializations}", types=(int,)),
-    "sizes_as_arguments": Option("Triton: every kernel takes its integers as arguments, so kernels that differ "
-                                 "only in sizes are one compiled function; default: on for a graph with symbolic "
-                                 "sizes (backends/weld_sizes.py), else from a kernel's third such sibling"),
+    "size_specializations": Option("a graph with symbolic sizes: for how many sizes weld compiles it (later "
+                                   "ones run as captured; backends/weld_sizes.py); default: "
+                                   f"tuning.default_specializations, {tuning.default_specializations}", types=(int,)),
+    "sizes_as_arguments": Option("kernels take their integers as arguments, so kernels that differ only in sizes "
+                                 "are one compiled function (Triton) or one library (C++); default: on for a graph "
+                                 "with symbolic sizes (backends/weld_sizes.py), else Triton's from a kernel's third "
+                                 "such sibling"),
     "split_reductions": Option("Triton: a long reduction runs in two kernels, split across blocks; default True"),
     "cpu_codegen": Option("the code CPU kernels are written in: 'cpp' (default) or 'triton' (through Triton's "
                           "interpreter, for tests)", choices=("cpp", "triton")),

@@ -8,10 +8,11 @@ graph as captured (eager's kernels), and the next call with those sizes
 (`static_copy`), compiled as any static graph is, and kept. At most
 options={"size_specializations": n} sizes are compiled (default tuning.default_specializations);
 later sizes run as captured, and a log line says so once (no size is dropped and compiled
-again: a cache that evicted thrashed, a compile every call). So sizes seen once (a generation loop whose length grows by one a
-call) cost no compile, and one that repeats (a padded batch length) runs weld's kernels from
-its second call. The specializations' Triton kernels take their integers as arguments
-(option sizes_as_arguments): kernels that differ only in sizes are compiled once. The guard capture
+again: a cache that evicted thrashed, a compile every call). So sizes seen once (a generation
+loop whose length grows by one a call) cost no compile, and one that repeats (a padded batch
+length) runs weld's kernels from its second call. The specializations' kernels take their
+integers as arguments (option sizes_as_arguments): Triton kernels that differ only in sizes
+are compiled once, and so are C++ libraries. The guard capture
 made for the symbolic graph decides which calls reach here; the cache key decides which
 specialization runs, so a specialization is never used for sizes it was not compiled for:
 the symbols' values, read from the inputs, where capture's guards fix every other size

@@ -66,6 +66,14 @@ def _holds_number_inputs(tx: "Translator", obj: object, source: Source | None) -
             and any(ItemSource(source, i).name() in tx.output.number_input_sources for i in range(len(obj))))
 
 
+def _read_as_input(tx: "Translator", number: float, source: Source) -> bool:
+    """Whether the float `number` read from `source` may be a graph input: an optimizer's
+    hyperparameter (optimizers.py), or a float argument that varies (dynamic_dims.py)."""
+    if source.name() in tx.output.number_input_sources:
+        return True
+    return tx.output.dims is not None and tx.output.dims.float_is_input(source, number)
+
+
 def marked_disabled(obj: object) -> bool:
     """Marked with torchweld.disable; asked safely of objects whose __getattr__ answers anything
     (torch.classes) or raises something else than AttributeError."""
@@ -93,8 +101,7 @@ def wrap(tx: "Translator", obj: object, source: Source | None, guard: bool = Tru
         if source is None:
             raise Unsupported("a tensor reached the frame without a source to read it from")
         return tx.output.input_tensor(source, obj)
-    if guards and type(obj) is float and ((tx.output.number_input_sources and source.name() in tx.output.number_input_sources)
-                                          or (tx.output.dims is not None and tx.output.dims.float_is_input(source, obj))):
+    if guards and type(obj) is float and _read_as_input(tx, obj, source):
         return GuardedOnUseNumber(obj, source, guards)
     if guards and type(obj) is int and tx.output.dims is not None and tx.output.dims.int_is_symbolic(source, obj):
         return tx.output.input_int(source, obj)  # a size or count passed in, symbolic (dynamic_dims.py)

@@ -31,6 +31,19 @@ def _length(obj: object) -> int | None:
     return len(obj) if isinstance(obj, list) else None
 
 
+def _same_objects(entry: CacheEntry, bound: dict) -> bool:
+    """Whether `entry` was compiled for the objects a call binds (`bound`), as far as the limit
+    goes: the same object for each argument its guards hold by identity (a module instance: as
+    torch.compile counts its versions per ID_MATCH'ed object), and for a resume function the same
+    number of items left in each loop handed to it. A model's twelve blocks whose forward breaks
+    the graph are twelve versions of one code object, and its loop over them resumes with twelve
+    lengths: each counts apart, so that no block runs eagerly past the limit
+    (config.accumulated_cache_size_limit bounds them all)."""
+    identities, lengths = entry.limit_key
+    return all(name not in bound or id(bound[name]) == ident for name, ident in identities) and \
+        all(name not in bound or _length(bound[name]) == n for name, n in lengths)
+
+
 def _python_function(fn: Callable) -> tuple[types.FunctionType, object | None]:
     """The Python function to capture and the object bound as its first argument."""
     if isinstance(fn, types.MethodType):
@@ -162,7 +175,7 @@ class CompiledFunction:
         """Whether a call no entry takes may be compiled; False runs it eagerly (where its arguments
         do not fit the function, that eager call raises the TypeError eager raises)."""
         try:
-            inspect.signature(self._fn, follow_wrapped=False).bind(*args, **kwargs)
+            bound = inspect.signature(self._fn, follow_wrapped=False).bind(*args, **kwargs).arguments
         except TypeError:
             return False
         stance = torch_controls.stance()
@@ -174,26 +187,10 @@ class CompiledFunction:
             self._ran_eagerly_first = True
             return False
         if len(self._entries) >= config.accumulated_cache_size_limit or \
-                sum(self._same_objects(e, args, kwargs) for e in self._entries) >= config.cache_size_limit:
+                sum(_same_objects(e, bound) for e in self._entries) >= config.cache_size_limit:
             self._warn_limit(args, kwargs)
             return False
         return True
-
-    def _same_objects(self, entry: CacheEntry, args: tuple, kwargs: dict) -> bool:
-        """Whether `entry` was compiled for the objects this call passes, as far as the limit goes:
-        the same object for each argument its guards hold by identity (a module instance: as
-        torch.compile counts its versions per ID_MATCH'ed object), and for a resume function the
-        same number of items left in each loop handed to it. A model's twelve blocks whose
-        forward breaks the graph are twelve versions of one code object, and its loop over them
-        resumes with twelve lengths: each counts apart, so that no block runs eagerly past the
-        limit (config.accumulated_cache_size_limit bounds them all)."""
-        try:
-            bound = inspect.signature(self._fn, follow_wrapped=False).bind(*args, **kwargs).arguments
-        except TypeError:
-            return True
-        identities, lengths = entry.limit_key
-        return all(name not in bound or id(bound[name]) == ident for name, ident in identities) and \
-            all(name not in bound or _length(bound[name]) == n for name, n in lengths)
 
     def _limit_key(self, entry: CacheEntry, args: tuple, kwargs: dict) -> tuple:
         """What `_same_objects` compares: (argument, id) for each argument `entry`'s guards hold by
