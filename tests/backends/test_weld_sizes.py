@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+import pytest
 import torch
 
 import torchweld
@@ -110,3 +111,21 @@ def test_cpp_specializations_share_one_library():
     assert per_size.compiles == 3
     assert len({c.paths["cpp"] for c in per_size.specializations.values()}) == 1
     assert "const int64_t ks0" in next(iter(per_size.specializations.values())).kernel_sources["cpp"]
+
+
+def _kinds_of_kernels(x, y):
+    """A row reduction walked in chunks (rows of 300), a column sum (an outer reduction), a
+    concatenation (pieces), a softmax over the changing dim, and pointwise work on views."""
+    rows = x.sum(-1, keepdim=True)
+    cols = x.sum(0)
+    joined = torch.cat([x[:, :7] * 2, y], dim=1)
+    return rows * x.softmax(0) + cols, joined.relu().mean(0), x.t()[1:4].exp().sum()
+
+
+@pytest.mark.parametrize("codegen", ["cpp", "triton"])
+def test_every_kind_of_kernel_takes_or_keeps_its_sizes_soundly(codegen):
+    fn = torchweld.compile(_kinds_of_kernels, backend="weld", dynamic=True, options={"cpu_codegen": codegen})
+    for n in (5, 9, 9, 5, 17, 17, 9, 33, 33):
+        x, y = torch.randn(n, 300), torch.randn(n, 3)
+        torch.testing.assert_close(fn(x, y), _kinds_of_kernels(x, y), rtol=1e-4, atol=1e-4)
+    assert _per_size(fn).compiles == 4
