@@ -767,3 +767,34 @@ def test_a_float_input_is_its_own_per_thread_and_keeps_the_sign_of_zero():
         got, want = compiled(x, lr), _scaled(x, lr)
         assert all(torch.equal(g, w) and torch.equal(g.signbit(), w.signbit()) for g, w in zip(got, want))
     assert len(compiled.cache_entries) == 2
+
+
+class _Config:
+    def __init__(self, temperature):
+        self.temperature = temperature
+
+
+class _Scaled(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.scale = 0.5  # a module's float: a setting, a constant as under torch.compile
+
+    def forward(self, x, cfg):
+        return x * cfg.temperature * self.scale, cfg.temperature
+
+
+def test_a_float_attribute_of_an_object_is_an_input_and_a_modules_stays_a_constant():
+    calls = [(torch.randn(3), _Config(t)) for t in (0.5, 0.7, 0.9, 1.1)]
+    counts = []
+    for compile_ in (torchweld.compile, torch.compile):
+        backend, model = CountingBackend(), _Scaled()
+        compiled = compile_(model, backend=backend)
+        for x, cfg in calls:
+            got, want = compiled(x, cfg), model(x, cfg)
+            assert torch.equal(got[0], want[0]) and got[1] == want[1]
+        model.scale = 0.25  # the module's setting changed: a new version, read as a constant
+        x, cfg = calls[0]
+        assert torch.equal(compiled(x, cfg)[0], model(x, cfg)[0])
+        counts.append(len(backend.graphs))
+        torch._dynamo.reset()
+    assert counts[0] == counts[1] == 3

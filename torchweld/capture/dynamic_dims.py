@@ -84,6 +84,13 @@ def marked(t: torch.Tensor, attribute: str) -> set[int]:
     return set(found) if found else set()
 
 
+def _root(source: Source) -> Source:
+    """The source an attribute or item chain starts from."""
+    while isinstance(source, (ItemSource, AttrSource)):
+        source = source.base
+    return source
+
+
 def may_be_dynamic(source: Source, real: torch.Tensor) -> bool:
     """Read from an argument or a global, through items and attributes (a KV cache object's
     tensors, a module's plain tensor attribute); not a module's parameter or buffer, which stay
@@ -155,16 +162,24 @@ class DimChoices:
         """Whether the int argument `value` read from `source` is a symbol in this capture."""
         return self._number_varies(source, value, self.first_ints, self.symbolic_ints, "becomes symbolic")
 
-    def float_is_input(self, source: Source, value: float) -> bool:
-        """Whether the float argument `value` read from `source` is read as a graph input where
-        a tensor's + - * takes it (torch.compile's unspecialized floats)."""
+    def float_is_input(self, source: Source, value: float, of_object: bool = False) -> bool:
+        """Whether the float `value` read from `source` is read as a graph input where a tensor's
+        + - * takes it (torch.compile's unspecialized floats): an argument, or with `of_object`
+        an attribute of an object that is not a module, reached from an argument or a global
+        (`cfg.temperature`; a module's attributes are its settings, constants as under
+        torch.compile)."""
+        if of_object and not isinstance(_root(source), (LocalSource, GlobalSource)):
+            return False
         return value == value and self._number_varies(source, value, self.first_floats, self.input_floats,
-                                                      "becomes a graph input where a tensor's + - * takes it")
+                                                      "becomes a graph input where a tensor's + - * takes it",
+                                                      of_object)
 
-    def _number_varies(self, source: Source, value: object, first_values: dict, varying: set, what: str) -> bool:
-        """Whether the number argument `value` read from `source` is treated as varying: under
-        dynamic=True from the first call, under dynamic=None once a call brings another value."""
-        if not isinstance(source, LocalSource) or self.dynamic is False:
+    def _number_varies(self, source: Source, value: object, first_values: dict, varying: set, what: str,
+                       of_object: bool = False) -> bool:
+        """Whether the number `value` read from `source` (an argument; with `of_object` any
+        source) is treated as varying: under dynamic=True from the first call, under
+        dynamic=None once a call brings another value."""
+        if not (of_object or isinstance(source, LocalSource)) or self.dynamic is False:
             return False
         name = source.name()
         first = first_values.setdefault(name, value)

@@ -15,7 +15,7 @@ from torchweld.capture.ddp_no_sync import no_sync_method
 from torchweld.capture.native_hooks import is_fsdp_managed
 from torchweld.capture.optimizers import OptimizerStepValue, captures_step
 from torchweld.capture.sources import AttrSource, ModuleEntrySource, Source
-from torchweld.capture.values import ConstantValue, ListValue, Value, const
+from torchweld.capture.values import ConstantValue, GuardedOnUseNumber, ListValue, Value, const
 from torchweld.errors import Unsupported
 
 if TYPE_CHECKING:
@@ -117,6 +117,9 @@ def _attribute(tx: "Translator", owner: Value, obj: object, name: str, source: S
         value = getattr(obj, name)
     except AttributeError:
         raise Unsupported(f"{type(obj).__name__} object has no attribute {name!r}") from None
+    if type(value) is float and attr_source is not None and not isinstance(obj, torch.nn.Module) \
+            and tx.output.dims is not None and tx.output.dims.float_is_input(attr_source, value, of_object=True):
+        return GuardedOnUseNumber(value, attr_source, tx.output.guards)  # `cfg.temperature` that varies
     return wrap(tx, value, attr_source)
 
 
