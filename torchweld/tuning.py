@@ -106,6 +106,7 @@ class Tuning:
     # -- training (torchweld/autograd/) -----------------------------------------------------
     # forward nodes a value's recomputation in the backward may reach back over (partition.py's
     # far_from_saved_values); torch.compile's partitioner bans fusible chains of about 100 too
+    # (bench/DECISIONS.md#recompute-span)
     max_recompute_span: int = 100
 
     # -- backends (torchweld/backends/) -----------------------------------------------------
