@@ -590,14 +590,14 @@ class CppRenderer(KernelRenderer):
 
     def render_kernels(self, kernels: list[Kernel], buffer_dtypes: dict, sizes_as_arguments: bool = False) -> str:
         """One C++ file with every kernel of a graph. With `sizes_as_arguments` (a graph weld
-        compiles once per size: backends/weld_sizes.py), a kernel whose code depends on its sizes
-        only through its loops' bounds and its index arithmetic takes those as arguments
-        (`size_args.chosen(kernel)` says which, in order), so that the file of another size of
+        compiles once per size: backends/weld_sizes.py), a kernel takes its loops' bounds and its
+        index arithmetic's integers as arguments where it may (`_may_take_sizes`;
+        `size_args.chosen(kernel)` says which, in order), so that the file of another size of
         the graph is the same text, whose library the disk cache has already built."""
         self.buffer_dtypes = buffer_dtypes
         parts = [PRELUDE]
         for kernel in kernels:
-            taking = size_args.with_loop_sizes(kernel) if sizes_as_arguments and _sizes_in_loops_only(kernel) else None
+            taking = size_args.with_loop_sizes(kernel) if sizes_as_arguments and _may_take_sizes(kernel) else None
             if taking is not None:
                 size_args.choose(kernel, taking)
             parts.append(self.render(taking.kernel if taking is not None else kernel))
@@ -635,7 +635,7 @@ def _nan_propagating(acc) -> bool:
     return acc.reduce_op in (Op.MAX, Op.MIN) and acc.dtype.is_floating_point
 
 
-def _sizes_in_loops_only(kernel: Kernel) -> bool:
+def _may_take_sizes(kernel: Kernel) -> bool:
     """Whether `kernel` may take its loops' bounds and its index arithmetic's integers as
     arguments: not where its code is made from the constants of its indices (the pieces of a
     concatenation, an outer reduction's choice). A reduction walked in chunks keeps the
