@@ -798,3 +798,17 @@ def test_a_float_attribute_of_an_object_is_an_input_and_a_modules_stays_a_consta
         counts.append(len(backend.graphs))
         torch._dynamo.reset()
     assert counts[0] == counts[1] == 3
+
+
+def _membership(x, n):
+    return x + (1 if n in (1, 2, 3) else 2) + n
+
+
+def test_membership_of_a_symbolic_int_guards_the_answer_not_the_value():
+    """`n in (1, 2, 3)`: values outside the set share one version (each `n != v` guarded); a value
+    inside it is that value (the ShapeEnv replaces the symbol)."""
+    backend = CountingBackend()
+    compiled = torchweld.compile(_membership, backend=backend)
+    for n in (5, 6, 7, 8, 15, 2, 3, 16, 40, 1, 2):
+        assert torch.equal(compiled(torch.ones(2), n), _membership(torch.ones(2), n))
+    assert len(backend.graphs) == 5  # 5; the rest outside the set; 2; 3; 1

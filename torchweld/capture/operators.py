@@ -220,6 +220,13 @@ def contains(tx: "Translator", item: Value, container: Value) -> bool:
         return item.as_constant() in container.entries.entries
     if isinstance(container, TensorValue) or isinstance(item, TensorValue):
         raise Unsupported("data-dependent: `in` on a tensor needs its values")
+    if isinstance(item, SymNumberValue) and container.is_constant():
+        values = container.as_constant()
+        if isinstance(values, (tuple, list, set, frozenset, range)) and \
+                all(type(v) in (int, float, bool) for v in values):
+            # `n in (1, 2)` of a symbolic int: each `n == v` decided now, the ShapeEnv guarding its
+            # answer (`n != 1`), not n's value: another value outside the set is no new version
+            return any(bool(item.sym == v) for v in values)
     if isinstance(container, SequenceValue):
         for element in container.elements:
             if isinstance(element, TensorValue) or isinstance(item, TensorValue):
