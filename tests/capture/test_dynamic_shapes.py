@@ -3,6 +3,7 @@ three `dynamic=` modes, marks, and torch.compile's graph counts and dynamic dims
 from __future__ import annotations
 
 import logging
+import math
 import re
 
 import pytest
@@ -769,22 +770,17 @@ def test_a_float_input_is_its_own_per_thread_and_keeps_the_sign_of_zero():
     assert len(compiled.cache_entries) == 2
 
 
-class _Config:
-    def __init__(self, temperature):
-        self.temperature = temperature
-
-
 class _Scaled(torch.nn.Module):
     def __init__(self):
         super().__init__()
         self.scale = 0.5  # a module's float: a setting, a constant as under torch.compile
 
     def forward(self, x, cfg):
-        return x * cfg.temperature * self.scale, cfg.temperature
+        return x * cfg.t * self.scale, cfg.t
 
 
 def test_a_float_attribute_of_an_object_is_an_input_and_a_modules_stays_a_constant():
-    calls = [(torch.randn(3), _Config(t)) for t in (0.5, 0.7, 0.9, 1.1)]
+    calls = [(torch.randn(3), _Holder(t)) for t in (0.5, 0.7, 0.9, 1.1)]
     counts = []
     for compile_ in (torchweld.compile, torch.compile):
         backend, model = CountingBackend(), _Scaled()
@@ -812,3 +808,34 @@ def test_membership_of_a_symbolic_int_guards_the_answer_not_the_value():
     for n in (5, 6, 7, 8, 15, 2, 3, 16, 40, 1, 2):
         assert torch.equal(compiled(torch.ones(2), n), _membership(torch.ones(2), n))
     assert len(backend.graphs) == 5  # 5; the rest outside the set; 2; 3; 1
+
+
+_GLOBAL_SHIFT = 1.0
+
+
+def _float_with_state(x, seen, cfg, s=0.5):
+    seen.append(s)
+    return x * s + cfg.t * x - _GLOBAL_SHIFT, len(seen), cfg.t
+
+
+@pytest.mark.parametrize("backend", ["eager", "weld"])
+def test_float_inputs_follow_defaults_globals_containers_and_an_objects_attribute(backend):
+    """The float inputs called again after the program's state changed: the function's default,
+    a global float (a constant, guarded), the list passed in, the same config object's attribute."""
+    global _GLOBAL_SHIFT
+    compiled = torchweld.compile(_float_with_state, backend=backend)
+    mine, theirs = _Holder(0.25), _Holder(0.25)
+    seen_mine, seen_theirs = [], []
+    try:
+        for default, shift, t in ((0.5, 1.0, 0.25), (0.75, 1.0, 0.25), (0.75, 2.0, 0.5), (-0.0, 2.0, 1.5),
+                                  (1.25, 1.0, -2.0), (0.5, 1.0, 0.25)):
+            _float_with_state.__defaults__ = (default,)
+            _GLOBAL_SHIFT = shift
+            mine.t = theirs.t = t
+            x = torch.randn(4)
+            got, want = compiled(x, seen_mine, mine), _float_with_state(x, seen_theirs, theirs)
+            assert torch.equal(got[0], want[0]) and got[1:] == want[1:] and seen_mine == seen_theirs
+            assert [math.copysign(1.0, v) for v in seen_mine] == [math.copysign(1.0, v) for v in seen_theirs]
+    finally:
+        _float_with_state.__defaults__ = (0.5,)
+        _GLOBAL_SHIFT = 1.0

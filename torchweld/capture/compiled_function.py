@@ -133,11 +133,15 @@ class CompiledFunction:
         with self._lock:  # another thread may have added an entry since `tried` was read
             entry = next((e for e in self._entries if e.alive and e.run not in tried and e.check(*args, **kwargs)), None)
             if entry is None:
-                if not self._may_compile(args, kwargs):
+                try:
+                    bound = inspect.signature(self._fn, follow_wrapped=False).bind(*args, **kwargs).arguments
+                except TypeError:  # arguments that do not fit: the eager call raises eager's TypeError
+                    return self._fn(*args, **kwargs)
+                if not self._may_compile(args, kwargs, bound):
                     return self._fn(*args, **kwargs)
                 self._log_recompile(args, kwargs)
                 entry = translate_frame(self._fn, args, kwargs, self._settings, self._dims)
-                entry.limit_key = self._limit_key(entry, args, kwargs)
+                entry.limit_key = self._limit_key(entry, bound)
                 self._add(entry)
         result = entry.run(*args, **kwargs)
         if result is MISS:  # the guards changed their mind (an input mutated by another thread)
@@ -171,13 +175,9 @@ class CompiledFunction:
                     self._unreleased.remove(entry)
                     entry.release()
 
-    def _may_compile(self, args: tuple, kwargs: dict) -> bool:
-        """Whether a call no entry takes may be compiled; False runs it eagerly (where its arguments
-        do not fit the function, that eager call raises the TypeError eager raises)."""
-        try:
-            bound = inspect.signature(self._fn, follow_wrapped=False).bind(*args, **kwargs).arguments
-        except TypeError:
-            return False
+    def _may_compile(self, args: tuple, kwargs: dict, bound: dict) -> bool:
+        """Whether a call no entry takes (its arguments `bound` by name) may be compiled; False
+        runs it eagerly."""
         stance = torch_controls.stance()
         if stance == "eager_on_recompile":
             return False
@@ -192,13 +192,10 @@ class CompiledFunction:
             return False
         return True
 
-    def _limit_key(self, entry: CacheEntry, args: tuple, kwargs: dict) -> tuple:
+    def _limit_key(self, entry: CacheEntry, bound: dict) -> tuple:
         """What `_same_objects` compares: (argument, id) for each argument `entry`'s guards hold by
-        identity, (parameter, number of items) for each loop handed over."""
-        try:
-            bound = inspect.signature(self._fn, follow_wrapped=False).bind(*args, **kwargs).arguments
-        except TypeError:
-            return (), ()
+        identity, (parameter, number of items) for each loop handed over; `bound`: the call's
+        arguments by name."""
         identities = tuple((name, id(bound[name])) for name in entry.guards.identity_matched_arguments()
                            if name in bound)
         lengths = tuple((name, _length(bound[name])) for name in self._loop_lists if name in bound)

@@ -160,7 +160,8 @@ class DimChoices:
 
     def int_is_symbolic(self, source: Source, value: int) -> bool:
         """Whether the int argument `value` read from `source` is a symbol in this capture."""
-        return self._number_varies(source, value, self.first_ints, self.symbolic_ints, "becomes symbolic")
+        return isinstance(source, LocalSource) and \
+            self._number_varies(source, value, self.first_ints, self.symbolic_ints, "becomes symbolic")
 
     def float_is_input(self, source: Source, value: float, of_object: bool = False) -> bool:
         """Whether the float `value` read from `source` is read as a graph input where a tensor's
@@ -168,18 +169,15 @@ class DimChoices:
         an attribute of an object that is not a module, reached from an argument or a global
         (`cfg.temperature`; a module's attributes are its settings, constants as under
         torch.compile)."""
-        if of_object and not isinstance(_root(source), (LocalSource, GlobalSource)):
-            return False
-        return value == value and self._number_varies(source, value, self.first_floats, self.input_floats,
-                                                      "becomes a graph input where a tensor's + - * takes it",
-                                                      of_object)
+        read_from = (LocalSource, GlobalSource) if of_object else LocalSource
+        return isinstance(_root(source) if of_object else source, read_from) and value == value and \
+            self._number_varies(source, value, self.first_floats, self.input_floats,
+                                "becomes a graph input where a tensor's + - * takes it")
 
-    def _number_varies(self, source: Source, value: object, first_values: dict, varying: set, what: str,
-                       of_object: bool = False) -> bool:
-        """Whether the number `value` read from `source` (an argument; with `of_object` any
-        source) is treated as varying: under dynamic=True from the first call, under
-        dynamic=None once a call brings another value."""
-        if not (of_object or isinstance(source, LocalSource)) or self.dynamic is False:
+    def _number_varies(self, source: Source, value: object, first_values: dict, varying: set, what: str) -> bool:
+        """Whether the number `value` read from `source` is treated as varying: under
+        dynamic=True from the first call, under dynamic=None once a call brings another value."""
+        if self.dynamic is False:
             return False
         name = source.name()
         first = first_values.setdefault(name, value)

@@ -61,4 +61,4 @@ class NumberTensor:
 def _same(a: float, b: float) -> bool:
     """The same number to a graph: -0.0 is not 0.0 (x * -0.0 is -0.0 where x > 0), and NaN is
     never the same (it is refilled, which costs nothing it would not)."""
-    return a == b and math.copysign(1.0, a) == math.copysign(1.0, b)
+    return a == b and (a != 0 or math.copysign(1.0, a) == math.copysign(1.0, b))

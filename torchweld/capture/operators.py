@@ -206,6 +206,10 @@ def python_dunder(tx: "Translator", obj: Value, name: str, args: list[Value]) ->
     return obj.getattr(tx, name).call(tx, args, {})
 
 
+# the most values `n in (...)` of a symbolic int guards one by one (`n in range(10**6)` reads n's value)
+_MEMBERSHIP_GUARDS = 16
+
+
 def contains(tx: "Translator", item: Value, container: Value) -> bool:
     via_dunder = python_dunder(tx, container, "__contains__", [item])
     if via_dunder is not None:
@@ -222,7 +226,7 @@ def contains(tx: "Translator", item: Value, container: Value) -> bool:
         raise Unsupported("data-dependent: `in` on a tensor needs its values")
     if isinstance(item, SymNumberValue) and container.is_constant():
         values = container.as_constant()
-        if isinstance(values, (tuple, list, set, frozenset, range)) and \
+        if isinstance(values, (tuple, list, set, frozenset, range)) and len(values) <= _MEMBERSHIP_GUARDS and \
                 all(type(v) in (int, float, bool) for v in values):
             # `n in (1, 2)` of a symbolic int: each `n == v` decided now, the ShapeEnv guarding its
             # answer (`n != 1`), not n's value: another value outside the set is no new version

@@ -21,7 +21,7 @@ from torch.nn.utils.stateless import _reparametrize_module
 from torch.utils import _pytree as pytree
 
 from torchweld import fake_memo
-from torchweld.node_effects import draws_random, is_pure_node, target_name
+from torchweld.node_effects import is_pure_node
 from torchweld.capture import dtype_refusals
 from torchweld.capture.dynamic_dims import DimChoices
 from torchweld.capture.guards import GuardSet, autocast_state
