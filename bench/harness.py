@@ -22,7 +22,8 @@ What is measured, per row and compiler:
   is forward, loss, backward and Adam), in a fresh process of that compiler's own whose
   torchweld, Triton and Inductor caches start empty. Without --cold the caches are the
   user's, as found, and the figure is `first_s`. `warm_s` (with --warm): the same in a
-  second fresh process, with the caches the first filled.
+  second fresh process, with the caches the first filled. `phases` / `warm_phases`
+  (torchweld): `torchweld.compile_times()` after those first calls, seconds per phase.
 - `ms`: steady state, the median over --repeat rounds of a round's time per call (each round
   a run of back-to-back calls, synchronized at both ends). On CUDA each compiler is timed in
   its fresh process (nothing another compiler left behind weighs on it); on the CPU, where
@@ -200,6 +201,10 @@ def run_worker(job: dict) -> dict:
     sync(device)
     first_s = time.perf_counter() - t0
     result = {"label": case.label, "first_s": first_s}
+    if compiler == "torchweld":  # where the first calls' compile went, phase by phase
+        import torchweld
+
+        result["phases"] = {name: round(s, 4) for name, s in torchweld.compile_times().items()}
     torch.save(out, job["out"])
     if job["time"]:
         ms, rounds = steady({compiler: fn}, device, job["repeat"], job["min_time"])[compiler]
@@ -260,6 +265,8 @@ def run_row(job: dict, compilers: list[str], args) -> dict:
                     again = runner.in_fresh_process(__file__, dict(worker, time=False, out=worker["out"] + ".warm"),
                                                     caches[compiler] if caches else None)
                     got["warm_s"] = again.get("first_s", math.nan)
+                    if "phases" in again:
+                        got["warm_phases"] = again["phases"]
             figures[compiler] = got
             print(f"  {compiler:10s} {_summary(got)}", flush=True)
         if not timed_here:
