@@ -6,6 +6,7 @@ them for aten nodes from their schemas."""
 from __future__ import annotations
 
 import operator
+import types
 
 import torch
 
@@ -14,6 +15,17 @@ _IMPURE_FUNCTIONS = {operator.setitem, torch._C._set_grad_enabled, torch.amp._en
 # draws from the random number generator: unused, they still advance it, as in eager
 _RANDOM_NAMES = {"bernoulli", "multinomial", "normal", "poisson", "dropout", "alpha_dropout", "feature_alpha_dropout",
                  "dropout1d", "dropout2d", "dropout3d", "rrelu", "gumbel_softmax", "fused_dropout"}
+
+
+# modules whose Python functions compute their result and do nothing else: torch's functional
+# API. A Python function of any other module may act (a collective, a check that raises, a
+# user's function allowed in the graph): its node stays even when nothing reads its result.
+_PURE_PYTHON_MODULES = ("torch.nn.functional", "torch.functional", "torch._refs", "math")
+
+
+def _pure_python_function(fn: types.FunctionType) -> bool:
+    module = fn.__module__ or ""
+    return module in _PURE_PYTHON_MODULES or module == "torch" and fn.__name__.startswith(("sym_", "_sym_"))
 
 
 def target_name(target: object) -> str:
@@ -37,6 +49,8 @@ def is_pure_node(node: torch.fx.Node) -> bool:
     if draws_random(name):
         return False
     if target in _IMPURE_FUNCTIONS or name.startswith("i") and getattr(operator, name, None) is target:
+        return False
+    if isinstance(target, types.FunctionType) and not _pure_python_function(target):
         return False
     return not name.endswith("_")
 

@@ -925,3 +925,30 @@ def test_the_dtype_probe_draws_no_random_numbers():
         expected = fn(x)
         torch.manual_seed(0)
         assert_same(compiled(x), expected)
+
+
+def _records_a_call(x):
+    """A torch-namespace function that acts and returns nothing (as torch.distributed's
+    all_reduce, torch.cuda's empty_cache): capture calls it as one graph node."""
+    _records_a_call.calls += 1
+
+
+_records_a_call.calls = 0
+_records_a_call.__module__ = "torch.utils.an_effect"
+
+
+def test_a_torch_function_whose_result_nobody_reads_still_runs():
+    """Dead-code removal dropped every call of a torch Python function whose result was
+    unused, taking it to change nothing: an in-place `dist.all_reduce(y)` vanished from the
+    graph (each rank kept its partial sum). Only torch's functional API counts as pure now."""
+    def fn(x):
+        y = x * 2
+        _records_a_call(y)
+        return y + 1
+
+    compiled = torchweld.compile(fn, backend="eager")
+    compiled(torch.ones(3))  # capture's fake run calls it too
+    before = _records_a_call.calls
+    for _ in range(3):
+        assert_same(compiled(torch.ones(3)), fn(torch.ones(3)))
+    assert _records_a_call.calls - before == 6  # once compiled, once eager, each call

@@ -17,7 +17,7 @@ class BreakKind(enum.Enum):
     PYTHON = "Python must run here (print, I/O, a function torch marks to run without compilers, a generator)"
     USER_ERROR = "the eager run raises here: the error is raised at your line, as eager raises it"
     SIDE_EFFECT = "a change to Python state outside the frame that capture does not replay"
-    DISTRIBUTED = "distributed bookkeeping (DDP, FSDP) that runs in Python around the graph"
+    DISTRIBUTED = "communication between processes (collectives, DDP's and FSDP's bookkeeping) runs in Python around the graph"
     BACKEND = "the backend failed; the graph runs eagerly"
     INTERNAL = "an internal error in torchweld; the frame runs eagerly (please report it)"
     UNMODELLED = "a Python feature or object capture does not model yet"
@@ -27,7 +27,7 @@ class BreakKind(enum.Enum):
 _RULES: tuple[tuple[BreakKind, tuple[str, ...]], ...] = (
     (BreakKind.INTERNAL, ("internal error",)),
     (BreakKind.BACKEND, ("backend ",)),
-    (BreakKind.DISTRIBUTED, ("DistributedDataParallel", "FSDP")),
+    (BreakKind.DISTRIBUTED, ("DistributedDataParallel", "FSDP", "communicates with other processes")),
     (BreakKind.DATA_DEPENDENT, ("data-dependent", "needs its value", "needs their values", "needs its values",
                                 "needs them", "into a string needs", "reads its value", "compares tensor values",
                                 "compares their values", "only known at run time")),

@@ -165,6 +165,17 @@ def _check_graphable(name: str) -> None:
         raise Unsupported(reason)
 
 
+def _check_local(fn: object, name: str) -> None:
+    """Raise Unsupported for a torch.distributed function that is not a query (`all_reduce`,
+    `broadcast`, `barrier`, the functional collectives): it communicates with other processes,
+    and runs in Python between graphs, in the order and on the ranks eager runs it. (In a graph,
+    an all_reduce whose result nobody reads was dropped as dead code, without a word.)"""
+    module = getattr(fn, "__module__", None) or ""
+    if module.startswith("torch.distributed") and not _is_runtime_query(name):
+        raise Unsupported(f"torch.distributed {name}() communicates with other processes: it runs in Python "
+                          "between graphs")
+
+
 def _compiling_answer(fn: object) -> bool | None:
     """What `torch.compiler.is_compiling()` and its older spellings answer inside a
     captured frame: True, as under PyTorch's own compiler, so that libraries take their
@@ -215,6 +226,7 @@ class TorchCallableValue(Value):
             return ConstantValue(None)
         name = getattr(self.fn, "__name__", "")
         _check_graphable(name)
+        _check_local(self.fn, name)
         if _is_runtime_query(name) and all(v.is_constant() for v in [*args, *kwargs.values()]):
             # torch.cuda.is_available(), torch.get_default_dtype(): asked of the process, not of data
             a, k = _constant_args(args, kwargs)
