@@ -135,6 +135,9 @@ def table(recs: list[dict]) -> list[str]:
     memory = any(f.get("peak_mib") is not None for r in recs for f in r["figures"]["compilers"].values())
     head = ["row"] + [f"{NAMES.get(c, c)} ms" + ("" if c == "eager" else " (x eager)") for c in compilers]
     head += ["cold s " + " / ".join(NAMES.get(c, c) for c in compilers), "weld / tc cold"]
+    warm = [c for c in compilers if any("warm_s" in r["figures"]["compilers"].get(c, {}) for r in recs)]
+    if warm:  # --warm: the first calls again, in a second process with the caches the first filled
+        head.append("warm s " + " / ".join(NAMES.get(c, c) for c in warm))
     if memory:
         head.append("peak MiB " + " / ".join(NAMES.get(c, c) for c in compilers))
     head += ["commit", "host", "date"]
@@ -144,6 +147,8 @@ def table(recs: list[dict]) -> list[str]:
         cells = [r["row"]["label"]] + [speed_cell(figures.get(c), c == "eager") for c in compilers]
         cells.append(" / ".join(fmt(cold_of(figures.get(c)), ".2f") for c in compilers))
         cells.append(fmt(figures.get("torchweld", {}).get("cold_vs_torch"), ".3f"))
+        if warm:
+            cells.append(" / ".join(fmt((figures.get(c) or {}).get("warm_s"), ".2f") for c in warm))
         if memory:
             cells.append(" / ".join(fmt((figures.get(c) or {}).get("peak_mib"), ".0f") for c in compilers))
         cells += [short_commit(r), r.get("host") or "?", (r.get("date") or "")[:10]]
@@ -173,7 +178,8 @@ def render_results(directory: Path | None = None) -> str:
            "The latest record of each row, measured with `bench/harness.py` (its docstring says what each "
            "figure is), with the commit and host it ran on: compare a figure with its neighbours in the row, "
            "which come from one command. `ms (x eager)`: steady state, and eager's time over it (higher is "
-           "better); cold: the first call(s), compile included, with empty caches; `weld / tc cold`: "
+           "better); cold: the first call(s), compile included, with empty caches; warm: the same in a second "
+           "process, with the caches the first filled; `weld / tc cold`: "
            "torchweld's cold over torch.compile's (lower is better). A commit marked `diary` is a figure "
            "copied from the old diary (`bench/investigations/RESULTS-diary.md`, the session named), measured "
            "by the scripts of then; decisions drawn from the measurements are in `bench/DECISIONS.md`; "
