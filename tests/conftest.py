@@ -10,6 +10,10 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+# Tests look inside compiled graphs (their schedule, the phases and logs of a compile), which a
+# graph loaded from the graph cache does not have: it is off here, but in the tests that turn
+# it on (tests/compiler/test_graph_cache.py).
+os.environ.setdefault("TORCHWELD_GRAPH_CACHE", "0")
 
 import torchweld
 

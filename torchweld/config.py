@@ -78,6 +78,10 @@ cache_trust_other_users: bool = os.environ.get("TORCHWELD_CACHE_TRUST_OTHER_USER
 # argument, so kernels that differ only in size compile once (compiler/codegen/triton.py,
 # size_generic); 0 bakes every size into the source, as before.
 size_generic_kernels: bool = os.environ.get("TORCHWELD_SIZE_GENERIC_KERNELS", "1") != "0"
+# Compiled graphs kept in the disk cache (compiler/graph_cache.py): a process compiling a graph
+# compiled before (by its code, its inputs' and constants' layouts, the options, the versions)
+# loads its generated code and kernels instead of tracing, lowering and rendering it again.
+graph_cache: bool = os.environ.get("TORCHWELD_GRAPH_CACHE", "1") != "0"
 # A file to write, at exit, every compile phase of this process as a Chrome trace (one row
 # per thread; open it in chrome://tracing or https://ui.perfetto.dev): which phases overlap,
 # and which one the first call waits for. Empty: none.

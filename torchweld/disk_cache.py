@@ -4,6 +4,7 @@ built again, with one warning, never loaded.
 
     path = write_source("cpp", f"k{key}.cpp", source)           # a file holding exactly `source`
     lib = load_library("cpp", f"k{key}.so", key, build, ctypes.CDLL)
+    data = read_sealed("graphs", f"g{key}.json", key)            # None, or what write_sealed wrote
 
 Every entry is written to a temporary file in its folder and renamed into place, so a
 reader never sees half of one, whichever processes write at once. An entry is named by
@@ -122,6 +123,30 @@ def compiler_build(command: list[str], error: type[Exception]) -> Callable[[str]
     return build
 
 
+# -- sealed data ---------------------------------------------------------------
+def read_sealed(kind: str, name: str, key: str) -> bytes | None:
+    """The data of entry `kind/name` written by `write_sealed` for `key`, or None where it is
+    missing; a damaged one (truncated, altered, another entry's) is deleted, with one warning."""
+    for folder in cache_root.folders(kind):
+        path = os.path.join(folder, name)
+        data, problem = _read_own(path)
+        if data is None:
+            if problem is not None:
+                _damaged(path, problem, "compiling it again")
+            continue
+        problem = _seal_problem_of(data, key)
+        if problem is None:
+            return data[:-_SEAL_SIZE]
+        _damaged(path, problem, "compiling it again")
+    return None
+
+
+def write_sealed(kind: str, name: str, key: str, data: bytes) -> str:
+    """Write entry `kind/name` holding `data`, sealed for `key` (read back by `read_sealed`)."""
+    sealed = data + SEAL + _digest(data, key)
+    return _write_entry(kind, name, lambda tmp: _write_bytes(tmp, sealed), mode=0o666)
+
+
 # -- checks --------------------------------------------------------------------
 class _Missing:
     def __repr__(self) -> str:
@@ -153,6 +178,11 @@ def _seal_problem(path: str, key: str) -> str | _Missing | None:
     data, problem = _read_own(path)
     if data is None:
         return problem if problem is not None else _MISSING
+    return _seal_problem_of(data, key)
+
+
+def _seal_problem_of(data: bytes, key: str) -> str | None:
+    """None if `data` ends in a seal of its body for `key`; else what is wrong with it."""
     body, seal = data[:-_SEAL_SIZE], data[-_SEAL_SIZE:]
     if len(data) < _SEAL_SIZE or not seal.startswith(SEAL):
         return f"is damaged: it has no seal ({len(data)} bytes: truncated, or not written by torchweld)"

@@ -163,17 +163,15 @@ def _exact_where_written_inputs_overlap(call, compiled, gm: torch.fx.GraphModule
     from torchweld.compiler.driver import CompiledGraph
     from torchweld.runtime.input_overlap import OverlapChecked, WrittenOverlap
 
-    if not isinstance(compiled, CompiledGraph) or not compiled.schedule.graph.mutated_inputs:
+    if not isinstance(compiled, CompiledGraph) or not compiled.writes:
         return call
-    lowered = compiled.schedule.graph
-    targets = {w.target for w in lowered.mutated_inputs}
-    names = lowered.input_names
-    constants = [name for name in targets if name not in names and name in lowered.constants]
+    targets = set(compiled.writes)
+    names = compiled.input_names
+    constants = list(compiled.written_constants.values())
     written = [i for i, name in enumerate(names) if name in targets]
     written += [len(names) + k for k in range(len(constants))]
     inputs = [i for i, name in enumerate(names) if name is not None]
-    return OverlapChecked(call, gm.forward, WrittenOverlap(written, inputs),
-                          [lowered.constants[name] for name in constants])
+    return OverlapChecked(call, gm.forward, WrittenOverlap(written, inputs), constants)
 
 
 def _start_cuda_helpers(workers: bool) -> None:
@@ -336,8 +334,7 @@ def with_cudagraphs(compiled, gm: torch.fx.GraphModule, mode: str | None, option
     pool = pool_for(options)
     mutated = set(mutated_placeholders(gm))
     if isinstance(compiled, CompiledGraph):
-        names = compiled.schedule.graph.input_names
-        mutated |= {names.index(w.target) for w in compiled.schedule.graph.mutated_inputs if w.target in names}
+        mutated |= {compiled.input_names.index(t) for t in compiled.writes if t in compiled.input_names}
     return CudaGraphed(compiled, pool=pool, name=pool.next_name("weld graph"),
                        static_input_indices=resident_placeholders(gm), mutated_input_indices=sorted(mutated),
                        outputs=options.get("cudagraph_outputs", "copy"),

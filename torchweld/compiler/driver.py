@@ -13,11 +13,11 @@ import torch
 import torch.utils._pytree as pytree
 
 from torchweld import timing
-from torchweld.compiler import ir
+from torchweld.compiler import graph_cache, ir
 from torchweld.compiler.aten_graph import to_aten_graph, traced_aten_graph
 from torchweld.compiler.codegen import size_args
 from torchweld.compiler.codegen.cpp import CppRenderer
-from torchweld.compiler.codegen.wrapper import PRELUDE, WrapperRenderer
+from torchweld.compiler.codegen.wrapper import PRELUDE, WrapperRenderer, fill_launches, launch_token
 from torchweld.compiler.constant_folding import HoistedConstants, hoist_constants
 from torchweld.compiler.lowering import GraphLowering
 from torchweld.compiler.schedule import Kernel, Schedule, schedule
@@ -35,7 +35,7 @@ class CompiledGraph:
 
     fn: object
     out_spec: pytree.TreeSpec
-    schedule: Schedule
+    schedule: Schedule | None  # None for a graph loaded from the graph cache
     wrapper_source: str
     kernel_sources: dict[str, str]  # "cpp" / "triton" -> source
     paths: dict[str, str | list[str]]  # "cpp" -> its source file; "triton" -> one file per kernel function
@@ -47,6 +47,16 @@ class CompiledGraph:
     # at the first call under a profiler, not at every compile
     make_profiled: Callable[[], Callable] | None = None
     name: str = "graph"
+    # what callers ask of the graph, kept here for a graph loaded from the graph cache, which has
+    # no schedule: the inputs' buffer names (None: not a tensor), the inputs and constants the
+    # graph writes in place (in the graph's order), the written constants themselves, the
+    # positions of the inputs some generated kernel loads (the others reach extern calls
+    # alone), one line per extern call
+    input_names: list = dataclasses.field(default_factory=list)
+    writes: list[str] = dataclasses.field(default_factory=list)
+    written_constants: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
+    read_inputs: frozenset[int] = frozenset()
+    externs: list[str] = dataclasses.field(default_factory=list)
     _fn_profiled: Callable | None = dataclasses.field(default=None, repr=False)
 
     def __call__(self, *args):
@@ -85,14 +95,9 @@ class CompiledGraph:
         if self.hoisted is not None:
             self.hoisted.refresh()
 
-    @property
-    def externs(self) -> list[str]:
-        return self.schedule.graph.externs
-
     def inputs_read_by_kernels(self) -> set[int]:
         """Positions of the inputs some generated kernel loads; the others reach extern calls alone."""
-        read = {name for k in self.schedule.kernels() for name in k.reads}
-        return {i for i, name in enumerate(self.schedule.graph.input_names) if name in read}
+        return set(self.read_inputs)
 
 
 def renderer_for(device: torch.device, options: dict):
@@ -124,6 +129,13 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list, options: dict 
     compiled graph frees each input after its last reader when called through
     `call_boxed` (schedule's frees_inputs; a training step's backward)."""
     options = dict(options or {})
+    key = graph_cache.graph_key(gm, example_inputs, options, traced, output_strides, frees_inputs)
+    if key is not None:
+        found = graph_cache.load(key, gm)
+        if found is not None:
+            if handed_over is not None:
+                handed_over()
+            return found
     with timing.phase("weld.aten_graph"):
         aten = traced_aten_graph(gm) if traced else to_aten_graph(gm, example_inputs)
         aten_gm, hoisted = hoist_constants(aten.gm) if options.get("freeze") else (aten.gm, None)
@@ -136,8 +148,10 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list, options: dict 
         log.debug("extern call: %s", line)
     with timing.phase("weld.schedule"):
         sched = schedule(lowered, frees_inputs)
-    compiled = _codegen(sched, aten.out_spec, options, handed_over)
+    compiled, parts = _codegen(sched, aten.out_spec, options, handed_over)
     compiled.hoisted = hoisted
+    if key is not None and hoisted is None:
+        graph_cache.store(key, parts, aten.out_spec)
     return compiled
 
 
@@ -187,7 +201,40 @@ def _in_range(kernel: Kernel, line: str | None) -> str | None:
     return f"with _range('torchweld {kernel.name} ({kind}, {kernel.device.type})'): {line}"
 
 
-def _codegen(sched: Schedule, out_spec, options: dict, handed_over: Callable[[], None] | None) -> CompiledGraph:
+@dataclasses.dataclass
+class Assembly:
+    """A compiled graph before its launch lines and objects are put into its wrapper: what
+    `assemble` makes the CompiledGraph from, here after code generation, and in graph_cache.py
+    from a cache entry (whose fast launch lines are made anew from `fast_parts`)."""
+
+    template: str  # the wrapper's source, with launch tokens (wrapper.launch_token)
+    # the template of the wrapper with profiler ranges, and the constants it refers to
+    render_profiled: Callable[[], tuple[str, dict]]
+    jit: dict[str, str]  # kernel name -> its line through Triton's JIT or its C++ function
+    fast: dict[str, str]  # kernel name -> its line through its compiled launcher
+    constants: dict[str, object]  # what the wrapper refers to by name (WrapperRenderer.constants)
+    kernel_objects: dict[str, object]  # what the launch lines refer to by name
+    stream_index: int | None  # the CUDA device whose stream the fast lines read, if any
+    boxed: bool  # the entry is `call_boxed` (the schedule frees inputs)
+    sources: dict[str, str]  # "cpp" / "triton" -> the kernels' source
+    paths: dict[str, str | list[str]]
+    input_names: list
+    writes: list[str]
+    written_constants: list[str]
+    read_inputs: frozenset[int]
+    externs: list[str]
+    # for the graph cache: the C++ kernels' (names, (pointers, integers)), the Triton kernels'
+    # module sources (by function name) and function names (by kernel), their fast lines' parts,
+    # and the operator or function of each extern's callable in `objects`
+    cpp_kernels: dict[str, tuple[int, int]] = dataclasses.field(default_factory=dict)
+    triton_modules: dict[str, str] = dataclasses.field(default_factory=dict)
+    triton_functions: dict[str, str] = dataclasses.field(default_factory=dict)
+    fast_parts: dict = dataclasses.field(default_factory=dict)
+    origins: dict[str, object] = dataclasses.field(default_factory=dict)
+
+
+def _codegen(sched: Schedule, out_spec, options: dict, handed_over: Callable[[], None] | None
+             ) -> tuple[CompiledGraph, Assembly]:
     buffer_dtypes = {name: dtype for name, (dtype, _, _) in sched.layouts.items()}
     by_renderer: dict[type, list[Kernel]] = {}
     for k in sched.kernels():
@@ -202,6 +249,10 @@ def _codegen(sched: Schedule, out_spec, options: dict, handed_over: Callable[[],
     kernel_objects: dict[str, object] = {}
     sources: dict[str, str] = {}
     paths: dict[str, str] = {}
+    cpp_kernels: dict[str, tuple[int, int]] = {}
+    triton_modules: dict[str, str] = {}
+    triton_functions: dict[str, str] = {}
+    fast_parts: dict = {}
     for renderer_cls, kernels in by_renderer.items():
         renderer = renderer_cls()
         if renderer_cls is CppRenderer:
@@ -210,9 +261,9 @@ def _codegen(sched: Schedule, out_spec, options: dict, handed_over: Callable[[],
             with timing.phase("weld.render"):
                 source = renderer.render_kernels(kernels, buffer_dtypes, bool(options.get("sizes_as_arguments")))
             ints = {k.name: size_args.chosen(k).values() if size_args.chosen(k) else () for k in kernels}
+            cpp_kernels = {k.name: (len(k.args), len(ints[k.name])) for k in kernels}
             with timing.phase("weld.cpp_compile"):
-                fns, path = load_kernels(source, [k.name for k in kernels],
-                                         {k.name: (len(k.args), len(ints[k.name])) for k in kernels})
+                fns, path = load_kernels(source, [k.name for k in kernels], cpp_kernels)
             sources["cpp"], paths["cpp"] = source, path
             for k in kernels:
                 kernel_objects[f"_k_{k.name}"] = fns[k.name]
@@ -225,6 +276,11 @@ def _codegen(sched: Schedule, out_spec, options: dict, handed_over: Callable[[],
             fast_launches |= triton.fast
             checked_inputs, stream_index = triton.checked_inputs, triton.stream_index
             kernel_objects |= triton.objects
+            fast_parts = triton.parts
+            for k in kernels:
+                fn = triton.objects[f"_k_{k.name}"]
+                triton_functions[k.name] = fn.name
+                triton_modules[fn.name] = fn.src
 
     if options.get("max_autotune"):  # aten mm/bmm against the Triton matmul template
         from torchweld.runtime.matmul_choice import choose_matmuls
@@ -233,49 +289,74 @@ def _codegen(sched: Schedule, out_spec, options: dict, handed_over: Callable[[],
             log.debug("matmul choice: %s", line)
 
     wrapper = WrapperRenderer(sched)
-    wrapper_source = PRELUDE
+    jit = lambda k: launch_token("jit", k.name) if k.name in launches else None  # noqa: E731
+    launch = (lambda k: launch_token("fast", k.name) if k.name in launches else None) if fast_launches else jit
+    template = PRELUDE
     entry = "call_boxed" if sched.frees_inputs else "call"
     if fast_launches:  # the JIT launches run when an input is misaligned for the compiled kernels
-        wrapper_source += wrapper.render("call_jit", lambda k: launches.get(k.name)) + "\n" + wrapper.render(
-            entry, lambda k: fast_launches.get(k.name) or launches.get(k.name),
-            check_alignment=checked_inputs, stream_index=stream_index, boxed=sched.frees_inputs)
+        template += wrapper.render("call_jit", jit) + "\n" + wrapper.render(
+            entry, launch, check_alignment=checked_inputs, stream_index=stream_index, boxed=sched.frees_inputs)
     else:
-        wrapper_source += wrapper.render(entry, lambda k: launches.get(k.name), boxed=sched.frees_inputs)
+        template += wrapper.render(entry, jit, boxed=sched.frees_inputs)
     if sched.frees_inputs:  # called with positional inputs (tools, tests), it frees nothing the caller holds
-        wrapper_source += "\ndef call(*inputs):\n    return call_boxed(list(inputs))\n"
+        template += "\ndef call(*inputs):\n    return call_boxed(list(inputs))\n"
+
+    def render_profiled() -> tuple[str, dict]:
+        source = wrapper.render("call_profiled", lambda k: _in_range(k, launch(k)), boxed=True,
+                                check_alignment=checked_inputs if fast_launches else (),
+                                stream_index=stream_index if fast_launches else None)
+        return source, dict(wrapper.constants)
+
+    graph = sched.graph
+    read = {name for k in sched.kernels() for name in k.reads}
+    writes = [w.target for w in graph.mutated_inputs]
+    parts = Assembly(
+        template, render_profiled, launches, fast_launches, dict(wrapper.constants), kernel_objects, stream_index,
+        sched.frees_inputs, sources, paths, list(graph.input_names), writes,
+        [n for n in dict.fromkeys(writes) if n not in graph.input_names and n in graph.constants],
+        frozenset(i for i, name in enumerate(graph.input_names) if name in read), list(graph.externs),
+        cpp_kernels, triton_modules, triton_functions, fast_parts, dict(wrapper.origins))
+    compiled = assemble(parts, out_spec)
+    compiled.schedule = sched
+    return compiled, parts
+
+
+def assemble(parts: Assembly, out_spec) -> CompiledGraph:
+    """The CompiledGraph of `parts`: its wrapper's source written to the cache (tracebacks and
+    `output_code` logs show it) and run, its functions bound to the kernels and constants."""
+    wrapper_source = fill_launches(parts.template, parts.jit, parts.fast)
     name = f"w{content_hash(wrapper_source)}"
     wrapper_path = write_source("wrappers", f"{name}.py", wrapper_source)
-    paths["wrapper"] = wrapper_path
-    namespace = {"torch": torch, **wrapper.constants, **kernel_objects}
-    if stream_index is not None:
+    paths = {**parts.paths, "wrapper": wrapper_path}
+    namespace = {"torch": torch, **parts.constants, **parts.kernel_objects}
+    if parts.stream_index is not None:
         namespace["_raw_stream"] = torch._C._cuda_getCurrentRawStream
         namespace["_ensure_context"] = ensure_context_function()
     exec(compile(wrapper_source, wrapper_path, "exec"), namespace)
-    launch = (lambda k: fast_launches.get(k.name) or launches.get(k.name)) if fast_launches else \
-        (lambda k: launches.get(k.name))
 
     in_linecache: list[str] = []
 
     def make_profiled():
-        source = wrapper.render("call_profiled", lambda k: _in_range(k, launch(k)), boxed=True,
-                                check_alignment=checked_inputs if fast_launches else (),
-                                stream_index=stream_index if fast_launches else None)
+        template, constants = parts.render_profiled()
+        source = fill_launches(template, parts.jit, parts.fast)
         path = f"{wrapper_path[:-3]}_profiled (in memory)"  # tracebacks show its lines through linecache
         linecache.cache[path] = (len(source), None, source.splitlines(True), path)
         in_linecache.append(path)
-        namespace.update(wrapper.constants)
+        namespace.update(constants)
         exec(compile(source, path, "exec"), namespace)
         return namespace["call_profiled"]
 
     if output_code_log.isEnabledFor(logging.INFO):
         text = [f"wrapper: {wrapper_path}", wrapper_source]
-        for kind, src in sources.items():
+        for kind, src in parts.sources.items():
             text += [f"{kind} kernels: {paths[kind]}", src]
         output_code_log.info("\n".join(text))
     namespace["_range"] = torch.profiler.record_function
-    compiled = CompiledGraph(namespace["call"], out_spec, sched, wrapper_source, sources, paths,
+    compiled = CompiledGraph(namespace["call"], out_spec, None, wrapper_source, parts.sources, paths,
                              fn_boxed=namespace.get("call_boxed"), make_profiled=make_profiled,
-                             name=f"graph {name[:9]}")
+                             name=f"graph {name[:9]}", input_names=parts.input_names, writes=parts.writes,
+                             written_constants={n: namespace[n] for n in parts.written_constants},
+                             read_inputs=parts.read_inputs, externs=parts.externs)
     # the wrapper's functions and their globals (kernels, the parameters as constants) are a cycle:
     # emptied once the graph is dropped, they go at once, not at the next cyclic collection
     weakref.finalize(compiled, _forget, namespace, in_linecache)

@@ -41,6 +41,18 @@ class TritonLaunches:
     checked_inputs: list[str]  # graph inputs whose alignment the fast lines assume
     objects: dict[str, object]  # what the lines refer to by name
     stream_index: int | None  # the CUDA device whose current stream the fast lines launch on
+    parts: dict[str, "FastLaunch"] = dataclasses.field(default_factory=dict)  # kernel name -> its fast line's parts
+
+
+@dataclasses.dataclass(frozen=True)
+class FastLaunch:
+    """What a kernel's fast line is made from (`fast_launch`), which the graph cache keeps to
+    make it again in another process: the compile job, the grid, the buffers, the integers."""
+
+    job: triton_launch.CompileJob
+    grid: int
+    args: tuple[str, ...]
+    ints: tuple[int, ...]
 
 
 @dataclasses.dataclass
@@ -120,22 +132,30 @@ class TritonCompile:
         inputs = set(n for n in sched.graph.input_names if n is not None)
         for e, handle in zip(entries, handles):
             name = e.kernel.name
-            launches.objects |= {f"_run_{name}": handle.launch, f"_fn_{name}": handle.function}
-            lead = []
-            for i, value in enumerate(handle.leading):
-                if value is None or isinstance(value, (bool, int)):
-                    lead.append(repr(value))
-                else:
-                    launches.objects[f"_lead{i}_{name}"] = value
-                    lead.append(f"_lead{i}_{name}")
-            arguments = lead + [f"{a}.data_ptr()" for a in e.args] + [str(v) for v in handle.passed(ints[name])]
-            arguments += [str(v) for v in handle.trailing]
-            launches.fast[name] = f"_run_{name}({grids[name]}, 1, 1, _stream, _fn_{name}, {', '.join(arguments)})"
+            launches.fast[name] = fast_launch(name, grids[name], e.args, ints[name], handle, launches.objects)
+            launches.parts[name] = FastLaunch(e.job, grids[name], tuple(e.args), tuple(ints[name]))
             launches.checked_inputs += [a for a in e.args if a in inputs and a not in launches.checked_inputs
                                         and _aligned(a, sched)]
         device = entries[0].kernel.device
         launches.stream_index = device.index if device.index is not None else torch.cuda.current_device()
         return launches
+
+
+def fast_launch(name: str, grid: int, args: list[str], ints: tuple[int, ...], handle, objects: dict) -> str:
+    """The wrapper line launching kernel `name` through its compiled launcher `handle` (a
+    triton_launch.LaunchHandle) over `grid` blocks, with the buffers named in `args` and the
+    integer arguments `ints`; what the line refers to by name goes into `objects`."""
+    objects |= {f"_run_{name}": handle.launch, f"_fn_{name}": handle.function}
+    lead = []
+    for i, value in enumerate(handle.leading):
+        if value is None or isinstance(value, (bool, int)):
+            lead.append(repr(value))
+        else:
+            objects[f"_lead{i}_{name}"] = value
+            lead.append(f"_lead{i}_{name}")
+    arguments = lead + [f"{a}.data_ptr()" for a in args] + [str(v) for v in handle.passed(ints)]
+    arguments += [str(v) for v in handle.trailing]
+    return f"_run_{name}({grid}, 1, 1, _stream, _fn_{name}, {', '.join(arguments)})"
 
 
 def compile_order(kernels: list[Kernel]) -> list[Kernel]:

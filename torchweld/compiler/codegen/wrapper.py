@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import math
+import re
 
 import torch
 import torch.utils._pytree as pytree
@@ -45,13 +46,33 @@ def _storage_size(layout: Layout) -> int:
     return layout.offset + 1 + sum((s - 1) * st for s, st in zip(layout.shape, layout.stride))
 
 
+def launch_token(kind: str, kernel: str) -> str:
+    """Where a kernel's launch line goes in a rendered wrapper (`fill_launches` puts it there):
+    its line through Triton's JIT or a C++ kernel (`jit`), or through its compiled launcher,
+    where it has one (`fast`). A wrapper rendered once with tokens takes lines made later:
+    the graph cache (graph_cache.py) keeps the rendered text and makes the fast lines anew."""
+    return f"@{kind}:{kernel}@"
+
+
+_TOKEN = re.compile(r"@(jit|fast):(\w+)@")
+
+
+def fill_launches(template: str, jit: dict[str, str], fast: dict[str, str]) -> str:
+    """`template` with each token replaced by its kernel's line (a fast token by the jit line
+    of a kernel with no fast one)."""
+    return _TOKEN.sub(lambda m: fast.get(m[2]) or jit[m[2]] if m[1] == "fast" else jit[m[2]], template)
+
+
 class WrapperRenderer:
-    """Python source for `call(*inputs)`; `constants` holds objects the source refers to by name."""
+    """Python source for `call(*inputs)`; `constants` holds objects the source refers to by
+    name, and `origins` the operator or function each extern's callable is made from."""
 
     def __init__(self, sched: Schedule):
         self.sched = sched
         self.graph = sched.graph
         self.constants: dict[str, object] = {}
+        self.origins: dict[str, object] = {}
+        self._names: dict[tuple, str] = {}  # a constant's key -> its name
         self.lines: list[str] = []
 
     def const(self, value: object) -> str:
@@ -69,8 +90,15 @@ class WrapperRenderer:
             return "{" + ", ".join(f"{k!r}: {self.const(v)}" for k, v in value.items()) + "}"
         if isinstance(value, ir.TensorArg):
             return self.tensor(value.buffer, value.layout)
-        name = f"_c{len(self.constants)}"
-        self.constants[name] = value
+        try:  # one name for equal values (a device), in every function rendered
+            key = (type(value), value)
+            hash(key)
+        except TypeError:
+            key = ("id", id(value))
+        name = self._names.get(key)
+        if name is None:
+            name = self._names[key] = f"_c{len(self.constants)}"
+            self.constants[name] = value
         return name
 
     def tensor(self, root: str, layout: Layout) -> str:
@@ -257,7 +285,9 @@ class WrapperRenderer:
 
     def extern(self, ext: ir.Extern) -> None:
         in_place = ext.name in self.sched.in_place  # its result is its first argument, updated
-        target = self.const(fast_callable(in_place_twin(ext.target) if in_place else ext.target))
+        origin = in_place_twin(ext.target) if in_place else ext.target
+        target = self.const(fast_callable(origin))
+        self.origins[target] = origin
         args = ", ".join(self.const(a) for a in ext.args)
         kwargs = ", ".join(f"{k}={self.const(v)}" for k, v in ext.kwargs.items())
         call = f"{target}({', '.join(x for x in (args, kwargs) if x)})"

@@ -1,0 +1,74 @@
+"""One process of tests/compiler/test_graph_cache.py: compile a small model with weld, call it
+three times (inputs changed between calls) against eager, and print as JSON the largest
+difference, whether the graph cache loaded or stored an entry, and the compile phases.
+
+    python tests/compiler/graph_cache_run.py --case mlp --seed 0 --eps 1e-5 --batch 4 --dtype float32
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+if sys.argv.count("triton"):
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+
+import torchweld  # noqa: E402
+
+
+def model(args) -> nn.Module:
+    torch.manual_seed(args.seed)
+    return nn.Sequential(nn.Linear(16, 32), nn.LayerNorm(32, eps=args.eps), nn.GELU(), nn.Dropout(0.0),
+                         nn.Linear(32, 8)).to(getattr(torch, args.dtype))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--case", choices=("mlp", "train", "triton", "frame_constant"), default="mlp")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--eps", type=float, default=1e-5)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--scale", type=float, default=2.0)
+    args = parser.parse_args()
+    dtype = getattr(torch, args.dtype)
+    eager, compiled_model = model(args), model(args)
+    diffs = []
+    if args.case == "train":
+        step = torchweld.compile(compiled_model)
+        for i in range(3):
+            x = torch.randn(args.batch, 16, dtype=dtype) * (i + 1)
+            step(x).pow(2).sum().backward()
+            eager(x).pow(2).sum().backward()
+            diffs += [(a.grad - b.grad).abs().max().item()
+                      for a, b in zip(compiled_model.parameters(), eager.parameters())]
+    elif args.case == "frame_constant":  # a tensor made in the frame from numbers: its values are in the graph
+        def fn(x):
+            return compiled_model(x) * torch.tensor([args.scale, 1.0, 0.5, 3.0, 1.0, 1.0, 1.0, 1.0])
+
+        compiled = torchweld.compile(fn)
+        with torch.no_grad():
+            for i in range(3):
+                x = torch.randn(args.batch, 16, dtype=dtype) * (i + 1)
+                diffs.append((compiled(x) - eager(x) * torch.tensor([args.scale, 1.0, 0.5, 3.0, 1.0, 1.0, 1.0, 1.0]))
+                             .abs().max().item())
+    else:
+        options = {"cpu_codegen": "triton"} if args.case == "triton" else None
+        compiled = torchweld.compile(compiled_model.eval(), options=options)
+        eager.eval()
+        with torch.no_grad():
+            for i in range(3):
+                x = torch.randn(args.batch, 16, dtype=dtype) * (i + 1)
+                diffs.append((compiled(x) - eager(x)).abs().max().item())
+    phases = torchweld.compile_times()
+    print(json.dumps({"max_diff": max(diffs), "loaded": "weld.graph_cache.load" in phases,
+                      "lowered": "weld.lower" in phases, "phases": sorted(phases)}))
+
+
+if __name__ == "__main__":
+    main()

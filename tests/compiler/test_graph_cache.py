@@ -1,0 +1,98 @@
+"""The graph cache (torchweld/compiler/graph_cache.py): a second process compiling the same
+graph loads it instead of lowering it, and computes what eager computes, with its own
+weights; anything the code depends on (a module's setting, an input's shape or dtype, a
+constant made in the frame) is another entry; a damaged entry is compiled again with a
+warning. Each process is a fresh one (graph_cache_run.py) sharing one cache directory."""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from torchweld.compiler import graph_cache
+
+RUN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "graph_cache_run.py")
+
+
+def run(cache: str, *args: str) -> tuple[dict, str]:
+    env = dict(os.environ, TORCHWELD_CACHE_DIR=cache, TORCHWELD_GRAPH_CACHE="1", TORCHWELD_COMPILE_WORKERS="0")
+    proc = subprocess.run([sys.executable, RUN, *args], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
+
+
+@pytest.mark.parametrize("case", ["mlp", "train", "triton"])
+def test_a_second_process_loads_the_graph_and_computes_what_eager_does(tmp_path, case):
+    cache = str(tmp_path)
+    first, _ = run(cache, "--case", case)
+    assert not first["loaded"] and first["lowered"] and first["max_diff"] < 1e-5, first
+    entries = glob.glob(os.path.join(cache, "graphs", "*.json"))
+    assert len(entries) == (2 if case == "train" else 1), entries  # training: the forward and the backward
+    # other weights: read by the loaded graph when it runs, not baked into it
+    second, _ = run(cache, "--case", case, "--seed", "1")
+    assert second["loaded"] and not second["lowered"] and second["max_diff"] < 1e-5, second
+
+
+@pytest.mark.parametrize("changed", [["--eps", "1e-3"], ["--batch", "5"], ["--dtype", "float64"]])
+def test_what_the_code_depends_on_is_another_entry(tmp_path, changed):
+    cache = str(tmp_path)
+    run(cache)
+    again, _ = run(cache, *changed)
+    assert not again["loaded"] and again["lowered"] and again["max_diff"] < 1e-5, again
+    assert len(glob.glob(os.path.join(cache, "graphs", "*.json"))) == 2
+
+
+def test_a_tensor_made_in_the_frame_with_other_values_is_another_entry(tmp_path):
+    cache = str(tmp_path)
+    first, _ = run(cache, "--case", "frame_constant", "--scale", "2.0")
+    second, _ = run(cache, "--case", "frame_constant", "--scale", "-7.0")
+    assert not second["loaded"] and first["max_diff"] < 1e-5 and second["max_diff"] < 1e-5, (first, second)
+    third, _ = run(cache, "--case", "frame_constant", "--scale", "-7.0")
+    assert third["loaded"] and third["max_diff"] < 1e-5, third
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage"])
+def test_a_damaged_entry_is_compiled_again_with_a_warning(tmp_path, damage):
+    cache = str(tmp_path)
+    run(cache)
+    (entry,) = glob.glob(os.path.join(cache, "graphs", "*.json"))
+    with open(entry, "rb") as f:
+        data = f.read()
+    with open(entry, "wb") as f:
+        f.write(data[: len(data) // 2] if damage == "truncate" else b"{" + os.urandom(200))
+    again, stderr = run(cache)
+    assert not again["loaded"] and again["lowered"] and again["max_diff"] < 1e-5, again
+    assert "is damaged" in stderr and "compiling it again" in stderr, stderr[-2000:]
+    third, _ = run(cache)  # written anew by the second process
+    assert third["loaded"] and third["max_diff"] < 1e-5, third
+
+
+def test_the_key_refuses_what_its_name_does_not_fix():
+    """A user's function in the graph, or a tensor subclass, is not kept (its code may change
+    between processes under the same name); torch's and Python's operators are named."""
+    assert graph_cache._callable_name(torch.ops.aten.mm.default) == "op:aten.mm.default"
+    assert graph_cache._resolve(graph_cache._callable_name(torch.nn.functional.relu)) is torch.nn.functional.relu
+    assert graph_cache._resolve(graph_cache._callable_name(torch.ops.aten.add.Tensor)) is torch.ops.aten.add.Tensor
+    with pytest.raises(graph_cache.NotKept):
+        graph_cache._callable_name(lambda x: x)
+
+    def user_function(x):
+        return x
+
+    with pytest.raises(graph_cache.NotKept):
+        graph_cache._callable_name(user_function)
+    with pytest.raises(graph_cache.NotKept):
+        graph_cache._Describer().tensor(torch.ones(2).to_sparse())
+
+
+def test_freeze_and_max_autotune_are_not_kept(monkeypatch):
+    gm = torch.fx.symbolic_trace(torch.nn.Linear(2, 2))
+    monkeypatch.setattr("torchweld.config.graph_cache", True)
+    assert graph_cache.graph_key(gm, [torch.ones(1, 2)], {}, False, None, False) is not None
+    for options in ({"freeze": True}, {"max_autotune": True}):
+        assert graph_cache.graph_key(gm, [torch.ones(1, 2)], options, False, None, False) is None

@@ -1,0 +1,426 @@
+"""The graph cache: compiled graphs kept in the disk cache, so that a process compiling a
+graph compiled before (a second run of a program, a restarted server, every rank of a job)
+loads its generated code instead of tracing, lowering, scheduling and rendering it again.
+
+    key = graph_key(gm, example_inputs, options, ...)    # None: this graph is not kept
+    compiled = load(key, gm)                             # None on a miss
+    ... compile ...
+    store(key, assembly, out_spec)                       # the Assembly codegen made
+
+An entry is named by a hash of everything its code was made from: the graph's nodes (their
+ops, targets and arguments), the leaf modules it calls (their class, settings and mode), the
+layout of every input, parameter, buffer and tensor attribute (shape, strides, offset, dtype,
+device, requires_grad, and which of them share storage), the options, the process state
+tracing reads (default dtype, autocast, deterministic algorithms, matmul and attention
+settings, the tuning constants), the versions of Python, torch and Triton, and the source of
+torchweld itself. A graph holding anything whose meaning its name does not fix (a user's
+function in the graph, a module class not torch's, a tensor subclass) is not kept. Values of
+parameters and buffers are not part of the key: the wrapper reads them when it runs, and a
+loaded entry binds them by their place in the module (`attr` recipes); a small tensor no
+attribute holds (a constant the trace made) is kept by value.
+
+The entry (JSON, sealed by disk_cache: a truncated or altered one is deleted with a warning
+and the graph compiled again) holds the wrapper's source with launch tokens
+(wrapper.launch_token), the C++ source (its library is the disk cache's), the Triton modules
+and each kernel's compile job, and a recipe for each object the wrapper names. Loading builds
+the kernels' launchers anew (Triton's own cache has their binaries) and fills the tokens.
+Not kept (compiled each time, as before): graphs compiled with `freeze` (constants computed
+at compile time) or `max_autotune` (choices timed on this machine).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+import json
+import logging
+import os
+import platform
+import sys
+import types
+
+import torch
+import torch.utils._pytree as pytree
+from torch._subclasses.fake_tensor import FakeTensor
+
+from torchweld import config, disk_cache, timing
+from torchweld.tuning import tuning
+
+log = logging.getLogger("torchweld.cache")
+
+FORMAT = "torchweld-graph-1"
+_SMALL = 64  # elements: a tensor constant no attribute holds is kept by value up to this size
+# modules whose callables mean the same thing in any process with the same versions
+_STABLE_MODULES = ("torch", "torchweld", "operator", "math", "builtins", "_operator")
+
+
+class NotKept(Exception):
+    """The graph holds something its entry could not name (its reason says what)."""
+
+
+@dataclasses.dataclass
+class GraphKey:
+    key: str
+    tensor_paths: dict[int, str]  # id of each tensor the module holds -> its attribute path
+
+
+def graph_key(gm: torch.fx.GraphModule, example_inputs: list, options: dict, traced: bool,
+              output_strides: list | None, frees_inputs: bool) -> GraphKey | None:
+    """The key of `gm`'s entry, or None where the graph is not kept (the reason goes to the
+    `cache` log at debug level)."""
+    if not config.graph_cache:
+        return None
+    if options.get("freeze") or options.get("max_autotune"):
+        log.debug("graph cache: graphs compiled with freeze or max_autotune are not kept")
+        return None
+    try:
+        with timing.phase("weld.graph_cache.key"):
+            describer = _Describer()
+            parts = [FORMAT, _versions(), _process_state(), _literal(dict(sorted(options.items()))), repr(traced),
+                     _literal(output_strides), repr(frees_inputs), describer.graph(gm),
+                     describer.module_state(gm), describer.inputs(example_inputs)]
+            return GraphKey(disk_cache.content_hash(*parts), describer.paths)
+    except NotKept as e:
+        log.debug("graph cache: this graph is not kept: %s", e)
+        return None
+
+
+def _entry_name(key: str) -> str:
+    return f"g{key}.json"
+
+
+# =============================================================================
+# The key
+# =============================================================================
+
+
+@functools.lru_cache(maxsize=None)
+def _versions() -> str:
+    """Python, torch, Triton and the machine, and a hash of torchweld's own source files."""
+    try:
+        from importlib.metadata import version
+
+        triton = version("triton")
+    except Exception:  # noqa: BLE001 - no Triton: no Triton kernels either
+        triton = "-"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    files = []
+    for folder, _, names in sorted(os.walk(root)):
+        for name in sorted(names):
+            if name.endswith((".py", ".c")):
+                with open(os.path.join(folder, name), encoding="utf-8", errors="replace") as f:
+                    files.append(f"{os.path.relpath(os.path.join(folder, name), root)}:{f.read()}")
+    return disk_cache.content_hash(sys.version, torch.__version__, str(torch.version.cuda), triton,
+                                   platform.machine(), *files)
+
+
+def _process_state() -> str:
+    """The settings tracing and lowering read from the process, as they are now."""
+    backends = torch.backends
+    state = [
+        torch.get_default_dtype(),
+        [(d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in ("cpu", "cuda")],
+        torch.is_autocast_cache_enabled(),
+        torch.are_deterministic_algorithms_enabled(), torch.get_float32_matmul_precision(),
+        backends.cudnn.enabled, backends.cudnn.allow_tf32, backends.cudnn.deterministic, backends.cudnn.benchmark,
+        backends.cuda.matmul.allow_tf32, backends.cuda.matmul.allow_fp16_reduced_precision_reduction,
+        backends.cuda.matmul.allow_bf16_reduced_precision_reduction,
+        backends.cuda.flash_sdp_enabled(), backends.cuda.mem_efficient_sdp_enabled(),
+        backends.cuda.math_sdp_enabled(), backends.cuda.cudnn_sdp_enabled(),
+        config.size_generic_kernels, repr(tuning),
+    ]
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state += [torch.cuda.get_device_name(i) + str(torch.cuda.get_device_capability(i))
+                  for i in range(torch.cuda.device_count())]
+    return repr(state)
+
+
+def _literal(value) -> str:
+    """`value` (an option, a node's argument) as stable text; NotKept for what has none."""
+    if value is None or isinstance(value, (bool, int, float, complex, str)):
+        return f"{type(value).__name__}:{value!r}"
+    if isinstance(value, (torch.dtype, torch.device, torch.memory_format, torch.layout)):
+        return f"{type(value).__name__}:{value}"
+    if isinstance(value, torch.Size):
+        return f"Size{tuple(value)}"
+    if isinstance(value, (list, tuple)):
+        return f"{type(value).__name__}[{', '.join(map(_literal, value))}]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_literal(k)}: {_literal(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, slice):
+        return f"slice({_literal(value.start)}, {_literal(value.stop)}, {_literal(value.step)})"
+    if value is Ellipsis:
+        return "..."
+    if isinstance(value, torch.fx.Node):
+        return f"%{value.name}"
+    if callable(value):
+        return _callable_name(value)
+    raise NotKept(f"an argument of type {type(value).__name__}")
+
+
+def _callable_name(fn) -> str:
+    """`module.qualname` of an operator or a function of torch, torchweld or Python's operator
+    modules, which mean the same in any process of the same versions; NotKept for another."""
+    if isinstance(fn, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        return f"op:{fn}"
+    module = getattr(fn, "__module__", None)
+    if module is None and isinstance(getattr(fn, "__self__", None), types.ModuleType):
+        module = fn.__self__.__name__
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
+    if not module or not name or module.split(".")[0] not in _STABLE_MODULES or "<" in name:
+        raise NotKept(f"the graph calls {fn!r}, whose meaning its name does not fix")
+    return f"{module}.{name}"
+
+
+class _Describer:
+    """Text for a graph's nodes, its modules' settings and tensors, and its inputs; it numbers
+    storages across all of them, so that which tensors share memory is part of the key."""
+
+    def __init__(self):
+        self.storages: dict[tuple, int] = {}
+        self.paths: dict[int, str] = {}
+
+    def graph(self, gm: torch.fx.GraphModule) -> str:
+        lines = []
+        for node in gm.graph.nodes:
+            target = _callable_name(node.target) if node.op == "call_function" else str(node.target)
+            lines.append(f"{node.op} {node.name} {target} {_literal(node.args)} {_literal(dict(node.kwargs))}")
+        return "\n".join(lines)
+
+    def module_state(self, gm: torch.fx.GraphModule) -> str:
+        """The class and settings of each submodule and the layout of each tensor it holds."""
+        lines = []
+        for path, module in gm.named_modules(remove_duplicate=False):
+            if path and isinstance(module, torch.fx.GraphModule):  # a checkpointed block's graph
+                lines.append(f"graph {path}\n{self.graph(module)}")
+            elif path:  # the root is the graph itself
+                cls = type(module)
+                _callable_name(cls)  # a module class not torch's: its forward may change
+                settings = {k: v for k, v in sorted(vars(module).items()) if not k.startswith("_")
+                            and not isinstance(v, (torch.Tensor, torch.nn.Module))}
+                lines.append(f"module {path} {cls.__module__}.{cls.__qualname__} {module.extra_repr()} "
+                             f"{_literal(settings)}")
+            for name, value in sorted(vars(module).items()):
+                if isinstance(value, torch.Tensor):
+                    lines.append(self._tensor_line(f"{path}.{name}" if path else name, value))
+            for kind in ("_parameters", "_buffers"):
+                for name, value in module.__dict__.get(kind, {}).items():
+                    if value is not None:
+                        lines.append(self._tensor_line(f"{path}.{name}" if path else name, value))
+        return "\n".join(lines)
+
+    def inputs(self, example_inputs: list) -> str:
+        lines = []
+        for value in example_inputs:
+            if isinstance(value, torch.Tensor):
+                lines.append(self.tensor(value))
+            elif isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+                raise NotKept("a symbolic number among the inputs")
+            else:
+                lines.append(_literal(value))
+        return "\n".join(lines)
+
+    def _tensor_line(self, path: str, t: torch.Tensor) -> str:
+        self.paths.setdefault(id(t), path)
+        return f"tensor {path} {self.tensor(t)}"
+
+    def tensor(self, t: torch.Tensor) -> str:
+        # fake tensors: a training step's backward is compiled ahead on fakes of its inputs
+        if type(t) not in (torch.Tensor, torch.nn.Parameter, FakeTensor) or t.layout != torch.strided:
+            raise NotKept(f"a {type(t).__name__} with layout {t.layout}")
+        try:
+            storage = (str(t.device), t.untyped_storage()._cdata)
+        except (RuntimeError, NotImplementedError) as e:
+            raise NotKept(f"a tensor without storage ({e})") from None
+        group = self.storages.setdefault(storage, len(self.storages))
+        return (f"{tuple(t.shape)} {t.stride()} {t.storage_offset()} {t.dtype} {t.device} {t.requires_grad} "
+                f"{type(t).__name__} {t.is_conj()} {t.is_neg()} storage{group}")
+
+
+# =============================================================================
+# Storing an entry
+# =============================================================================
+
+
+def store(key: GraphKey, parts, out_spec) -> None:
+    """Write the entry of a graph just compiled (`parts`: its driver.Assembly), where every
+    object its wrapper names has a recipe; say why not in the `cache` log otherwise."""
+    try:
+        with timing.phase("weld.graph_cache.store"):
+            profiled, profiled_constants = parts.render_profiled()
+            if any(name not in parts.constants for name in profiled_constants):
+                raise NotKept("the profiled wrapper names constants the wrapper does not")
+            entry = {
+                "format": FORMAT,
+                "template": parts.template,
+                "profiled": profiled,
+                "boxed": parts.boxed,
+                "stream_index": parts.stream_index,
+                "jit": parts.jit,
+                "fast": {name: _fast_part(p, parts.triton_functions[name]) for name, p in parts.fast_parts.items()},
+                "cpp": {"source": parts.sources["cpp"], "kernels": parts.cpp_kernels} if parts.cpp_kernels else None,
+                "triton_modules": parts.triton_modules,
+                "triton_functions": parts.triton_functions,
+                "constants": {name: _recipe(value, parts.origins.get(name), key.tensor_paths)
+                              for name, value in parts.constants.items()},
+                "out_spec": pytree.treespec_dumps(out_spec),
+                "input_names": parts.input_names,
+                "writes": parts.writes,
+                "written_constants": parts.written_constants,
+                "read_inputs": sorted(parts.read_inputs),
+                "externs": parts.externs,
+            }
+            disk_cache.write_sealed("graphs", _entry_name(key.key), key.key, json.dumps(entry).encode())
+        log.debug("graph cache: stored %s", key.key)
+    except NotKept as e:
+        log.debug("graph cache: this graph is not kept: %s", e)
+    except OSError as e:
+        log.warning("torchweld: cannot write a graph cache entry (%s); the graph is compiled each time", e)
+
+
+def _fast_part(part, function: str) -> dict:
+    job = part.job
+    return {"grid": part.grid, "args": list(part.args), "ints": list(part.ints), "function": function,
+            "arg_dtypes": [str(d).removeprefix("torch.") for d in job.arg_dtypes], "aligned": list(job.aligned),
+            "config": [list(c) for c in job.config], "device": str(job.device), "classes": list(job.ints),
+            "params": list(job.params), "unspecialized": list(job.unspecialized)}
+
+
+def _recipe(value, origin, tensor_paths: dict[int, str]) -> list:
+    """How to make `value`, an object a wrapper names, in another process."""
+    if origin is not None:  # an extern's callable, made from an operator or a function
+        return ["extern", _callable_name(origin)]
+    if isinstance(value, torch.Tensor):
+        path = tensor_paths.get(id(value))
+        if path is not None:
+            return ["attr", path]
+        if value.numel() <= _SMALL and type(value) is torch.Tensor and value.layout == torch.strided:
+            return ["value", str(value.dtype).removeprefix("torch."), str(value.device), list(value.shape),
+                    list(value.stride()), value.detach().cpu().flatten().tolist()]
+        raise NotKept("a tensor constant no attribute of the module holds")
+    if isinstance(value, torch.device):
+        return ["device", str(value)]
+    if isinstance(value, list) and not value:
+        return ["list"]
+    if isinstance(value, (torch.memory_format, torch.layout)):
+        name = str(value).removeprefix("torch.")
+        if getattr(torch, name, None) is value:
+            return ["torch", name]
+    raise NotKept(f"the wrapper names a {type(value).__name__}")
+
+
+# =============================================================================
+# Loading an entry
+# =============================================================================
+
+
+def load(key: GraphKey, gm: torch.fx.GraphModule):
+    """The driver.CompiledGraph of `key`'s entry, bound to `gm`'s tensors; None where there
+    is none, or it cannot be used (a warning says why, and the graph is compiled again)."""
+    data = disk_cache.read_sealed("graphs", _entry_name(key.key), key.key)
+    if data is None:
+        return None
+    try:
+        with timing.phase("weld.graph_cache.load"):
+            compiled = _assemble(json.loads(data), gm)
+        log.debug("graph cache: loaded %s", key.key)
+        return compiled
+    except Exception as e:  # noqa: BLE001 - an entry this torchweld cannot use is compiled again
+        log.warning("torchweld: the graph cache entry %s cannot be used (%s: %s); compiling the graph again",
+                    _entry_name(key.key), type(e).__name__, e)
+        return None
+
+
+def _assemble(entry: dict, gm: torch.fx.GraphModule):
+    from torchweld.compiler.driver import Assembly, assemble
+
+    if entry.get("format") != FORMAT:
+        raise ValueError(f"its format is {entry.get('format')!r}, not {FORMAT!r}")
+    constants = {name: _make(recipe, gm) for name, recipe in entry["constants"].items()}
+    kernel_objects, sources, paths = {}, {}, {}
+    if entry["cpp"] is not None:
+        from torchweld.runtime.cpp_loader import load_kernels
+
+        cpp = entry["cpp"]
+        n_args = {name: tuple(counts) for name, counts in cpp["kernels"].items()}
+        fns, paths["cpp"] = load_kernels(cpp["source"], list(n_args), n_args)
+        sources["cpp"] = cpp["source"]
+        kernel_objects |= {f"_k_{name}": fn for name, fn in fns.items()}
+    fast: dict[str, str] = {}
+    if entry["triton_modules"]:
+        fast = _triton_kernels(entry, kernel_objects, sources, paths)
+    profiled = entry["profiled"]
+    parts = Assembly(
+        entry["template"], lambda: (profiled, constants), entry["jit"], fast, constants, kernel_objects,
+        entry["stream_index"], entry["boxed"], sources, paths, entry["input_names"], entry["writes"],
+        entry["written_constants"], frozenset(entry["read_inputs"]), entry["externs"])
+    return assemble(parts, pytree.treespec_loads(entry["out_spec"]))
+
+
+def _triton_kernels(entry: dict, kernel_objects: dict, sources: dict, paths: dict) -> dict[str, str]:
+    """Load the entry's Triton modules into `kernel_objects` (the JIT functions), and build the
+    launchers of its fast lines (from Triton's cache, which compiled them before); the fast
+    lines, or none where they cannot be had (the JIT lines run then)."""
+    from torchweld.compiler.codegen.triton_launches import fast_launch
+    from torchweld.runtime import triton_launch
+    from torchweld.runtime.triton_loader import GeneratedKernel
+
+    loaded = {fn: GeneratedKernel(src, fn) for fn, src in entry["triton_modules"].items()}
+    for k in loaded.values():
+        k.written.result()
+    sources["triton"] = "\n".join(k.src for k in loaded.values())
+    paths["triton"] = [k.path for k in loaded.values()]
+    for kernel, fn in entry["triton_functions"].items():
+        kernel_objects[f"_k_{kernel}"] = loaded[fn]
+    parts = entry["fast"]
+    if not parts:
+        return {}
+    jobs = [triton_launch.CompileJob(
+        loaded[p["function"]].src, loaded[p["function"]], tuple(getattr(torch, d) for d in p["arg_dtypes"]),
+        tuple(p["aligned"]), tuple(tuple(c) for c in p["config"]), torch.device(p["device"]), tuple(p["classes"]),
+        tuple(p["params"]), tuple(p["unspecialized"])) for p in parts.values()]
+    with timing.phase("weld.triton_compile"):
+        handles = triton_launch.compile_kernels(jobs)
+    return {name: fast_launch(name, p["grid"], p["args"], tuple(p["ints"]), handle, kernel_objects)
+            for (name, p), handle in zip(parts.items(), handles)}
+
+
+def _make(recipe: list, gm: torch.fx.GraphModule):
+    kind, *rest = recipe
+    if kind == "attr":
+        value = gm
+        for part in rest[0].split("."):
+            value = getattr(value, part)
+        return value
+    if kind == "value":
+        dtype, device, shape, stride, values = rest
+        flat = torch.tensor(values, dtype=getattr(torch, dtype), device=device)
+        return torch.empty_strided(shape, stride, dtype=flat.dtype, device=device).copy_(flat.reshape(shape))
+    if kind == "device":
+        return torch.device(rest[0])
+    if kind == "list":
+        return []
+    if kind == "torch":
+        return getattr(torch, rest[0])
+    if kind == "extern":
+        from torchweld.compiler.codegen.bindings import fast_callable
+
+        return fast_callable(_resolve(rest[0]))
+    raise ValueError(f"an unknown recipe {kind!r}")
+
+
+def _resolve(name: str):
+    """The operator or function `_callable_name` named."""
+    if name.startswith("op:"):
+        namespace, op, overload = name[len("op:"):].split(".")
+        return getattr(getattr(getattr(torch.ops, namespace), op), overload)
+    parts = name.split(".")
+    for split in range(len(parts) - 1, 0, -1):  # the longest importable prefix is the module
+        try:
+            value = importlib.import_module(".".join(parts[:split]))
+        except ImportError:
+            continue
+        for part in parts[split:]:  # the qualname: a function, or Class.method
+            value = getattr(value, part)
+        return value
+    raise ImportError(f"no module of {name}")
