@@ -23,7 +23,8 @@ What is measured, per row and compiler:
   torchweld, Triton and Inductor caches start empty. Without --cold the caches are the
   user's, as found, and the figure is `first_s`. `warm_s` (with --warm): the same in a
   second fresh process, with the caches the first filled. `phases` / `warm_phases`
-  (torchweld): `torchweld.compile_times()` after those first calls, seconds per phase.
+  (torchweld): `torchweld.compile_times()` after those first calls, seconds per phase;
+  `warm_max_diff`: the warm process's first output against eager's.
 - `ms`: steady state, the median over --repeat rounds of a round's time per call (each round
   a run of back-to-back calls, synchronized at both ends). On CUDA each compiler is timed in
   its fresh process (nothing another compiler left behind weighs on it); on the CPU, where
@@ -251,6 +252,7 @@ def run_row(job: dict, compilers: list[str], args) -> dict:
 
     figures: dict[str, dict] = {}
     outputs: dict[str, torch.Tensor] = {}
+    warm_outputs: dict[str, torch.Tensor] = {}
     with tempfile.TemporaryDirectory(prefix="torchweld-harness-") as tmp:
         caches = {c: runner.empty_caches(tmp, c) for c in compilers} if args.cold else None
         timed_here = args.timing == "fresh"
@@ -267,6 +269,8 @@ def run_row(job: dict, compilers: list[str], args) -> dict:
                     got["warm_s"] = again.get("first_s", math.nan)
                     if "phases" in again:
                         got["warm_phases"] = again["phases"]
+                    if "error" not in again:  # what the caches gave back is compared with eager too
+                        warm_outputs[compiler] = torch.load(worker["out"] + ".warm")
             figures[compiler] = got
             print(f"  {compiler:10s} {_summary(got)}", flush=True)
         if not timed_here:
@@ -275,6 +279,9 @@ def run_row(job: dict, compilers: list[str], args) -> dict:
                 figures[compiler].update(timed)
     label = runner.take_shared(figures, "label")
     add_ratios(figures, outputs)
+    for compiler, out in warm_outputs.items():
+        if "eager" in outputs and out.shape == outputs["eager"].shape:
+            figures[compiler]["warm_max_diff"] = (out - outputs["eager"]).abs().max().item()
     return {"label": label, "compilers": figures}
 
 
