@@ -14,7 +14,7 @@ a hash of what it is made from (`content_hash`), and checked against that name w
   it); another text (a corrupt or swapped file) is written again.
 - A library carries a seal: 8 bytes of `SEAL` and the SHA-256 of its bytes and of its
   name's key, appended after the ELF image (the dynamic loader reads only what the ELF
-  headers point at). The seal is checked before `dlopen`, which must never see a
+  headers point at). Data entries (`write_sealed`: a compiled graph) carry the same seal. The seal is checked before `dlopen`, which must never see a
   truncated file (that raises SIGBUS inside the loader, not an error); a library with no
   seal, a wrong one (truncated, altered, another entry's file) or one that will not load
   is deleted and built again.

@@ -409,10 +409,26 @@ def _make(recipe: list, gm: torch.fx.GraphModule):
     raise ValueError(f"an unknown recipe {kind!r}")
 
 
+def _register_own_operators() -> None:
+    """Import torchweld.runtime's modules: importing one registers the operators it defines
+    (torch.ops.torchweld.embedding_dense_backward), which a new process has not met yet."""
+    import pkgutil
+
+    from torchweld import runtime
+
+    for module in pkgutil.iter_modules(runtime.__path__):
+        try:
+            importlib.import_module(f"torchweld.runtime.{module.name}")
+        except ImportError:  # one that needs Triton, here without it: it defines no operator
+            pass
+
+
 def _resolve(name: str):
     """The operator or function `_callable_name` named."""
     if name.startswith("op:"):
         namespace, op, overload = name[len("op:"):].split(".")
+        if namespace == "torchweld" and not hasattr(torch.ops.torchweld, op):
+            _register_own_operators()
         return getattr(getattr(getattr(torch.ops, namespace), op), overload)
     parts = name.split(".")
     for split in range(len(parts) - 1, 0, -1):  # the longest importable prefix is the module

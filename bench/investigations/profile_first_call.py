@@ -1,0 +1,79 @@
+"""Where a compiled model's first call goes, under cProfile: capture, the backend, the guards.
+Run twice with one cache directory to see a warm start (the second process finds the caches
+the first filled):
+
+    python bench/investigations/profile_first_call.py --model bert --device cuda --backend eager
+    python bench/investigations/profile_first_call.py --model gpt2 --device cuda --runs 2 --top 40
+
+Each run is a fresh process (bench/runner.py); it prints torchweld.compile_times() and the
+functions with the most time of their own and the most cumulative time.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def one_run(args) -> None:
+    import cProfile
+    import pstats
+    import time
+
+    sys.path.insert(0, str(ROOT))
+    import torch
+
+    import torchweld
+    from bench.models import BENCHMARKS
+    from bench.runner import sync
+
+    case = BENCHMARKS[args.model].make(args.device, args.quick)
+    model = case.model.eval()
+    compiled = torchweld.compile(model, backend=args.backend)
+    sync(args.device)
+    profile = cProfile.Profile()
+    start = time.perf_counter()
+    with torch.no_grad():
+        profile.enable()
+        compiled(*case.inputs)
+        sync(args.device)
+        profile.disable()
+    print(f"first call: {time.perf_counter() - start:.3f} s")
+    print(torchweld.compile_times(repr="str"))
+    stats = pstats.Stats(profile)
+    stats.sort_stats("tottime").print_stats(args.top)
+    stats.sort_stats("cumulative").print_stats(args.top)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="bert")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--backend", default="weld")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--runs", type=int, default=1, help="fresh processes in a row, sharing one cache directory")
+    parser.add_argument("--top", type=int, default=30)
+    parser.add_argument("--in-process", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.in_process:
+        one_run(args)
+        return 0
+    with tempfile.TemporaryDirectory(prefix="torchweld-first-call-") as tmp:
+        env = dict(os.environ, TORCHWELD_CACHE_DIR=os.path.join(tmp, "torchweld"),
+                   TRITON_CACHE_DIR=os.path.join(tmp, "triton"))
+        for run in range(args.runs):
+            print(f"=== run {run + 1} of {args.runs} ({'cold' if run == 0 else 'warm'})", flush=True)
+            command = [sys.executable, __file__, "--in-process", "--model", args.model, "--device", args.device,
+                       "--backend", args.backend, "--top", str(args.top)] + (["--quick"] if args.quick else [])
+            if subprocess.run(command, env=env).returncode:
+                return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
