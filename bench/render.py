@@ -330,15 +330,17 @@ def readme_table(directory: Path | None = None) -> str:
         if found:
             chosen.append((title, max(found, key=lambda r: r["date"])))
     gpus = sorted({short_gpu(r.get("gpu")) for _, r in chosen}) or ["CUDA"]
-    lines = [f"| {' / '.join(gpus)}, float32 | weld | torch.compile | cold, weld / tc | commit |", "|---|---|---|---|---|"]
+    lines = [f"| {' / '.join(gpus)}, float32 | weld | torch.compile | cold, weld / tc | warm s, weld / tc | commit |",
+             "|---|---|---|---|---|---|"]
     for title, r in chosen:
         f = r["figures"]["compilers"]
         weld, tc = f.get("torchweld", {}), f.get("torch", {})
         cells = [fmt(weld.get("speedup"), ".2f", "x"), fmt(tc.get("speedup"), ".2f", "x")]
         if cells[0] == cells[1] != "-":  # level at two digits: the times say which is ahead
             cells = [f"{cell} ({fmt(c.get('ms'), '.3f')} ms)" for cell, c in zip(cells, (weld, tc))]
+        warm = f"{fmt(weld.get('warm_s'), '.2f')} / {fmt(tc.get('warm_s'), '.2f')}" if "warm_s" in weld else "-"
         lines.append(f"| {title} | {cells[0]} | {cells[1]} | "
-                     f"{fmt(weld.get('cold_vs_torch'), '.3f')} | {short_commit(r)} |")
+                     f"{fmt(weld.get('cold_vs_torch'), '.3f')} | {warm} | {short_commit(r)} |")
     return "\n".join(lines)
 
 
