@@ -73,7 +73,7 @@ def test_latest_record_per_row_readme_table_and_diff(tmp_path):
     assert "old table" not in text
     assert "| H100, float32 | weld | torch.compile | cold, weld / tc | warm s, weld / tc | commit |" in text
     assert "| resnet50 b32 inference | 3.00x | 2.00x | 0.100 | - | bbbbbbb |" in text
-    assert "| reduce-overhead: BERT inference | 6.00x | 2.00x | 0.100 | bbbbbbb |" in text
+    assert "| reduce-overhead: BERT inference | 6.00x | 2.00x | 0.100 | - | bbbbbbb |" in text
 
     diff = render.render_diff("aaaa", "bbbb", tmp_path)
     assert "| resnet50 b32 |" in diff and "4.000 -> 2.000 (-50.0%)" in diff and "BERT" not in diff
