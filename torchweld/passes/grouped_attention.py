@@ -26,12 +26,19 @@ import torch
 import torch.nn.functional as F
 from torch.fx import GraphModule, Node
 
-from torchweld.runtime import decode_attention
 
 SDPAS = (F.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention)
 REPEAT_INTERLEAVES = ("repeat_interleave", torch.repeat_interleave, torch.Tensor.repeat_interleave)
 RESHAPES = ("reshape", "view", torch.reshape)
 EXPANDS = ("expand",)
+
+
+def _decode_attention():
+    """runtime/decode_attention.py, imported where a graph may use it: defining its operator
+    reads its source (torch.library), 50 ms of every process's first compile."""
+    from torchweld.runtime import decode_attention
+
+    return decode_attention
 
 
 def group_query_heads(gm: GraphModule, split_kernel: bool = False) -> GraphModule:
@@ -61,7 +68,8 @@ def group_query_heads(gm: GraphModule, split_kernel: bool = False) -> GraphModul
             if scale is not None:
                 kwargs["scale"] = scale
             examples = {key: _example(a) if isinstance(a, Node) else a for key, a in kwargs.items()}
-            if split_kernel and not isinstance(scale, Node) and decode_attention.supported(_example(grouped_q), _example(k)):
+            if split_kernel and not isinstance(scale, Node) and _decode_attention().supported(_example(grouped_q),
+                                                                                             _example(k)):
                 args = (grouped_q, k, v, kwargs.get("attn_mask"), float(scale if scale is not None else d ** -0.5))
                 out = graph.call_function(torch.ops.torchweld.decode_attention.default, args)
             else:
