@@ -107,3 +107,14 @@ def test_freeze_and_max_autotune_are_not_kept(monkeypatch):
     assert graph_cache.graph_key(gm, [torch.ones(1, 2)], {}, False, None, False) is not None
     for options in ({"freeze": True}, {"max_autotune": True}):
         assert graph_cache.graph_key(gm, [torch.ones(1, 2)], options, False, None, False) is None
+
+
+def test_a_wrapped_operator_has_a_recipe():
+    """A CUDA training step's backward calls convolution_backward through lowering's wrapper
+    for its None results: the backward was not kept (compiled again at every warm start)."""
+    from torchweld.compiler.lowering import _NonTensorsAsEmpty
+
+    wrapped = _NonTensorsAsEmpty(torch.ops.aten.convolution_backward.default)
+    recipe = graph_cache._callable_recipe(wrapped)
+    assert json.loads(json.dumps(recipe)) == recipe
+    assert graph_cache._callable_from(recipe) == wrapped

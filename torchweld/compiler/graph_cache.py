@@ -79,7 +79,13 @@ def graph_key(gm: torch.fx.GraphModule, example_inputs: list, options: dict, tra
             parts = [FORMAT, _versions(), _process_state(), _literal(dict(sorted(options.items()))), repr(traced),
                      _literal(output_strides), repr(frees_inputs), describer.graph(gm),
                      describer.module_state(gm), describer.inputs(example_inputs)]
-            return GraphKey(disk_cache.content_hash(*parts), describer.paths)
+            key = disk_cache.content_hash(*parts)
+        if log.isEnabledFor(logging.DEBUG):  # which part differs, where two runs expected one entry
+            names = ("format", "versions", "process state", "options", "traced", "output strides", "frees inputs",
+                     "graph", "module state", "inputs")
+            log.debug("graph cache: key %s of %s", key,
+                      ", ".join(f"{n} {disk_cache.content_hash(p)[:8]}" for n, p in zip(names, parts)))
+        return GraphKey(key, describer.paths)
     except NotKept as e:
         log.debug("graph cache: this graph is not kept: %s", e)
         return None
@@ -286,10 +292,25 @@ def _fast_part(part, function: str) -> dict:
             "params": list(job.params), "unspecialized": list(job.unspecialized)}
 
 
+def _callable_recipe(fn):
+    """An operator's or function's name, or for a callable dataclass of torchweld's (an op
+    wrapped: lowering's _NonTensorsAsEmpty) its class's name and each field's recipe."""
+    if dataclasses.is_dataclass(fn) and not isinstance(fn, type):
+        return {"class": _callable_name(type(fn)),
+                "fields": {f.name: _callable_recipe(getattr(fn, f.name)) for f in dataclasses.fields(fn)}}
+    return _callable_name(fn)
+
+
+def _callable_from(recipe):
+    if isinstance(recipe, dict):
+        return _resolve(recipe["class"])(**{name: _callable_from(r) for name, r in recipe["fields"].items()})
+    return _resolve(recipe)
+
+
 def _recipe(value, origin, tensor_paths: dict[int, str]) -> list:
     """How to make `value`, an object a wrapper names, in another process."""
     if origin is not None:  # an extern's callable, made from an operator or a function
-        return ["extern", _callable_name(origin)]
+        return ["extern", _callable_recipe(origin)]
     if isinstance(value, torch.Tensor):
         path = tensor_paths.get(id(value))
         if path is not None:
@@ -405,7 +426,7 @@ def _make(recipe: list, gm: torch.fx.GraphModule):
     if kind == "extern":
         from torchweld.compiler.codegen.bindings import fast_callable
 
-        return fast_callable(_resolve(rest[0]))
+        return fast_callable(_callable_from(rest[0]))
     raise ValueError(f"an unknown recipe {kind!r}")
 
 
