@@ -29,7 +29,7 @@ def model(args) -> nn.Module:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--case", choices=("mlp", "train", "triton", "frame_constant"), default="mlp")
+    parser.add_argument("--case", choices=("mlp", "train", "triton", "frame_constant", "step"), default="mlp")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--eps", type=float, default=1e-5)
     parser.add_argument("--batch", type=int, default=4)
@@ -39,7 +39,28 @@ def main() -> None:
     dtype = getattr(torch, args.dtype)
     eager, compiled_model = model(args), model(args)
     diffs = []
-    if args.case == "train":
+    if args.case == "step":  # a whole step compiled: batch norm's buffers and SGD's momentum written in place
+        def with_norm():
+            torch.manual_seed(args.seed)
+            return nn.Sequential(nn.Linear(16, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 8))
+
+        eager, compiled_model = with_norm(), with_norm()
+        optimizers = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in (eager, compiled_model)]
+
+        def step(model, opt, x):
+            opt.zero_grad()
+            loss = model(x).pow(2).mean()
+            loss.backward()
+            opt.step()
+            return loss
+
+        compiled_step = torchweld.compile(step)
+        for i in range(3):
+            x = torch.randn(args.batch, 16, dtype=dtype) * (i + 1)
+            diffs.append((compiled_step(compiled_model, optimizers[1], x) - step(eager, optimizers[0], x)).abs().item())
+            diffs += [(a - b).abs().max().item() for a, b in zip(compiled_model.state_dict().values(),
+                                                                 eager.state_dict().values())]
+    elif args.case == "train":
         step = torchweld.compile(compiled_model)
         for i in range(3):
             x = torch.randn(args.batch, 16, dtype=dtype) * (i + 1)

@@ -26,13 +26,14 @@ def run(cache: str, *args: str) -> tuple[dict, str]:
     return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
 
 
-@pytest.mark.parametrize("case", ["mlp", "train", "triton"])
+@pytest.mark.parametrize("case", ["mlp", "train", "triton", "step"])
 def test_a_second_process_loads_the_graph_and_computes_what_eager_does(tmp_path, case):
     cache = str(tmp_path)
     first, _ = run(cache, "--case", case)
     assert not first["loaded"] and first["lowered"] and first["max_diff"] < 1e-5, first
     entries = glob.glob(os.path.join(cache, "graphs", "*.json"))
-    assert len(entries) == (2 if case == "train" else 1), entries  # training: the forward and the backward
+    # training: the forward and the backward; a whole step: those, and the optimizer's update
+    assert len(entries) == {"train": 2, "step": 3}.get(case, 1), entries
     # other weights: read by the loaded graph when it runs, not baked into it
     second, _ = run(cache, "--case", case, "--seed", "1")
     assert second["loaded"] and not second["lowered"] and second["max_diff"] < 1e-5, second
