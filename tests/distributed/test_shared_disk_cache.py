@@ -1,5 +1,5 @@
-"""Ranks launched together compile the same kernels at the same moment into one disk cache
-(torchweld/disk_cache.py writes each entry atomically): no rank sees a damaged entry and
+"""Ranks launched together compile the same kernels and graphs at the same moment into one disk
+cache (torchweld/disk_cache.py writes each entry atomically): no rank sees a damaged entry and
 none is left half-written. (Both ranks build each kernel; neither waits for the other.)"""
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ def compile_into(rank: int, cache_dir: str) -> dict:
     handler = logging.Handler()
     handler.emit = records.append
     logging.getLogger("torchweld").addHandler(handler)
-    with warnings.catch_warnings(record=True) as caught, torchweld.config.patch(cache_dir=cache_dir):
+    with warnings.catch_warnings(record=True) as caught, torchweld.config.patch(cache_dir=cache_dir,
+                                                                                  graph_cache=True):
         warnings.simplefilter("always")
         outcome = _train(rank, Run(backend="weld", steps=1))
         torch.distributed.barrier()
@@ -36,4 +37,5 @@ def test_two_ranks_compile_into_one_disk_cache(tmp_path):
         assert not [m for m in outcome["messages"] if "damaged" in m or "built again" in m], outcome["messages"]
     files = [os.path.join(d, f) for d, _, names in os.walk(cache) for f in names]
     assert any(f.endswith(".so") for f in files), files
+    assert any(f.endswith(".json") for f in files), files  # the compiled graphs (graph_cache.py)
     assert not [f for f in files if f.endswith(".tmp")], files  # disk_cache's temporary files
