@@ -79,6 +79,7 @@ def test_the_key_refuses_what_its_name_does_not_fix():
     assert graph_cache._callable_name(torch.ops.aten.mm.default) == "op:aten.mm.default"
     assert graph_cache._resolve(graph_cache._callable_name(torch.nn.functional.relu)) is torch.nn.functional.relu
     assert graph_cache._resolve(graph_cache._callable_name(torch.ops.aten.add.Tensor)) is torch.ops.aten.add.Tensor
+    assert graph_cache._resolve(graph_cache._callable_name(torch.Tensor.add)) == torch.Tensor.add  # a C method
     with pytest.raises(graph_cache.NotKept):
         graph_cache._callable_name(lambda x: x)
 

@@ -170,9 +170,12 @@ def _callable_name(fn) -> str:
     if isinstance(fn, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
         return f"op:{fn}"
     module = getattr(fn, "__module__", None)
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
     if module is None and isinstance(getattr(fn, "__self__", None), types.ModuleType):
         module = fn.__self__.__name__
-    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
+    owner = getattr(fn, "__objclass__", None)  # a C method: torch.Tensor.add
+    if module is None and owner is not None:
+        module, name = owner.__module__, f"{owner.__qualname__}.{fn.__name__}"
     if not module or not name or module.split(".")[0] not in _STABLE_MODULES or "<" in name:
         raise NotKept(f"the graph calls {fn!r}, whose meaning its name does not fix")
     return f"{module}.{name}"
