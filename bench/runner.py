@@ -52,9 +52,26 @@ def empty_caches(root: str, name: str) -> dict[str, str]:
             "TORCHINDUCTOR_CACHE_DIR": os.path.join(folder, "inductor")}
 
 
+_compiled_sources: list[bool] = []
+
+
+def compile_package_sources() -> None:
+    """torchweld's modules compiled to bytecode (`__pycache__`) once, before any worker runs, as
+    `pip install` does for an installed package (torch's are): a checkout run with
+    PYTHONDONTWRITEBYTECODE=1, or copied afresh to a GPU host, compiled each module it imported
+    in every worker, 0.2-0.3 s of each cold and warm first call on the H100 host."""
+    if not _compiled_sources:
+        import compileall
+
+        compileall.compile_dir(str(ROOT / "torchweld"), quiet=1)
+        _compiled_sources.append(True)
+
+
 def worker_env(caches: dict[str, str] | None) -> dict[str, str]:
     """This process's environment for a worker: with `caches` as its cache directories (None:
-    the user's), without TORCHWELD_BENCH_RECORDS (the parent writes the records)."""
+    the user's), without TORCHWELD_BENCH_RECORDS (the parent writes the records). torchweld's
+    modules are compiled to bytecode first (compile_package_sources)."""
+    compile_package_sources()
     env = dict(os.environ)
     env.pop("TORCHWELD_BENCH_RECORDS", None)
     env.update(caches or {})
@@ -91,27 +108,11 @@ def killed_after(proc: subprocess.Popen, timeout: float | None):
         watchdog.cancel()
 
 
-_compiled_sources: list[bool] = []
-
-
-def compile_package_sources() -> None:
-    """torchweld's modules compiled to bytecode (`__pycache__`) once, before any worker runs, as
-    `pip install` does for an installed package (torch's are): a checkout run with
-    PYTHONDONTWRITEBYTECODE=1, or copied afresh to a GPU host, compiled each module it imported
-    in every worker, 0.2-0.3 s of each cold and warm first call on the H100 host."""
-    if not _compiled_sources:
-        import compileall
-
-        compileall.compile_dir(str(ROOT / "torchweld"), quiet=1)
-        _compiled_sources.append(True)
-
-
 def in_fresh_process(script: str, job: dict, caches: dict[str, str] | None, timeout: float | None = None) -> dict:
     """`script --worker JOB` in a process of its own, with `caches` as its cache directories
     (None: the user's); the lines it prints besides its RESULT are printed here as they come,
     indented. Its figures, or {"error": ...} where it failed or, given `timeout` (the script's
     --worker-timeout), ran longer."""
-    compile_package_sources()
     result = None
     with tempfile.TemporaryFile("w+") as err:
         proc = subprocess.Popen(worker_command(script, job), stdout=subprocess.PIPE, stderr=err, text=True,

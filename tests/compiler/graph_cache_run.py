@@ -1,5 +1,6 @@
 """One process of tests/compiler/test_graph_cache.py: compile a small model with weld, call it
-three times (inputs changed between calls) against eager, and print as JSON the largest
+three times (inputs changed between calls; `--case state`: then a weight changed in place,
+then a LayerNorm's eps) against eager, and print as JSON the largest
 difference, whether the graph cache loaded or stored an entry, and the compile phases.
 
     python tests/compiler/graph_cache_run.py --case mlp --seed 0 --eps 1e-5 --batch 4 --dtype float32
@@ -29,7 +30,7 @@ def model(args) -> nn.Module:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--case", choices=("mlp", "train", "triton", "frame_constant", "step"), default="mlp")
+    parser.add_argument("--case", choices=("mlp", "state", "train", "triton", "frame_constant", "step"), default="mlp")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--eps", type=float, default=1e-5)
     parser.add_argument("--batch", type=int, default=4)
@@ -83,7 +84,13 @@ def main() -> None:
         compiled = torchweld.compile(compiled_model.eval(), options=options)
         eager.eval()
         with torch.no_grad():
-            for i in range(3):
+            for i in range(5 if args.case == "state" else 3):
+                if i == 3:  # the program's state changed under a (perhaps loaded) graph: a weight in place
+                    for m in (eager, compiled_model):
+                        m[0].weight.mul_(-2.0)
+                if i == 4:  # and a module setting, which its guards and the entry's key hold
+                    for m in (eager, compiled_model):
+                        m[1].eps = 0.5
                 x = torch.randn(args.batch, 16, dtype=dtype) * (i + 1)
                 diffs.append((compiled(x) - eager(x)).abs().max().item())
     phases = torchweld.compile_times()

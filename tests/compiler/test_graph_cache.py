@@ -48,7 +48,20 @@ def test_what_the_code_depends_on_is_another_entry(tmp_path, changed):
     assert len(glob.glob(os.path.join(cache, "graphs", "*.json"))) == 2
 
 
+def test_state_changed_under_a_loaded_graph(tmp_path):
+    """A loaded graph reads a weight changed in place after it ran, and a changed LayerNorm eps
+    fails its guard and compiles (or loads) the graph of the new setting, as eager computes."""
+    cache = str(tmp_path)
+    first, _ = run(cache, "--case", "state")
+    assert not first["loaded"] and first["max_diff"] < 1e-5, first
+    assert len(glob.glob(os.path.join(cache, "graphs", "*.json"))) == 2  # eps as it was, and 0.5
+    second, _ = run(cache, "--case", "state", "--seed", "1")
+    assert second["loaded"] and not second["lowered"] and second["max_diff"] < 1e-5, second
+
+
 def test_a_tensor_made_in_the_frame_with_other_values_is_another_entry(tmp_path):
+    """Its values are literals of the graph's nodes (in the key); the trace's constant made
+    from them is kept by value in the entry, and a third process loads it."""
     cache = str(tmp_path)
     first, _ = run(cache, "--case", "frame_constant", "--scale", "2.0")
     second, _ = run(cache, "--case", "frame_constant", "--scale", "-7.0")

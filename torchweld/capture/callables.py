@@ -165,7 +165,7 @@ def _check_graphable(name: str) -> None:
         raise Unsupported(reason)
 
 
-def _check_local(fn: object, name: str) -> None:
+def _check_not_collective(fn: object, name: str) -> None:
     """Raise Unsupported for a torch.distributed function that is not a query (`all_reduce`,
     `broadcast`, `barrier`, the functional collectives): it communicates with other processes,
     and runs in Python between graphs, in the order and on the ranks eager runs it. (In a graph,
@@ -226,7 +226,7 @@ class TorchCallableValue(Value):
             return ConstantValue(None)
         name = getattr(self.fn, "__name__", "")
         _check_graphable(name)
-        _check_local(self.fn, name)
+        _check_not_collective(self.fn, name)
         if _is_runtime_query(name) and all(v.is_constant() for v in [*args, *kwargs.values()]):
             # torch.cuda.is_available(), torch.get_default_dtype(): asked of the process, not of data
             a, k = _constant_args(args, kwargs)

@@ -16,8 +16,9 @@ settings, the tuning constants), the versions of Python, torch and Triton, and t
 torchweld itself. A graph holding anything whose meaning its name does not fix (a user's
 function in the graph, a module class not torch's, a tensor subclass) is not kept. Values of
 parameters and buffers are not part of the key: the wrapper reads them when it runs, and a
-loaded entry binds them by their place in the module (`attr` recipes); a small tensor no
-attribute holds (a constant the trace made) is kept by value.
+loaded entry binds them by their place in the module (`attr` recipes). A small tensor no
+attribute holds is one the graph's own code made from literals in its nodes (a lifted
+`torch.tensor([...])`): kept by value, its value follows from the key.
 
 The entry (JSON, sealed by disk_cache: a truncated or altered one is deleted with a warning
 and the graph compiled again) holds the wrapper's source with launch tokens
@@ -48,8 +49,9 @@ from torchweld.tuning import tuning
 
 log = logging.getLogger("torchweld.cache")
 
+_SMALL = 64  # elements: a tensor constant the graph's code made is kept by value up to this size
+
 FORMAT = "torchweld-graph-1"
-_SMALL = 64  # elements: a tensor constant no attribute holds is kept by value up to this size
 # modules whose callables mean the same thing in any process with the same versions
 _STABLE_MODULES = ("torch", "torchweld", "operator", "math", "builtins", "_operator")
 
@@ -318,10 +320,12 @@ def _recipe(value, origin, tensor_paths: dict[int, str]) -> list:
         path = tensor_paths.get(id(value))
         if path is not None:
             return ["attr", path]
+        # Any other real tensor the trace saw was made by the graph's own code from what the key
+        # holds (`torch.tensor([2.0, 1.0])`'s literal, lifted): its value follows from the key.
         if value.numel() <= _SMALL and type(value) is torch.Tensor and value.layout == torch.strided:
             return ["value", str(value.dtype).removeprefix("torch."), str(value.device), list(value.shape),
                     list(value.stride()), value.detach().cpu().flatten().tolist()]
-        raise NotKept("a tensor constant no attribute of the module holds")
+        raise NotKept("a large tensor constant no attribute of the module holds")
     if isinstance(value, torch.device):
         return ["device", str(value)]
     if isinstance(value, list) and not value:

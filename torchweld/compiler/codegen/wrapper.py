@@ -60,7 +60,11 @@ _TOKEN = re.compile(r"@(jit|fast):(\w+)@")
 def fill_launches(template: str, jit: dict[str, str], fast: dict[str, str]) -> str:
     """`template` with each token replaced by its kernel's line (a fast token by the jit line
     of a kernel with no fast one)."""
-    return _TOKEN.sub(lambda m: fast.get(m[2]) or jit[m[2]] if m[1] == "fast" else jit[m[2]], template)
+    def line(m: re.Match) -> str:
+        kind, kernel = m[1], m[2]
+        return (fast.get(kernel) or jit[kernel]) if kind == "fast" else jit[kernel]
+
+    return _TOKEN.sub(line, template)
 
 
 class WrapperRenderer:
