@@ -29,6 +29,10 @@ the CPU), whose torchweld, Triton and Inductor caches start empty. Measured, per
   on a rank, for every compiler); `max_diff`: their largest difference from eager's.
 - with --scaling, `one_rank`: the same figures on one rank, and `scaling`: samples/s on --nproc
   ranks over samples/s on one.
+- with --profile-dir DIR, `profile_ranks`: each rank's --profile-steps more steps under
+  torch.profiler, its Chrome trace in DIR (compare two compilers' with torchweld.tools.trace_diff)
+  and its GPU time per step: computing, communicating (NCCL kernels), and communicating with no
+  computation beside it (`exposed_comm_ms`, what overlap did not hide).
 A rank that fails, or a run past --timeout, ends that compiler's run (its ranks killed), not the
 row: {"error", "traceback"} in its place. On the GPU machine, one row a command fits its 10
 minutes: `--only fsdp_llama --scaling --timeout 300 --records-dir $OUT`.
@@ -218,7 +222,76 @@ def run_rank(job: dict) -> dict:
               "steps": steps, "steps_per_s": steps / seconds, "losses": losses}
     if cuda:
         result["peak_mib"] = torch.cuda.max_memory_allocated() / 2 ** 20
+    if job.get("profile_dir"):
+        result["profile"] = profile_steps(step, job, rank, cuda)
     return result
+
+
+def profile_steps(step, job: dict, rank: int, cuda: bool) -> dict:
+    """`job["profile_steps"]` more steps under torch.profiler, after the timed ones: the Chrome
+    trace to <profile_dir>/<row>-<compiler>-rank<r>.json.gz (for torchweld.tools.trace_diff), and
+    the GPU time per step those steps spent computing, communicating (NCCL kernels), and
+    communicating while no computation ran ("exposed": what overlap did not hide)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    steps = max(1, job.get("profile_steps", 2))
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            step()
+        if cuda:
+            torch.cuda.synchronize()
+    path = os.path.join(job["profile_dir"], f"{job['row']}-{job['compiler']}-rank{rank}.json.gz")
+    prof.export_chrome_trace(path)
+    return {"trace": path, **gpu_time_split(path, steps)}
+
+
+def gpu_time_split(trace_path: str, steps: int) -> dict:
+    """ms per step of a Chrome trace's GPU kernels: `compute_ms` (the union of non-NCCL kernels'
+    intervals), `comm_ms` (of NCCL kernels'), `exposed_comm_ms` (NCCL time with no computation
+    beside it), `span_ms` (first kernel start to last kernel end), `kernels` (a count)."""
+    import gzip
+
+    with gzip.open(trace_path, "rt") as f:
+        events = json.load(f)["traceEvents"]
+    kernels = [e for e in events if e.get("cat") == "kernel" and "dur" in e]
+    if not kernels:
+        return {}
+    comm = [(e["ts"], e["ts"] + e["dur"]) for e in kernels if "nccl" in e["name"].lower()]
+    compute = [(e["ts"], e["ts"] + e["dur"]) for e in kernels if "nccl" not in e["name"].lower()]
+    comm_union, compute_union = _union(comm), _union(compute)
+    start, end = min(e["ts"] for e in kernels), max(e["ts"] + e["dur"] for e in kernels)
+    per = 1000.0 * steps  # trace times are microseconds
+    return {"compute_ms": _length(compute_union) / per, "comm_ms": _length(comm_union) / per,
+            "exposed_comm_ms": (_length(comm_union) - _overlap(comm_union, compute_union)) / per,
+            "span_ms": (end - start) / per, "kernels": len(kernels) / steps}
+
+
+def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    merged: list[list[float]] = []
+    for a, b in sorted(intervals):
+        if merged and a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    return [(a, b) for a, b in merged]
+
+
+def _length(intervals) -> float:
+    return sum(b - a for a, b in intervals)
+
+
+def _overlap(xs, ys) -> float:
+    """The length of the intersection of two sorted, disjoint interval lists."""
+    total, i, j = 0.0, 0, 0
+    while i < len(xs) and j < len(ys):
+        a, b = max(xs[i][0], ys[j][0]), min(xs[i][1], ys[j][1])
+        total += max(0.0, b - a)
+        if xs[i][1] < ys[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
 
 
 def rank_main(job: dict) -> None:
@@ -298,6 +371,8 @@ def launch(job: dict, world: int, caches: dict, timeout: float, logs: str) -> di
     figures["samples_per_s"] = figures["steps_per_s"] * first["batch"] * world
     if "peak_mib" in first:
         figures["peak_mib"] = first["peak_mib"]
+    if "profile" in first:
+        figures["profile_ranks"] = [r["profile"] for r in results]
     return figures
 
 
@@ -307,7 +382,8 @@ def run_row(name: str, args) -> tuple[dict, str | None, str | None]:
     with tempfile.TemporaryDirectory(prefix="torchweld-distributed-") as tmp:
         for compiler in args.compilers:
             job = {"row": name, "compiler": compiler, "device": args.device, "quick": args.quick,
-                   "warmup": args.warmup, "steps": args.steps, "min_time": args.min_time}
+                   "warmup": args.warmup, "steps": args.steps, "min_time": args.min_time,
+                   "profile_dir": args.profile_dir, "profile_steps": args.profile_steps}
             worlds = [args.nproc] + ([1] if args.scaling and args.nproc > 1 else [])
             for world in worlds:
                 logs = os.path.join(tmp, f"{compiler}-{world}")
@@ -372,10 +448,17 @@ def parse_args(argv=None):
     parser.add_argument("--steps", type=int, default=0, help="timed steps (default: as many as fill --min-time)")
     parser.add_argument("--min-time", type=float, default=10.0, help="seconds of timed steps, without --steps")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds for one compiler's ranks, all steps")
+    parser.add_argument("--profile-dir", default=None,
+                        help="after the timed steps, profile --profile-steps more on every rank: Chrome traces "
+                             "here, and each rank's GPU time split into compute and (exposed) communication")
+    parser.add_argument("--profile-steps", type=int, default=2)
     runner.add_record_and_worker_options(parser, "--rank-job")
     args = parser.parse_args(argv)
     args.only = runner.comma_separated(args.only)
     args.compilers = runner.comma_separated(args.compilers)
+    if args.profile_dir:
+        args.profile_dir = os.path.abspath(args.profile_dir)
+        os.makedirs(args.profile_dir, exist_ok=True)
     for bad, known in ((set(args.only) - set(ROWS), ROWS), (set(args.compilers) - set(COMPILERS), COMPILERS)):
         if bad:
             parser.error(f"unknown {sorted(bad)}; known: {', '.join(known)}")
