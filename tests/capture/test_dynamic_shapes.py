@@ -681,9 +681,9 @@ def test_an_attribute_tensor_changing_size_and_state_between_calls(backend):
         x = torch.randn(9)
         assert_same(compiled(x, mine), _reads_and_writes_an_attribute(x, theirs))
         assert_same(mine.t, theirs.t)
-    # the first size, one symbolic version, and one a new float: torchweld reads an attribute's float
-    # as a constant (torch.compile makes it a graph input once it changed: 3 versions in all)
-    assert len(compiled.cache_entries) == 5
+    # the first size, one symbolic version, and one where the float became a graph input (the
+    # in-place mul_ takes it as a 0-d tensor): 3 versions, as torch.compile's
+    assert len(compiled.cache_entries) == 3
 
 
 # -- float arguments: graph inputs once they changed, as torch.compile's unspecialized floats
@@ -739,6 +739,96 @@ def test_a_float_with_integer_or_half_tensors_stays_a_constant():
         for x in (torch.arange(4), torch.randn(4, dtype=torch.bfloat16), torch.randn(4)):
             got, want = compiled(x, s), _times(x, s)
             assert got.dtype == want.dtype and torch.equal(got, want)
+
+
+# a float that changes, taken by torch operations as a 0-d tensor (number_operands.py); the
+# second element of each pair: whether torch.compile (dynamo's unspecialized floats) and
+# torchweld make it an input (2 graphs over 5 values) or keep it a constant (5 graphs)
+_FLOAT_OPERANDS = {
+    "divided by": (lambda x, s: x / s, True),
+    "torch.div": (lambda x, s: torch.div(x, s), True),
+    "div_ in place": (lambda x, s: x.clone().div_(s), True),
+    "mul method": (lambda x, s: x.mul(s), True),
+    "sub_ in place": (lambda x, s: x.clone().sub_(s), True),
+    "torch.add": (lambda x, s: torch.add(x, s), True),
+    "clamp max": (lambda x, s: torch.clamp(x, max=s), True),
+    "clamp both": (lambda x, s: x.clamp(min=s, max=s), True),
+    "clamp_min": (lambda x, s: torch.clamp_min(x, s), True),
+    "where": (lambda x, s: torch.where(x > 0, x, s), True),
+    "where, number first": (lambda x, s: torch.where(x > 0, s, x), True),
+    "masked_fill": (lambda x, s: x.masked_fill(x > 0, s), True),
+    "number divided": (lambda x, s: s / x, False),  # eager computes reciprocal(x) * s
+    "floor division": (lambda x, s: torch.div(x, s, rounding_mode="floor"), False),
+    "add with alpha": (lambda x, s: torch.add(x, s, alpha=2), False),
+    "clamp with a constant bound": (lambda x, s: torch.clamp(x, 0.0, s), False),
+}
+
+
+@pytest.mark.parametrize("name", list(_FLOAT_OPERANDS))
+def test_floats_taken_by_torch_operations_are_inputs_bit_for_bit(name):
+    fn, as_input = _FLOAT_OPERANDS[name]
+    values = (0.5, 0.7, -1.3, 2.1, 0.0)
+    for dtype in (torch.float32, torch.float64):
+        ours = CountingBackend()
+        compiled = torchweld.compile(fn, backend=ours)
+        for s in values:
+            x = torch.randn(6, dtype=dtype)
+            got, want = compiled(x, s), fn(x, s)
+            assert got.dtype == want.dtype and torch.equal(got, want), (name, dtype, s)
+        assert len(ours.graphs) == (2 if as_input else len(values)), (name, dtype)
+
+
+@pytest.mark.parametrize("name", ["divided by", "clamp max", "where", "masked_fill"])
+def test_floats_taken_by_torch_operations_match_torch_compiles_graph_count(name):
+    fn, _ = _FLOAT_OPERANDS[name]
+    counts = []
+    for compile_ in (torchweld.compile, torch.compile):
+        torch._dynamo.reset()
+        backend = CountingBackend()
+        compiled = compile_(fn, backend=backend)
+        for s in (0.5, 0.7, 1.3, 2.1):
+            compiled(torch.randn(6), s)
+        counts.append(len(backend.graphs))
+    torch._dynamo.reset()
+    assert counts[0] == counts[1] == 2
+
+
+def test_a_float_operand_on_weld_follows_each_value():
+    """weld's kernels read the 0-d tensor: a division, a clamp and a masked fill, called with
+    floats that change, in place and not, against eager."""
+    def fn(x, temperature, limit):
+        y = (x / temperature).clamp(max=limit)
+        y.mul_(temperature)
+        return y.masked_fill(y < 0, limit)
+
+    compiled = torchweld.compile(fn, backend="weld")
+    for t, lim in ((0.7, 1.0), (0.9, 1.5), (1.3, 0.25), (1e-3, 4.0), (0.9, 1.5)):
+        x = torch.randn(32)
+        assert torch.equal(compiled(x, t, lim), fn(x, t, lim))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("backend", ["eager", "weld"])
+def test_a_float_divisor_on_cuda_is_eagers_product_with_its_reciprocal(backend):
+    def fn(x, s):
+        return x / s + torch.div(x, s) * x.div(s)
+
+    compiled = torchweld.compile(fn, backend=backend)
+    for s in (3.0, 0.1, 7.3e-5, -2.5, 3.0, 1e30):
+        for dtype in (torch.float32, torch.float64):
+            x = torch.randn(1000, device="cuda", dtype=dtype)
+            assert torch.equal(compiled(x, s), fn(x, s)), (s, dtype)
+
+
+def test_the_cuda_division_holds_the_reciprocal_eager_multiplies_by():
+    """On CUDA eager divides a float32 tensor by a Python float as a product with the float's
+    reciprocal, computed in float32; the holder computes that reciprocal the same way."""
+    from torchweld.capture.number_operands import _reciprocal_in
+
+    for s in (3.0, 0.1, 7.3e-5, -2.5, 0.0):
+        for dtype in (torch.float32, torch.float64):
+            want = torch.ones((), dtype=dtype) / torch.tensor(s, dtype=dtype)
+            assert torch.equal(torch.tensor(_reciprocal_in(dtype)(s), dtype=dtype), want)
 
 
 def test_a_float_input_is_its_own_per_thread_and_keeps_the_sign_of_zero():

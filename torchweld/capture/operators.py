@@ -41,8 +41,7 @@ def binary(tx: "Translator", fn: Callable, a: Value, b: Value) -> Value:
     if isinstance(a, TensorValue) or isinstance(b, TensorValue):
         if not isinstance(a, TensorValue):  # `n += t` of a number: Python computes `n + t`, a new tensor
             fn = _INPLACE_TO_PLAIN.get(fn, fn)
-        a, b = _number_as_input(tx, fn, a, b), _number_as_input(tx, fn, b, a)
-        return tx.output.call_function(fn, [a, b], {})
+        return tx.output.call_function(fn, [a, b], {})  # a float read as an input: number_operands.py
     if _symbolic_number(a, b):  # `x.shape[0] // 2`: a graph value; its example a SymInt
         plain = _INPLACE_TO_PLAIN.get(fn, fn)
         if plain in _DIVIDING and isinstance(b, SymNumberValue):
@@ -61,24 +60,6 @@ def binary(tx: "Translator", fn: Callable, a: Value, b: Value) -> Value:
     if isinstance(a, DictValue) and isinstance(b, DictValue) and plain is operator.or_:
         return DictValue({**a.entries, **b.entries})
     raise Unsupported(f"operator {plain.__name__} on {a} and {b} is not supported in capture")
-
-
-# a tensor's operators whose Python float operand a 0-d tensor of the tensor's dtype replaces
-# exactly: aten rounds the float to that dtype and computes in it (not division: a CPU scalar
-# divisor is multiplied by its reciprocal on CUDA, a device tensor's is not)
-_NUMBER_AS_TENSOR = frozenset({operator.add, operator.sub, operator.mul, operator.iadd, operator.isub, operator.imul})
-
-
-def _number_as_input(tx: "Translator", fn: Callable, number: Value, tensor: Value) -> Value:
-    """`number`, or where it is a float read as a graph input (GuardedOnUseNumber) that a float32
-    or float64 tensor's + - * takes, the 0-d tensor holding it at each call (number_inputs.py):
-    a new value is then no new version."""
-    if not isinstance(number, GuardedOnUseNumber) or not isinstance(tensor, TensorValue) or fn not in _NUMBER_AS_TENSOR:
-        return number
-    example = tensor.example()
-    if example.dtype not in (torch.float32, torch.float64) or example.device.type not in ("cpu", "cuda"):
-        return number
-    return tx.output.input_number(number.source, number.value, example.device, example.dtype)
 
 
 def _sequence_binary(tx, fn, plain, a: Value, b: Value) -> Value:

@@ -32,6 +32,7 @@ from torchweld.capture.symbolic_sizes import (
     symbolic_fake,
 )
 from torchweld.capture.number_inputs import NumberTensor
+from torchweld.capture.number_operands import take_numbers
 from torchweld.capture.sources import ModuleEntrySource, NumberTensorSource, Source
 from torchweld.capture.values import (
     ConstantValue, SymNumberValue, TensorValue, TupleValue, Value, const, is_constant_literal,
@@ -196,9 +197,12 @@ class OutputGraph:
 
     # -- operations --------------------------------------------------------------
     def call_function(self, target: Callable, args: list[Value], kwargs: dict[str, Value]) -> Value:
+        target, args, kwargs = take_numbers(self, target, args, kwargs)
         return self._record("call_function", target, target, args, kwargs)
 
     def call_method(self, name: str, args: list[Value], kwargs: dict[str, Value]) -> Value:
+        name, args, kwargs = take_numbers(self, name, args, kwargs)
+
         def run(self_arg, *rest, **kw):
             return getattr(self_arg, name)(*rest, **kw)
 
