@@ -11,6 +11,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from torchweld.errors import TorchweldError
+from torchweld.runtime.unflatten import unflattener
 
 log = logging.getLogger("torchweld.weld")
 
@@ -52,6 +53,7 @@ class TrainingGraph:
         self.saved_clones = [kind == "primal" and i in mutated for kind, i in self.saved]
         diff = set(self.diff_outputs)
         self.non_diff_outputs = [i for i in range(self.num_outputs) if i not in diff]
+        self.outputs = unflattener(self.out_spec)  # the flat outputs -> what the graph returns
 
 
 class CompiledGraphFunction(torch.autograd.Function):
@@ -156,4 +158,4 @@ def run(graph: TrainingGraph, primals: list[torch.Tensor]):
         grad = (torch.is_grad_enabled() or graph.enables_grad) and i not in graph.non_diff_outputs
         with torch.set_grad_enabled(grad):
             outputs[i] = primals[j].as_strided(size, stride, primals[j].storage_offset() + offset)
-    return pytree.tree_unflatten(outputs, graph.out_spec)
+    return graph.outputs(outputs)

@@ -24,6 +24,7 @@ from torchweld.compiler.schedule import Kernel, Schedule, schedule
 from torchweld.disk_cache import content_hash, write_source
 from torchweld.runtime.autocast_off import autocast_off, run_without_autocast
 from torchweld.runtime.triton_launch import ensure_context_function
+from torchweld.runtime.unflatten import unflattener
 
 log = logging.getLogger("torchweld.weld")
 output_code_log = logging.getLogger("torchweld.output_code")
@@ -59,6 +60,9 @@ class CompiledGraph:
     externs: list[str] = dataclasses.field(default_factory=list)
     _fn_profiled: Callable | None = dataclasses.field(default=None, repr=False)
 
+    def __post_init__(self) -> None:
+        self._outputs = unflattener(self.out_spec)  # the flat results -> what the graph returns
+
     def __call__(self, *args):
         return run_without_autocast(self._call, args)
 
@@ -66,7 +70,7 @@ class CompiledGraph:
         self.refresh_constants()
         if self.make_profiled is not None and torch.autograd._profiler_enabled():
             return self._profiled(list(args))
-        return pytree.tree_unflatten(list(self.fn(*args)), self.out_spec)
+        return self._outputs(list(self.fn(*args)))
 
     def call_boxed(self, args: list):
         """The outputs for the inputs in `args`, which it empties: with the schedule's
@@ -82,13 +86,13 @@ class CompiledGraph:
             args.clear()
             return outputs
         self.refresh_constants()
-        return pytree.tree_unflatten(list(self.fn_boxed(args)), self.out_spec)
+        return self._outputs(list(self.fn_boxed(args)))
 
     def _profiled(self, args: list):
         if self._fn_profiled is None:
             self._fn_profiled = self.make_profiled()
         with torch.profiler.record_function(f"torchweld {self.name}"):
-            return pytree.tree_unflatten(list(self._fn_profiled(args)), self.out_spec)
+            return self._outputs(list(self._fn_profiled(args)))
 
     def refresh_constants(self) -> None:
         """Recompute the hoisted constants if a parameter they come from changed (before a CUDA graph replay)."""
