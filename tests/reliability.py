@@ -66,6 +66,45 @@ INTERRUPTED_PROGRAM = textwrap.dedent("""
     print("OK")
 """)
 
+# The same for a compiled training step (forward, backward compiled in a thread, Adam): then
+# steps from the weights and optimizer state the interrupted step left, against eager's.
+INTERRUPTED_TRAINING_PROGRAM = textwrap.dedent("""
+    import copy, time
+    import torch, torchweld
+
+    def make():
+        return torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.GELU(), torch.nn.LayerNorm(32),
+                                   torch.nn.Linear(32, 1))
+
+    def step(model, opt, x):
+        opt.zero_grad()
+        loss = model(x).pow(2).mean()
+        loss.backward()
+        opt.step()
+        return loss
+
+    torch.manual_seed(0)
+    model, x = make(), torch.randn(16, 8)
+    opt = torch.optim.Adam(model.parameters())
+    compiled = torchweld.compile(step)
+    print("ready", flush=True)
+    try:
+        compiled(model, opt, x)
+        print("compiled before the interrupt", flush=True)
+        time.sleep(60)
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+    ref = make()
+    ref.load_state_dict(model.state_dict())
+    ref_opt = torch.optim.Adam(ref.parameters())
+    ref_opt.load_state_dict(copy.deepcopy(opt.state_dict()))  # its own state tensors, not opt's
+    for _ in range(3):
+        torch.testing.assert_close(compiled(model, opt, x), step(ref, ref_opt, x))
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q)
+    print("OK")
+""")
+
 
 @dataclasses.dataclass
 class Outcome:
@@ -130,10 +169,11 @@ def run_concurrently(cache: Path, processes: int, timeout: float = 300) -> list[
     return outcomes
 
 
-def run_interrupted(cache: Path, delay: float, timeout: float = 240) -> Outcome:
-    """INTERRUPTED_PROGRAM, sent SIGINT `delay` seconds after it starts its first call."""
+def run_interrupted(cache: Path, delay: float, timeout: float = 240, program: str = INTERRUPTED_PROGRAM) -> Outcome:
+    """`program` (INTERRUPTED_PROGRAM or INTERRUPTED_TRAINING_PROGRAM), sent SIGINT `delay`
+    seconds after it starts its first call."""
     start = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-c", INTERRUPTED_PROGRAM], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-c", program], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=environment(cache))
     try:
         first = proc.stdout.readline()

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import torchweld
-from tests.reliability import environment, run_interrupted
+from tests.reliability import INTERRUPTED_TRAINING_PROGRAM, environment, run_interrupted
 from torchweld.atomic_imports import HeldInterrupt, imports_finish_first
 
 # A module whose body is interrupted (once, or twice) while it is being imported.
@@ -110,3 +110,11 @@ def test_calls_after_an_interrupted_first_compile_work(tmp_path, delay):
     outcome = run_interrupted(tmp_path / "cache", delay)
     assert outcome.ok, outcome.describe()
     assert "interrupted" in outcome.stdout or "compiled before the interrupt" in outcome.stdout
+
+
+@pytest.mark.parametrize("delay", [0.4, 1.0])
+def test_a_training_step_interrupted_while_it_compiles_then_trains_as_eager(tmp_path, delay):
+    """SIGINT during a compiled training step's first call (its joint trace, partition, or the
+    backward compiled in a thread), then steps from the state it left, against eager's."""
+    outcome = run_interrupted(tmp_path / "cache", delay, program=INTERRUPTED_TRAINING_PROGRAM)
+    assert outcome.ok, outcome.describe()
