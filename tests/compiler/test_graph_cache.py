@@ -32,11 +32,32 @@ def test_a_second_process_loads_the_graph_and_computes_what_eager_does(tmp_path,
     first, _ = run(cache, "--case", case)
     assert not first["loaded"] and first["lowered"] and first["max_diff"] < 1e-5, first
     entries = glob.glob(os.path.join(cache, "graphs", "*.json"))
-    # training: the forward and the backward; a whole step: those, and the optimizer's update
-    assert len(entries) == {"train": 2, "step": 3}.get(case, 1), entries
+    # training: the forward, the backward and the training entry naming them (the trace's and
+    # partition's decisions); a whole step: those, and the optimizer's update
+    assert len(entries) == {"train": 3, "step": 4}.get(case, 1), entries
     # other weights: read by the loaded graph when it runs, not baked into it
     second, _ = run(cache, "--case", case, "--seed", "1")
     assert second["loaded"] and not second["lowered"] and second["max_diff"] < 1e-5, second
+    assert not second["traced"], second  # training: no joint trace, no partition
+
+
+def test_a_parameter_frozen_since_is_another_training_entry(tmp_path):
+    """Which tensors require grad decides the joint graph: a frozen weight is another entry."""
+    cache = str(tmp_path)
+    run(cache, "--case", "train")
+    frozen, _ = run(cache, "--case", "train", "--frozen")
+    assert frozen["traced"] and frozen["max_diff"] < 1e-5, frozen
+    again, _ = run(cache, "--case", "train", "--frozen", "--seed", "2")
+    assert not again["traced"] and not again["lowered"] and again["max_diff"] < 1e-5, again
+
+
+def test_a_backward_whose_inputs_are_laid_out_otherwise_is_traced_again(tmp_path):
+    """The forward loads from the training entry; the first backward's inputs, unlike the
+    layouts the entry's backward was compiled for, make the step trace and partition again."""
+    cache = str(tmp_path)
+    run(cache, "--case", "train")
+    other, _ = run(cache, "--case", "train", "--seed", "1", "--other-backward-layouts")
+    assert other["loaded"] and other["traced"] and other["max_diff"] < 1e-5, other
 
 
 @pytest.mark.parametrize("changed", [["--eps", "1e-3"], ["--batch", "5"], ["--dtype", "float64"]])

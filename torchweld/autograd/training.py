@@ -3,17 +3,22 @@ compile forward and backward with weld's inference pipeline, and return a
 callable that runs them through one autograd.Function."""
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
+from typing import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
 from torchweld import gc_pause, timing
+from torchweld.autograd import training_cache
+from torchweld.autograd.training_cache import training_key
 from torchweld.autograd.functionalize import FunctionalizationError
 from torchweld.autograd.joint import JointGraph, ModuleState, StateReader, module_state, trace_joint
 from torchweld.autograd.partition import Partition, partition
 from torchweld.autograd.runtime import TrainingGraph, run
+from torchweld.compiler import graph_cache
 from torchweld.compiler.graph_modules import graph_module
 from torchweld.runtime.autocast_off import run_without_autocast
 from torchweld.runtime.input_overlap import WrittenOverlap
@@ -27,10 +32,11 @@ class TrainingUnsupported(Exception):
 
 
 class CompiledTrainingGraph:
-    """The callable weld returns for a graph that needs autograd."""
+    """The callable weld returns for a graph that needs autograd. `joint` and `partition` are
+    None for a graph loaded from the graph cache (training_cache.py), which skipped them."""
 
     def __init__(self, gm: torch.fx.GraphModule, state: list[ModuleState], tensor_positions: list[int],
-                 joint: JointGraph, part: Partition, graph: TrainingGraph, exact=None):
+                 joint: JointGraph | None, part: Partition | None, graph: TrainingGraph, exact=None):
         self.gm, self.state, self.tensor_positions = gm, state, tensor_positions
         self.joint, self.partition, self.graph = joint, part, graph
         self.state_reader = StateReader(gm, state)
@@ -38,8 +44,8 @@ class CompiledTrainingGraph:
         # call where one of them shares memory with an input (runtime/input_overlap.py)
         self.exact = exact
         self.overlap = None
-        if joint.mutated_primals and exact is not None:
-            self.overlap = WrittenOverlap(joint.mutated_primals,
+        if graph.mutated_primals and exact is not None:
+            self.overlap = WrittenOverlap(graph.mutated_primals,
                                           range(len(state), len(state) + len(tensor_positions)))
 
     def __call__(self, *args):
@@ -60,20 +66,53 @@ def compile_training(gm: torch.fx.GraphModule, example_inputs: list, options: di
     tensor_positions = [i for i, x in enumerate(example_inputs) if isinstance(x, torch.Tensor)]
     primals = [s.read(gm) for s in state] + [example_inputs[i] for i in tensor_positions]
     exact = gm.forward
+    key = training_key(gm, example_inputs, options, strategy)  # None: not kept in the graph cache
     if len(tensor_positions) != len(example_inputs):
         # Non-tensor inputs are baked into the graph: capture guards their values.
         gm = _bind_constants(gm, example_inputs)
-    try:
-        with timing.phase("weld.joint_graph"):
-            joint = trace_joint(gm, state, primals)
-    except FunctionalizationError as e:
-        raise TrainingUnsupported(str(e)) from e
-    with timing.phase("weld.partition"):
-        part = partition(joint, strategy)
-    log.debug("training partition (%s): saves %d tensors, %d bytes of intermediates",
-              strategy, len(part.saved), part.saved_bytes)
+
+    as_now = _grad_and_autocast_as_now()
+
+    def trace_and_partition() -> tuple[JointGraph, Partition]:
+        """Also at a loaded step's first backward, where the engine runs without grad mode:
+        under the grad mode and autocast settings of the compile, which the trace reads."""
+        try:
+            with timing.phase("weld.joint_graph"), as_now():
+                joint = trace_joint(gm, state, primals)
+        except FunctionalizationError as e:
+            raise TrainingUnsupported(str(e)) from e
+        with timing.phase("weld.partition"):
+            part = partition(joint, strategy)
+        log.debug("training partition (%s): saves %d tensors, %d bytes of intermediates",
+                  strategy, len(part.saved), part.saved_bytes)
+        return joint, part
+
     # gradients in their primal's layout: autograd would copy any other layout into it
-    grad_strides = [tuple(primals[i].stride()) for i in joint.grad_primals]
+    def grad_strides(grad_primals: list[int]) -> list[tuple]:
+        return [tuple(primals[i].stride()) for i in grad_primals]
+
+    def backward_in_cuda_graph(backward, saved: list[tuple[str, int]]):
+        # Saved activations lie in the forward recording's memory, and module state in the
+        # module: both read in place. Saved user inputs and the tangents are copied in. The
+        # gradients stay valid while the user holds them (in .grad, until zero_grad).
+        in_place = [i for i, (kind, j) in enumerate(saved) if kind == "forward" or j < len(state)]
+        return cudagraphs(backward, "backward", static_input_indices=in_place, outputs="track")
+
+    def forward_in_cuda_graph(forward, num_outputs: int):
+        # Module state stays put between steps: read in place. The saved activations (and
+        # new buffer values) a forward replay lends stay valid until its backward has run.
+        return cudagraphs(forward, "forward", static_input_indices=range(len(state)), outputs="track",
+                          lent_from=num_outputs)
+
+    entry = training_cache.load(key) if key is not None else None
+    forward = graph_cache.load_unbound(entry["forward"]) if entry is not None else None
+    if forward is not None:
+        graph = _cached_training_graph(entry, forward, primals, options, trace_and_partition, grad_strides,
+                                       forward_in_cuda_graph if cudagraphs else None,
+                                       backward_in_cuda_graph if cudagraphs else None)
+        return CompiledTrainingGraph(gm, state, tensor_positions, None, None, graph, exact)
+
+    joint, part = trace_and_partition()
     # The backward compiles in a thread, for the layouts the joint trace gives its inputs, from
     # when the forward's kernels are with the Triton compilers: its Python work overlaps their
     # compiles (not the forward's lowering, under one GIL), and its kernels queue behind them.
@@ -87,30 +126,26 @@ def compile_training(gm: torch.fx.GraphModule, example_inputs: list, options: di
     def start_backward() -> None:
         if not started:
             started.append(_compile_ahead(
-                lambda: compile_aten(part.backward, assumed, options, "backward", grad_strides), assumed, options))
+                lambda: compile_aten(part.backward, assumed, options, "backward", grad_strides(joint.grad_primals)),
+                assumed, options))
 
     forward = compile_aten(part.forward, primals, options, "forward", handed_over=start_backward)
     start_backward()  # where the forward handed over no Triton kernels
     ahead = started[0]
+    forward_key = getattr(forward, "cache_key", None)
     if cudagraphs is not None:
-        # Module state stays put between steps: read in place. The saved activations (and
-        # new buffer values) a forward replay lends stay valid until its backward has run.
-        forward = cudagraphs(forward, "forward", static_input_indices=range(len(state)), outputs="track",
-                             lent_from=joint.num_outputs)
+        forward = forward_in_cuda_graph(forward, joint.num_outputs)
 
     def compile_backward(example):
         # waited for on the first backward, not at capture
         with timing.phase("weld.backward_graph"), gc_pause.paused():
             backward = _result_if_layouts_match(ahead, assumed, example)
             if backward is None:
-                backward = compile_aten(part.backward, example, options, "backward", grad_strides)
-        if cudagraphs is None:
-            return backward
-        # Saved activations lie in the forward recording's memory, and module state in the
-        # module: both read in place. Saved user inputs and the tangents are copied in. The
-        # gradients stay valid while the user holds them (in .grad, until zero_grad).
-        in_place = [i for i, (kind, j) in enumerate(part.saved) if kind == "forward" or j < len(state)]
-        return cudagraphs(backward, "backward", static_input_indices=in_place, outputs="track")
+                backward = compile_aten(part.backward, example, options, "backward", grad_strides(joint.grad_primals))
+        backward_key = getattr(backward, "cache_key", None)
+        if key is not None and forward_key is not None and backward_key is not None:
+            training_cache.store(key, forward_key, backward_key, training_cache.layouts(example), graph)
+        return backward if cudagraphs is None else backward_in_cuda_graph(backward, part.saved)
 
     write_back = WriteBack([primals[i].dtype for i in joint.mutated_primals])
     graph = TrainingGraph(forward, compile_backward, joint.num_outputs, joint.out_spec, joint.diff_outputs,
@@ -119,6 +154,50 @@ def compile_training(gm: torch.fx.GraphModule, example_inputs: list, options: di
                           written_primal_views=joint.written_primal_views, primal_outputs=joint.primal_outputs,
                           primal_views=joint.primal_views, enables_grad=not torch.is_grad_enabled())
     return CompiledTrainingGraph(gm, state, tensor_positions, joint, part, graph, exact)
+
+
+def _grad_and_autocast_as_now() -> Callable[[], contextlib.AbstractContextManager]:
+    """A context manager factory that sets grad mode and autocast as they are now."""
+    grad = torch.is_grad_enabled()
+    devices = ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",)
+    autocast = [(d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in devices]
+
+    @contextlib.contextmanager
+    def as_then():
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(torch.set_grad_enabled(grad))
+            for device, enabled, dtype in autocast:
+                stack.enter_context(torch.autocast(device, dtype, enabled=enabled))
+            yield
+
+    return as_then
+
+
+def _cached_training_graph(entry: dict, forward, primals: list, options: dict, trace_and_partition,
+                           grad_strides, forward_in_cuda_graph, backward_in_cuda_graph) -> TrainingGraph:
+    """The TrainingGraph of a training entry (training_cache.py) whose forward is loaded: its
+    backward loaded at the first backward, where its inputs have the layouts the entry's was
+    compiled for; else traced and partitioned again, and compiled for them."""
+    if forward_in_cuda_graph is not None:
+        forward = forward_in_cuda_graph(forward, entry["num_outputs"])
+
+    def compile_backward(example):
+        with timing.phase("weld.backward_graph"), gc_pause.paused():
+            backward = None
+            if training_cache.layouts(example) == entry["backward_layouts"]:
+                backward = graph_cache.load_unbound(entry["backward"])
+            if backward is None:
+                _, part = trace_and_partition()
+                backward = compile_aten(part.backward, example, options, "backward", grad_strides(entry["grad_primals"]))
+        return backward if backward_in_cuda_graph is None else backward_in_cuda_graph(backward, entry["saved"])
+
+    write_back = WriteBack([primals[i].dtype for i in entry["mutated_primals"]])
+    return TrainingGraph(forward, compile_backward, entry["num_outputs"], entry["out_spec"], entry["diff_outputs"],
+                         entry["mutated_primals"], entry["grad_primals"], entry["saved"], write_back,
+                         forward_lends=forward_in_cuda_graph is not None,
+                         input_view_outputs=entry["input_view_outputs"],
+                         written_primal_views=entry["written_primal_views"], primal_outputs=entry["primal_outputs"],
+                         primal_views=entry["primal_views"], enables_grad=entry["enables_grad"])
 
 
 def compile_aten(gm: torch.fx.GraphModule, example_inputs: list, options: dict, what: str,

@@ -58,6 +58,10 @@ class CompiledGraph:
     written_constants: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
     read_inputs: frozenset[int] = frozenset()
     externs: list[str] = dataclasses.field(default_factory=list)
+    # the graph cache entry this graph was stored as or loaded from, where the entry binds no
+    # module attribute (an aten graph of a training step): loadable by key alone
+    # (graph_cache.load_unbound), what a training entry names (autograd/training_cache.py)
+    cache_key: str | None = None
     _fn_profiled: Callable | None = dataclasses.field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -154,8 +158,8 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list, options: dict 
         sched = schedule(lowered, frees_inputs)
     compiled, parts = _codegen(sched, aten.out_spec, options, handed_over)
     compiled.hoisted = hoisted
-    if key is not None and hoisted is None:
-        graph_cache.store(key, parts, aten.out_spec)
+    if key is not None and hoisted is None and graph_cache.store(key, parts, aten.out_spec):
+        compiled.cache_key = key.key
     return compiled
 
 

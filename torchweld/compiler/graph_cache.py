@@ -6,6 +6,7 @@ loads its generated code instead of tracing, lowering, scheduling and rendering 
     compiled = load(key, gm)                             # None on a miss
     ... compile ...
     store(key, assembly, out_spec)                       # the Assembly codegen made
+    load_unbound(compiled.cache_key)                     # an entry that binds no module attribute
 
 An entry is named by a hash of everything its code was made from: the graph's nodes (their
 ops, targets and arguments), the leaf modules it calls (their class, settings and mode), the
@@ -26,7 +27,9 @@ and the graph compiled again) holds the wrapper's source with launch tokens
 and each kernel's compile job, and a recipe for each object the wrapper names. Loading builds
 the kernels' launchers anew (Triton's own cache has their binaries) and fills the tokens.
 Not kept (compiled each time, as before): graphs compiled with `freeze` (constants computed
-at compile time) or `max_autotune` (choices timed on this machine).
+at compile time) or `max_autotune` (choices timed on this machine). A training step's two
+graphs take the module's tensors as inputs (no `attr` recipe): a training entry names them
+by key (autograd/training_cache.py) and loads them without the graphs' text.
 """
 from __future__ import annotations
 
@@ -253,9 +256,10 @@ class _Describer:
 # =============================================================================
 
 
-def store(key: GraphKey, parts, out_spec) -> None:
+def store(key: GraphKey, parts, out_spec) -> bool:
     """Write the entry of a graph just compiled (`parts`: its driver.Assembly), where every
-    object its wrapper names has a recipe; say why not in the `cache` log otherwise."""
+    object its wrapper names has a recipe; say why not in the `cache` log otherwise. True
+    where it was written and binds no module attribute (load_unbound can load it)."""
     try:
         with timing.phase("weld.graph_cache.store"):
             profiled, profiled_constants = parts.render_profiled()
@@ -283,10 +287,16 @@ def store(key: GraphKey, parts, out_spec) -> None:
             }
             disk_cache.write_sealed("graphs", _entry_name(key.key), key.key, json.dumps(entry).encode())
         log.debug("graph cache: stored %s", key.key)
+        return not _binds_attributes(entry)
     except NotKept as e:
         log.debug("graph cache: this graph is not kept: %s", e)
     except OSError as e:
         log.warning("torchweld: cannot write a graph cache entry (%s); the graph is compiled each time", e)
+    return False
+
+
+def _binds_attributes(entry: dict) -> bool:
+    return any(recipe[0] == "attr" for recipe in entry["constants"].values())
 
 
 def _fast_part(part, function: str) -> dict:
@@ -342,7 +352,7 @@ def _recipe(value, origin, tensor_paths: dict[int, str]) -> list:
 # =============================================================================
 
 
-def load(key: GraphKey, gm: torch.fx.GraphModule):
+def load(key: GraphKey, gm: torch.fx.GraphModule | None):
     """The driver.CompiledGraph of `key`'s entry, bound to `gm`'s tensors; None where there
     is none, or it cannot be used (a warning says why, and the graph is compiled again)."""
     data = disk_cache.read_sealed("graphs", _entry_name(key.key), key.key)
@@ -350,7 +360,9 @@ def load(key: GraphKey, gm: torch.fx.GraphModule):
         return None
     try:
         with timing.phase("weld.graph_cache.load"):
-            compiled = _assemble(json.loads(data), gm)
+            entry = json.loads(data)
+            compiled = _assemble(entry, gm)
+        compiled.cache_key = None if _binds_attributes(entry) else key.key
         log.debug("graph cache: loaded %s", key.key)
         return compiled
     except Exception as e:  # noqa: BLE001 - an entry this torchweld cannot use is compiled again
@@ -359,7 +371,13 @@ def load(key: GraphKey, gm: torch.fx.GraphModule):
         return None
 
 
-def _assemble(entry: dict, gm: torch.fx.GraphModule):
+def load_unbound(key: str):
+    """The driver.CompiledGraph of the entry `key` names (a CompiledGraph's cache_key), which
+    binds no module attribute; None where there is none or it cannot be used (a warning then)."""
+    return load(GraphKey(key, {}), None)
+
+
+def _assemble(entry: dict, gm: torch.fx.GraphModule | None):
     from torchweld.compiler.driver import Assembly, assemble
 
     if entry.get("format") != FORMAT:
@@ -413,9 +431,11 @@ def _triton_kernels(entry: dict, kernel_objects: dict, sources: dict, paths: dic
             for (name, p), handle in zip(parts.items(), handles)}
 
 
-def _make(recipe: list, gm: torch.fx.GraphModule):
+def _make(recipe: list, gm: torch.fx.GraphModule | None):
     kind, *rest = recipe
     if kind == "attr":
+        if gm is None:
+            raise ValueError(f"it binds the module attribute {rest[0]}, and no module was given")
         value = gm
         for part in rest[0].split("."):
             value = getattr(value, part)
