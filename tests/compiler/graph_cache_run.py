@@ -30,7 +30,7 @@ def model(args) -> nn.Module:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--case", choices=("mlp", "state", "train", "triton", "frame_constant", "step"), default="mlp")
+    parser.add_argument("--case", choices=("mlp", "state", "train", "triton", "frame_constant", "step", "dropout"), default="mlp")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--eps", type=float, default=1e-5)
     parser.add_argument("--batch", type=int, default=4)
@@ -81,6 +81,19 @@ def main() -> None:
                 assert (a.grad is None) == (b.grad is None)
                 if a.grad is not None:
                     diffs.append((a.grad - b.grad).abs().max().item())
+    elif args.case == "dropout":  # random draws in a training graph: fresh at each call, loaded or not
+        torch.manual_seed(args.seed)
+        layer = nn.Sequential(nn.Linear(16, 32), nn.Dropout(0.5))
+        compiled = torchweld.compile(layer)
+        masks = []
+        for i in range(3):
+            layer.zero_grad()
+            y = compiled(torch.randn(args.batch, 16, dtype=dtype))
+            y.sum().backward()
+            kept = (y != 0).to(dtype)  # dropout's mask, read off its output
+            masks.append(kept)
+            diffs.append((layer[0].bias.grad - (kept * 2).sum(0)).abs().max().item())
+        diffs.append(float(torch.equal(masks[0], masks[1])))  # the same mask twice: baked, not drawn
     elif args.case == "frame_constant":  # a tensor made in the frame from numbers: its values are in the graph
         def fn(x):
             return compiled_model(x) * torch.tensor([args.scale, 1.0, 0.5, 3.0, 1.0, 1.0, 1.0, 1.0])

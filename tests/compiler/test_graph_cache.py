@@ -41,6 +41,16 @@ def test_a_second_process_loads_the_graph_and_computes_what_eager_does(tmp_path,
     assert not second["traced"], second  # training: no joint trace, no partition
 
 
+def test_dropout_in_a_loaded_training_graph_draws_anew_at_each_call(tmp_path):
+    """A training graph with random draws (and the empty tensors its trace makes) is kept
+    whole; loaded, its masks still change from call to call and its gradients follow them."""
+    cache = str(tmp_path)
+    first, _ = run(cache, "--case", "dropout")
+    second, _ = run(cache, "--case", "dropout", "--seed", "1")
+    assert first["max_diff"] < 1e-5 and second["max_diff"] < 1e-5, (first, second)
+    assert second["loaded"] and not second["traced"], second
+
+
 def test_a_parameter_frozen_since_is_another_training_entry(tmp_path):
     """Which tensors require grad decides the joint graph: a frozen weight is another entry."""
     cache = str(tmp_path)

@@ -276,7 +276,8 @@ def store(key: GraphKey, parts, out_spec) -> bool:
                 "cpp": {"source": parts.sources["cpp"], "kernels": parts.cpp_kernels} if parts.cpp_kernels else None,
                 "triton_modules": parts.triton_modules,
                 "triton_functions": parts.triton_functions,
-                "constants": {name: _recipe(value, parts.origins.get(name), key.tensor_paths)
+                "constants": {name: _recipe(value, parts.origins.get(name), key.tensor_paths,
+                                            written=name in parts.written_constants)
                               for name, value in parts.constants.items()},
                 "out_spec": pytree.treespec_dumps(out_spec),
                 "input_names": parts.input_names,
@@ -322,19 +323,28 @@ def _callable_from(recipe):
     return _resolve(recipe)
 
 
-def _recipe(value, origin, tensor_paths: dict[int, str]) -> list:
+def _by_value(t: torch.Tensor) -> list:
+    return ["value", str(t.dtype).removeprefix("torch."), str(t.device), list(t.shape), list(t.stride()),
+            t.detach().cpu().flatten().tolist()]
+
+
+def _recipe(value, origin, tensor_paths: dict[int, str], written: bool = False) -> list:
     """How to make `value`, an object a wrapper names, in another process."""
     if origin is not None:  # an extern's callable, made from an operator or a function
         return ["extern", _callable_recipe(origin)]
     if isinstance(value, torch.Tensor):
+        plain = type(value) is torch.Tensor and value.layout == torch.strided
+        if plain and value.numel() == 0 and not written:
+            # no elements: its layout (in the key, with any attribute holding it) is all there is
+            # to it (a traced training graph's empty constants: then a graph that binds no attribute)
+            return _by_value(value)
         path = tensor_paths.get(id(value))
         if path is not None:
             return ["attr", path]
         # Any other real tensor the trace saw was made by the graph's own code from what the key
         # holds (`torch.tensor([2.0, 1.0])`'s literal, lifted): its value follows from the key.
-        if value.numel() <= _SMALL and type(value) is torch.Tensor and value.layout == torch.strided:
-            return ["value", str(value.dtype).removeprefix("torch."), str(value.device), list(value.shape),
-                    list(value.stride()), value.detach().cpu().flatten().tolist()]
+        if plain and value.numel() <= _SMALL:
+            return _by_value(value)
         raise NotKept("a large tensor constant no attribute of the module holds")
     if isinstance(value, torch.device):
         return ["device", str(value)]
