@@ -6,14 +6,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-from typing import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Callable
 
 import torch
 
 from torchweld import gc_pause, timing
 from torchweld.autograd import training_cache
-from torchweld.autograd.training_cache import training_key
 from torchweld.autograd.functionalize import FunctionalizationError
 from torchweld.autograd.joint import JointGraph, ModuleState, StateReader, module_state, trace_joint
 from torchweld.autograd.partition import Partition, partition
@@ -66,7 +65,7 @@ def compile_training(gm: torch.fx.GraphModule, example_inputs: list, options: di
     tensor_positions = [i for i, x in enumerate(example_inputs) if isinstance(x, torch.Tensor)]
     primals = [s.read(gm) for s in state] + [example_inputs[i] for i in tensor_positions]
     exact = gm.forward
-    key = training_key(gm, example_inputs, options, strategy)  # None: not kept in the graph cache
+    key = training_cache.training_key(gm, example_inputs, options, strategy)  # None: not kept in the graph cache
     if len(tensor_positions) != len(example_inputs):
         # Non-tensor inputs are baked into the graph: capture guards their values.
         gm = _bind_constants(gm, example_inputs)
