@@ -90,6 +90,11 @@ class SideCall:
     args: tuple
     kwargs: dict
     index: ObjectIndex  # arguments and module state before and after the call
+    # the gradients of a fixed weighting of the outputs that require grad, with respect to
+    # the leaf tensors that require grad (arguments, globals, the program's modules'
+    # parameters), in one order for eager and compiled; None where there was nothing to
+    # differentiate, the error's text where autograd raised (gradients_of)
+    grads: list | str | None = None
 
 
 def load(case: Case) -> types.ModuleType:
@@ -152,7 +157,54 @@ def run_call(module: types.ModuleType, fn, call: Call) -> SideCall:
             except Exception as e:
                 error = e
         _index_inputs(index, args, kwargs, module)  # what the call stored (G_LAST = t) counts too
-    return SideCall(result, error, printed.getvalue(), args, kwargs, index)
+        grads = gradients_of(result, args, kwargs, module) if error is None else None
+    return SideCall(result, error, printed.getvalue(), args, kwargs, index, grads)
+
+
+def gradients_of(result: object, args: tuple, kwargs: dict, module: types.ModuleType) -> list | None:
+    """d(sum of each floating output that requires grad, times fixed weights)/d(each leaf
+    tensor that requires grad), by torch.autograd.grad (no .grad is written, the graph is
+    kept: the program's state is as the call left it). The weights come from a generator of
+    their own (the global one's draws are the program's)."""
+    outputs = [t for t in _tensors(result) if t.requires_grad and t.grad_fn is not None and t.is_floating_point()]
+    leaves = [t for t in _tensors((args, kwargs, list(module_state(module).values())), modules=True)
+              if t.requires_grad and t.is_leaf]
+    if not outputs or not leaves:
+        return None
+    weights = torch.Generator().manual_seed(1234)
+    try:
+        loss = sum((t * torch.rand(t.shape, generator=weights).to(t.device, t.dtype)).sum() for t in outputs)
+        grads = torch.autograd.grad(loss, leaves, allow_unused=True, retain_graph=True)
+    except RuntimeError as e:  # eager's: an input changed in place after autograd saved it
+        return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    return [g if g is None else g.detach() for g in grads]
+
+
+def _tensors(value: object, modules: bool = False, depth: int = 0) -> list[torch.Tensor]:
+    """The distinct tensors in `value` (nested lists, tuples, dicts; with `modules`, the
+    parameters and buffers of nn.Modules), in a deterministic order."""
+    found: list[torch.Tensor] = []
+    seen: set[int] = set()
+
+    def walk(v, depth):
+        if depth > 6:
+            return
+        if isinstance(v, torch.Tensor):
+            if id(v) not in seen:
+                seen.add(id(v))
+                found.append(v)
+        elif isinstance(v, (list, tuple)):
+            for item in v:
+                walk(item, depth + 1)
+        elif isinstance(v, dict):
+            for item in v.values():
+                walk(item, depth + 1)
+        elif modules and isinstance(v, torch.nn.Module):
+            for t in [*v.parameters(), *v.buffers()]:
+                walk(t, depth + 1)
+
+    walk(value, depth)
+    return found
 
 
 def _index_inputs(index: ObjectIndex, args: tuple, kwargs: dict, module: types.ModuleType) -> None:
@@ -188,6 +240,14 @@ def compare_call(i: int, eager: SideCall, compiled: SideCall, eager_module, comp
                 if ours[path] != theirs.get(path):
                     diffs.append(Difference(i, "aliasing", f"{path}: eager {describe_alias(ours[path])}; "
                                                            f"compiled {describe_alias(theirs.get(path))}"))
+    if isinstance(eager.grads, list) and isinstance(compiled.grads, str):
+        diffs.append(Difference(i, "gradient", f"eager's gradients were computed; compiled's raised {compiled.grads}"))
+    elif isinstance(eager.grads, list) and isinstance(compiled.grads, list):
+        # (where eager's raised, a compiled graph may compute them: its functional graph saves
+        # values, not tensors a later in-place change invalidates)
+        gradients = Comparator(exact_floats=exact)
+        gradients.compare(eager.grads, compiled.grads, "grads")
+        diffs += [Difference(i, "gradient", line) for line in gradients.lines]
     after = Comparator(exact_floats=exact)
     after.compare(eager.args, compiled.args, "args")
     after.compare(eager.kwargs, compiled.kwargs, "kwargs")
