@@ -37,6 +37,20 @@ def draws_random(name: str) -> bool:
     return "rand" in name or name.lstrip("_") in _RANDOM_NAMES
 
 
+def writes_first_argument(target: object) -> bool:
+    """A call_method's name or a function that changes its first argument in place: `add_`,
+    `torch.relu_`, `operator.iadd` (`t += u` of a tensor)."""
+    name = target_name(target)
+    if isinstance(target, str):
+        return name.endswith("_") and not name.startswith("__")
+    return name.endswith("_") and not name.startswith("__") or _is_inplace_operator(target)
+
+
+def _is_inplace_operator(target: object) -> bool:
+    name = getattr(target, "__name__", "")
+    return name.startswith("i") and getattr(operator, name, None) is target
+
+
 def is_pure_node(node: torch.fx.Node) -> bool:
     """A call that changes nothing: no in-place change, no output argument, no random draw, no
     grad-mode or autocast switch."""
@@ -48,7 +62,7 @@ def is_pure_node(node: torch.fx.Node) -> bool:
     name = getattr(target, "__name__", "")
     if draws_random(name):
         return False
-    if target in _IMPURE_FUNCTIONS or name.startswith("i") and getattr(operator, name, None) is target:
+    if target in _IMPURE_FUNCTIONS or _is_inplace_operator(target):
         return False
     if isinstance(target, types.FunctionType) and not _pure_python_function(target):
         return False

@@ -654,6 +654,33 @@ def test_an_item_assignment_that_raises_after_an_in_place_change():
         assert len(errors) in (0, 2)
 
 
+@pytest.mark.parametrize("backend", ["eager", "weld"])
+def test_an_in_place_write_eager_refuses_after_a_write_and_a_list_change(backend):
+    """Fuzzer seed 83: `t1 += t1[0]` (partial overlap: eager raises), after an input was
+    changed in place and a list argument given t1. The graph ran the clamp, then raised inside
+    itself, and the list change made before was lost. Fake tensors do not check overlap, so
+    capture checks it and breaks there: the write runs as eager's, after the side effects."""
+    def fn(w, box):
+        t1 = torch.where(w > 0, w, 0.5)
+        box[:] = [t1]
+        w.view(-1).clamp_(min=0)
+        t1 += t1[0]
+        return t1
+
+    compiled = torchweld.compile(fn, backend=backend)
+    for rows in (3, 5, 6):  # from the second, rows is symbolic: decided at its example value
+        w = torch.randn(rows, 4)
+        sides = []
+        for f, t in ((fn, w.clone()), (compiled, w.clone())):
+            box = [t]
+            with pytest.raises(RuntimeError, match="single memory location"):
+                f(t, box)
+            sides.append((t, box[0]))
+        torch.testing.assert_close(sides[0][0], sides[1][0])
+        torch.testing.assert_close(sides[0][1], sides[1][1])
+        assert sides[1][1] is not sides[1][0]  # the list holds t1, as eager's does
+
+
 def test_sets_deques_and_defaultdicts_made_in_the_frame_need_no_break():
     def fn(x):
         s = {1, 2, 3}

@@ -15,8 +15,8 @@ from typing import Callable
 
 import torch
 
-from torchweld.compiler.aliasing import non_overlapping_and_dense
 from torchweld.compiler.op_effects import is_view
+from torchweld.write_refusals import non_overlapping_and_dense
 
 aten = torch.ops.aten
 

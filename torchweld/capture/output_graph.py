@@ -21,7 +21,7 @@ from torch.nn.utils.stateless import _reparametrize_module
 from torch.utils import _pytree as pytree
 
 from torchweld import fake_memo
-from torchweld.node_effects import is_pure_node
+from torchweld.node_effects import is_pure_node, writes_first_argument
 from torchweld.capture import dtype_refusals
 from torchweld.capture.dynamic_dims import DimChoices
 from torchweld.capture.guards import GuardSet, autocast_state
@@ -39,6 +39,7 @@ from torchweld.capture.values import (
 )
 from torchweld.errors import Unsupported
 from torchweld.fake_tensors import fake_copy
+from torchweld.write_refusals import overlap_refusal
 
 
 class OutputGraph:
@@ -287,6 +288,11 @@ class OutputGraph:
                 if refused is not None:
                     raise Unsupported(f"{_describe(target)} raised RuntimeError: {refused} (eager's kernel refuses "
                                       "these dtypes; the eager run raises it)")
+        if op != "call_module" and writes_first_argument(target) and example_args \
+                and isinstance(example_args[0], torch.Tensor):
+            refused = overlap_refusal(example_args[0], [*example_args[1:], *example_kwargs.values()])
+            if refused is not None:  # fake tensors do not check: the write runs as eager's, raising there
+                raise Unsupported(f"{_describe(target)} raised RuntimeError: {refused} (the eager run raises it)")
         result = self._run_fake(run if op == "call_module" else target, run, example_args, example_kwargs)
         if self.shape_env is not None and _has_symbols(result):
             return self._symbolic_result(op, target, args, kwargs, result)

@@ -13,12 +13,12 @@ from torch._prims_common import (make_channels_last_strides_for,
                                  suggest_memory_format)
 
 from torchweld.compiler import aliasing, ir
-from torchweld.compiler.aliasing import non_overlapping_and_dense
 from torchweld.compiler.aten_graph import pure_overload
 from torchweld.compiler.ir import Expr, Layout
 from torchweld.compiler.op_effects import returned_storage
 from torchweld.runtime.seeded_rand import SEED_HIGH, SEED_LOW
 from torchweld.tuning import tuning
+from torchweld.write_refusals import non_overlapping_and_dense
 
 log = logging.getLogger("torchweld.weld")
 aten = torch.ops.aten
