@@ -103,6 +103,21 @@ def test_writes_through_views_of_an_input(write):
     assert result.mutated_placeholders == [1]
 
 
+@pytest.mark.parametrize("first", ["clamp_", "mul_", "copy_"])
+def test_a_write_through_a_view_after_a_write_of_the_whole_input(first):
+    """Fuzzer seed 89: `T.clamp_()` then `T.view(2, 2).add_(1)`: the view's base is T's new
+    value (an input's), so the write must reach the input; it was taken for a write of an
+    intermediate nothing reads later, and the input kept the first write only."""
+    def fn(x, buf):
+        getattr(buf, first)(*{"clamp_": (-1.0, 1.0), "mul_": (2.0,), "copy_": (x[:3, :3],)}[first])
+        buf.view(9)[2:5].add_(1)
+        buf[1].mul_(-3)
+        return [x * 2]
+
+    result = _check_functional(fn, torch.randn(3, 4), torch.randn(3, 3))
+    assert result.mutated_placeholders == [1]
+
+
 def test_views_taken_before_a_write_and_read_after_it_see_it():
     """A view of the written tensor taken before the write, read after: taken again of its new value."""
     def fn(x, buf):

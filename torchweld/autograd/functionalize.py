@@ -79,7 +79,7 @@ def functionalize(gm: torch.fx.GraphModule) -> Functionalized:
         # (that tensor, the chain of views to the written one)
         scattered = None
         if view_inverses.is_view_node(original) and not is_view_op(target) \
-                and not _only_view_read_later(original, node, position, stands_for):
+                and not _only_view_read_later(original, node, position, stands_for, root):
             view_base, views = view_inverses.chain(original, stop=stands_for.keys())
             why = view_inverses.why_not_invertible(view_base, views)
             if why is not None:
@@ -190,16 +190,23 @@ def _view_again(graph: torch.fx.Graph, stale: dict, new_value: torch.fx.Node, mu
 
 
 def _only_view_read_later(view: torch.fx.Node, mutation: torch.fx.Node, position: dict,
-                          stands_for: dict[torch.fx.Node, torch.fx.Node]) -> bool:
+                          stands_for: dict[torch.fx.Node, torch.fx.Node],
+                          root: dict[torch.fx.Node, torch.fx.Node]) -> bool:
     """Whether writing `view` in place is the same as rebinding it: its base is an
     intermediate (not an input) that nothing but `view` reaches after `mutation`
     (batch norm's decomposition, say, returns an as_strided view of a fresh result
     that an in-place ReLU then writes). `stands_for`: a base made by an earlier write
-    through a view -> the node it is the new value of, which later readers still name."""
+    through a view -> the node it is the new value of, which later readers still name;
+    `root`: a base made by an earlier write of the tensor itself -> the node it rewrote
+    (`T.clamp_()` then `T.view(2, 2).add_(1)`: the view's base is T's new value, an
+    input's, which the write must reach)."""
     base, _ = view_inverses.chain(view, stop=stands_for.keys())
     bases = [base]
-    while bases[-1] in stands_for:
-        bases.append(stands_for[bases[-1]])
+    while True:
+        earlier = stands_for.get(bases[-1], root.get(bases[-1]))
+        if earlier is None or earlier in bases:
+            break
+        bases.append(earlier)
     if any(b.op != "call_function" for b in bases):
         return False  # a view of an input: the write must reach the input
     stack, seen = list(bases), set()
