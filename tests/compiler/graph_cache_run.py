@@ -30,7 +30,7 @@ def model(args) -> nn.Module:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--case", choices=("mlp", "state", "train", "triton", "frame_constant", "step", "dropout"), default="mlp")
+    parser.add_argument("--case", choices=("mlp", "state", "train", "triton", "frame_constant", "step", "dropout", "empty_buffer"), default="mlp")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--eps", type=float, default=1e-5)
     parser.add_argument("--batch", type=int, default=4)
@@ -94,6 +94,22 @@ def main() -> None:
             masks.append(kept)
             diffs.append((layer[0].bias.grad - (kept * 2).sum(0)).abs().max().item())
         diffs.append(float(torch.equal(masks[0], masks[1])))  # the same mask twice: baked, not drawn
+    elif args.case == "empty_buffer":  # a module's own empty tensor, returned: that very object
+        class WithEmpty(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.register_buffer("empty", torch.zeros(0))
+
+            def forward(self, x):
+                return x * 2, self.empty
+
+        holder = WithEmpty()
+        compiled = torchweld.compile(holder)
+        with torch.no_grad():
+            for i in range(3):
+                x = torch.randn(args.batch, 16, dtype=dtype)
+                out, empty = compiled(x)
+                diffs += [(out - x * 2).abs().max().item(), float(empty is not holder.empty)]
     elif args.case == "frame_constant":  # a tensor made in the frame from numbers: its values are in the graph
         def fn(x):
             return compiled_model(x) * torch.tensor([args.scale, 1.0, 0.5, 3.0, 1.0, 1.0, 1.0, 1.0])

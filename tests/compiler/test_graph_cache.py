@@ -51,6 +51,16 @@ def test_dropout_in_a_loaded_training_graph_draws_anew_at_each_call(tmp_path):
     assert second["loaded"] and not second["traced"], second
 
 
+def test_a_modules_empty_buffer_returned_by_a_loaded_graph_is_that_buffer(tmp_path):
+    """A loaded graph's outputs alias the module as eager's do: a module's own empty buffer,
+    returned, is that very object (empty constants the trace makes are kept by value; a
+    module's own stay bound by attribute path)."""
+    cache = str(tmp_path)
+    first, _ = run(cache, "--case", "empty_buffer")
+    second, _ = run(cache, "--case", "empty_buffer")
+    assert first["max_diff"] == 0 and second["max_diff"] == 0 and second["loaded"], (first, second)
+
+
 def test_a_parameter_frozen_since_is_another_training_entry(tmp_path):
     """Which tensors require grad decides the joint graph: a frozen weight is another entry."""
     cache = str(tmp_path)

@@ -39,6 +39,9 @@ _CIA = "CompositeImplicitAutograd"
 _has_cia: dict[object, bool] = {}  # op -> whether it has a CompositeImplicitAutograd kernel (and may decompose)
 _decomposes: dict[tuple, bool] = {}  # (op, device type) -> whether autograd would have decomposed it
 
+# the attribute names of the tensors a recording holds as constants (get_attr nodes)
+CONSTANT_PREFIX = "_tensor_constant"
+
 
 def autograd_decomposes(func, args, kwargs) -> bool:
     """Whether autograd would have run `func`'s CompositeImplicitAutograd kernel for these
@@ -106,7 +109,7 @@ class AtenRecorder(TorchDispatchMode):
         if entry is not None:
             return entry[1]
         real = self._reals[id(value)][1] if id(value) in self._reals else value
-        name = f"_tensor_constant{self._constants}"
+        name = f"{CONSTANT_PREFIX}{self._constants}"
         self._constants += 1
         setattr(self.root, name, real)
         node = self.graph.get_attr(name)

@@ -48,6 +48,7 @@ import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import FakeTensor
 
 from torchweld import config, disk_cache, timing
+from torchweld.compiler.aten_trace import CONSTANT_PREFIX
 from torchweld.tuning import tuning
 
 log = logging.getLogger("torchweld.cache")
@@ -334,11 +335,12 @@ def _recipe(value, origin, tensor_paths: dict[int, str], written: bool = False) 
         return ["extern", _callable_recipe(origin)]
     if isinstance(value, torch.Tensor):
         plain = type(value) is torch.Tensor and value.layout == torch.strided
-        if plain and value.numel() == 0 and not written:
-            # no elements: its layout (in the key, with any attribute holding it) is all there is
-            # to it (a traced training graph's empty constants: then a graph that binds no attribute)
-            return _by_value(value)
         path = tensor_paths.get(id(value))
+        if plain and value.numel() == 0 and not written and (path is None or path.startswith(CONSTANT_PREFIX)):
+            # an empty constant the trace made: its layout (in the key) is all there is to it, so a
+            # traced training graph holding one binds no attribute (a module's own empty tensor
+            # stays bound: the graph may return that very object)
+            return _by_value(value)
         if path is not None:
             return ["attr", path]
         # Any other real tensor the trace saw was made by the graph's own code from what the key

@@ -1,7 +1,7 @@
 """A compiled graph's outputs put back into the structure its Python code returned, per call.
 
-`pytree.tree_unflatten` walks the spec in Python at every call: ~40 us for a training
-graph's flat tuple of 30 outputs and saved tensors on the H100 host, three walks a
+`pytree.tree_unflatten` walks the spec in Python at every call: ~40 us under cProfile for a
+training graph's flat tuple of outputs and saved tensors on the H100 host, three walks a
 compiled transformer layer's forward and backward (issue 47's FSDP2 row, where the
 GPU waits for the host). A flat tuple or list of tensors, what every aten graph returns,
 is built directly; any other structure goes through pytree.
