@@ -106,13 +106,17 @@ class Schedule:
         return [s for s in self.steps if isinstance(s, Kernel)]
 
 
-def structure(kernel: Kernel) -> tuple:
+def structure(kernel: Kernel, numbers: bool = True) -> tuple:
     """What `kernel` computes, with its buffers named by their place in `args` and its
     reductions by their place in its stages: kernels with equal structures (one block of a
     network repeated, its buffers named apart) differ only in the names of their arguments,
     so a renderer's text for one is the other's. Each distinct subexpression is numbered in
     the order a walk first meets it, and the structure lists them (op, dtype, arg, argument
-    numbers): its size is the expressions', however much they share."""
+    numbers): its size is the expressions', however much they share.
+
+    With `numbers` false, the integer and float constants and the loop sizes are left out (a
+    size of 1 is kept: its loop variable is no variable): kernels with equal such structures
+    differ only in their numbers, the members of one family (codegen/size_args.py)."""
     position = {name: i for i, name in enumerate(kernel.args)}
     accumulator = {acc.name: (s, r) for s, stage in enumerate(kernel.stages) for r, acc in enumerate(stage.reductions)}
     nodes: dict[tuple, int] = {}  # (op, dtype, arg, argument numbers) -> number
@@ -123,7 +127,9 @@ def structure(kernel: Kernel) -> tuple:
         if got is not None:
             return got[1]
         arg = e.arg
-        if e.op is Op.LOAD or e.op is Op.MASKED_LOAD:
+        if e.op is Op.CONST and not numbers and type(arg) in (int, float):
+            arg = type(arg)
+        elif e.op is Op.LOAD or e.op is Op.MASKED_LOAD:
             arg = position[arg]
         elif e.op is Op.REDUCED:
             arg = accumulator[arg]
@@ -137,7 +143,10 @@ def structure(kernel: Kernel) -> tuple:
     stages = tuple((tuple((a.reduce_op, a.dtype, number(a.value)) for a in stage.reductions),
                     tuple(store(st) for st in stage.stores)) for stage in kernel.stages)
     outer_stores = tuple(store(st) for st in kernel.outer_stores)
-    return kernel.device.type, kernel.outer, kernel.reduced, len(kernel.args), stages, outer_stores, tuple(nodes)
+    outer, reduced = kernel.outer, kernel.reduced
+    if not numbers:
+        outer, reduced = tuple(s == 1 for s in outer), tuple(s == 1 for s in reduced)
+    return kernel.device.type, outer, reduced, len(kernel.args), stages, outer_stores, tuple(nodes)
 
 
 def map_exprs(kernel: Kernel, value, index=lambda e: e) -> Kernel:

@@ -175,9 +175,9 @@ class KernelRenderer:
         if hit is not None:
             return hit
         if node.op is Op.LOAD:
-            code = self.render_load(node.arg, args[0], node.dtype, scope)
+            code = self.render_load(node.arg, args[0], node.dtype, scope, node.args[0])
         elif node.op is Op.MASKED_LOAD:
-            code = self.render_load(node.arg, args[0], node.dtype, scope, mask=args[1])
+            code = self.render_load(node.arg, args[0], node.dtype, scope, node.args[0], mask=args[1])
         elif node.op is Op.CAST:
             code = self.render_cast(args[0], node.args[0].dtype, node.dtype)
         else:
@@ -213,7 +213,8 @@ class KernelRenderer:
     def store(self, store, scope: Scope) -> None:
         raise NotImplementedError
 
-    def render_load(self, buffer: str, index: str, dtype: torch.dtype, scope: Scope) -> str:
+    def render_load(self, buffer: str, index: str, dtype: torch.dtype, scope: Scope, index_expr: Expr) -> str:
+        """The code of a load of `buffer` at `index`, the rendered `index_expr`."""
         raise NotImplementedError
 
     def render_cast(self, x: str, src: torch.dtype, dst: torch.dtype) -> str:

@@ -217,7 +217,7 @@ class CppRenderer(KernelRenderer):
     def assign(self, name, code, dtype) -> str:
         return f"{self.register_type(dtype)} {name} = {code};"
 
-    def render_load(self, buffer, index, dtype, scope) -> str:
+    def render_load(self, buffer, index, dtype, scope, index_expr) -> str:
         value = f"{self.pointer(buffer)}[{index}]"
         if dtype is torch.bfloat16:
             return f"tw_bf16_to_float({value})"

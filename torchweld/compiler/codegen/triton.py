@@ -3,7 +3,6 @@ elements; reductions in blocks of RBLOCK, one block when the row fits."""
 from __future__ import annotations
 
 import math
-import re
 from typing import Iterator
 
 import torch
@@ -19,11 +18,6 @@ from torchweld.tuning import tuning
 
 HALF_TYPES = (torch.float16, torch.bfloat16)
 INT32_LIMIT = 1 << 31
-# the digits of a kernel's text (floats' too: kernels that differ in a size's mean, 1/N, are one
-# family, whose later members share a source where their floats agree: 123 forward compiles of
-# densenet121's step against 130 for integers alone)
-INTEGER = re.compile(r"\b\d+\b")
-CONSTANT_INDEX = re.compile(r"[\d\s()+*-]+")  # a rendered offset that names no variable
 
 
 def next_power_of_2(n: int) -> int:
@@ -350,21 +344,55 @@ def _needs_int64(kernel: Kernel) -> bool:
     return False
 
 
-def _drop_unused_index_vars(source: str) -> str:
-    """Remove `x1 = (xindex // 64) % 8` lines whose variable nothing reads any more."""
-    lines = source.split("\n")
-    defined = [re.match(r"\s+([xr]\d+) = ", line) for line in lines]
-    text_without = {}
-    out = []
-    for i, (line, m) in enumerate(zip(lines, defined)):
-        if m:
-            name = m.group(1)
-            if name not in text_without:
-                text_without[name] = any(re.search(rf"\b{name}\b", other) for j, other in enumerate(lines) if j != i)
-            if not text_without[name]:
-                continue
-        out.append(line)
-    return "\n".join(out)
+def family(kernel: Kernel) -> tuple:
+    """What `kernel`'s members of a family share (render_modules): its structure with its numbers
+    left out (floats too: kernels that differ in a size's mean, 1/N, are one family, whose
+    later members share a source where their floats agree: 123 forward compiles of
+    densenet121's step against 130 for integers alone), and the forms of code the renderer
+    picks from its sizes (a row read whole or in a loop, in chunks; streamed reads)."""
+    rnumel = math.prod(kernel.reduced)
+    looped = rnumel > block_sizes(kernel)[1]
+    chunked = looped and chunk_steps(rnumel, block_sizes(kernel)[1]) > 0
+    streams = not kernel.is_reduction and math.prod(kernel.outer) >= tuning.streaming
+    return structure(prepared(kernel), numbers=False), looped, chunked, streams
+
+
+def _written_variables(e: Expr) -> frozenset:
+    """The variables `e`'s code names itself: index arithmetic is written inline, other
+    values (a load, a cast) through a temporary whose code names its own."""
+    if e.op is Op.VAR:
+        return frozenset((e.arg,))
+    if e.dtype is not ir.INDEX or e.op in (Op.LOAD, Op.MASKED_LOAD) or not e.args:
+        return frozenset()
+    return frozenset().union(*map(_written_variables, e.args))
+
+
+def _loop_variable(name: str) -> bool:
+    """Whether `name` is one of a kernel's loop variables (x0.., r0.., xindex, rindex), not a
+    size it takes as an argument (ks0..)."""
+    return name in ("xindex", "rindex") or name[:1] in ("x", "r") and name[1:].isdigit()
+
+
+def _constant_index(e: Expr) -> bool:
+    """Whether `e` is index arithmetic on integer constants alone (one element's offset)."""
+    if e.op is Op.CONST:
+        return not e.dtype.is_floating_point
+    return e.op in (Op.ADD, Op.SUB, Op.MUL, Op.NEG) and e.dtype is ir.INDEX and all(map(_constant_index, e.args))
+
+
+def _contiguous_in_x(e: Expr) -> bool:
+    """Whether `e` reads xindex itself, or xindex plus one value (a constant, a size, a temporary)."""
+    if e.op is Op.VAR:
+        return e.arg == "xindex"
+    if e.op is not Op.ADD or e.dtype is not ir.INDEX:
+        return False
+    first, offset = e.args
+    return first.op is Op.VAR and first.arg == "xindex" and _one_name(offset)
+
+
+def _one_name(e: Expr) -> bool:
+    """Whether `e`'s code is one name or number: a leaf, or a value held in a temporary."""
+    return e.op in (Op.CONST, Op.VAR, Op.REDUCED, Op.LOAD, Op.MASKED_LOAD) or e.dtype is not ir.INDEX
 
 
 def _float(value: float) -> str:
@@ -523,40 +551,46 @@ class TritonRenderer(KernelRenderer):
         return self.scope_masks.get(id(scope), "xmask")
 
     @staticmethod
-    def as_block(index: str) -> str:
-        """Pointers must be blocks when masks are: a constant index gets broadcast."""
-        return index if re.search(r"\b[xr]\d+\b|index", index) else f"{index} + 0 * xindex"
+    def as_block(index: str, index_expr: Expr) -> str:
+        """Pointers must be blocks when masks are: an index that names no loop variable gets broadcast."""
+        return index if any(map(_loop_variable, _written_variables(index_expr))) else f"{index} + 0 * xindex"
 
     def render(self, kernel: Kernel, sizes: size_args.SizeArgs | None = None) -> str:
         """`kernel`'s function; with `sizes`, one that takes its integers as those arguments."""
         self.sizes = sizes
-        return _drop_unused_index_vars(super().render(sizes.kernel if sizes else prepared(kernel)))
+        rendered = sizes.kernel if sizes else prepared(kernel)
+        # the loop variables some value or index reads: the others are not written out
+        self.read_variables = frozenset().union(*map(ir.variables, kernel_values(rendered)), *(
+            ir.variables(st.index) for st in (*(st for stage in rendered.stages for st in stage.stores),
+                                              *rendered.outer_stores)))
+        return super().render(rendered)
 
     def size(self, value: int) -> str:
         """An integer of the kernel's sizes: its argument's name where it takes them, else itself."""
         return self.sizes.names.get(value, str(value)) if self.sizes else str(value)
 
-    def eviction(self, index: str) -> str:
+    def eviction(self, index_expr: Expr) -> str:
         """Pointwise kernels too big for L2 stream their operands; broadcast operands are reused."""
         if self.kernel.is_reduction:
             return ""
         dims = {f"x{k}" for k, size in enumerate(self.kernel.outer) if size != 1}
-        if "xindex" not in index and not dims <= set(re.findall(r"\bx\d+\b", index)):
+        written = _written_variables(index_expr)
+        if "xindex" not in written and not dims <= written:
             return ", eviction_policy='evict_last'"  # a broadcast read: each element is read many times
-        if math.prod(self.kernel.outer) >= tuning.streaming and re.fullmatch(r"\(?xindex( \+ -?\w+)?\)?", index):
+        if math.prod(self.kernel.outer) >= tuning.streaming and _contiguous_in_x(index_expr):
             return ", eviction_policy='evict_first'"
         return ""
 
-    def render_load(self, buffer, index, dtype, scope, mask: str | None = None) -> str:
-        if mask is None and CONSTANT_INDEX.fullmatch(index):
+    def render_load(self, buffer, index, dtype, scope, index_expr, mask: str | None = None) -> str:
+        if mask is None and _constant_index(index_expr):
             # one element (a 0-d input: Adam's step and betas, a batch norm's counter) loads as a
             # scalar, always in bounds: what computes with it alone runs once a thread, not on
             # every element of a block (Adam's bias corrections, two pows a parameter)
             code = f"tl.load({self.pointer(buffer)} + ({index}))"
         else:
             block_mask = self.mask(scope) if mask is None else f"{self.mask(scope)} & ({mask})"
-            code = (f"tl.load({self.pointer(buffer)} + ({self.as_block(index)}), {block_mask}, other=0"
-                    f"{self.eviction(index)})")
+            code = (f"tl.load({self.pointer(buffer)} + ({self.as_block(index, index_expr)}), {block_mask}, other=0"
+                    f"{self.eviction(index_expr)})")
         if dtype in HALF_TYPES:
             code += ".to(tl.float32)"
         return code
@@ -574,7 +608,7 @@ class TritonRenderer(KernelRenderer):
             value = f"tl.full({shape}, {value}, {self.register_type(store.value.dtype)})"
         else:
             value = f"tl.broadcast_to({value}, {shape})"
-        self.emit(scope, f"tl.store({self.pointer(store.buffer)} + ({self.as_block(index)}), {value}, {self.mask(scope)})")
+        self.emit(scope, f"tl.store({self.pointer(store.buffer)} + ({self.as_block(index, store.index)}), {value}, {self.mask(scope)})")
         scope.forget_loads(store.buffer)
 
     # -- blocks ------------------------------------------------------------------
@@ -606,7 +640,8 @@ class TritonRenderer(KernelRenderer):
             if size == 1:
                 continue
             q = flat if inner == 1 else f"({flat} // {inner})"
-            self.emit(scope, f"{prefix}{k} = {q}" if first else f"{prefix}{k} = {q} % {size}")
+            if f"{prefix}{k}" in self.read_variables:
+                self.emit(scope, f"{prefix}{k} = {q}" if first else f"{prefix}{k} = {q} % {size}")
             first = False
 
     def emit_unravel_by_arguments(self, scope: Scope, flat: str, prefix: str, sizes) -> None:
@@ -623,7 +658,8 @@ class TritonRenderer(KernelRenderer):
                 quotient = f"{prefix}q{k}"
                 self.emit(scope, f"{quotient} = _tw_divide({flat}, {self.sizes.divisors[inner]})")
             index = quotient if outer_quotient is None else f"{quotient} - {outer_quotient} * {self.size(size)}"
-            self.emit(scope, f"{prefix}{k} = {index}")
+            if f"{prefix}{k}" in self.read_variables:
+                self.emit(scope, f"{prefix}{k} = {index}")
             outer_quotient = quotient
 
     def close_kernel(self, kernel: Kernel) -> None:
@@ -732,7 +768,7 @@ class TritonRenderer(KernelRenderer):
 
         self.buffer_dtypes = buffer_dtypes
         literal_members = tuning.literal_family_members if literal_members is None else literal_members
-        families: dict[str, set[str]] = {}  # a function's text with its integers elided -> its first texts
+        families: dict[tuple, set[str]] = {}  # family(kernel) -> the texts of its first members
         done: set[str] = set()
         rendered: dict[tuple, tuple[str, size_args.SizeArgs | None]] = {}  # schedule.structure -> (text, sizes)
         for kernel in kernels:
@@ -744,9 +780,9 @@ class TritonRenderer(KernelRenderer):
             else:
                 text, sizes = self.function_text(kernel), None
                 if config.size_generic_kernels and not size_generic(kernel) and not needs_int64(kernel):
-                    family = families.setdefault(INTEGER.sub("N", text), set())
-                    if len(family) < literal_members or text in family:
-                        family.add(text)
+                    members = families.setdefault(family(kernel), set())
+                    if len(members) < literal_members or text in members:
+                        members.add(text)
                     elif (sizes := size_args.parameterized(prepared(kernel))) is not None:
                         size_args.choose(kernel, sizes)
                         text = self.function_text(kernel, sizes)
