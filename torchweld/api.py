@@ -194,7 +194,7 @@ def reset() -> None:
     about code and operators (resume code, decoded instructions, fake-run results, dtype checks).
     Loaded kernels, the C helpers and the compile workers stay: they depend on nothing reset."""
     from torchweld import fake_memo
-    from torchweld.capture import dtype_refusals, resume
+    from torchweld.capture import dtype_refusals, rank_compiles, resume
     from torchweld.capture.translator import instructions_of
 
     for cache in list(LIVE_CACHES):
@@ -202,4 +202,5 @@ def reset() -> None:
     instructions_of.cache_clear()
     resume.forget()
     dtype_refusals.forget()
+    rank_compiles.forget()
     fake_memo.forget()

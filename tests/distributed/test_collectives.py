@@ -59,3 +59,37 @@ def test_collectives_run_between_graphs_on_every_rank():
             assert "DISTRIBUTED" in kinds[0]
             graphs, kinds, reasons = result["counts"]["broadcast_mean"]
             assert any("broadcast()" in r for r in reasons) and any("barrier()" in r for r in reasons), reasons
+
+
+def scaled_by_rank(x):
+    return x * (dist.get_rank() + 2)  # the rank is a constant of each rank's graph
+
+
+def _divergence(rank: int) -> dict:
+    import warnings
+
+    torchweld.reset()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        same = torchweld.compile(reduce_then_add, backend="eager")
+        for _ in range(2):
+            same(torch.ones(4))
+        quiet = [str(w.message) for w in caught if "ranks compiled different graphs" in str(w.message)]
+        dist.barrier()  # both ranks' compiles of reduce_then_add are written before either goes on
+        apart = torchweld.compile(scaled_by_rank, backend="eager")
+        got = apart(torch.ones(3))  # the rank that writes its compile later reads the other's: it warns
+    warned = [str(w.message) for w in caught if "ranks compiled different graphs" in str(w.message)]
+    return {"quiet": quiet, "warned": warned, "got": got.tolist()}
+
+
+def test_ranks_that_compile_different_graphs_are_told_which():
+    """Ranks whose n-th compiles differ (here a graph with the rank as a constant) are told,
+    naming the function, its line and each rank's graph; ranks compiling alike are not."""
+    results = on_two_ranks(_divergence)
+    for rank, result in enumerate(results):
+        assert result["quiet"] == [], result
+        assert result["got"] == [float(rank + 2)] * 3
+    warned = results[0]["warned"] + results[1]["warned"]
+    assert len(warned) >= 1, results
+    assert "scaled_by_rank at " in warned[0] and "test_collectives.py" in warned[0], warned
+    assert "a graph of 1 ops" in warned[0], warned

@@ -18,7 +18,7 @@ import torch
 
 from torchweld import config, gc_pause, logs, timing
 from torchweld.atomic_imports import imports_finish_first
-from torchweld.capture import ddp_split, guard_extension
+from torchweld.capture import ddp_split, guard_extension, rank_compiles
 from torchweld.capture.cache import CacheEntry, UserLine, build_entry, signature_of
 from torchweld.capture.dynamic_dims import DimChoices
 from torchweld.capture.eager_rerun import EagerRerun, rerun_plan
@@ -210,6 +210,7 @@ def _graph_entry(fn, tx: Translator, rebuild: Reconstructor, body: list[str], se
     entry = build_entry(fn, output.guards, prefix + body, rebuild.constants, report)
     _log_translation(fn, entry)
     publish(report)
+    rank_compiles.note(fn.__code__, report)
     return entry
 
 
@@ -239,6 +240,7 @@ def _eager_entry(fn: types.FunctionType, output: OutputGraph, error: Unsupported
     body = ["___reason.count += 1", f"return ___fn({passes})"]
     entry = build_entry(fn, output.guards, body, {"___fn": fn, "___reason": reason}, report)
     publish(report)
+    rank_compiles.note(fn.__code__, report)
     return entry
 
 
