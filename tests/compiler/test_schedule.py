@@ -238,6 +238,30 @@ def test_a_stored_biased_projection_is_one_addmm():
     assert len(kernel.writes) == 2
 
 
+def test_a_stored_projection_with_a_computed_bias_is_one_addmm():
+    """Under autocast the bias is a bfloat16 copy of the float32 parameter, computed in the
+    graph: it is stored by a small kernel and aten.addmm adds it in its epilogue, as eager's
+    addmm does, instead of a kernel reading and writing the whole product again (GPT-2's MLP
+    and attention projections in a bfloat16 autocast training step)."""
+    def fn(x, w, b):
+        h = torch.addmm(b * 2, x.view(-1, 32), w).view(4, 8, 64)
+        return h, torch.nn.functional.gelu(h, approximate="tanh")
+
+    c = check(fn, [torch.randn(4, 8, 32), torch.randn(32, 64), torch.randn(64)])
+    assert c.externs == ["aten.addmm.default"]
+    assert sorted(c.schedule.layouts[w][1].numel for k in c.schedule.kernels() for w in k.writes) == [64, 4 * 8 * 64]
+
+    def projection(x, w, b):  # what autocast makes of F.linear(x, w, b)
+        bf16 = torch.bfloat16
+        h = torch.addmm(b.to(bf16), x.view(-1, 32).to(bf16), w.to(bf16).t())
+        return h, torch.nn.functional.gelu(h.float())
+
+    # bfloat16 sums of 32 products of about +-16: a few units of the last place apart (a
+    # transposed or copied weight takes another CPU kernel)
+    c = check(projection, [torch.randn(4, 8, 32), torch.randn(64, 32), torch.randn(64)], atol=0.25, rtol=0.02)
+    assert "aten.addmm.default" in c.externs and "aten.mm.default" not in c.externs
+
+
 def test_a_buffer_lives_as_long_as_an_extern_view_of_it():
     """`as_strided` with strides no IR view takes runs as an aten call that returns a view.
     Its base was freed after that call, and the zeros made next took over its memory:

@@ -503,15 +503,22 @@ class GraphLowering:
         return BufferView(target, value.dtype, tuple(layout.shape), value.device, tuple(index), layout)
 
     def fold_addmm(self, name: str) -> bool:
-        """Make buffer `name` one aten.addmm if it is `mm(a, b) + bias` (_as_addmm), for a
+        """Make buffer `name` one aten.addmm if it is `mm(a, b) + bias` (_addmm_terms), for a
         reader that needs it stored whole anyway: an extern, or the graph's outputs (a
         training forward saving the biased projection that a GELU reads). Whether it is."""
         root = self.buffers.get(name)
-        folded = _as_addmm(root, self.buffers) if isinstance(root, ir.Pointwise) else None
-        if folded is None:
+        terms = _addmm_terms(root, self.buffers) if isinstance(root, ir.Pointwise) else None
+        if terms is None:
             return False
-        self.buffers[name], mm = folded
-        self.addmm_folds[name] = (root, mm)
+        mm, bias = terms
+        if not isinstance(bias, ir.TensorArg):  # computed in the graph: stored by a kernel of its own
+            vector = self.add_pointwise(ir.substitute(bias, [ir.const(0), ir.var("d0")]), root.dtype,
+                                        root.shape[1:], root.device)
+            bias = ir.TensorArg(vector.root, vector.layout)
+        args = (bias, *mm.args)
+        self.buffers[name] = ir.Extern(name, aten.addmm.default, args, {}, ((root.dtype, root.layout),), False,
+                                       root.device)
+        self.addmm_folds[name] = (root, mm.name)
         self.externs.append(str(aten.addmm.default))
         return True
 
@@ -631,29 +638,36 @@ def refuse_traps(buf: ir.Buffer) -> None:
                                       "(a kernel would trap where aten raises ZeroDivisionError or wraps)")
 
 
-def _as_addmm(root: ir.Pointwise, buffers: dict) -> tuple[ir.Extern, str] | None:
-    """(an aten.addmm extern computing `root`, named as it, and the mm extern it takes over)
-    where `root` is `mm(a, b) + bias` (addmm's decomposition, compiler/decompositions.py) over
-    contiguous 2-D layouts, with a 1-D bias held as an input; else None."""
+def _addmm_terms(root: ir.Pointwise, buffers: dict) -> tuple[ir.Extern, ir.TensorArg | Expr] | None:
+    """(the mm extern, the bias) where `root` is `mm(a, b) + bias` (addmm's decomposition,
+    compiler/decompositions.py) over contiguous 2-D layouts, so that one aten.addmm computes
+    it: the bias as a stored 1-D buffer, or as an expression over d1 alone in root's dtype
+    (autocast's bfloat16 copy of a float32 bias, inlined: a few thousand elements, which
+    fold_addmm stores, where the sum's kernel would read and write the whole product again).
+    A half-precision sum adds in float32 (its terms upcast); aten's addmm rounds once, as eager's
+    call does. Else None."""
     if len(root.shape) != 2 or root.layout != Layout.contiguous(root.shape) or root.body.op is not ir.Op.ADD:
         return None
     d0, d1 = (d.key() for d in ir.dim_vars(2))
     mm = bias = None
     for term in root.body.args:
-        if term.op is not ir.Op.LOAD or term.dtype != root.dtype:
+        if root.dtype in (torch.float16, torch.bfloat16) and term.op is ir.Op.CAST and term.dtype is torch.float32:
+            term = term.args[0]
+        if term.dtype != root.dtype:
             return None
-        producer = buffers.get(term.arg)
+        producer = buffers.get(term.arg) if term.op is ir.Op.LOAD else None
         index = tuple(i.key() for i in term.args)
         if (isinstance(producer, ir.Extern) and producer.target is aten.mm.default and index == (d0, d1)
                 and producer.outputs[0][1] == root.layout):
             mm = producer
-        elif (isinstance(producer, ir.InputBuffer) and index == (d1,)
+        elif (isinstance(producer, (ir.InputBuffer, ir.Pointwise)) and index == (d1,) and producer.layout is not None
               and producer.layout.shape == root.shape[1:]):
-            bias = producer
+            bias = ir.TensorArg(producer.name, producer.layout)
+        elif ir.variables(term) <= {"d1"}:
+            bias = term
     if mm is None or bias is None:
         return None
-    args = (ir.TensorArg(bias.name, bias.layout), *mm.args)
-    return ir.Extern(root.name, aten.addmm.default, args, {}, ((root.dtype, root.layout),), False, root.device), mm.name
+    return mm, bias
 
 
 # Random ops whose numbers the kernels draw themselves (rules.rand; bernoulli_ as its
