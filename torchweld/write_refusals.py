@@ -18,8 +18,10 @@ PARTIAL_OVERLAP = ("unsupported operation: some elements of the input tensor and
 
 def overlap_refusal(written: torch.Tensor, others: list) -> str | None:
     """Eager's error for writing `written` in place with `others` among the operands, or None.
-    Symbolic sizes are read at their example values, adding no guard: a refusal found there is
-    a graph break, which is sound at any size."""
+    With symbolic sizes each comparison the answer rests on is decided at the example values
+    and recorded as a guard by their shape environment (`x[:k] += x[n - k:]` overlaps only
+    where 2k > n): a call where the answer differs is another version. A tensor with a size
+    that has no example value (data-dependent) is not checked."""
     a = _layout(written)
     if a is None:
         return None
@@ -33,12 +35,13 @@ def overlap_refusal(written: torch.Tensor, others: list) -> str | None:
 
 
 def _layout(t: torch.Tensor) -> tuple | None:
-    """(shape, strides, storage offset, element size, storage), example values for symbolic
-    sizes; None for a tensor without a strided storage or a size with no example value."""
+    """(shape, strides, storage offset, element size, storage), symbolic sizes as they are
+    (comparing them guards); None for a tensor without a strided storage or a size with no
+    example value."""
     if t.layout != torch.strided:
         return None
-    numbers = [_example(n) for n in (*t.shape, *t.stride(), t.storage_offset())]
-    if any(n is None for n in numbers):
+    numbers = [*t.shape, *t.stride(), t.storage_offset()]
+    if any(isinstance(n, torch.SymInt) and n.node.hint is None for n in numbers):
         return None
     try:
         storage = t.untyped_storage()._cdata
@@ -46,10 +49,6 @@ def _layout(t: torch.Tensor) -> tuple | None:
         return None
     d = t.dim()
     return tuple(numbers[:d]), tuple(numbers[d:2 * d]), numbers[-1], t.element_size(), storage
-
-
-def _example(n: object) -> int | None:
-    return n.node.hint if isinstance(n, torch.SymInt) else n
 
 
 def internal_overlap(shape: tuple, stride: tuple) -> bool:

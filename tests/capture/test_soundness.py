@@ -681,6 +681,39 @@ def test_an_in_place_write_eager_refuses_after_a_write_and_a_list_change(backend
         assert sides[1][1] is not sides[1][0]  # the list holds t1, as eager's does
 
 
+@pytest.mark.parametrize("backend", ["eager", "weld"])
+def test_an_in_place_write_whose_overlap_depends_on_symbolic_sizes(backend):
+    """x[:k] += x[n - k:] overlaps in part (eager raises) only where 2k > n. With n and k
+    symbolic, capture's overlap check decided it at the first call's sizes (no overlap) and
+    added no guard: a later call that overlaps ran the same graph, which raised inside itself
+    after the list change it was to make (the change was lost). The decision is guarded now:
+    such a call is another version, with a break at the write."""
+    def fn(x, y, log):
+        log.append(y.shape[0])
+        y.add_(1)  # an input written before: the frame cannot run again from its start
+        x[: y.shape[0]] += x[x.shape[0] - y.shape[0]:]
+        return x * 2
+
+    compiled = torchweld.compile(fn, backend=backend, dynamic=True)
+    for n, k in ((10, 3), (12, 4), (10, 6), (9, 2), (7, 5)):
+        results = []
+        for f in (fn, compiled):
+            x, log = torch.arange(float(n)), []
+            try:
+                out = f(x, torch.zeros(k), log)
+            except RuntimeError as e:
+                assert "single memory location" in str(e)
+                out = "raised"
+            results.append((out, x, log))
+        (want, x_want, log_want), (got, x_got, log_got) = results
+        assert log_got == log_want, (n, k)
+        torch.testing.assert_close(x_got, x_want)
+        if isinstance(want, str):
+            assert got == want, (n, k)
+        else:
+            torch.testing.assert_close(got, want)
+
+
 def test_sets_deques_and_defaultdicts_made_in_the_frame_need_no_break():
     def fn(x):
         s = {1, 2, 3}
