@@ -1,4 +1,5 @@
 """Fusion decisions: how many kernels, what is stored, what is freed."""
+import pytest
 import torch
 
 from torchweld.compiler.schedule import ExternCall, Free
@@ -260,6 +261,28 @@ def test_a_stored_projection_with_a_computed_bias_is_one_addmm():
     # transposed or copied weight takes another CPU kernel)
     c = check(projection, [torch.randn(4, 8, 32), torch.randn(64, 32), torch.randn(64)], atol=0.25, rtol=0.02)
     assert "aten.addmm.default" in c.externs and "aten.mm.default" not in c.externs
+
+
+@pytest.mark.parametrize("options", [None, {"cpu_codegen": "triton"}])
+def test_a_norm_read_as_rows_in_another_dtype_is_one_kernel_with_its_statistics(options):
+    """GPT-2 under autocast: the layer norm's output over (B, T, C), cast to bfloat16 as
+    (B*T, C) for the projection, was a kernel of its own reading the residual stream and
+    the statistics again; it is a member of the norm's kernel, over the rows' loop."""
+    def fn(x, r, g, b, w, bias):
+        h = x + r
+        y = torch.nn.functional.layer_norm(h, (32,), g, b)
+        bf16 = torch.bfloat16
+        return h, torch.addmm(bias.to(bf16), y.view(-1, 32).to(bf16), w.to(bf16))
+
+    inputs = [torch.randn(4, 8, 32), torch.randn(4, 8, 32), torch.randn(32), torch.randn(32),
+              torch.randn(32, 16), torch.randn(16)]
+    # C++ kernels round to bfloat16 as eager; Triton's CPU interpreter truncates (a unit of the
+    # last place on half the elements, summed over 32 products)
+    atol, rtol = (0, 0) if options is None else (0.5, 0.05)
+    c = check(fn, inputs, options=options, atol=atol, rtol=rtol)
+    (norm,) = [k for k in c.schedule.kernels() if k.reduced]
+    assert len(norm.writes) == 2  # h and the normalized rows; the statistics stay in registers
+    assert len(c.schedule.kernels()) == 3  # and the weight's and the bias's casts
 
 
 def test_a_buffer_lives_as_long_as_an_extern_view_of_it():

@@ -190,7 +190,10 @@ class _Group:
 
         'reshaped': a pointwise member over another shape of as many elements, at the same
         row-major position (h = x @ w + b over (B*T, C), then gelu(h.view(B, T, C)), with h
-        stored for the backward: one kernel stores both). Only in pointwise kernels."""
+        stored for the backward: one kernel stores both). In a reduction kernel only where
+        its trailing dims are the reduced ones and the rest merge or split the outer dims (a
+        layer norm over (B, T, C) whose output a matrix multiply reads as (B*T, C): GPT-2's
+        Conv1D), so that it is written in the stage after the reductions it reads."""
         if isinstance(buf, ir.Reduction):
             if buf.full_shape == self.full and (buf.reduced == self.reduced or not self.reduced) and not self.reshaped:
                 return "reduction"
@@ -201,7 +204,19 @@ class _Group:
             return "outer"
         if not self.reduced and math.prod(buf.shape) == math.prod(self.full):
             return "reshaped"
+        if self.reduced and self._rows_reshaped(tuple(buf.shape)):
+            return "reshaped"
         return None
+
+    def _rows_reshaped(self, shape: tuple[int, ...]) -> bool:
+        """Whether `shape` is this reduction kernel's space with the reduced dims (the trailing
+        ones) kept and the outer dims merged or split: its index is then the reduced loop
+        variables after the outer position unravelled (_reshaped_index)."""
+        n = len(self.reduced)
+        if self.reduced != tuple(range(len(self.full) - n, len(self.full))) or len(shape) <= n:
+            return False
+        return (shape[-n:] == self.full[-n:] and math.prod(shape[:-n]) == math.prod(self.outer_shape)
+                and _squeezed(shape) != _squeezed(self.full))
 
 
 def _squeezed(shape) -> tuple[int, ...]:
@@ -298,9 +313,14 @@ class _Grouper:
         for load in ir.loads(body):
             if self.group_of.get(load.arg) is not group or not self.after_reduction(load.arg, group):
                 continue
-            own = kv.index_of(self.kind[load.arg], self.buffers[load.arg].shape, as_output=True)
+            shape = self.buffers[load.arg].shape
+            own = kv.index_of(self.kind[load.arg], shape, as_output=True)
             if [e.key() for e in load.args] != [e.key() for e in own]:
-                return False
+                # a reshaped reader's index unravels its position: the same element if the
+                # row-major positions fold to one expression
+                strides = ir.contiguous_strides(shape)
+                if ir.flat_index(list(load.args), strides).key() != ir.flat_index(own, strides).key():
+                    return False
         return True
 
     def after_reduction(self, name: str, group: _Group, seen=None) -> bool:
@@ -436,7 +456,7 @@ class _KernelBuilder:
             elif name in self.stored:
                 index = kv.index_of(kind, buf.shape)
                 st = self.store(name, index, self.value(name, index))
-                if kind == "full" and self.group.reduced:
+                if kind in ("full", "reshaped") and self.group.reduced:
                     level = self.depth(name)
                     stores_by_stage.setdefault(level, []).append(st)
                     n_stages = max(n_stages, level + 1)
