@@ -93,3 +93,20 @@ def test_ranks_that_compile_different_graphs_are_told_which():
     assert len(warned) >= 1, results
     assert "scaled_by_rank at " in warned[0] and "test_collectives.py" in warned[0], warned
     assert "a graph of 1 ops" in warned[0], warned
+
+
+def test_graphs_that_differ_only_in_their_rank_device_are_alike():
+    """Each rank makes its tensors on its own GPU: graph code naming cuda:0 on one rank and
+    cuda:1 on the other is the same compile (no warning on every multi-GPU job)."""
+    from torchweld.capture.rank_compiles import describe
+    from torchweld.capture.report import TranslationReport
+
+    def on(device):
+        graph = torch.fx.Graph()
+        x = graph.placeholder("x")
+        graph.output(graph.call_function(torch.add, (x, graph.call_function(torch.ones, (2,), {"device": device}))))
+        gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+        return describe(scaled_by_rank.__code__, TranslationReport("f", gm, 2, [], 0.0))
+
+    assert on("cuda:0") == on("cuda:1") and on("cuda:0") != on("cpu")
+    assert on(torch.device("cuda", 1)) == on(torch.device("cuda", 3))

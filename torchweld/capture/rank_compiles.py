@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import re
 import warnings
 
 import torch
@@ -36,14 +37,20 @@ def forget() -> None:
     _state["count"] = itertools.count(1)
 
 
+# a device's index in a graph's code (`device(type='cuda', index=1)`, 'cuda:1'): each rank has
+# its own GPU, so graphs that make tensors on their rank's device differ only there
+_DEVICE_INDEX = re.compile(r"(index=|\b(?:cuda|xpu|hpu|mps):)\d+")
+
+
 def describe(code, report: TranslationReport) -> str:
-    """What this translation compiled, the same text on every rank that compiled the same."""
+    """What this translation compiled, the same text on every rank that compiled the same
+    (device indices left out)."""
     where = f"{report.function} at {code.co_filename}:{code.co_firstlineno}"
     if report.graph is None:
         what = "no graph" if report.break_reason is None else f"no graph ({report.break_reason.reason})"
     else:
-        digest = hashlib.sha256(report.graph.code.encode()).hexdigest()[:12]
-        what = f"a graph of {report.op_count} ops ({digest})"
+        text = _DEVICE_INDEX.sub(r"\1N", report.graph.code)
+        what = f"a graph of {report.op_count} ops ({hashlib.sha256(text.encode()).hexdigest()[:12]})"
     return f"{where}: {what}"
 
 
