@@ -243,7 +243,8 @@ def test_a_stored_projection_with_a_computed_bias_is_one_addmm():
     """Under autocast the bias is a bfloat16 copy of the float32 parameter, computed in the
     graph: it is stored by a small kernel and aten.addmm adds it in its epilogue, as eager's
     addmm does, instead of a kernel reading and writing the whole product again (GPT-2's MLP
-    and attention projections in a bfloat16 autocast training step)."""
+    and attention projections in a bfloat16 autocast training step). The bias's kernel comes
+    before the call."""
     def fn(x, w, b):
         h = torch.addmm(b * 2, x.view(-1, 32), w).view(4, 8, 64)
         return h, torch.nn.functional.gelu(h, approximate="tanh")
@@ -261,6 +262,8 @@ def test_a_stored_projection_with_a_computed_bias_is_one_addmm():
     # transposed or copied weight takes another CPU kernel)
     c = check(projection, [torch.randn(4, 8, 32), torch.randn(64, 32), torch.randn(64)], atol=0.25, rtol=0.02)
     assert "aten.addmm.default" in c.externs and "aten.mm.default" not in c.externs
+    steps = [type(s).__name__ for s in c.schedule.steps if type(s).__name__ in ("Kernel", "ExternCall")]
+    assert steps.index("ExternCall") == 3  # after the bias's, the activations' and the weight's casts
 
 
 @pytest.mark.parametrize("options", [None, {"cpu_codegen": "triton"}])

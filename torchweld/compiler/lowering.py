@@ -511,10 +511,6 @@ class GraphLowering:
         if terms is None:
             return False
         mm, bias = terms
-        if not isinstance(bias, ir.TensorArg):  # computed in the graph: stored by a kernel of its own
-            vector = self.add_pointwise(ir.substitute(bias, [ir.const(0), ir.var("d0")]), root.dtype,
-                                        root.shape[1:], root.device)
-            bias = ir.TensorArg(vector.root, vector.layout)
         args = (bias, *mm.args)
         self.buffers[name] = ir.Extern(name, aten.addmm.default, args, {}, ((root.dtype, root.layout),), False,
                                        root.device)
@@ -638,14 +634,14 @@ def refuse_traps(buf: ir.Buffer) -> None:
                                       "(a kernel would trap where aten raises ZeroDivisionError or wraps)")
 
 
-def _addmm_terms(root: ir.Pointwise, buffers: dict) -> tuple[ir.Extern, ir.TensorArg | Expr] | None:
+def _addmm_terms(root: ir.Pointwise, buffers: dict) -> tuple[ir.Extern, ir.TensorArg] | None:
     """(the mm extern, the bias) where `root` is `mm(a, b) + bias` (addmm's decomposition,
     compiler/decompositions.py) over contiguous 2-D layouts, so that one aten.addmm computes
-    it: the bias as a stored 1-D buffer, or as an expression over d1 alone in root's dtype
-    (autocast's bfloat16 copy of a float32 bias, inlined: a few thousand elements, which
-    fold_addmm stores, where the sum's kernel would read and write the whole product again).
-    A half-precision sum adds in float32 (its terms upcast); aten's addmm rounds once, as eager's
-    call does. Else None."""
+    it, with a 1-D bias: an input, or a buffer computed in the graph (autocast's bfloat16 copy
+    of a float32 bias: a few thousand elements, then stored, where the sum's kernel would read
+    and write the whole product again). A half-precision sum adds in float32 (its terms
+    upcast); aten's addmm rounds once, as eager's addmm and linear do (a product and a sum
+    written apart round twice in eager: within a unit of the last place). Else None."""
     if len(root.shape) != 2 or root.layout != Layout.contiguous(root.shape) or root.body.op is not ir.Op.ADD:
         return None
     d0, d1 = (d.key() for d in ir.dim_vars(2))
@@ -663,8 +659,6 @@ def _addmm_terms(root: ir.Pointwise, buffers: dict) -> tuple[ir.Extern, ir.Tenso
         elif (isinstance(producer, (ir.InputBuffer, ir.Pointwise)) and index == (d1,) and producer.layout is not None
               and producer.layout.shape == root.shape[1:]):
             bias = ir.TensorArg(producer.name, producer.layout)
-        elif ir.variables(term) <= {"d1"}:
-            bias = term
     if mm is None or bias is None:
         return None
     return mm, bias
