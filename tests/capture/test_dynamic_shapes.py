@@ -712,7 +712,7 @@ def _uses_a_float(x, s, t=0.5):
     y = x * s - t * x
     if s > 0.25:  # Python compares it: guarded on the answer
         y = y + 1
-    return y * (2 * t), s  # Python computes with t: guarded on its value; s returned as it came
+    return y * (2 * t), s  # Python computes with t: a derived number, an input too; s returned as it came
 
 
 @pytest.mark.parametrize("backend", ["eager", "weld"])
@@ -722,8 +722,83 @@ def test_float_arguments_read_as_inputs_keep_eager_results(backend):
         x = torch.randn(4, dtype=torch.float64)
         got, want = compiled(x, s, t), _uses_a_float(x, s, t)
         assert torch.equal(got[0], want[0]) and got[1] == want[1] and type(got[1]) is float
-    # 0.1; then one version a side of `s > 0.25` for each value of t: (0.2, 0.5), (0.3, 0.5), (0.35, 0.7), (0.4, 0.9)
-    assert len(compiled.cache_entries) == 5
+    # 0.1; then a version a side of `s > 0.25` while t keeps its first value: (0.2, 0.5), (0.3, 0.5);
+    # then one where t is an input too: (0.35, 0.7) and every later call
+    assert len(compiled.cache_entries) == 4
+
+
+def _ema(x, average, decay):
+    # Python arithmetic on a float that changes each call (a decay schedule): derived numbers
+    return average * decay + (1 - decay) * x, x / (decay * 4) - (-decay) * x
+
+
+@pytest.mark.parametrize("backend", ["eager", "weld"])
+def test_python_arithmetic_on_a_float_input_is_an_input_bit_for_bit(backend):
+    """`1 - decay`, `decay * 4`, `-decay` of a float that changes: the holder does Python's
+    arithmetic again at each call, so no value is a new version, and the results are eager's
+    bit for bit (float32 and float64 tensors)."""
+    for dtype in (torch.float32, torch.float64):
+        counting = CountingBackend()
+        compiled = torchweld.compile(_ema, backend=counting if backend == "eager" else backend)
+        for decay in (0.9, 0.99, 0.995, 0.5, 1e-3, 0.0):
+            x, average = torch.randn(7, dtype=dtype), torch.randn(7, dtype=dtype)
+            got, want = compiled(x, average, decay), _ema(x, average, decay)
+            assert all(torch.equal(g, w) for g, w in zip(got, want)), (backend, dtype, decay)
+        if backend == "eager":
+            assert len(counting.graphs) == 2
+
+
+def test_python_arithmetic_on_a_float_input_compiles_as_often_as_under_torch_compile():
+    counts = []
+    for compile_ in (torchweld.compile, torch.compile):
+        torch._dynamo.reset()
+        backend = CountingBackend()
+        compiled = compile_(_ema, backend=backend)
+        for decay in (0.9, 0.99, 0.995, 0.5):
+            compiled(torch.randn(7), torch.randn(7), decay)
+        counts.append(len(backend.graphs))
+    torch._dynamo.reset()
+    assert counts[0] == counts[1] == 2
+
+
+def _derived_elsewhere(x, lr):
+    scaled = 2 * lr + 1
+    if scaled > 2:  # a comparison of a derived number: guarded on lr's value
+        x = x + 1
+    return torch.full((3,), scaled) * x, scaled, -lr
+
+
+@pytest.mark.parametrize("backend", ["eager", "weld"])
+def test_a_derived_float_used_as_a_constant_is_guarded_on_its_input(backend):
+    """Where a derived number is no tensor operation's operand (a comparison, a factory, a
+    returned float) it is a constant, and the float it came from is guarded on its value."""
+    compiled = torchweld.compile(_derived_elsewhere, backend=backend)
+    for lr in (0.1, 0.7, 0.3, 0.9, 0.1):
+        x = torch.randn(3)
+        got, want = compiled(x, lr), _derived_elsewhere(x, lr)
+        assert torch.equal(got[0], want[0]) and got[1:] == want[1:] and type(got[1]) is float, lr
+
+
+def test_an_optimizer_learning_rate_set_from_a_derived_float_follows_it():
+    """`group["lr"] = 2 * lr` inside the compiled step: the optimizer reads that number as a
+    constant guarded on lr, never lr itself."""
+    def step(model, opt, x, lr):
+        opt.param_groups[0]["lr"] = 2 * lr
+        model(x).sum().backward()
+        opt.step()
+        opt.zero_grad()
+
+    torch.manual_seed(0)
+    models = [torch.nn.Linear(4, 2) for _ in range(2)]
+    models[1].load_state_dict(models[0].state_dict())
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in models]
+    compiled = torchweld.compile(step, backend="eager")
+    for lr in (0.1, 0.05, 0.2, 0.05):
+        x = torch.randn(3, 4)
+        step(models[0], opts[0], x, lr)
+        compiled(models[1], opts[1], x, lr)
+        for a, b in zip(models[0].parameters(), models[1].parameters()):  # lr for 2 * lr: ~1e-2 off
+            torch.testing.assert_close(b, a, rtol=0, atol=1e-6)
 
 
 def _times(x, s):

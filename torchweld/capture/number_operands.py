@@ -16,17 +16,22 @@ that tensor gives eager's result bit for bit:
   `clamp_min`, `clamp_max`, `torch.where(c, x, s)`, `masked_fill(m, s)`: the scalar is rounded
   to the dtype and selected or compared, as the tensor is.
 
-Anywhere else (`s / x`, `x ** s`, `torch.full(size, s)`, an integer or half tensor, Python
-arithmetic on the number) the number is a constant guarded on its value, as before.
+Python arithmetic on such a number with constants (`2 * lr`, `1 - decay`, `-s`, `s / 4`) gives a
+`values.DerivedNumber`, taken by the operations above as the number is: its holder computes the
+arithmetic again from each call's value, in Python on the host, as eager's Python did
+(`derived_number`). Anywhere else (`s / x`, `c / s`, `x ** s`, `torch.full(size, s)`, an integer
+or half tensor, two such numbers combined, a comparison of a derived one) the number is a
+constant guarded on its value, as before.
 """
 from __future__ import annotations
 
+import math
 import operator
 from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from torchweld.capture.values import GuardedOnUseNumber, TensorValue, Value
+from torchweld.capture.values import DerivedNumber, GuardedOnUseNumber, TensorValue, Value
 
 if TYPE_CHECKING:
     from torchweld.capture.output_graph import OutputGraph
@@ -73,10 +78,10 @@ def take_numbers(output: "OutputGraph", target: object, args: list[Value],
         return target, args, kwargs
     kind, positions, names = rule
     slots = [("arg", i) for i in positions if i < len(args)] + [("kw", k) for k in names if k in kwargs]
-    numbers = [slot for slot in slots if isinstance(_at(slot, args, kwargs), GuardedOnUseNumber)]
+    numbers = [slot for slot in slots if isinstance(_at(slot, args, kwargs), _NUMBER_INPUTS)]
     if not numbers or (kind == _ARITHMETIC and "alpha" in kwargs) or (kind == _DIVISION and _rounds(kwargs)):
         return target, args, kwargs
-    if kind == _BOUNDS and not all(isinstance(_at(s, args, kwargs), GuardedOnUseNumber)
+    if kind == _BOUNDS and not all(isinstance(_at(s, args, kwargs), _NUMBER_INPUTS)
                                    or _is_none(_at(s, args, kwargs)) for s in slots):
         return target, args, kwargs  # a bound that is a tensor or a constant: clamp takes both alike or not at all
     tensors = [v for v in [*args, *kwargs.values()] if isinstance(v, TensorValue)]
@@ -89,16 +94,64 @@ def take_numbers(output: "OutputGraph", target: object, args: list[Value],
     reciprocal = kind == _DIVISION and example.device.type == "cuda"
     for slot in numbers:
         number = _at(slot, args, kwargs)
+        base, compute, formula = _computed_from(number)
         if reciprocal:
-            held = output.input_number(number.source, number.value, example.device, example.dtype, "1 / {}",
-                                       _reciprocal_in(example.dtype))
+            reciprocal_of = _reciprocal_in(example.dtype)
+            held = output.input_number(base.source, base.value, example.device, example.dtype, f"1 / ({formula})",
+                                       lambda x, compute=compute: reciprocal_of(compute(x)))
         else:
-            held = output.input_number(number.source, number.value, example.device, example.dtype)
+            held = output.input_number(base.source, base.value, example.device, example.dtype, formula, compute)
         if slot[0] == "arg":
             args[slot[1]] = held
         else:
             kwargs[slot[1]] = held
     return (_AS_MULTIPLICATION[target] if reciprocal else target), args, kwargs
+
+
+_NUMBER_INPUTS = (GuardedOnUseNumber, DerivedNumber)
+# Python's arithmetic on floats that a number holder can do again at each call
+_PYTHON_ARITHMETIC = {operator.add: "+", operator.sub: "-", operator.mul: "*", operator.truediv: "/"}
+
+
+def _computed_from(number: Value) -> tuple[GuardedOnUseNumber, Callable[[float], float], str]:
+    """(the float read as an input, the arithmetic from its value to `number`'s, that arithmetic
+    spelled over `{}`)."""
+    if isinstance(number, DerivedNumber):
+        return number.base, number.compute, number.formula
+    return number, _same_value, "{}"
+
+
+def _same_value(x: float) -> float:
+    return x
+
+
+def derived_number(fn: Callable, a: Value, b: Value | None = None) -> DerivedNumber | None:
+    """`a <fn> b` (or `fn(a)` for negation) where one operand is a float read as a graph input
+    (or derived from one) and the other an int or float constant, as a DerivedNumber; None where
+    that does not apply (the caller folds it as a constant, guarding the input's value).
+    Dividing by the input is left to the caller: a later value of 0 must raise at the user's line."""
+    if b is None:
+        if fn is not operator.neg or not isinstance(a, _NUMBER_INPUTS):
+            return None
+        base, compute, formula = _computed_from(a)
+        return DerivedNumber(-a.value, base, lambda x: -compute(x), f"-({formula})")
+    symbol = _PYTHON_ARITHMETIC.get(fn)
+    flipped = not isinstance(a, _NUMBER_INPUTS)
+    number, other = (b, a) if flipped else (a, b)
+    if symbol is None or not isinstance(number, _NUMBER_INPUTS) or isinstance(other, (*_NUMBER_INPUTS, TensorValue)):
+        return None
+    if not other.is_constant():
+        return None
+    constant = other.as_constant()
+    if type(constant) not in (int, float) or not math.isfinite(constant) or (fn is operator.truediv and (
+            flipped or constant == 0)):
+        return None
+    base, compute, formula = _computed_from(number)
+    if flipped:
+        value = fn(constant, number.value)
+        return DerivedNumber(value, base, lambda x: fn(constant, compute(x)), f"{constant!r} {symbol} ({formula})")
+    value = fn(number.value, constant)
+    return DerivedNumber(value, base, lambda x: fn(compute(x), constant), f"({formula}) {symbol} {constant!r}")
 
 
 def _at(slot: tuple[str, object], args: list[Value], kwargs: dict[str, Value]) -> Value:

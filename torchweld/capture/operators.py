@@ -9,6 +9,7 @@ import torch
 
 from torchweld.capture.collection_values import set_operator
 from torchweld.capture.exceptions import CapturedRaise
+from torchweld.capture.number_operands import derived_number
 from torchweld.capture.values import (
     ConstantValue, DictValue, GuardedOnUseNumber, ListValue, NullValue, SequenceValue, SymNumberValue, TensorTruthValue,
     TensorValue, TupleValue, Value, const,
@@ -42,6 +43,9 @@ def binary(tx: "Translator", fn: Callable, a: Value, b: Value) -> Value:
         if not isinstance(a, TensorValue):  # `n += t` of a number: Python computes `n + t`, a new tensor
             fn = _INPLACE_TO_PLAIN.get(fn, fn)
         return tx.output.call_function(fn, [a, b], {})  # a float read as an input: number_operands.py
+    derived = derived_number(_INPLACE_TO_PLAIN.get(fn, fn), a, b)  # `2 * lr` of a float read as an input
+    if derived is not None:
+        return derived
     if _symbolic_number(a, b):  # `x.shape[0] // 2`: a graph value; its example a SymInt
         plain = _INPLACE_TO_PLAIN.get(fn, fn)
         if plain in _DIVIDING and isinstance(b, SymNumberValue):
@@ -93,6 +97,9 @@ def unary(tx: "Translator", fn: Callable, a: Value) -> Value:
         return ConstantValue(not a.truth(tx))
     if isinstance(a, SymNumberValue):
         return tx.output.call_function(fn, [a], {})
+    derived = derived_number(fn, a)  # `-lr`
+    if derived is not None:
+        return derived
     return _fold(fn, a)
 
 

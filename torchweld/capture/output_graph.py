@@ -157,8 +157,11 @@ class OutputGraph:
             return known
         holder = NumberTensor(value, device, dtype, compute)
         tensor_source = NumberTensorSource(source, self.guards.name_constant(holder), *key)
+        name, taken = tensor_source.placeholder_name(), {n.target for n in self.graph.nodes if n.op == "placeholder"}
+        if name in taken:  # `-lr` and `lr` spell alike once their punctuation is gone
+            name = next(f"{name}{k}_" for k in range(1, len(taken) + 2) if f"{name}{k}_" not in taken)
         with self._insert_placeholder():
-            node = self.graph.placeholder(tensor_source.placeholder_name())
+            node = self.graph.placeholder(name)
         fake = fake_copy(self.fake_mode, holder.tensor)
         node.meta["example_value"] = fake
         node.meta["source"] = tensor_source.name()

@@ -160,6 +160,30 @@ class GuardedOnUseNumber(ConstantValue):
         return f"GuardedOnUseNumber({self.value!r}, {self.source})"
 
 
+class DerivedNumber(ConstantValue):
+    """A float Python computes from one read as a graph input and constants (`2 * lr`,
+    `1 - decay`): `compute` does that arithmetic again from the input's value (`formula`
+    spells it over the input's name). Where a tensor operation takes it (number_operands.py) the
+    graph reads it as the input's holder computes it at each call, on the host in double
+    precision as Python does; anywhere else it is a constant, and the input's value is guarded
+    (as_constant). It has no source of its own: nothing reads it back from the frame."""
+
+    def __init__(self, value: float, base: GuardedOnUseNumber, compute: Callable[[float], float], formula: str):
+        super().__init__(value)
+        self.base, self.compute, self.formula = base, compute, formula
+
+    def as_constant(self) -> object:
+        self.base.as_constant()
+        return self.value
+
+    def getattr(self, tx: "Translator", name: str) -> Value:
+        self.as_constant()
+        return super().getattr(tx, name)
+
+    def __repr__(self) -> str:
+        return f"DerivedNumber({self.value!r}, {self.formula.format(self.base.source.name())})"
+
+
 _CONSTANT_TYPES = (
     type(None), bool, int, float, complex, str, bytes, type(Ellipsis), type(NotImplemented),
     torch.dtype, torch.device, torch.layout, torch.memory_format, range, slice, torch.Size,
