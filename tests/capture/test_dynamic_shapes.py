@@ -761,6 +761,29 @@ def test_python_arithmetic_on_a_float_input_compiles_as_often_as_under_torch_com
     assert counts[0] == counts[1] == 2
 
 
+def _inverse_temperature(x, t):
+    return x * (1 / t)
+
+
+@pytest.mark.parametrize("backend", ["eager", "weld"])
+def test_a_float_input_python_divides_by_is_guarded_nonzero(backend):
+    """`1 / t` of a float input: an input too, guarded t != 0, so that t = 0 raises
+    ZeroDivisionError at the user's line as in eager, and the next value runs the graph again."""
+    counting = CountingBackend()
+    compiled = torchweld.compile(_inverse_temperature, backend=counting if backend == "eager" else backend)
+    for t in (0.5, 0.7, 2.0, 0.0, -0.0, 1.3):
+        x = torch.randn(5)
+        try:
+            want = _inverse_temperature(x, t)
+        except ZeroDivisionError:
+            with pytest.raises(ZeroDivisionError):
+                compiled(x, t)
+            continue
+        assert torch.equal(compiled(x, t), want), t
+    if backend == "eager":
+        assert len(counting.graphs) == 2
+
+
 def _derived_elsewhere(x, lr):
     scaled = 2 * lr + 1
     if scaled > 2:  # a comparison of a derived number: guarded on lr's value

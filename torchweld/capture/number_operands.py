@@ -19,7 +19,7 @@ that tensor gives eager's result bit for bit:
 Python arithmetic on such a number with constants (`2 * lr`, `1 - decay`, `-s`, `s / 4`) gives a
 `values.DerivedNumber`, taken by the operations above as the number is: its holder computes the
 arithmetic again from each call's value, in Python on the host, as eager's Python did
-(`derived_number`). Anywhere else (`s / x`, `c / s`, `x ** s`, `torch.full(size, s)`, an integer
+(`derived_number`; `1 / s` guards s nonzero). Anywhere else (`s / x`, `c / (2 * s)`, `x ** s`, `torch.full(size, s)`, an integer
 or half tensor, two such numbers combined, a comparison of a derived one) the number is a
 constant guarded on its value, as before.
 """
@@ -129,7 +129,9 @@ def derived_number(fn: Callable, a: Value, b: Value | None = None) -> DerivedNum
     """`a <fn> b` (or `fn(a)` for negation) where one operand is a float read as a graph input
     (or derived from one) and the other an int or float constant, as a DerivedNumber; None where
     that does not apply (the caller folds it as a constant, guarding the input's value).
-    Dividing by the input is left to the caller: a later value of 0 must raise at the user's line."""
+    Dividing by the input itself (`1 / t`) guards it nonzero, so that a call with 0 is another
+    version, which raises ZeroDivisionError at the user's line; by a number derived from it is
+    left to the caller."""
     if b is None:
         if fn is not operator.neg or not isinstance(a, _NUMBER_INPUTS):
             return None
@@ -143,9 +145,13 @@ def derived_number(fn: Callable, a: Value, b: Value | None = None) -> DerivedNum
     if not other.is_constant():
         return None
     constant = other.as_constant()
-    if type(constant) not in (int, float) or not math.isfinite(constant) or (fn is operator.truediv and (
-            flipped or constant == 0)):
+    if type(constant) not in (int, float) or not math.isfinite(constant):
         return None
+    if fn is operator.truediv and (constant == 0 if not flipped else
+                                   isinstance(number, DerivedNumber) or number.value == 0):
+        return None
+    if fn is operator.truediv and flipped:
+        number.guard_nonzero()
     base, compute, formula = _computed_from(number)
     if flipped:
         value = fn(constant, number.value)

@@ -156,6 +156,10 @@ class GuardedOnUseNumber(ConstantValue):
         self.as_constant()
         return super().getattr(tx, name)
 
+    def guard_nonzero(self) -> None:
+        """Guarded on being nonzero, its value not (a number Python divides by)."""
+        self._guards.comparison(self.source, "!=", 0, True)
+
     def __repr__(self) -> str:
         return f"GuardedOnUseNumber({self.value!r}, {self.source})"
 
