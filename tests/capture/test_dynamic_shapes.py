@@ -909,7 +909,7 @@ def test_a_float_operand_on_weld_follows_each_value():
 @pytest.mark.parametrize("backend", ["eager", "weld"])
 def test_a_float_divisor_on_cuda_is_eagers_product_with_its_reciprocal(backend):
     def fn(x, s):  # each output one operation: Triton contracts a product and a sum into an fma
-        return x / s, torch.div(x, s), x.div(s)
+        return x / s, torch.div(x, s), x.div(s), x / (s * 4 - 1)  # the last: a derived number
 
     compiled = torchweld.compile(fn, backend=backend)
     for s in (3.0, 0.1, 7.3e-5, -2.5, 3.0, 1e30):

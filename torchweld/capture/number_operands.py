@@ -19,9 +19,9 @@ that tensor gives eager's result bit for bit:
 Python arithmetic on such a number with constants (`2 * lr`, `1 - decay`, `-s`, `s / 4`) gives a
 `values.DerivedNumber`, taken by the operations above as the number is: its holder computes the
 arithmetic again from each call's value, in Python on the host, as eager's Python did
-(`derived_number`; `1 / s` guards s nonzero). Anywhere else (`s / x`, `c / (2 * s)`, `x ** s`, `torch.full(size, s)`, an integer
-or half tensor, two such numbers combined, a comparison of a derived one) the number is a
-constant guarded on its value, as before.
+(`derived_number`; `1 / s` guards s nonzero). Anywhere else (`s / x`, `c / (2 * s)`, `x ** s`,
+`torch.full(size, s)`, an integer or half tensor, two such numbers combined, a comparison of a
+derived one) the number is a constant guarded on its value, as before.
 """
 from __future__ import annotations
 
@@ -96,9 +96,8 @@ def take_numbers(output: "OutputGraph", target: object, args: list[Value],
         number = _at(slot, args, kwargs)
         base, compute, formula = _computed_from(number)
         if reciprocal:
-            reciprocal_of = _reciprocal_in(example.dtype)
             held = output.input_number(base.source, base.value, example.device, example.dtype, f"1 / ({formula})",
-                                       lambda x, compute=compute: reciprocal_of(compute(x)))
+                                       lambda x, compute=compute, of=_reciprocal_in(example.dtype): of(compute(x)))
         else:
             held = output.input_number(base.source, base.value, example.device, example.dtype, formula, compute)
         if slot[0] == "arg":
