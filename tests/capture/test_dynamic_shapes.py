@@ -748,16 +748,22 @@ def test_python_arithmetic_on_a_float_input_is_an_input_bit_for_bit(backend):
             assert len(counting.graphs) == 2
 
 
-def test_python_arithmetic_on_a_float_input_compiles_as_often_as_under_torch_compile():
+def _graph_counts(fn, calls: list[tuple]) -> list[int]:
+    """The graphs torchweld and torch.compile make of `fn` called with each argument tuple."""
     counts = []
     for compile_ in (torchweld.compile, torch.compile):
         torch._dynamo.reset()
         backend = CountingBackend()
-        compiled = compile_(_ema, backend=backend)
-        for decay in (0.9, 0.99, 0.995, 0.5):
-            compiled(torch.randn(7), torch.randn(7), decay)
+        compiled = compile_(fn, backend=backend)
+        for args in calls:
+            compiled(*args)
         counts.append(len(backend.graphs))
     torch._dynamo.reset()
+    return counts
+
+
+def test_python_arithmetic_on_a_float_input_compiles_as_often_as_under_torch_compile():
+    counts = _graph_counts(_ema, [(torch.randn(7), torch.randn(7), decay) for decay in (0.9, 0.99, 0.995, 0.5)])
     assert counts[0] == counts[1] == 2
 
 
@@ -879,15 +885,7 @@ def test_floats_taken_by_torch_operations_are_inputs_bit_for_bit(name):
 @pytest.mark.parametrize("name", ["divided by", "clamp max", "where", "masked_fill"])
 def test_floats_taken_by_torch_operations_match_torch_compiles_graph_count(name):
     fn, _ = _FLOAT_OPERANDS[name]
-    counts = []
-    for compile_ in (torchweld.compile, torch.compile):
-        torch._dynamo.reset()
-        backend = CountingBackend()
-        compiled = compile_(fn, backend=backend)
-        for s in (0.5, 0.7, 1.3, 2.1):
-            compiled(torch.randn(6), s)
-        counts.append(len(backend.graphs))
-    torch._dynamo.reset()
+    counts = _graph_counts(fn, [(torch.randn(6), s) for s in (0.5, 0.7, 1.3, 2.1)])
     assert counts[0] == counts[1] == 2
 
 
@@ -1010,13 +1008,17 @@ _GLOBAL_SHIFT = 1.0
 
 def _float_with_state(x, seen, cfg, s=0.5):
     seen.append(s)  # the floats also divide and bound (number_operands.py): inputs there too
-    return ((x * s + cfg.t * x - _GLOBAL_SHIFT) / cfg.t).clamp(max=s), len(seen), cfg.t
+    y = ((x * s + cfg.t * x - _GLOBAL_SHIFT) / cfg.t).clamp(max=s)
+    # and Python computes with them (derived numbers; returning one would guard s's value)
+    return y + (1 - s) * x - x * (2 * cfg.t) - 2 * _GLOBAL_SHIFT, len(seen), cfg.t
 
 
 @pytest.mark.parametrize("backend", ["eager", "weld"])
 def test_float_inputs_follow_defaults_globals_containers_and_an_objects_attribute(backend):
     """The float inputs called again after the program's state changed: the function's default,
-    a global float (a constant, guarded), the list passed in, the same config object's attribute."""
+    a global float (a constant, guarded), the list passed in, the same config object's attribute;
+    Python arithmetic on them (`1 - s`, `2 * cfg.t`) follows each change too. Versions are called
+    again with other floats (calls 4 and 6)."""
     global _GLOBAL_SHIFT
     compiled = torchweld.compile(_float_with_state, backend=backend)
     mine, theirs = _Holder(0.25), _Holder(0.25)
@@ -1027,6 +1029,10 @@ def test_float_inputs_follow_defaults_globals_containers_and_an_objects_attribut
             _float_with_state.__defaults__ = (default,)
             _GLOBAL_SHIFT = shift
             mine.t = theirs.t = t
+            # the lists emptied, as at the first call (a list that grew would be another version
+            # each call, and no version would be called again with new floats)
+            seen_mine.clear()
+            seen_theirs.clear()
             x = torch.randn(4)
             got, want = compiled(x, seen_mine, mine), _float_with_state(x, seen_theirs, theirs)
             assert torch.equal(got[0], want[0]) and got[1:] == want[1:] and seen_mine == seen_theirs

@@ -95,7 +95,7 @@ def _options(kwargs: dict[str, Value]) -> dict:
             raise Unsupported(f"checkpoint(..., {name}=...) is not captured: the block runs with eager's checkpoint")
         if not isinstance(value, ConstantValue):
             raise Unsupported(f"checkpoint(..., {name}=...) with a value known only at run time")
-        options[name] = value.value
+        options[name] = value.as_constant()  # a number read from outside is guarded
     if options.get("use_reentrant") is not False:
         raise Unsupported("checkpoint(..., use_reentrant=True) (or unset) is not captured: the block runs with "
                           "eager's checkpoint; pass use_reentrant=False, as PyTorch recommends")
