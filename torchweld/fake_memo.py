@@ -105,8 +105,8 @@ def _describe(values, parts: list, modes: list) -> bool:
     for value in values:
         kind = type(value)
         if kind is FakeTensor:
-            if value.constant is not None or value.layout is not torch.strided:
-                return False
+            if value.constant is not None or value.layout is not torch.strided or value.fake_mode.shape_env is not None:
+                return False  # (a mode with a ShapeEnv: symbolic sizes, whose ops record guards)
             if not modes:
                 modes.append(value.fake_mode)
             elif value.fake_mode is not modes[0]:

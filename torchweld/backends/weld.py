@@ -9,6 +9,7 @@ import logging
 import torch
 import torch.utils._pytree as pytree
 
+from torchweld import logs
 from torchweld.backends import BackendOptions, Option, register_backend
 from torchweld.backends.module_settings import SettingsGuarded, leaf_settings
 from torchweld.backends.weld_declines import UNTRACEABLE, Decline, warn_declined, why_declined
@@ -94,6 +95,8 @@ OPTIONS = {
     "size_specializations": Option("a graph with symbolic sizes: for how many sizes weld compiles it (later "
                                    "ones run as captured; backends/weld_sizes.py); default: "
                                    f"tuning.default_specializations, {tuning.default_specializations}", types=(int,)),
+    "symbolic_kernels": Option("a graph with symbolic sizes: compile it once over its symbols where weld can "
+                               "(backends/weld_symbolic.py), before compiling it per size; default True"),
     "sizes_as_arguments": Option("kernels take their integers as arguments, so kernels that differ only in sizes "
                                  "are one compiled function (Triton) or one library (C++); default: on for a graph "
                                  "with symbolic sizes (backends/weld_sizes.py), else Triton's from a kernel's third "
@@ -117,7 +120,8 @@ def weld(gm: torch.fx.GraphModule, example_inputs: list, mode=None, options=None
     if declined is not None and declined[0] is Decline.SYMBOLIC_SIZES:  # shortcut: compiled per size (weld_sizes.py)
         limit = options.get("size_specializations", tuning.default_specializations)
         per_size = BackendOptions.derived(options, sizes_as_arguments=True)  # kernels shared across sizes
-        return CompiledPerSize(gm, lambda static_gm, inputs: weld(static_gm, inputs, mode, per_size), limit)
+        sizes = CompiledPerSize(gm, lambda static_gm, inputs: weld(static_gm, inputs, mode, per_size), limit)
+        return _symbolic(gm, example_inputs, mode, per_size, sizes)
     if declined is not None:
         kind, detail = declined
         log.warning("weld runs this graph without its kernels (%s): %s", detail, kind.value)
@@ -130,7 +134,27 @@ def weld(gm: torch.fx.GraphModule, example_inputs: list, mode=None, options=None
     return SettingsGuarded(lambda inputs: _weld(gm, inputs, mode, options), settings, gm.forward, example_inputs)
 
 
-def _weld(gm: torch.fx.GraphModule, example_inputs: list, mode, options: dict):
+def _symbolic(gm: torch.fx.GraphModule, example_inputs: list, mode, options: dict, per_size: CompiledPerSize):
+    """`gm` compiled once over symbolic sizes (weld_symbolic.py), `per_size` calling it where its
+    compile's guards hold; `per_size` alone where it cannot be compiled so."""
+    from torchweld.backends.weld_symbolic import CompiledSymbolic, SymbolicCompileError, SymbolicCopy
+    from torchweld.compiler.symbols import compiling_over
+
+    if not options.get("symbolic_kernels", True) or needs_autograd(gm, example_inputs) or leaf_settings(gm):
+        return per_size
+    try:
+        copy = SymbolicCopy(gm, tuple(example_inputs))
+        with compiling_over(copy.env):
+            compiled = _weld(copy.gm, copy.inputs, mode, options, symbolic=True)
+        guard = copy.guard()
+    except (SymbolicCompileError, NotImplementedError, TypeError, ValueError, RuntimeError) as e:
+        logs.get("dynamic").info("weld compiles this graph per size: it cannot compile it over symbols: %s: %s",
+                                 type(e).__name__, e, exc_info=logs.get("dynamic").isEnabledFor(logging.DEBUG))
+        return per_size
+    return CompiledSymbolic(compiled, guard, [copy.symbols[s] for s in guard.symbols], per_size)
+
+
+def _weld(gm: torch.fx.GraphModule, example_inputs: list, mode, options: dict, symbolic: bool = False):
     grad_tensors = reads_grad_tensors(gm, example_inputs)
     training = grad_tensors and records_autograd(gm)
     if _on_cuda(gm, example_inputs):
@@ -140,14 +164,19 @@ def _weld(gm: torch.fx.GraphModule, example_inputs: list, mode, options: dict):
     from torchweld.compiler import compile_graph
     from torchweld.compiler.lowering import LoweringError
     from torchweld.runtime.cpp_loader import CppCompileError
+    from torchweld.backends.weld_symbolic import SymbolicCompileError
 
     graph_module = prepare(gm, options, inference=True)
     try:
         compiled = compile_graph(graph_module, list(example_inputs), compile_options(mode, options))
     except (LoweringError, CppCompileError) as e:
+        if symbolic:
+            raise SymbolicCompileError(str(e)) from e
         log.warning("weld cannot compile this graph, running it eagerly: %s", e)
         compiled = gm.forward
     except UNTRACEABLE as e:
+        if symbolic:
+            raise SymbolicCompileError(f"{type(e).__name__}: {e}") from e
         log.warning("weld cannot trace this graph, running it eagerly: %s: %s", type(e).__name__, e)
         compiled = gm.forward
     call = with_cudagraphs(compiled, gm, mode, options)

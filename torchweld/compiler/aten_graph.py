@@ -8,7 +8,7 @@ import dataclasses
 import torch
 import torch.utils._pytree as pytree
 from torch._decomp import get_decompositions
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.nn.utils.stateless import _reparametrize_module
 
 from torchweld.compiler import decompositions
@@ -121,8 +121,12 @@ def to_aten_graph(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) 
     """Trace `gm` with fake copies of `example_inputs`; parameters and buffers become
     get_attr constants (the module runs on fakes of them, made once each)."""
     recorder = AtenRecorder(DECOMPOSITIONS)
-    with torch.no_grad(), FakeTensorMode(allow_non_fake_inputs=True) as mode:
-        fake_inputs = [recorder.placeholder(fake_copy(mode, x) if isinstance(x, torch.Tensor) else x)
+    # symbolic inputs (backends/weld_symbolic.py) are fakes already, of a mode whose ShapeEnv
+    # records what the trace assumes about their sizes
+    given = next((x.fake_mode for x in example_inputs if isinstance(x, FakeTensor)), None)
+    with torch.no_grad(), given or FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        fake_inputs = [recorder.placeholder(x if isinstance(x, FakeTensor) else
+                                            fake_copy(mode, x) if isinstance(x, torch.Tensor) else x)
                        for x in example_inputs]
         fakes: dict[int, torch.Tensor] = {}  # id(real) -> its fake, so tied weights stay one tensor
         state = {}

@@ -23,6 +23,7 @@ fails as it does under fake tensors, and the caller falls back.
 from __future__ import annotations
 
 import operator
+import warnings
 
 import torch
 import torch.utils._pytree as pytree
@@ -32,6 +33,7 @@ from torchweld import fake_memo
 from torchweld.compiler.graph_modules import graph_module
 
 aten = torch.ops.aten
+SYMBOLIC_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
 
 # Ops that read tensor metadata only, never decomposed (as make_fx leaves them).
 _METADATA_OPS = frozenset({aten.size.default, aten.stride.default, aten.storage_offset.default})
@@ -172,8 +174,14 @@ class AtenRecorder(TorchDispatchMode):
         out = fake_memo.run(func, args, kwargs)  # on the fake tensors, by the FakeTensorMode below this one
         node_args = tuple(self._argument(a) for a in args)
         node_kwargs = {k: self._argument(v) for k, v in kwargs.items()}
-        node = self.graph.create_node("call_function", func, node_args, node_kwargs,
-                                      name=func.overloadpacket.__name__)
+        if any(isinstance(a, SYMBOLIC_TYPES) for a in pytree.tree_leaves((node_args, node_kwargs))):
+            with warnings.catch_warnings():  # a symbolic size as an argument: what weld's lowering reads
+                warnings.filterwarnings("ignore", message="Raw Sym")
+                node = self.graph.create_node("call_function", func, node_args, node_kwargs,
+                                              name=func.overloadpacket.__name__)
+        else:
+            node = self.graph.create_node("call_function", func, node_args, node_kwargs,
+                                          name=func.overloadpacket.__name__)
         node.meta["val"] = out
         if isinstance(out, torch.Tensor):
             self._bind(out, node)

@@ -2,7 +2,10 @@
 schedule, kernel sources, wrapper — the pipeline, in order."""
 from __future__ import annotations
 
+import builtins
 import dataclasses
+import dis
+import inspect
 import linecache
 import logging
 import math
@@ -19,8 +22,9 @@ from torchweld.compiler.codegen import size_args
 from torchweld.compiler.codegen.cpp import CppRenderer
 from torchweld.compiler.codegen.wrapper import PRELUDE, WrapperRenderer, fill_launches, launch_token
 from torchweld.compiler.constant_folding import HoistedConstants, hoist_constants
-from torchweld.compiler.lowering import GraphLowering
+from torchweld.compiler.lowering import GraphLowering, LoweringError
 from torchweld.compiler.schedule import Kernel, Schedule, schedule
+from torchweld.compiler.symbols import size_text
 from torchweld.disk_cache import content_hash, write_source
 from torchweld.runtime.autocast_off import autocast_off, run_without_autocast
 from torchweld.runtime.triton_launch import ensure_context_function
@@ -275,7 +279,7 @@ def _codegen(sched: Schedule, out_spec, options: dict, handed_over: Callable[[],
             sources["cpp"], paths["cpp"] = source, path
             for k in kernels:
                 kernel_objects[f"_k_{k.name}"] = fns[k.name]
-                arguments = [f"{a}.data_ptr()" for a in k.args] + [str(n) for n in ints[k.name]]
+                arguments = [f"{a}.data_ptr()" for a in k.args] + [size_text(n) for n in ints[k.name]]
                 launches[k.name] = f"_k_{k.name}({', '.join(arguments)})"
         else:
             triton, sources["triton"], paths["triton"] = _triton_kernels(renderer, kernels, sched, buffer_dtypes,
@@ -329,6 +333,21 @@ def _codegen(sched: Schedule, out_spec, options: dict, handed_over: Callable[[],
     return compiled, parts
 
 
+def _undefined_globals(namespace: dict) -> set[str]:
+    """The global names the functions of a wrapper's `namespace` read that neither it nor the
+    builtins define."""
+    missing: set[str] = set()
+    codes = [v.__code__ for v in namespace.values() if inspect.isfunction(v) and v.__globals__ is namespace]
+    while codes:
+        code = codes.pop()
+        codes.extend(c for c in code.co_consts if inspect.iscode(c))
+        for ins in dis.get_instructions(code):
+            if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME") and ins.argval not in namespace \
+                    and not hasattr(builtins, ins.argval):
+                missing.add(ins.argval)
+    return missing
+
+
 def assemble(parts: Assembly, out_spec) -> CompiledGraph:
     """The CompiledGraph of `parts`: its wrapper's source written to the cache (tracebacks and
     `output_code` logs show it) and run, its functions bound to the kernels and constants."""
@@ -360,6 +379,9 @@ def assemble(parts: Assembly, out_spec) -> CompiledGraph:
             text += [f"{kind} kernels: {paths[kind]}", src]
         output_code_log.info("\n".join(text))
     namespace["_range"] = torch.profiler.record_function
+    undefined = sorted(_undefined_globals(namespace))
+    if undefined:  # (a symbolic size the wrapper does not bind, spelled as a name)
+        raise LoweringError(f"the wrapper {wrapper_path} reads names it does not define: {', '.join(undefined)}")
     compiled = CompiledGraph(namespace["call"], out_spec, None, wrapper_source, parts.sources, paths,
                              fn_boxed=namespace.get("call_boxed"), make_profiled=make_profiled,
                              name=f"graph {name[:9]}", input_names=parts.input_names, writes=parts.writes,

@@ -49,6 +49,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from torchweld import config, disk_cache, timing
 from torchweld.compiler.aten_trace import CONSTANT_PREFIX
+from torchweld.compiler.symbols import is_symbol_size
 from torchweld.tuning import tuning
 
 log = logging.getLogger("torchweld.cache")
@@ -78,6 +79,9 @@ def graph_key(gm: torch.fx.GraphModule, example_inputs: list, options: dict, tra
         return None
     if options.get("freeze") or options.get("max_autotune"):
         log.debug("graph cache: graphs compiled with freeze or max_autotune are not kept")
+        return None
+    if any(isinstance(x, torch.Tensor) and any(map(is_symbol_size, (*x.shape, *x.stride()))) for x in example_inputs):
+        log.debug("graph cache: graphs compiled over symbolic sizes are not kept (shortcut)")
         return None
     try:
         with timing.phase("weld.graph_cache.key"):

@@ -22,6 +22,7 @@ import enum
 import math
 from typing import Callable, Iterable
 
+import sympy
 import torch
 
 from torchweld.tuning import tuning
@@ -169,6 +170,14 @@ INDEX = torch.int64
 
 
 def const(value: object, dtype: torch.dtype | None = None) -> Expr:
+    """A constant; a symbolic size (a SymInt, or its sympy expression) is an INDEX constant whose
+    `arg` is its expression, which kernels take as an argument (codegen/size_args.py)."""
+    if isinstance(value, torch.SymInt):
+        value = value.node.expr
+    if isinstance(value, sympy.Expr):
+        if not value.is_number:
+            return Expr(Op.CONST, INDEX if dtype is None else dtype, (), value)
+        value = int(value) if value.is_integer else float(value)
     if dtype is None:
         dtype = torch.bool if isinstance(value, bool) else INDEX if isinstance(value, int) else torch.float32
     if dtype.is_floating_point:
@@ -240,6 +249,7 @@ def imul(a: Expr, b: Expr) -> Expr:
 
 
 def idiv(a: Expr, divisor: int) -> Expr:
+    divisor = _sympy_of(divisor)
     if divisor == 1:
         return a
     if is_const(a):
@@ -248,11 +258,22 @@ def idiv(a: Expr, divisor: int) -> Expr:
 
 
 def imod(a: Expr, divisor: int) -> Expr:
+    divisor = _sympy_of(divisor)
     if divisor == 1:
         return const(0)
     if is_const(a):
         return const(a.arg % divisor)
     return Expr(Op.IMOD, INDEX, (a, const(divisor)))
+
+
+def _sympy_of(n: object) -> object:
+    """A symbolic size as its sympy expression (hashable, as Expr args must be); else `n`."""
+    return n.node.expr if isinstance(n, torch.SymInt) else n
+
+
+def is_symbolic_const(e: Expr) -> bool:
+    """A constant whose value is a symbolic size's expression."""
+    return e.op is Op.CONST and isinstance(e.arg, sympy.Expr)
 
 
 def flat_index(index: list[Expr], strides: Iterable[int], offset: int = 0) -> Expr:

@@ -16,6 +16,7 @@ from torchweld.compiler import aliasing, ir
 from torchweld.compiler.aten_graph import pure_overload
 from torchweld.compiler.ir import Expr, Layout
 from torchweld.compiler.op_effects import returned_storage
+from torchweld.compiler.symbols import size_key
 from torchweld.runtime.seeded_rand import SEED_HIGH, SEED_LOW
 from torchweld.tuning import tuning
 from torchweld.write_refusals import non_overlapping_and_dense
@@ -204,7 +205,7 @@ class GraphLowering:
     def known_reduction(self, x: BufferView, reduced, reduce_op: ir.Op, body: Expr, dtype, value: BufferView) -> None:
         """Make `value` what add_reduction(x, reduced, reduce_op, body, dtype) gives from now on,
         where it is that reduction computed another way (variance's shifted sum gives sum(x))."""
-        key = (tuple(x.shape), tuple(sorted(reduced)), reduce_op, body.key(), dtype, x.device)
+        key = (tuple(map(size_key, x.shape)), tuple(sorted(reduced)), reduce_op, body.key(), dtype, x.device)
         self.reductions.setdefault(key, value)
 
     def reads_along_kept(self, body: Expr, shape, reduced) -> bool:
@@ -224,7 +225,7 @@ class GraphLowering:
         return getattr(buf, "layout", None)
 
     def _reduction(self, full_shape, reduced, reduce_op: ir.Op, body: Expr, dtype, device) -> BufferView:
-        key = (tuple(full_shape), tuple(reduced), reduce_op, body.key(), dtype, device)
+        key = (tuple(map(size_key, full_shape)), tuple(reduced), reduce_op, body.key(), dtype, device)
         value = None if self.node in self.returned else self.reductions.get(key)
         if value is None:
             name = self.new_name()

@@ -26,6 +26,7 @@ import torch.utils._pytree as pytree
 from torchweld.compiler import ir
 from torchweld.compiler.ir import Expr, Op
 from torchweld.compiler.lowering import LoweredGraph, BufferView
+from torchweld.compiler.symbols import size_key
 from torchweld.tuning import tuning
 
 
@@ -143,7 +144,7 @@ def structure(kernel: Kernel, numbers: bool = True) -> tuple:
     stages = tuple((tuple((a.reduce_op, a.dtype, number(a.value)) for a in stage.reductions),
                     tuple(store(st) for st in stage.stores)) for stage in kernel.stages)
     outer_stores = tuple(store(st) for st in kernel.outer_stores)
-    outer, reduced = kernel.outer, kernel.reduced
+    outer, reduced = tuple(map(size_key, kernel.outer)), tuple(map(size_key, kernel.reduced))
     if not numbers:
         outer, reduced = tuple(s == 1 for s in outer), tuple(s == 1 for s in reduced)
     return kernel.device.type, outer, reduced, len(kernel.args), stages, outer_stores, tuple(nodes)

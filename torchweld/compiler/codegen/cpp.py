@@ -19,6 +19,7 @@ import math
 import torch
 
 from torchweld.compiler.codegen import size_args
+from torchweld.compiler.symbols import is_symbol_size, size_key
 from torchweld.compiler.codegen.common import C_LIKE_OPS, KernelRenderer, Scope
 from torchweld.compiler.codegen.cpp_reduction import reduced_loops
 from torchweld.compiler import index_ranges, ir
@@ -325,7 +326,7 @@ class CppRenderer(KernelRenderer):
 
     def bound(self, size: int) -> str:
         """A loop's bound in the source: the size's argument where the kernel takes its sizes."""
-        return self.size_names.get(size, str(size))
+        return self.size_names.get(size_key(size), str(size))
 
     def close_kernel(self, kernel: Kernel) -> None:
         for k in range(self.open_loops, -1, -1):
@@ -597,6 +598,9 @@ class CppRenderer(KernelRenderer):
         self.buffer_dtypes = buffer_dtypes
         parts = [PRELUDE]
         for kernel in kernels:
+            if not _may_take_sizes(kernel) and any(map(is_symbol_size, (*kernel.outer, *kernel.reduced))):
+                raise NotImplementedError(f"{kernel.name}: a C++ kernel that keeps its sizes in its source, "
+                                          "over symbolic sizes")
             taking = size_args.with_loop_sizes(kernel) if sizes_as_arguments and _may_take_sizes(kernel) else None
             if taking is not None:
                 size_args.choose(kernel, taking)

@@ -29,6 +29,7 @@ import math
 from torchweld.compiler import ir
 from torchweld.compiler.ir import Expr, Op
 from torchweld.compiler.schedule import Kernel, map_exprs
+from torchweld.compiler.symbols import is_symbol_size, size_key
 
 # operations whose integer operands may be arguments: index arithmetic and comparisons
 _PARAMETERIZED_IN = frozenset({Op.ADD, Op.SUB, Op.MUL, Op.LT, Op.LE, Op.GT, Op.GE, Op.EQ, Op.NE,
@@ -59,14 +60,24 @@ class SizeArgs:
     argument of its magic number and shift (packed_division)."""
 
     kernel: Kernel
-    names: dict[int, str]
+    names: dict[object, str]  # symbols.size_key(integer) -> its argument
     divisors: dict[int, str]
 
     def params(self) -> tuple[str, ...]:
         return (*self.names.values(), *self.divisors.values())
 
-    def values(self) -> tuple[int, ...]:
-        return (*self.names, *map(packed_division, self.divisors))
+    def symbolic_params(self) -> tuple[str, ...]:
+        """The arguments whose values are symbolic sizes' expressions (computed at each call)."""
+        return tuple(name for key, name in self.names.items() if isinstance(key, tuple))
+
+    def name_of(self, value: object) -> str | None:
+        """The argument taking the integer `value` (an int or a symbolic size), if one does."""
+        return self.names.get(size_key(value))
+
+    def values(self) -> tuple:
+        """The arguments' values: ints, and where the graph's sizes are symbols, their
+        expressions (sympy), which the wrapper computes at each call (symbols.size_text)."""
+        return (*(k[1] if isinstance(k, tuple) else k for k in self.names), *map(packed_division, self.divisors))
 
 
 def parameterized(prepared: Kernel) -> SizeArgs | None:
@@ -86,8 +97,8 @@ def parameterized(prepared: Kernel) -> SizeArgs | None:
             inner //= max(size, 1)
             if size == 1:
                 continue
-            if inner != 1:
-                divisor(inner)
+            if inner != 1:  # a symbolic divisor is a plain argument, divided by with `//`
+                _name(names, inner) if is_symbol_size(inner) else divisor(inner)
             if not first:
                 _name(names, size)
             first = False
@@ -104,7 +115,9 @@ def with_loop_sizes(kernel: Kernel) -> SizeArgs | None:
     return _taking(kernel, names, {})
 
 
-def _name(names: dict[int, str], value: int) -> str:
+def _name(names: dict[object, str], value: int) -> str:
+    if is_symbol_size(value):  # a symbolic size (never 0 or 1): always an argument
+        return names.setdefault(size_key(value), f"ks{len(names)}")
     return names.setdefault(value, f"ks{len(names)}") if abs(value) >= 2 else str(value)
 
 
@@ -120,7 +133,7 @@ def _taking(kernel: Kernel, names: dict[int, str], divisors: dict[int, str]) -> 
         return Expr(node.op, node.dtype, args, node.arg)
 
     taking = map_exprs(kernel, lambda e: ir.rewrite(e, leaf, memo), lambda e: ir.rewrite(e, leaf, memo))
-    if any(abs(v) >= _INT32 for v in names) or not (names or divisors):
+    if any(not isinstance(v, tuple) and abs(v) >= _INT32 for v in names) or not (names or divisors):
         return None
     sizes = SizeArgs(taking, names, divisors)
     choose(taking, sizes)  # the kernel as rendered takes them: its kernel_params name them
@@ -128,6 +141,8 @@ def _taking(kernel: Kernel, names: dict[int, str], divisors: dict[int, str]) -> 
 
 
 def _takes(e: Expr) -> bool:
+    if ir.is_symbolic_const(e):
+        return e.dtype is ir.INDEX
     return e.op is Op.CONST and e.dtype is ir.INDEX and not isinstance(e.arg, bool) and abs(e.arg) >= 2
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Iterator
 
+import sympy
 import torch
 
 from torchweld import config
@@ -13,6 +14,7 @@ from torchweld.compiler.codegen import size_args
 from torchweld.compiler.codegen.common import C_LIKE_OPS, KernelRenderer, Scope
 from torchweld.compiler.ir import Expr, Op
 from torchweld.compiler.schedule import Kernel, Stage, map_exprs, structure
+from torchweld.compiler.symbols import decide, hint, is_symbol_size, sympy_size
 from torchweld.runtime.triton_launch import CONSTEXPRS, specialization_class
 from torchweld.tuning import tuning
 
@@ -65,13 +67,26 @@ def kernel_params(kernel: Kernel) -> tuple[str, ...]:
     return tuple(f"ptr{i}" for i in range(len(kernel.args))) + generic + taken + CONSTEXPRS
 
 
+def over_symbols(kernel: Kernel) -> bool:
+    """Whether `kernel`'s sizes, or integers of its index arithmetic, are symbols (a graph
+    compiled once for every size: backends/weld_symbolic.py)."""
+    return _once(kernel, "over_symbols", lambda k: any(map(is_symbol_size, (*k.outer, *k.reduced))) or any(
+        ir.is_symbolic_const(n) for e in (*kernel_values(k), *_store_indexes(k)) for n in ir.walk(e)))
+
+
+def _store_indexes(kernel: Kernel) -> list[Expr]:
+    return [st.index for stage in kernel.stages for st in stage.stores] + [st.index for st in kernel.outer_stores]
+
+
 def unspecialized_params(kernel: Kernel) -> tuple[str, ...]:
     """The integer parameters Triton is told not to specialize on (`do_not_specialize`): the
+    symbolic sizes (one compile for all their values), and the
     divisors' magic numbers (size_args.packed_division), whose divisibility by 16 says nothing
     about any address. Specialized, they split a family's compiles by chance: densenet121's
     training forward 122 compiles, 104 without."""
     chosen = size_args.chosen(kernel)
-    return tuple(chosen.divisors.values()) if chosen else ()
+    numel = ("xnumel",) if size_generic(kernel) and over_symbols(kernel) else ()
+    return (*numel, *chosen.divisors.values(), *chosen.symbolic_params()) if chosen else numel
 
 
 def int_classes(kernel: Kernel) -> tuple[int, ...]:
@@ -79,7 +94,9 @@ def int_classes(kernel: Kernel) -> tuple[int, ...]:
     kernels whose classes agree are one compile."""
     unspecialized = set(unspecialized_params(kernel))
     ints = kernel_params(kernel)[len(kernel.args):][:len(runtime_ints(kernel))]
-    return specialization_class(runtime_ints(kernel), tuple(name in unspecialized for name in ints))
+    # a symbolic size is a 32-bit int: render_modules refuses a kernel over symbols that needs_int64
+    values = tuple(17 if is_symbol_size(v) else v for v in runtime_ints(kernel))
+    return specialization_class(values, tuple(name in unspecialized for name in ints))
 
 
 def runtime_ints(kernel: Kernel) -> tuple[int, ...]:
@@ -98,12 +115,15 @@ def block_sizes(kernel: Kernel) -> tuple[int, int]:
 
 
 def _block_sizes(kernel: Kernel) -> tuple[int, int]:
-    xnumel = max(math.prod(kernel.outer), 1)
-    if size_generic(kernel):  # one block size, so that kernels of any size share one function
-        return tuning.pointwise_xblock, 1
+    # over symbols, from the sizes of the call being compiled (hint): any blocks compute the
+    # same; whether a reduction's block holds a whole row is the renderer's comparison of
+    # SymInts (open_stage), which the ShapeEnv guards
+    xnumel = max(hint(math.prod(kernel.outer)), 1)
+    if size_generic(kernel) or over_symbols(kernel) and not kernel.is_reduction:
+        return tuning.pointwise_xblock, 1  # one block size, so that kernels of any size share one function
     if not kernel.is_reduction:
         return min(tuning.pointwise_xblock, next_power_of_2(xnumel)), 1
-    rnumel = math.prod(kernel.reduced)
+    rnumel = hint(math.prod(kernel.reduced))
     if reads_across_rows(kernel):
         # blocks of up to tuning.outer_xblock outputs side by side, each row's load one contiguous
         # segment; narrower (down to 8 outputs, a 32-byte sector) where that leaves too few programs
@@ -339,7 +359,11 @@ def _needs_int64(kernel: Kernel) -> bool:
         if terms is None:
             continue
         coefs, offset = terms
-        if abs(offset) + sum(abs(c) * max(sizes.get(name, 1) - 1, 0) for name, c in coefs.items()) >= INT32_LIMIT:
+        if over_symbols(kernel):  # a bound over the symbols, decided (and guarded) at this call's sizes
+            bound = abs(offset) + sum(abs(c) * (sympy_size(sizes.get(name, 1)) - 1) for name, c in coefs.items())
+            if decide(sympy.Ge(bound, INT32_LIMIT)):
+                return True
+        elif abs(offset) + sum(abs(c) * max(sizes.get(name, 1) - 1, 0) for name, c in coefs.items()) >= INT32_LIMIT:
             return True
     return False
 
@@ -567,7 +591,10 @@ class TritonRenderer(KernelRenderer):
 
     def size(self, value: int) -> str:
         """An integer of the kernel's sizes: its argument's name where it takes them, else itself."""
-        return self.sizes.names.get(value, str(value)) if self.sizes else str(value)
+        name = self.sizes.name_of(value) if self.sizes else None
+        if name is None and is_symbol_size(value):
+            raise NotImplementedError(f"{self.kernel.name}: a symbolic size {value} it takes no argument for")
+        return name or str(value)
 
     def eviction(self, index_expr: Expr) -> str:
         """Pointwise kernels too big for L2 stream their operands; broadcast operands are reused."""
@@ -656,7 +683,9 @@ class TritonRenderer(KernelRenderer):
             quotient = flat
             if inner != 1:
                 quotient = f"{prefix}q{k}"
-                self.emit(scope, f"{quotient} = _tw_divide({flat}, {self.sizes.divisors[inner]})")
+                divided = f"{flat} // {self.size(inner)}" if is_symbol_size(inner) else \
+                    f"_tw_divide({flat}, {self.sizes.divisors[inner]})"
+                self.emit(scope, f"{quotient} = {divided}")
             index = quotient if outer_quotient is None else f"{quotient} - {outer_quotient} * {self.size(size)}"
             if f"{prefix}{k}" in self.read_variables:
                 self.emit(scope, f"{prefix}{k} = {index}")
@@ -777,6 +806,14 @@ class TritonRenderer(KernelRenderer):
                 text, sizes = rendered[shape]
                 if sizes is not None:
                     size_args.choose(kernel, sizes)
+            elif over_symbols(kernel):  # its sizes are arguments, whatever its family
+                sizes = size_args.parameterized(prepared(kernel)) if not size_generic(kernel) else None
+                if sizes is None and not size_generic(kernel) or needs_int64(kernel):
+                    raise NotImplementedError(f"{kernel.name}: symbolic sizes it cannot take as 32-bit arguments")
+                if sizes is not None:
+                    size_args.choose(kernel, sizes)
+                text = self.function_text(kernel, sizes)
+                rendered[shape] = text, sizes
             else:
                 text, sizes = self.function_text(kernel), None
                 if config.size_generic_kernels and not size_generic(kernel) and not needs_int64(kernel):

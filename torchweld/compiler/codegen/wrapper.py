@@ -20,6 +20,7 @@ from torchweld.compiler import ir
 from torchweld.compiler.codegen.bindings import fast_callable
 from torchweld.compiler.ir import Layout
 from torchweld.compiler.lowering import BufferView
+from torchweld.compiler.symbols import size_key, size_text, sizes_text, symbols_read
 from torchweld.compiler.schedule import ExternCall, Free, Kernel, Schedule, in_place_twin
 from torchweld.runtime.write_back import groups_by_dtype
 
@@ -32,18 +33,23 @@ def _restride(t, shape, stride):
     out.copy_(t)
     return out
 def _take(workspace, shape, stride, dtype, device):
-    """The buffer an earlier call left in `workspace`, or a new one (a list: pop and append are atomic)."""
+    """The buffer an earlier call left in `workspace`, or a new one (a list: pop and append are atomic);
+    a new one too where the earlier call's had other sizes (a graph over symbolic sizes)."""
     try:
-        return workspace.pop()
+        t = workspace.pop()
     except IndexError:
         return torch.empty_strided(shape, stride, dtype=dtype, device=device)
+    if t.shape != shape or t.stride() != stride:
+        return torch.empty_strided(shape, stride, dtype=dtype, device=device)
+    return t
 '''
 
 
-def _storage_size(layout: Layout) -> int:
+def _storage_size(layout: Layout) -> object:
+    """The elements `layout` spans (symbols.size_key of it, where sizes are symbols)."""
     if 0 in layout.shape:
         return 0
-    return layout.offset + 1 + sum((s - 1) * st for s, st in zip(layout.shape, layout.stride))
+    return size_key(layout.offset + 1 + sum((s - 1) * st for s, st in zip(layout.shape, layout.stride)))
 
 
 def launch_token(kind: str, kernel: str) -> str:
@@ -83,6 +89,8 @@ class WrapperRenderer:
         """Source text for a constant argument: a literal when it prints as one, else a global."""
         if value is None or isinstance(value, (bool, int, str)):
             return repr(value)
+        if isinstance(value, torch.SymInt):  # a size computed from the symbols the function binds
+            return size_text(value)
         if isinstance(value, float):
             return repr(value) if math.isfinite(value) else f"float('{value}')"
         if isinstance(value, torch.dtype):
@@ -110,8 +118,8 @@ class WrapperRenderer:
         if own == layout:
             return root
         if layout.offset == 0:  # as_strided keeps the base's own storage offset when given none
-            return f"{root}.as_strided({layout.shape}, {layout.stride})"
-        return f"{root}.as_strided({layout.shape}, {layout.stride}, {root}.storage_offset() + {layout.offset})"
+            return f"{root}.as_strided({sizes_text(layout.shape)}, {sizes_text(layout.stride)})"
+        return f"{root}.as_strided({sizes_text(layout.shape)}, {sizes_text(layout.stride)}, {root}.storage_offset() + {size_text(layout.offset)})"
 
     def emit(self, line: str) -> None:
         self.lines.append("    " + line)
@@ -136,6 +144,9 @@ class WrapperRenderer:
             self.emit("_inputs.clear()")
         else:
             self.lines = [f"def {name}({', '.join(params)}):"]
+        for symbol, read in symbols_read([(n, self.sched.layouts[n][1].shape) for n in params
+                                          if n in self.sched.layouts]).items():
+            self.emit(f"{symbol} = {read}")
         if check_alignment:
             pointers = " | ".join(f"{n}.data_ptr()" for n in check_alignment)
             self.emit(f"if ({pointers}) & 15: return call_jit({', '.join(params)})")
@@ -151,7 +162,7 @@ class WrapperRenderer:
                 dtype, layout, _ = self.sched.layouts[name]
                 if name in targets:  # the caller's tensor, which a restrided copy is copied back into
                     self.emit(f"_caller_{name} = {name}")
-                self.emit(f"if {name}.stride() != {layout.stride}: {name} = _restride({name}, {layout.shape}, {layout.stride})")
+                self.emit(f"if {name}.stride() != {sizes_text(layout.stride)}: {name} = _restride({name}, {sizes_text(layout.shape)}, {sizes_text(layout.stride)})")
         for name in g.constants:
             self.constants[name] = g.constants[name]
         allocated = set(self.sched.allocated)
@@ -277,14 +288,14 @@ class WrapperRenderer:
             if self.sched.layouts[old][1] == layout:
                 self.emit(f"{name} = {old}{drop}  # reuse")
             else:
-                self.emit(f"{name} = {old}.as_strided({layout.shape}, {layout.stride}){drop}  # reuse")
+                self.emit(f"{name} = {old}.as_strided({sizes_text(layout.shape)}, {sizes_text(layout.stride)}){drop}  # reuse")
             return
         if first.get(name) == name:
             self.constants.setdefault(f"_workspace_{name}", [])
-            self.emit(f"{name} = _take(_workspace_{name}, {layout.shape}, {layout.stride}, {dtype}, "
+            self.emit(f"{name} = _take(_workspace_{name}, {sizes_text(layout.shape)}, {sizes_text(layout.stride)}, {dtype}, "
                       f"{self.const(torch.device(device))})")
             return
-        self.emit(f"{name} = torch.empty_strided({layout.shape}, {layout.stride}, dtype={dtype}, "
+        self.emit(f"{name} = torch.empty_strided({sizes_text(layout.shape)}, {sizes_text(layout.stride)}, dtype={dtype}, "
                   f"device={self.const(torch.device(device))})")
 
     def extern(self, ext: ir.Extern) -> None:
@@ -304,12 +315,12 @@ class WrapperRenderer:
             # Only results something reads: one nothing reads may not even have its traced
             # shape (cuDNN attention's logsumexp is empty where the trace says [b, h, s, 1]).
             if name in self.read:
-                self.emit(f"if {name}.stride() != {layout.stride}: "
-                          f"{name} = _restride({name}, {layout.shape}, {layout.stride})")
+                self.emit(f"if {name}.stride() != {sizes_text(layout.stride)}: "
+                          f"{name} = _restride({name}, {sizes_text(layout.shape)}, {sizes_text(layout.stride)})")
 
     def view(self, root: str, layout: Layout) -> str:
         """A new view of `root` at `layout`, whatever root's own layout is."""
-        return f"{root}.as_strided({layout.shape}, {layout.stride}, {root}.storage_offset() + {layout.offset})"
+        return f"{root}.as_strided({sizes_text(layout.shape)}, {sizes_text(layout.stride)}, {root}.storage_offset() + {size_text(layout.offset)})"
 
     def output(self, value: object) -> str:
         if isinstance(value, BufferView):

@@ -1,0 +1,175 @@
+"""weld for a graph with symbolic sizes: one compile for every size, where weld's compiler can.
+
+Capture hands weld a graph whose sizes are symbols of capture's ShapeEnv. weld compiles it
+over symbols of a ShapeEnv of its own, one for each of capture's (`SymbolicCopy`), with the
+call's sizes as their hints: the trace to aten, the lowering, the schedule and the code
+generation compute with these SymInts, and wherever one of them decides something from a
+size (`if numel > 1024`), the ShapeEnv answers from what it can prove, or from the hint and
+then records the answer as a guard. The compiled graph holds on the calls where those guards
+hold (`WeldGuard`, checked before each call from the symbols' values); another call, or a graph
+whose compile made a symbol a number (`int(size)` somewhere: no gain over a compile per size),
+goes to the compile per size (weld_sizes.py), as does a graph weld cannot compile so (an
+op or a decision its code does not take symbolically: `SymbolicCompileError`).
+
+Kernels take the symbols as arguments (`s0`, `s1`, ... bound by the wrapper from the inputs'
+sizes); what depends on them (element counts, strides, index arithmetic, allocations, grids)
+is computed from them at run time. Shortcuts: inference graphs only (training graphs are
+compiled per size); a graph taking a number (a symbolic int argument) is compiled per size.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import sympy
+import torch
+import torch.utils._pytree as pytree
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
+
+from torchweld import logs
+from torchweld.backends.weld_declines import is_symbolic
+from torchweld.capture.symbolic_sizes import SYMBOLIC_TYPES, SizeSource, python_text
+
+
+class SymbolicCompileError(Exception):
+    """This graph cannot be compiled over symbols; it is compiled per size."""
+
+
+class SymbolicCopy:
+    """A copy of a captured graph whose example values are fakes over a ShapeEnv of weld's own.
+
+    `symbols`: weld's symbol -> (input position, dim) where a call's value of it is read.
+    `inputs`: the example inputs to compile with (fakes of `mode`; numbers and static
+    tensors as given)."""
+
+    def __init__(self, gm: torch.fx.GraphModule, args: tuple):
+        self.env = ShapeEnv()
+        self.mode = FakeTensorMode(shape_env=self.env, allow_non_fake_inputs=True)
+        self._renamed: dict = {}  # capture's symbol -> weld's
+        self._hints: dict = {}  # capture's symbol -> its value in this call
+        self.symbols: dict = {}
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        for i, (node, arg) in enumerate(zip(placeholders, args)):
+            fake = node.meta.get("example_value")
+            if isinstance(fake, SYMBOLIC_TYPES) or not isinstance(arg, torch.Tensor) and is_symbolic(fake):
+                raise SymbolicCompileError("a number among the graph's inputs")
+            if isinstance(fake, torch.Tensor) and isinstance(arg, torch.Tensor):
+                self._name_symbols(i, fake, arg)
+        self.inputs = [self._fake_input(n.meta.get("example_value"), a) for n, a in zip(placeholders, args)]
+        self.gm = self._copy(gm)
+
+    def _name_symbols(self, position: int, fake: torch.Tensor, real: torch.Tensor) -> None:
+        for d, size in enumerate(fake.shape):
+            if not isinstance(size, torch.SymInt):
+                continue
+            expr = size.node.shape_env.replace(size.node.expr)
+            if isinstance(expr, sympy.Symbol) and expr not in self._renamed:
+                value = real.shape[d]
+                ours = self.env.create_symbol(value, SizeSource(f"arg{position}", d), dynamic_dim=DimDynamic.DYNAMIC)
+                if not isinstance(ours, sympy.Symbol):
+                    raise SymbolicCompileError(f"size {value} of input {position} is not made a symbol")
+                bounds = size.node.shape_env.var_to_range.get(expr)
+                if bounds is not None:
+                    self.env.constrain_symbol_range(ours, compiler_min=int(bounds.lower),
+                                                    compiler_max=bounds.upper if bounds.upper.is_finite else None)
+                self._renamed[expr] = ours
+                self._hints[expr] = value
+                self.symbols[ours] = (position, d)
+
+    def int_of(self, n: object) -> object:
+        """Capture's size `n` as weld's: an int, or a SymInt of weld's ShapeEnv."""
+        if not isinstance(n, torch.SymInt):
+            if isinstance(n, SYMBOLIC_TYPES):
+                raise SymbolicCompileError(f"a symbolic {type(n).__name__} in the graph")
+            return n
+        expr = n.node.shape_env.replace(n.node.expr)
+        if expr.free_symbols - set(self._renamed):
+            raise SymbolicCompileError(f"the size {expr} names a symbol no input size brings")
+        ours = expr.xreplace(self._renamed)
+        if ours.is_number:
+            return int(ours)
+        hint = int(expr.xreplace({s: sympy.Integer(v) for s, v in self._hints.items()}))
+        return self.env.create_symintnode(ours, hint=hint)
+
+    def _fake_of(self, value: torch.Tensor) -> torch.Tensor:
+        sizes = [self.int_of(n) for n in value.shape]
+        strides = [self.int_of(n) for n in value.stride()]
+        with self.mode:
+            fake = torch.empty_strided(sizes, strides, dtype=value.dtype, device=value.device)
+        if value.requires_grad:
+            fake.requires_grad_(True)
+        return fake
+
+    def _fake_input(self, fake: object, arg: object) -> object:
+        if isinstance(fake, torch.Tensor) and isinstance(arg, torch.Tensor) and is_symbolic(fake):
+            return self._fake_of(fake)
+        return arg
+
+    def _copy(self, gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+        graph = torch.fx.Graph()
+        mapping: dict = {}
+        graph.output(graph.graph_copy(gm.graph, mapping))
+        made: dict[int, object] = {}
+
+        def ours(value: object) -> object:
+            if isinstance(value, torch.Tensor) and value.layout is torch.strided and is_symbolic(value):
+                if id(value) not in made:
+                    made[id(value)] = self._fake_of(value)
+                return made[id(value)]
+            if isinstance(value, SYMBOLIC_TYPES):
+                return self.int_of(value)
+            return value
+
+        for old, new in mapping.items():
+            if "example_value" in old.meta:
+                new.meta["example_value"] = pytree.tree_map(ours, old.meta["example_value"])
+        return torch.fx.GraphModule(gm, graph)
+
+    def guard(self) -> "WeldGuard":
+        """What the compile assumed about the symbols, as a check over their values."""
+        return WeldGuard(self.env, list(self.symbols))
+
+
+class WeldGuard:
+    """The guards weld's ShapeEnv recorded, as one Python function of the symbols' values."""
+
+    def __init__(self, env: ShapeEnv, symbols: list):
+        self.symbols = symbols
+        pinned = [s for s in symbols if env.replace(s).is_number]
+        if pinned:
+            raise SymbolicCompileError(f"the compile made {', '.join(map(str, pinned))} a number")
+        names = {s: sympy.Symbol(f"_v{k}", integer=True) for k, s in enumerate(symbols)}
+        terms = []
+        for g in env.guards:
+            expr = env.simplify(g.expr)
+            if expr != sympy.true:
+                terms.append(python_text(expr, names, lambda m: m.__name__))
+        for s in symbols:  # the replacements weld's compile learned (a symbol equal to another)
+            replaced = env.replace(s)
+            if replaced != s:
+                terms.append(python_text(sympy.Eq(s, replaced), names, lambda m: m.__name__))
+        self.text = " and ".join(f"({t})" for t in terms) or "True"
+        params = ", ".join(str(n) for n in names.values())
+        namespace = {"math": __import__("math"), "torch": torch}
+        exec(f"def check({params}):\n    return bool({self.text})", namespace)  # noqa: S102 (our own text)
+        self.check: Callable[..., bool] = namespace["check"]
+
+
+class CompiledSymbolic:
+    """Calls `compiled` (one compile for every size its guard admits), else `per_size`."""
+
+    def __init__(self, compiled: Callable, guard: WeldGuard, reads: list[tuple[int, int]], per_size: Callable):
+        self.compiled = compiled
+        self.guard = guard
+        self.reads = reads
+        self.per_size = per_size
+        self._told = False
+
+    def __call__(self, *args):
+        if self.guard.check(*[args[i].shape[d] for i, d in self.reads]):
+            return self.compiled(*args)
+        if not self._told:
+            self._told = True
+            logs.get("dynamic").info("weld's symbolic compile assumed %s; a call outside it is compiled per size",
+                                     self.guard.text)
+        return self.per_size(*args)

@@ -1,0 +1,101 @@
+"""Sizes that are symbols: a graph weld compiles once for every size (backends/weld_symbolic.py).
+
+Such a graph's fake tensors have torch.SymInt sizes of a ShapeEnv of weld's own; the trace,
+the lowering and the schedule compute with them as with ints, and the ShapeEnv records as a
+guard whatever they decide from one. Code generation needs three things of a size that may
+be a symbol: a key to name it by (a SymInt is unhashable), its text in the wrapper's Python
+(computed from the symbols at each call), and where the wrapper reads each symbol from.
+Kernels never spell a symbol: they take such sizes as arguments (codegen/size_args.py).
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+
+import sympy
+import torch
+from torch.utils._sympy.printers import PythonPrinter
+
+
+def is_symbol_size(n: object) -> bool:
+    """Whether `n` is a symbolic size: a SymInt, or a sympy expression that is not a number."""
+    return isinstance(n, torch.SymInt) or isinstance(n, sympy.Expr) and not n.is_number
+
+
+def size_key(n: object) -> object:
+    """A hashable key for the size `n`: `n` itself, or ("sym", a symbolic size's expression)."""
+    if isinstance(n, torch.SymInt):
+        return ("sym", n.node.expr)
+    return ("sym", n) if isinstance(n, sympy.Expr) and not n.is_number else n
+
+
+def size_text(n: object) -> str:
+    """Python for the size `n` (an int, a SymInt or its sympy expression) in a wrapper that
+    binds each symbol of the graph's input sizes to a local of its name (`symbols_read`)."""
+    if isinstance(n, torch.SymInt):
+        n = n.node.expr
+    if isinstance(n, sympy.Expr):
+        return f"({PythonPrinter().doprint(n)})"
+    return repr(n)
+
+
+def sizes_text(sizes) -> str:
+    """A tuple of sizes as Python (`size_text` each)."""
+    parts = [size_text(n) for n in sizes]
+    return f"({', '.join(parts)}{',' if len(parts) == 1 else ''})"
+
+
+_compiling = threading.local()  # .env: the ShapeEnv of the graph this thread compiles over symbols
+
+
+@contextlib.contextmanager
+def compiling_over(env) -> object:
+    """While a graph over the symbols of ShapeEnv `env` compiles in this thread (`decide`)."""
+    previous = getattr(_compiling, "env", None)
+    _compiling.env = env
+    try:
+        yield env
+    finally:
+        _compiling.env = previous
+
+
+def decide(relation: object) -> bool:
+    """A comparison of sizes (a Python bool, or a sympy relation over the symbols of the graph
+    compiling in this thread), answered as at the call being compiled, and recorded as a guard
+    of its compile unless the symbols' ranges prove it."""
+    if isinstance(relation, bool):
+        return relation
+    if isinstance(relation, sympy.Basic) and relation.is_Boolean and relation in (sympy.true, sympy.false):
+        return bool(relation)
+    env = getattr(_compiling, "env", None)
+    if env is None:
+        raise NotImplementedError(f"a comparison of symbolic sizes ({relation}) outside a symbolic compile")
+    return bool(env.evaluate_expr(relation))
+
+
+def hint(n: object) -> int:
+    """The value of the size `n` at the call being compiled: for choices that any value would
+    make correct (block sizes), never for what the code's correctness rests on (`decide`)."""
+    if isinstance(n, torch.SymInt):
+        return n.node.hint
+    if isinstance(n, sympy.Expr) and not n.is_number:
+        return int(getattr(_compiling, "env").size_hint(n))
+    return int(n)
+
+
+def sympy_size(n: object) -> object:
+    """A size as a sympy expression (an int stays an int)."""
+    return n.node.expr if isinstance(n, torch.SymInt) else n
+
+
+def symbols_read(inputs: list[tuple[str, tuple]]) -> dict[str, str]:
+    """{symbol's name: Python reading it} from `inputs`, (name, shape) pairs of the graph's
+    tensor inputs: each symbol from the first dim whose size is that symbol alone."""
+    reads: dict[str, str] = {}
+    for name, shape in inputs:
+        for d, n in enumerate(shape):
+            if isinstance(n, torch.SymInt):
+                expr = n.node.expr
+                if isinstance(expr, sympy.Symbol) and expr.name not in reads:
+                    reads[expr.name] = f"{name}.size({d})"
+    return reads
