@@ -140,18 +140,20 @@ def _symbolic(gm: torch.fx.GraphModule, example_inputs: list, mode, options: dic
     from torchweld.backends.weld_symbolic import CompiledSymbolic, SymbolicCompileError, SymbolicCopy
     from torchweld.compiler.symbols import compiling_over
 
-    if not options.get("symbolic_kernels", True) or needs_autograd(gm, example_inputs) or leaf_settings(gm):
+    if not options.get("symbolic_kernels", True) or needs_autograd(gm, example_inputs):
         return per_size
     try:
         copy = SymbolicCopy(gm, tuple(example_inputs))
         with compiling_over(copy.env):
             compiled = _weld(copy.gm, copy.inputs, mode, options, symbolic=True)
         guard = copy.guard()
-    except (SymbolicCompileError, NotImplementedError, TypeError, ValueError, RuntimeError) as e:
+    except Exception as e:  # noqa: BLE001 - any graph weld cannot compile over symbols is compiled per size
         logs.get("dynamic").info("weld compiles this graph per size: it cannot compile it over symbols: %s: %s",
                                  type(e).__name__, e, exc_info=logs.get("dynamic").isEnabledFor(logging.DEBUG))
         return per_size
-    return CompiledSymbolic(compiled, guard, [copy.symbols[s] for s in guard.symbols], per_size)
+    # the leaf modules' settings (ln.eps) are numbers in its kernels: changed, a call goes per size,
+    # whose compiles read them anew (module_settings.py)
+    return CompiledSymbolic(compiled, guard, [copy.symbols[s] for s in guard.symbols], per_size, leaf_settings(gm))
 
 
 def _weld(gm: torch.fx.GraphModule, example_inputs: list, mode, options: dict, symbolic: bool = False):

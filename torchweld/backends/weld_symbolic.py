@@ -158,15 +158,22 @@ class WeldGuard:
 class CompiledSymbolic:
     """Calls `compiled` (one compile for every size its guard admits), else `per_size`."""
 
-    def __init__(self, compiled: Callable, guard: WeldGuard, reads: list[tuple[int, int]], per_size: Callable):
+    def __init__(self, compiled: Callable, guard: WeldGuard, reads: list[tuple[int, int]], per_size: Callable,
+                 settings: list = ()):
         self.compiled = compiled
         self.guard = guard
         self.reads = reads
         self.per_size = per_size
+        self.settings = settings  # module_settings.leaf_settings: (module, getter) the kernels read
+        self._compiled_for = self._settings()
         self._told = False
 
+    def _settings(self) -> tuple:
+        return tuple(get(module) for module, get in self.settings)
+
     def __call__(self, *args):
-        if self.guard.check(*[args[i].shape[d] for i, d in self.reads]):
+        if self.guard.check(*[args[i].shape[d] for i, d in self.reads]) \
+                and (not self.settings or self._settings() == self._compiled_for):
             return self.compiled(*args)
         if not self._told:
             self._told = True

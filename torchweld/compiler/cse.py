@@ -123,4 +123,6 @@ def _literal(value) -> object:
         return (type(value), value)
     if isinstance(value, torch.Tensor):
         raise TypeError("a tensor literal")
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):  # (hashing one would fix its value)
+        return (type(value), value.node.expr)
     return value

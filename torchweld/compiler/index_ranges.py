@@ -11,8 +11,11 @@ copy loops g++ vectorizes, not one loop of three clamped gathers and selects).
 """
 from __future__ import annotations
 
+import sympy
+
 from torchweld.compiler import ir
 from torchweld.compiler.ir import Expr, Op
+from torchweld.compiler.symbols import is_symbol_size, known
 
 Range = tuple[int, int]  # inclusive bounds
 
@@ -69,9 +72,15 @@ def _range(e: Expr, bounds: dict[str, Range], memo: dict) -> Range | None:
 def _decide(op: Op, a: Range, b: Range) -> bool | None:
     """Whether `x op y` holds for every x in `a` and y in `b` (True), for none (False), or None."""
     lo, hi = a[0] - b[1], a[1] - b[0]  # the range of x - y
-    holds = {Op.LT: (hi < 0, lo >= 0), Op.LE: (hi <= 0, lo > 0), Op.GT: (lo > 0, hi <= 0),
-             Op.GE: (lo >= 0, hi < 0), Op.EQ: (lo == hi == 0, lo > 0 or hi < 0),
-             Op.NE: (lo > 0 or hi < 0, lo == hi == 0)}[op]
+    if is_symbol_size(lo) or is_symbol_size(hi):  # bounds over symbols: what their ranges prove, or None
+        t = lambda relation: known(relation) is True  # noqa: E731
+        holds = {Op.LT: (t(hi < 0), t(lo >= 0)), Op.LE: (t(hi <= 0), t(lo > 0)), Op.GT: (t(lo > 0), t(hi <= 0)),
+                 Op.GE: (t(lo >= 0), t(hi < 0)), Op.EQ: (t(sympy.Eq(lo, 0)) and t(sympy.Eq(hi, 0)), t(lo > 0) or t(hi < 0)),
+                 Op.NE: (t(lo > 0) or t(hi < 0), t(sympy.Eq(lo, 0)) and t(sympy.Eq(hi, 0)))}[op]
+    else:
+        holds = {Op.LT: (hi < 0, lo >= 0), Op.LE: (hi <= 0, lo > 0), Op.GT: (lo > 0, hi <= 0),
+                 Op.GE: (lo >= 0, hi < 0), Op.EQ: (lo == hi == 0, lo > 0 or hi < 0),
+                 Op.NE: (lo > 0 or hi < 0, lo == hi == 0)}[op]
     if holds[0]:
         return True
     if holds[1]:

@@ -24,7 +24,9 @@ from typing import Callable, Iterable
 
 import sympy
 import torch
+from torch.utils._sympy.functions import ToFloat
 
+from torchweld.compiler.symbols import hint
 from torchweld.tuning import tuning
 
 
@@ -171,12 +173,21 @@ INDEX = torch.int64
 
 def const(value: object, dtype: torch.dtype | None = None) -> Expr:
     """A constant; a symbolic size (a SymInt, or its sympy expression) is an INDEX constant whose
-    `arg` is its expression, which kernels take as an argument (codegen/size_args.py)."""
+    `arg` is its expression, which kernels take as an argument (codegen/size_args.py), cast to
+    `dtype` where that is another (a mean's count: float(n), as eager converts it)."""
+    if isinstance(value, torch.SymFloat):
+        value = value.node.expr
+        if not value.is_number:
+            if value.func is not ToFloat:
+                raise NotImplementedError(f"a float computed from symbolic sizes ({value}) in a kernel")
+            value = value.args[0]
+            dtype = torch.float32 if dtype is None else dtype
     if isinstance(value, torch.SymInt):
         value = value.node.expr
     if isinstance(value, sympy.Expr):
         if not value.is_number:
-            return Expr(Op.CONST, INDEX if dtype is None else dtype, (), value)
+            index = Expr(Op.CONST, INDEX, (), value)
+            return index if dtype is None or dtype is INDEX else Expr(Op.CAST, dtype, (index,))
         value = int(value) if value.is_integer else float(value)
     if dtype is None:
         dtype = torch.bool if isinstance(value, bool) else INDEX if isinstance(value, int) else torch.float32
@@ -465,7 +476,7 @@ def _rebuild(e: Expr, args: tuple[Expr, ...]) -> Expr:
             return imul(*args)
         if is_const(args[1]):
             return (idiv if e.op is Op.IDIV else imod)(args[0], args[1].arg)
-    if e.op is Op.CAST and args[0].op is Op.CONST:  # a constant that a substitution put under a cast
+    if e.op is Op.CAST and args[0].op is Op.CONST and not is_symbolic_const(args[0]):  # (a substitution's)
         return cast_const(args[0], e.dtype)
     return Expr(e.op, e.dtype, args, e.arg)
 
@@ -691,9 +702,9 @@ def cheap_to_recompute(buf: Pointwise, buffers: dict) -> bool:
     nodes = list(walk(buf.body))
     if len(nodes) > tuning.inline_max_nodes:
         return False
-    size = math.prod(buf.shape)
+    size = hint(math.prod(buf.shape))  # (over symbols, at the call compiled: either answer computes the same)
     fraction = tuning.small_read_fraction
-    large = {n.arg for n in nodes if n.op is Op.LOAD and stored_numel(n.arg, buffers) * fraction > size}
+    large = {n.arg for n in nodes if n.op is Op.LOAD and hint(stored_numel(n.arg, buffers)) * fraction > size}
     return len(large) <= 1
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
+import operator
 from typing import Iterable
 
 import torch
@@ -26,7 +27,7 @@ import torch.utils._pytree as pytree
 from torchweld.compiler import ir
 from torchweld.compiler.ir import Expr, Op
 from torchweld.compiler.lowering import LoweredGraph, BufferView
-from torchweld.compiler.symbols import size_key
+from torchweld.compiler.symbols import is_symbol_size, size_key
 from torchweld.tuning import tuning
 
 
@@ -78,6 +79,20 @@ class Kernel:
     def args(self) -> list[str]:
         """The kernel's pointer parameters, in order: what it reads, then what it only writes."""
         return list(self.reads) + [w for w in self.writes if w not in self.reads]
+
+    @property
+    def over_symbols(self) -> bool:
+        """Whether its sizes, or integers of its index arithmetic, are symbols (a graph compiled
+        once for every size: backends/weld_symbolic.py). Kept in the kernel's own __dict__."""
+        found = self.__dict__.get("_over_symbols")
+        if found is None:
+            stores = [*(st for stage in self.stages for st in stage.stores), *self.outer_stores]
+            exprs = [*(a.value for stage in self.stages for a in stage.reductions),
+                     *(e for st in stores for e in (st.index, st.value))]
+            found = any(map(is_symbol_size, (*self.outer, *self.reduced))) or any(
+                ir.is_symbolic_const(n) for e in exprs for n in ir.walk(e))
+            self.__dict__["_over_symbols"] = found
+        return found
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,14 +211,15 @@ class _Group:
         layer norm over (B, T, C) whose output a matrix multiply reads as (B*T, C): GPT-2's
         Conv1D), so that it is written in the stage after the reductions it reads."""
         if isinstance(buf, ir.Reduction):
-            if buf.full_shape == self.full and (buf.reduced == self.reduced or not self.reduced) and not self.reshaped:
+            if same_sizes(buf.full_shape, self.full) and (buf.reduced == self.reduced or not self.reduced) \
+                    and not self.reshaped:
                 return "reduction"
             return None
-        if _squeezed(buf.shape) == _squeezed(self.full):
+        if same_sizes(_squeezed(buf.shape), _squeezed(self.full)):
             return "full"
-        if self.reduced and _squeezed(buf.shape) == _squeezed(self.outer_shape):
+        if self.reduced and same_sizes(_squeezed(buf.shape), _squeezed(self.outer_shape)):
             return "outer"
-        if not self.reduced and math.prod(buf.shape) == math.prod(self.full):
+        if not self.reduced and same_sizes((math.prod(buf.shape),), (math.prod(self.full),)):
             return "reshaped"
         if self.reduced and self._rows_reshaped(tuple(buf.shape)):
             return "reshaped"
@@ -216,12 +232,20 @@ class _Group:
         n = len(self.reduced)
         if self.reduced != tuple(range(len(self.full) - n, len(self.full))) or len(shape) <= n:
             return False
-        return (shape[-n:] == self.full[-n:] and math.prod(shape[:-n]) == math.prod(self.outer_shape)
-                and _squeezed(shape) != _squeezed(self.full))
+        return (same_sizes(shape[-n:], self.full[-n:])
+                and same_sizes((math.prod(shape[:-n]),), (math.prod(self.outer_shape),))
+                and not same_sizes(_squeezed(shape), _squeezed(self.full)))
 
 
 def _squeezed(shape) -> tuple[int, ...]:
     return tuple(s for s in shape if s != 1)
+
+
+def same_sizes(a: tuple, b: tuple) -> bool:
+    """Whether two tuples of sizes are equal for every value of their symbols: the same
+    expressions (no guard; sizes that differ only at some values count as different, so that
+    the kernels a fusion decision makes are right at every size)."""
+    return len(a) == len(b) and all(map(operator.eq, map(size_key, a), map(size_key, b)))
 
 
 def _fit_index(shape, sizes, index: list[Expr]) -> list[Expr]:

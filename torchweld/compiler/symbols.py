@@ -73,6 +73,19 @@ def decide(relation: object) -> bool:
     return bool(env.evaluate_expr(relation))
 
 
+def known(relation: object) -> bool | None:
+    """A comparison of sizes where the symbols' ranges decide it (no guard recorded), else None."""
+    if isinstance(relation, bool):
+        return relation
+    if isinstance(relation, torch.SymBool):
+        relation = relation.node.expr
+    if relation in (sympy.true, sympy.false):
+        return bool(relation)
+    env = getattr(_compiling, "env", None)
+    found = env._maybe_evaluate_static(relation) if env is not None else None
+    return None if found is None else bool(found)
+
+
 def hint(n: object) -> int:
     """The value of the size `n` at the call being compiled: for choices that any value would
     make correct (block sizes), never for what the code's correctness rests on (`decide`)."""

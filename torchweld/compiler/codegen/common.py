@@ -165,6 +165,8 @@ class KernelRenderer:
 
     def node_code(self, node: Expr, args: list[str], scope: Scope) -> str:
         if node.op is Op.CONST:
+            if ir.is_symbolic_const(node):  # (size_args takes those of index arithmetic as arguments)
+                raise NotImplementedError(f"{self.name}: a symbolic size {node.arg} as a {node.dtype} value")
             return self.render_const(node.arg, node.dtype)
         if node.op is Op.VAR:
             return str(node.arg)

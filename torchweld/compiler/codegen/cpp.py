@@ -654,7 +654,7 @@ def _may_take_sizes(kernel: Kernel) -> bool:
 def _innermost_pieces(kernel: Kernel) -> list[tuple[int, int, list[Store]]] | None:
     """[(start, stop, the stores simplified for the innermost variable in start..stop-1)]
     for a pointwise kernel whose innermost loop crosses pieces of a cat or a pad; else None."""
-    if kernel.is_reduction or kernel.stages:
+    if kernel.is_reduction or kernel.stages or kernel.over_symbols:  # (over symbols: one clamped loop)
         return None
     outer = [(f"x{k}", s) for k, s in enumerate(kernel.outer) if s != 1]
     if not outer:
@@ -679,7 +679,7 @@ def _outer_reduction_var(kernel: Kernel, outer: list) -> str | None:
     column reduction, its rows read across. A load that does not move along a variable
     (a row's mean, a column's weight) is a broadcast there, no gather."""
     reduced = [f"r{k}" for k, s in enumerate(kernel.reduced) if s != 1]
-    if not reduced or not outer:
+    if not reduced or not outer or kernel.over_symbols:  # (over symbols: rows walked one by one)
         return None
     x, r = outer[-1][0], reduced[-1]
     accesses = {}

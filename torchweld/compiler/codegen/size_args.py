@@ -127,8 +127,9 @@ def _taking(kernel: Kernel, names: dict[int, str], divisors: dict[int, str]) -> 
     memo: dict = {}
 
     def leaf(node: Expr):
-        if node.op not in _PARAMETERIZED_IN or not any(_takes(a) for a in node.args):
-            return None
+        if not any(_takes(a) for a in node.args) or (
+                node.op not in _PARAMETERIZED_IN and not any(map(ir.is_symbolic_const, node.args))):
+            return None  # (a symbolic size is an argument in any operation: its value is not known here)
         args = tuple(ir.var(_name(names, a.arg)) if _takes(a) else a for a in node.args)
         return Expr(node.op, node.dtype, args, node.arg)
 

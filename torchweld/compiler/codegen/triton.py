@@ -67,17 +67,6 @@ def kernel_params(kernel: Kernel) -> tuple[str, ...]:
     return tuple(f"ptr{i}" for i in range(len(kernel.args))) + generic + taken + CONSTEXPRS
 
 
-def over_symbols(kernel: Kernel) -> bool:
-    """Whether `kernel`'s sizes, or integers of its index arithmetic, are symbols (a graph
-    compiled once for every size: backends/weld_symbolic.py)."""
-    return _once(kernel, "over_symbols", lambda k: any(map(is_symbol_size, (*k.outer, *k.reduced))) or any(
-        ir.is_symbolic_const(n) for e in (*kernel_values(k), *_store_indexes(k)) for n in ir.walk(e)))
-
-
-def _store_indexes(kernel: Kernel) -> list[Expr]:
-    return [st.index for stage in kernel.stages for st in stage.stores] + [st.index for st in kernel.outer_stores]
-
-
 def unspecialized_params(kernel: Kernel) -> tuple[str, ...]:
     """The integer parameters Triton is told not to specialize on (`do_not_specialize`): the
     symbolic sizes (one compile for all their values), and the
@@ -85,7 +74,7 @@ def unspecialized_params(kernel: Kernel) -> tuple[str, ...]:
     about any address. Specialized, they split a family's compiles by chance: densenet121's
     training forward 122 compiles, 104 without."""
     chosen = size_args.chosen(kernel)
-    numel = ("xnumel",) if size_generic(kernel) and over_symbols(kernel) else ()
+    numel = ("xnumel",) if size_generic(kernel) and kernel.over_symbols else ()
     return (*numel, *chosen.divisors.values(), *chosen.symbolic_params()) if chosen else numel
 
 
@@ -119,7 +108,7 @@ def _block_sizes(kernel: Kernel) -> tuple[int, int]:
     # same; whether a reduction's block holds a whole row is the renderer's comparison of
     # SymInts (open_stage), which the ShapeEnv guards
     xnumel = max(hint(math.prod(kernel.outer)), 1)
-    if size_generic(kernel) or over_symbols(kernel) and not kernel.is_reduction:
+    if size_generic(kernel) or kernel.over_symbols and not kernel.is_reduction:
         return tuning.pointwise_xblock, 1  # one block size, so that kernels of any size share one function
     if not kernel.is_reduction:
         return min(tuning.pointwise_xblock, next_power_of_2(xnumel)), 1
@@ -133,8 +122,17 @@ def _block_sizes(kernel: Kernel) -> tuple[int, int]:
         xblock = min(xblock, next_power_of_2(xnumel))
         return xblock, min(4096 // xblock, next_power_of_2(rnumel))
     rblock = next_power_of_2(rnumel) if rnumel <= tuning.max_persistent_rblock else tuning.looped_rblock
+    if is_symbol_size(math.prod(kernel.reduced)):  # rows of any length: a loop (is_looped) of blocks this wide
+        rblock = min(rblock, tuning.looped_rblock)
     xblock = max(1, min(next_power_of_2(xnumel), tuning.row_block_elements // rblock, 64))
     return xblock, rblock
+
+
+def is_looped(kernel: Kernel) -> bool:
+    """Whether a reduction's rows are walked in a loop of RBLOCK-wide steps (else one block holds
+    a row): rows longer than a block, and rows whose length is a symbol."""
+    rnumel = math.prod(kernel.reduced)
+    return is_symbol_size(rnumel) or rnumel > block_sizes(kernel)[1]
 
 
 # A looped reduction's floating sums add each RBLOCK-wide step into a partial sum of a chunk of
@@ -143,6 +141,8 @@ def _block_sizes(kernel: Kernel) -> tuple[int, int]:
 # further from the exact sum than eager's (cpp_reduction.py does the same on the CPU).
 def chunk_steps(rnumel: int, rblock: int) -> int:
     """RBLOCK-wide steps of a looped reduction per chunk, or 0 for one running sum (a row of few steps)."""
+    if is_symbol_size(rnumel):  # rows of any length: chunked (a row of one chunk computes the same)
+        return tuning.chunk_steps
     return tuning.chunk_steps if -(-rnumel // rblock) > 2 * tuning.chunk_steps else 0
 
 
@@ -359,7 +359,7 @@ def _needs_int64(kernel: Kernel) -> bool:
         if terms is None:
             continue
         coefs, offset = terms
-        if over_symbols(kernel):  # a bound over the symbols, decided (and guarded) at this call's sizes
+        if kernel.over_symbols:  # a bound over the symbols, decided (and guarded) at this call's sizes
             bound = abs(offset) + sum(abs(c) * (sympy_size(sizes.get(name, 1)) - 1) for name, c in coefs.items())
             if decide(sympy.Ge(bound, INT32_LIMIT)):
                 return True
@@ -375,7 +375,7 @@ def family(kernel: Kernel) -> tuple:
     densenet121's step against 130 for integers alone), and the forms of code the renderer
     picks from its sizes (a row read whole or in a loop, in chunks; streamed reads)."""
     rnumel = math.prod(kernel.reduced)
-    looped = rnumel > block_sizes(kernel)[1]
+    looped = is_looped(kernel)
     chunked = looped and chunk_steps(rnumel, block_sizes(kernel)[1]) > 0
     streams = not kernel.is_reduction and math.prod(kernel.outer) >= tuning.streaming
     return structure(prepared(kernel), numbers=False), looped, chunked, streams
@@ -697,7 +697,7 @@ class TritonRenderer(KernelRenderer):
     def open_stage(self, i: int, stage: Stage, outer: Scope) -> Scope:
         rnumel = math.prod(self.kernel.reduced)
         _, rblock = block_sizes(self.kernel)
-        looped = rnumel > rblock
+        looped = is_looped(self.kernel)
         steps = chunk_steps(rnumel, rblock) if looped else 0
         self.partials = {}  # accumulation -> (its running total, the partial sum of the chunk)
         for acc in stage.reductions:
@@ -806,7 +806,7 @@ class TritonRenderer(KernelRenderer):
                 text, sizes = rendered[shape]
                 if sizes is not None:
                     size_args.choose(kernel, sizes)
-            elif over_symbols(kernel):  # its sizes are arguments, whatever its family
+            elif kernel.over_symbols:  # its sizes are arguments, whatever its family
                 sizes = size_args.parameterized(prepared(kernel)) if not size_generic(kernel) else None
                 if sizes is None and not size_generic(kernel) or needs_int64(kernel):
                     raise NotImplementedError(f"{kernel.name}: symbolic sizes it cannot take as 32-bit arguments")

@@ -1,0 +1,151 @@
+"""weld over symbolic sizes (backends/weld_symbolic.py): one compile serves every size its guards
+admit, C++ and Triton (through its interpreter) alike; every call equals eager; a call outside
+the guards, and a graph weld cannot compile over symbols, go to the compile per size."""
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torchweld
+from torchweld.backends.weld_symbolic import CompiledSymbolic
+
+CODEGENS = ["cpp", "triton"]
+
+
+def _symbolic(fn) -> CompiledSymbolic:
+    fn = getattr(fn, "_compiled_forward", fn)  # a compiled module's
+    (entry,) = [e for e in fn.cache_entries if isinstance(e.namespace.get("___graph"), CompiledSymbolic)]
+    return entry.namespace["___graph"]
+
+
+def _compiled(fn, codegen: str, **kwargs):
+    return torchweld.compile(fn, backend="weld", dynamic=True, options={"cpu_codegen": codegen}, **kwargs)
+
+
+def _run(fn, eager, make, sizes, atol=1e-5):
+    for n in sizes:
+        args = make(n)
+        torch.testing.assert_close(fn(*args), eager(*args), atol=atol, rtol=1e-4)
+
+
+def _compiled_once(fn) -> None:
+    """One compile served every call: none compiled per size, none run as captured."""
+    symbolic = _symbolic(fn)
+    assert symbolic.per_size.compiles == 0 and symbolic.per_size.calls_as_captured == 0, symbolic.guard.text
+
+
+def pointwise(x, y):
+    return torch.relu(x * 2 + y) - y.sigmoid()
+
+
+def rows(x):
+    return x.sum(-1) * 2, x.amax(-1)
+
+
+def attention(q, k, v):
+    return F.scaled_dot_product_attention(q, k, v) + 1
+
+
+def scores(q, k):
+    return torch.bmm(q, k.transpose(1, 2)) * 0.5
+
+
+def concatenated(x, y):
+    return torch.cat([x, y], 0).t().contiguous() * 2
+
+
+def columns(x):
+    return x.sum(0) + 1, x.mean(0)
+
+
+def counted(x):
+    return x + torch.arange(x.shape[0], dtype=x.dtype)
+
+
+PROGRAMS = {
+    "pointwise": (pointwise, lambda n: (torch.randn(n, 7), torch.randn(7))),
+    "rows": (rows, lambda n: (torch.randn(3, n),)),
+    "attention": (attention, lambda n: tuple(torch.randn(1, 2, n, 8) for _ in range(3))),
+    "scores": (scores, lambda n: (torch.randn(2, n, 8), torch.randn(2, n, 8))),
+    "concatenated": (concatenated, lambda n: (torch.randn(n, 4), torch.randn(3, 4))),
+    "counted": (counted, lambda n: (torch.randn(n),)),
+    "columns": (columns, lambda n: (torch.randn(n, 33),)),
+}
+
+
+@pytest.mark.parametrize("codegen", CODEGENS)
+@pytest.mark.parametrize("name", sorted(PROGRAMS))
+def test_one_compile_serves_every_size(name, codegen):
+    program, make = PROGRAMS[name]
+    fn = _compiled(program, codegen)
+    _run(fn, program, make, (5, 9, 17, 6, 33, 5))
+    _compiled_once(fn)
+
+
+@pytest.mark.parametrize("codegen", CODEGENS)
+def test_a_module_in_inference_over_growing_and_shrinking_batches(codegen):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8)).eval()
+    fn = _compiled(model, codegen)
+    with torch.no_grad():
+        _run(fn, model, lambda n: (torch.randn(n, 16),), (4, 9, 3, 30, 2, 9))
+    _compiled_once(fn)
+
+
+def test_intermediates_kept_between_calls_are_not_reused_at_another_size():
+    """CPU graphs keep their intermediates for the next call: one of another size is not
+    reused (a smaller one was written past its end and corrupted the heap)."""
+    def chain(q, k):
+        s = torch.bmm(q, k.transpose(1, 2))
+        return torch.bmm(s.softmax(-1), k) + q
+
+    fn = _compiled(chain, "cpp")
+    _run(fn, chain, lambda n: (torch.randn(2, n, 8), torch.randn(2, n, 8)), (5, 40, 3, 64, 5, 2, 64))
+
+
+def test_a_call_outside_the_guards_is_compiled_per_size(caplog):
+    """The C++ row reduction's code assumed rows of at most 256 elements (a guard): a longer
+    row is compiled per size, with one log line naming what the compile assumed."""
+    fn = _compiled(rows, "cpp")
+    with torchweld.config.patch(logs="dynamic"), caplog.at_level(logging.INFO, logger="torchweld"):
+        _run(fn, rows, lambda n: (torch.randn(3, n),), (5, 9, 300, 300, 7))
+    symbolic = _symbolic(fn)
+    assert "256" in symbolic.guard.text and symbolic.per_size.compiles == 1
+    assert any("a call outside it is compiled per size" in r.getMessage() for r in caplog.records)
+
+
+def test_a_graph_weld_cannot_compile_over_symbols_is_compiled_per_size(caplog):
+    """Shortcut: a float computed from a symbolic size (`n ** 0.5`) is no kernel argument yet:
+    compiled per size, as before, and said so."""
+    def scaled(x):
+        return x * x.shape[0] ** 0.5
+
+    fn = torchweld.compile(scaled, backend="weld", dynamic=True)
+    with torchweld.config.patch(logs="dynamic"), caplog.at_level(logging.INFO, logger="torchweld"):
+        _run(fn, scaled, lambda n: (torch.randn(n, 3),), (5, 9, 9, 5))
+    assert not any(isinstance(e.namespace.get("___graph"), CompiledSymbolic) for e in fn.cache_entries)
+    assert any("cannot compile it over symbols" in r.getMessage() for r in caplog.records)
+
+
+def test_training_graphs_are_compiled_per_size():
+    """Shortcut: the joint forward/backward graph is not compiled over symbols yet."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 4)
+    fn = torchweld.compile(model, backend="weld", dynamic=True)
+    for n in (3, 5, 5):
+        x = torch.randn(n, 8)
+        model.zero_grad()
+        fn(x).sum().backward()
+        compiled_grad = model.weight.grad.clone()
+        model.zero_grad()
+        model(x).sum().backward()
+        torch.testing.assert_close(compiled_grad, model.weight.grad)
+
+
+def test_the_option_turns_it_off():
+    fn = torchweld.compile(pointwise, backend="weld", dynamic=True, options={"symbolic_kernels": False})
+    _run(fn, pointwise, PROGRAMS["pointwise"][1], (5, 9))
+    assert not any(isinstance(e.namespace.get("___graph"), CompiledSymbolic) for e in fn.cache_entries)
