@@ -68,6 +68,7 @@ be tested on the CPU with a fake recorder (tests/runtime/fake_recorder.py).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import operator
@@ -127,24 +128,15 @@ class CudaGraphRecorder:
 
     @staticmethod
     def _side_stream(device: torch.device | None) -> torch.cuda.Stream:
-        """The one stream of `device` that every warm-up and recording runs on: cuBLAS keeps a
-        workspace per stream it has run on, allocated on first use and never freed, so a
-        fresh stream per warm-up cost densenet121's train step a workspace per graph."""
+        """The one stream of `device` that every warm-up and recording runs on."""
         index = torch.cuda.current_device() if device is None or device.index is None else device.index
         stream = _SIDE_STREAMS.get(index)
         if stream is None:
             stream = _SIDE_STREAMS[index] = torch.cuda.Stream(index)
-            with torch.cuda.stream(stream):
-                # cuBLAS's workspaces for this stream, allocated now, in segments of their own:
-                # allocated in the middle of a warm-up, one landed in a segment of freed
-                # activations and kept all of it reserved (resnet50: 66 MiB)
-                a = torch.ones(8, 8, device=torch.device("cuda", index))
-                torch.addmm(a[0], a, a)
-                torch.mm(a, a)
         return stream
 
     def warm_up(self, fn: Callable[[], object], device: torch.device | None) -> object:
-        with torch.cuda.device(device):
+        with torch.cuda.device(device), _no_cublas_workspaces():
             stream = self._side_stream(device)
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):
@@ -158,10 +150,31 @@ class CudaGraphRecorder:
         # thread_local: weld's own threads go on meanwhile (a backward compiled ahead allocates
         # its kernels' dummy arguments and loads binaries), and in the default "global" mode
         # such a call from another thread invalidated this recording, which was then made again
-        with torch.cuda.device(device), torch.cuda.graph(graph, pool=pool, stream=self._side_stream(device),
-                                                         capture_error_mode="thread_local"):
+        with torch.cuda.device(device), _no_cublas_workspaces(), \
+                torch.cuda.graph(graph, pool=pool, stream=self._side_stream(device),
+                                 capture_error_mode="thread_local"):
             out = fn()
         return graph.replay, out
+
+
+@contextlib.contextmanager
+def _no_cublas_workspaces():
+    """cuBLAS's workspaces (32 MiB a stream on the H100) let go of before and after a warm-up
+    or recording, as torch.compile's CUDA graph trees do. cuBLAS allocates one for a stream
+    at its first matrix multiply there and keeps it: kept from the side stream's first use on,
+    it was alive at every later warm-up's and recording's peak (resnet50's inference: 33 MiB
+    of its 388, the first matrix multiply its last layer, long after the peak). Let go of,
+    the warm-up allocates it at that first matrix multiply and frees it after, and a recording
+    allocates it in its own pool, where the graph keeps it as it keeps its scratch: freed
+    there after the recording, so that a later recording into the pool may use it too, as
+    scratch or outputs (see "Memory" above). Held from the side stream's creation on, it also
+    pinned whatever segment it landed in."""
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None) or (lambda: None)  # a CPU-only torch has none
+    clear()
+    try:
+        yield
+    finally:
+        clear()
 
 
 _SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}  # device index -> CudaGraphRecorder._side_stream
