@@ -28,8 +28,9 @@ Inductor caches start empty (bench/DECISIONS.md#fresh-process), so its compiles 
 
 Figures, under figures["compilers"][name]:
 - graphs: graphs handed to the backend (a counting backend around weld or inductor), over the
-  pass; symbolic_graphs: those with a symbolic input size; weld_compiles (torchweld): the static
-  graphs weld compiled, one per new length for a graph with symbolic sizes (backends/weld_sizes.py);
+  pass; symbolic_graphs: those with a symbolic input size; weld_compiles (torchweld): the graphs
+  weld compiled: for a graph with symbolic sizes one over its symbols (backends/weld_symbolic.py),
+  plus one per length compiled per size (backends/weld_sizes.py);
   graphs_in_steady / weld_compiles_in_steady: those made after the pass (0 unless a cache dropped one).
 - total_s: the compile() call and two calls per length in the pass order, each call synchronized
   (weld compiles a size of a graph with symbolic sizes at its second call: backends/weld_sizes.py);
@@ -230,9 +231,16 @@ class Counter:
         self.backend = counting
 
     def weld_compiles(self) -> int:
-        """The static graphs weld compiled: one for each static graph, one for each length a
-        graph with symbolic sizes ran with (weld_sizes.CompiledPerSize counts them)."""
-        return sum(getattr(c, "compiles", 1) if hasattr(c, "specializations") else 1 for c in self.compiled)
+        """The graphs weld compiled: one for each static graph; for a graph with symbolic sizes,
+        one over its symbols (weld_symbolic.CompiledSymbolic) where weld could, and one for each
+        length compiled per size (weld_sizes.CompiledPerSize counts them)."""
+        def count(c) -> int:
+            per_size = getattr(c, "per_size", None)
+            if per_size is not None:  # compiled over symbols, then per size for the lengths its guards refused
+                return 1 + per_size.compiles
+            return c.compiles if hasattr(c, "specializations") else 1
+
+        return sum(map(count, self.compiled))
 
 
 def family(name: str) -> str:

@@ -1,5 +1,6 @@
-"""weld with symbolic sizes (backends/weld_sizes.py): one capture, a compile per concrete size
-(the shortcut) from that size's second call, every size's result equal to eager's, in training too."""
+"""weld's compile per size for graphs with symbolic sizes (backends/weld_sizes.py), its fallback
+where it cannot compile one over its symbols: one capture, a compile per concrete size from that
+size's second call, every size's result equal to eager's, in training too."""
 from __future__ import annotations
 
 import logging
@@ -10,6 +11,11 @@ import torch
 import torchweld
 from torchweld.backends.weld_sizes import CompiledPerSize
 from tests.capture.test_dynamic_shapes import Block
+
+
+# the compile per size, which weld falls back to where it cannot compile a graph over its
+# symbols (test_weld_symbolic.py), asked for directly
+PER_SIZE = {"symbolic_kernels": False}
 
 
 def _per_size(fn) -> CompiledPerSize:
@@ -24,7 +30,7 @@ def f(x, y):
 
 
 def test_each_size_equals_eager_and_capture_happens_once():
-    fn = torchweld.compile(f, backend="weld", dynamic=True)
+    fn = torchweld.compile(f, backend="weld", dynamic=True, options=PER_SIZE)
     for n in (6, 9, 7, 13, 10, 6, 9, 7, 13, 10, 6):
         x, y = torch.randn(n, 5), torch.randn(n, 5)
         torch.testing.assert_close(fn(x, y), f(x, y))
@@ -35,7 +41,7 @@ def test_each_size_equals_eager_and_capture_happens_once():
 
 def test_sizes_seen_once_compile_nothing():
     """A generation loop whose length grows by one each call: no compile per token."""
-    fn = torchweld.compile(f, backend="weld", dynamic=True)
+    fn = torchweld.compile(f, backend="weld", dynamic=True, options=PER_SIZE)
     for n in range(4, 40):
         x, y = torch.randn(n, 5), torch.randn(n, 5)
         torch.testing.assert_close(fn(x, y), f(x, y))
@@ -47,7 +53,7 @@ def test_sizes_seen_once_compile_nothing():
 
 def test_specializations_share_their_triton_kernels():
     """Kernels that differ only in sizes take them as arguments: one source for every size."""
-    fn = torchweld.compile(f, backend="weld", dynamic=True, options={"cpu_codegen": "triton"})
+    fn = torchweld.compile(f, backend="weld", dynamic=True, options={**PER_SIZE, "cpu_codegen": "triton"})
     for n in (40, 40, 56, 56):
         x, y = torch.randn(n, 5), torch.randn(n, 5)
         torch.testing.assert_close(fn(x, y), f(x, y))
@@ -58,7 +64,7 @@ def test_specializations_share_their_triton_kernels():
 def test_automatic_dynamic_transformer_block_on_weld():
     torch.manual_seed(0)
     block = Block().eval()
-    fn = torchweld.compile(block, backend="weld")
+    fn = torchweld.compile(block, backend="weld", options=PER_SIZE)
     with torch.no_grad():
         for t in (7, 10, 13, 9):
             x = torch.randn(2, t, 16)
@@ -68,7 +74,7 @@ def test_automatic_dynamic_transformer_block_on_weld():
 def test_past_the_limit_sizes_run_as_captured_with_a_log_line(caplog):
     """No size is dropped and compiled again (a cache that evicted compiled at every call of a
     loop over more sizes than it kept): past the limit, new sizes run as captured."""
-    fn = torchweld.compile(f, backend="weld", dynamic=True, options={"size_specializations": 2})
+    fn = torchweld.compile(f, backend="weld", dynamic=True, options={**PER_SIZE, "size_specializations": 2})
     with torchweld.config.patch(logs="dynamic"), caplog.at_level(logging.INFO, logger="torchweld"):
         for _ in range(3):
             for n in (6, 7, 8):
@@ -85,7 +91,7 @@ def test_training_with_varying_length_gives_eager_gradients_on_weld():
     torch.manual_seed(0)
     model, reference = Block(), Block()
     reference.load_state_dict(model.state_dict())
-    compiled = torchweld.compile(model, backend="weld")
+    compiled = torchweld.compile(model, backend="weld", options=PER_SIZE)
     for t in (5, 8, 6, 11):
         x = torch.randn(2, t, 16)
         torch.testing.assert_close(compiled(x), reference(x), rtol=1e-4, atol=1e-5)
@@ -102,7 +108,7 @@ def test_cpp_specializations_share_one_library():
     block's kernels for lengths 10, 13 and 31 are one C++ file, built once."""
     torch.manual_seed(0)
     block = Block().eval()
-    compiled = torchweld.compile(block, backend="weld")
+    compiled = torchweld.compile(block, backend="weld", options=PER_SIZE)
     with torch.no_grad():
         for t in (7, 10, 10, 13, 13, 31, 31, 13):
             x = torch.randn(2, t, 16)
@@ -124,7 +130,7 @@ def _kinds_of_kernels(x, y):
 
 @pytest.mark.parametrize("codegen", ["cpp", "triton"])
 def test_every_kind_of_kernel_takes_or_keeps_its_sizes_soundly(codegen):
-    fn = torchweld.compile(_kinds_of_kernels, backend="weld", dynamic=True, options={"cpu_codegen": codegen})
+    fn = torchweld.compile(_kinds_of_kernels, backend="weld", dynamic=True, options={**PER_SIZE, "cpu_codegen": codegen})
     for n in (5, 9, 9, 5, 17, 17, 9, 33, 33):
         x, y = torch.randn(n, 300), torch.randn(n, 3)
         torch.testing.assert_close(fn(x, y), _kinds_of_kernels(x, y), rtol=1e-4, atol=1e-4)

@@ -12,7 +12,8 @@ import torch.nn.functional as F
 import torchweld
 from torchweld.backends.weld_symbolic import CompiledSymbolic
 
-CODEGENS = ["cpp", "triton"]
+CODEGENS = ["cpp", "triton", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                          reason="needs CUDA"))]
 
 
 def _symbolic(fn) -> CompiledSymbolic:
@@ -22,7 +23,12 @@ def _symbolic(fn) -> CompiledSymbolic:
 
 
 def _compiled(fn, codegen: str, **kwargs):
-    return torchweld.compile(fn, backend="weld", dynamic=True, options={"cpu_codegen": codegen}, **kwargs)
+    options = {} if codegen == "cuda" else {"cpu_codegen": codegen}  # (cuda: Triton, compiled for the GPU)
+    return torchweld.compile(fn, backend="weld", dynamic=True, options=options, **kwargs)
+
+
+def _on(codegen: str, make):
+    return (lambda n: tuple(a.cuda() for a in make(n))) if codegen == "cuda" else make
 
 
 def _run(fn, eager, make, sizes, atol=1e-5):
@@ -81,7 +87,7 @@ PROGRAMS = {
 def test_one_compile_serves_every_size(name, codegen):
     program, make = PROGRAMS[name]
     fn = _compiled(program, codegen)
-    _run(fn, program, make, (5, 9, 17, 6, 33, 5))
+    _run(fn, program, _on(codegen, make), (5, 9, 17, 6, 33, 5))
     _compiled_once(fn)
 
 
@@ -89,9 +95,10 @@ def test_one_compile_serves_every_size(name, codegen):
 def test_a_module_in_inference_over_growing_and_shrinking_batches(codegen):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8)).eval()
+    model = model.cuda() if codegen == "cuda" else model
     fn = _compiled(model, codegen)
     with torch.no_grad():
-        _run(fn, model, lambda n: (torch.randn(n, 16),), (4, 9, 3, 30, 2, 9))
+        _run(fn, model, _on(codegen, lambda n: (torch.randn(n, 16),)), (4, 9, 3, 30, 2, 9))
     _compiled_once(fn)
 
 
@@ -149,3 +156,18 @@ def test_the_option_turns_it_off():
     fn = torchweld.compile(pointwise, backend="weld", dynamic=True, options={"symbolic_kernels": False})
     _run(fn, pointwise, PROGRAMS["pointwise"][1], (5, 9))
     assert not any(isinstance(e.namespace.get("___graph"), CompiledSymbolic) for e in fn.cache_entries)
+
+
+@pytest.mark.parametrize("codegen", CODEGENS)
+def test_a_transformer_block_over_sequence_lengths_compiles_once(codegen):
+    """Automatic dynamic: the first length specialized, the second makes the length a symbol,
+    and weld compiles that graph once for every later length."""
+    from tests.capture.test_dynamic_shapes import Block
+
+    torch.manual_seed(0)
+    block = Block().eval()
+    block = block.cuda() if codegen == "cuda" else block
+    fn = torchweld.compile(block, backend="weld", options={} if codegen == "cuda" else {"cpu_codegen": codegen})
+    with torch.no_grad():
+        _run(fn, block, _on(codegen, lambda t: (torch.randn(2, t, 16),)), (7, 10, 13, 9, 30, 7))
+    _compiled_once(fn)

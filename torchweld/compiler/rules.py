@@ -6,6 +6,7 @@ for a case it does not cover; the node then becomes an extern call.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Callable
 
@@ -14,6 +15,7 @@ import torch
 from torchweld.compiler import ir
 from torchweld.compiler.ir import Expr, Layout, Op
 from torchweld.compiler.lowering import GraphLowering, RuleNode, BufferView, draws_a_seed, meta_layout
+from torchweld.compiler.symbols import fake_mode, is_symbol_size
 from torchweld.runtime import pool_offsets, seeded_rand
 from torchweld.tuning import tuning
 
@@ -505,7 +507,8 @@ def keep_dims(red: BufferView, full_shape, dims) -> BufferView:
     index = ir.dim_vars(len(shape))
     kept = [index[i] for i in range(len(shape)) if i not in dims]
     index_ = tuple(ir.substitute(e, kept) for e in red.index)
-    return BufferView(red.root, red.dtype, shape, red.device, index_, replay_layout(red.layout, lambda t: t.reshape(shape)))
+    layout = replay_layout(red.layout, lambda t: t.reshape(shape), any(map(is_symbol_size, shape)))
+    return BufferView(red.root, red.dtype, shape, red.device, index_, layout)
 
 
 @lowers(aten.sum.dim_IntList, aten.sum.default, prims.sum)
@@ -571,19 +574,25 @@ def _spread(kept_index: list[Expr], ndim: int, dims) -> list[Expr]:
 # =============================================================================
 
 
-def replay_layout(layout: Layout | None, view_fn) -> Layout | None:
-    """The layout of a view of a tensor stored at `layout`, found by running the view on a meta tensor."""
+def replay_layout(layout: Layout | None, view_fn, symbolic: bool = False) -> Layout | None:
+    """The layout of a view of a tensor stored at `layout`, found by running the view on a meta
+    tensor; on a fake one of the compile's ShapeEnv where sizes, or the view's (`symbolic`), are symbols."""
     if layout is None:
         return None
     size = 1 + layout.offset + sum((s - 1) * st for s, st in zip(layout.shape, layout.stride) if s > 0)
     if 0 in layout.shape:
         size = layout.offset + 1
-    base = torch.empty(size, device="meta").as_strided(layout.shape, layout.stride, layout.offset)
-    try:
-        out = view_fn(base)
-    except RuntimeError:  # not expressible with strides (e.g. flattening a transpose)
-        return None
-    if out.untyped_storage().data_ptr() != base.untyped_storage().data_ptr() and out.numel() > 1:
+    symbolic = symbolic or any(map(is_symbol_size, (size, *layout.shape, *layout.stride)))
+    # over symbols, a fake tensor of the compile's ShapeEnv (whose guards the view's checks record)
+    with fake_mode() if symbolic else contextlib.nullcontext():
+        base = torch.empty(size, device="meta").as_strided(layout.shape, layout.stride, layout.offset)
+        try:
+            out = view_fn(base)
+        except RuntimeError:  # not expressible with strides (e.g. flattening a transpose)
+            return None
+    copied = out._base is not base._base if symbolic else \
+        out.untyped_storage().data_ptr() != base.untyped_storage().data_ptr()
+    if copied and out.numel() > 1:
         return None  # reshape copied
     return Layout(tuple(out.shape), tuple(out.stride()), out.storage_offset())
 
@@ -597,7 +606,8 @@ def make_view(node, x: BufferView, index_fn, view_fn=None) -> BufferView:
     if view_fn is None:
         args = node.args[1:]
         view_fn = lambda t: node.target(t, *args, **node.kwargs)
-    return BufferView(x.root, x.dtype, shape, x.device, root_index, replay_layout(x.layout, view_fn))
+    layout = replay_layout(x.layout, view_fn, symbolic=any(map(is_symbol_size, shape)))
+    return BufferView(x.root, x.dtype, shape, x.device, root_index, layout)
 
 
 def reshape_index(out_index: list[Expr], in_shape, out_shape) -> list[Expr]:
@@ -708,6 +718,14 @@ def squeeze(L, node, x, dims=None):
 
 
 def _slice_params(size: int, start, end, step):
+    if is_symbol_size(size) or is_symbol_size(start) or is_symbol_size(end):
+        # Python's clamping of a slice, in comparisons of SymInts (guarded where not proven)
+        def clamp(i, default):
+            i = default if i is None else i + size if i < 0 else i
+            return max(0, min(i, size))
+
+        start = clamp(start, 0)
+        return start, max(clamp(end, size), start)
     start, end, _ = slice(start, end, step).indices(size)
     return start, max(end, start)
 
@@ -747,7 +765,7 @@ def split(L, node, x, sizes, dim=0):
 
         shape = tuple(out.shape)
         index = tuple(ir.substitute(e, index_fn(ir.dim_vars(len(shape)))) for e in x.index)
-        layout = replay_layout(x.layout, lambda t, s=start, n=n: t.narrow(dim, s, n))
+        layout = replay_layout(x.layout, lambda t, s=start, n=n: t.narrow(dim, s, n), any(map(is_symbol_size, shape)))
         values.append(BufferView(x.root, x.dtype, shape, x.device, index, layout))
         start += n
     return values

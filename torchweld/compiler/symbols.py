@@ -59,6 +59,17 @@ def compiling_over(env) -> object:
         _compiling.env = previous
 
 
+def fake_mode():
+    """A FakeTensorMode over the ShapeEnv of the graph this thread compiles over symbols, for
+    running an op on tensors of symbolic sizes (lowering's view layouts)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    env = getattr(_compiling, "env", None)
+    if env is None:
+        raise NotImplementedError("a tensor of symbolic sizes outside a symbolic compile")
+    return FakeTensorMode(shape_env=env, allow_non_fake_inputs=True)
+
+
 def decide(relation: object) -> bool:
     """A comparison of sizes (a Python bool, or a sympy relation over the symbols of the graph
     compiling in this thread), answered as at the call being compiled, and recorded as a guard

@@ -28,6 +28,7 @@ from torchweld.compiler import ir
 from torchweld.compiler.codegen.triton import (int_classes, kernel_params, kernel_values, launch_candidates,
                                                launch_config, runtime_ints, tune_launch, unspecialized_params)
 from torchweld.compiler.schedule import Kernel, Schedule
+from torchweld.compiler.symbols import size_text
 from torchweld.runtime import triton_launch
 from torchweld.tuning import tuning
 
@@ -118,8 +119,8 @@ class TritonCompile:
         for e in entries:
             name = e.kernel.name
             launches.objects[f"_k_{name}"] = e.fn
-            arguments = [*e.args, *map(str, ints[name])]
-            launches.jit[name] = (f"_k_{name}[({grids[name]},)]({', '.join(arguments)}, "
+            arguments = [*e.args, *map(size_text, ints[name])]
+            launches.jit[name] = (f"_k_{name}[({size_text(grids[name])},)]({', '.join(arguments)}, "
                                   + ", ".join(f"{key}={value}" for key, value in e.config.items()) + ")")
         if not self.fast:
             return launches
@@ -153,9 +154,9 @@ def fast_launch(name: str, grid: int, args: list[str], ints: tuple[int, ...], ha
         else:
             objects[f"_lead{i}_{name}"] = value
             lead.append(f"_lead{i}_{name}")
-    arguments = lead + [f"{a}.data_ptr()" for a in args] + [str(v) for v in handle.passed(ints)]
+    arguments = lead + [f"{a}.data_ptr()" for a in args] + [size_text(v) for v in handle.passed(ints)]
     arguments += [str(v) for v in handle.trailing]
-    return f"_run_{name}({grid}, 1, 1, _stream, _fn_{name}, {', '.join(arguments)})"
+    return f"_run_{name}({size_text(grid)}, 1, 1, _stream, _fn_{name}, {', '.join(arguments)})"
 
 
 def compile_order(kernels: list[Kernel]) -> list[Kernel]:

@@ -20,8 +20,8 @@ from torchweld.compiler import ir
 from torchweld.compiler.codegen.bindings import fast_callable
 from torchweld.compiler.ir import Layout
 from torchweld.compiler.lowering import BufferView
-from torchweld.compiler.symbols import size_key, size_text, sizes_text, symbols_read
 from torchweld.compiler.schedule import ExternCall, Free, Kernel, Schedule, in_place_twin
+from torchweld.compiler.symbols import size_key, size_text, sizes_text, symbols_read
 from torchweld.runtime.write_back import groups_by_dtype
 
 PRELUDE = '''
