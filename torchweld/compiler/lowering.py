@@ -16,7 +16,7 @@ from torchweld.compiler import aliasing, ir
 from torchweld.compiler.aten_graph import pure_overload
 from torchweld.compiler.ir import Expr, Layout
 from torchweld.compiler.op_effects import returned_storage
-from torchweld.compiler.symbols import size_key
+from torchweld.compiler.symbols import hint, is_symbol_size, size_key
 from torchweld.runtime.seeded_rand import SEED_HIGH, SEED_LOW
 from torchweld.tuning import tuning
 from torchweld.write_refusals import non_overlapping_and_dense
@@ -690,8 +690,10 @@ def split_plan(shape, reduced: tuple[int, ...], reduce_op: ir.Op, along_kept: bo
     read across, contiguous along the outputs (lowering's reads_along_kept)."""
     if reduce_op not in SPLIT_OPS or not reduced:
         return None
-    outputs = math.prod(s for i, s in enumerate(shape) if i not in reduced)
-    row = math.prod(shape[d] for d in reduced)
+    # over symbols: decided at the compiled call's sizes (either answer computes the same), and only
+    # a dim of a fixed size is cut (its factor must divide it at every size)
+    outputs = hint(math.prod(s for i, s in enumerate(shape) if i not in reduced))
+    row = hint(math.prod(shape[d] for d in reduced))
     aimed = tuning.partial_outputs_across if along_kept else tuning.partial_outputs
     wanted = min(aimed // max(outputs, 1), row // tuning.partial_row_min)
     least = tuning.split_min_elements_across if along_kept else tuning.split_min_elements
@@ -699,6 +701,8 @@ def split_plan(shape, reduced: tuple[int, ...], reduce_op: ir.Op, along_kept: bo
         return None
     best, before = None, 1  # the most partial results, at most `wanted`
     for d in reduced:
+        if is_symbol_size(shape[d]):
+            break
         factor = next(f for f in range(min(shape[d], wanted // before), 0, -1) if shape[d] % f == 0)
         if factor > 1 and (best is None or before * factor > best[0]):
             best = (before * factor, d, factor)
