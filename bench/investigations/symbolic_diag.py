@@ -24,7 +24,7 @@ def main() -> None:
     parser.add_argument("--full", action="store_true", help="the models' real sizes (else tiny configs)")
     args = parser.parse_args()
     logging.basicConfig(format="%(name)s: %(message)s")
-    logging.getLogger("torchweld.dynamic").setLevel(logging.INFO)
+    logging.getLogger("torchweld.dynamic").setLevel(logging.DEBUG)  # (with the traceback of a failed compile)
     device = torch.device(args.device)
     for name, (program, make) in sorted(PROGRAMS.items()):
         fn = torchweld.compile(program, backend="weld", dynamic=True)

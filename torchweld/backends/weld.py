@@ -137,7 +137,7 @@ def weld(gm: torch.fx.GraphModule, example_inputs: list, mode=None, options=None
 def _symbolic(gm: torch.fx.GraphModule, example_inputs: list, mode, options: dict, per_size: CompiledPerSize):
     """`gm` compiled once over symbolic sizes (weld_symbolic.py), `per_size` calling it where its
     compile's guards hold; `per_size` alone where it cannot be compiled so."""
-    from torchweld.backends.weld_symbolic import CompiledSymbolic, SymbolicCompileError, SymbolicCopy
+    from torchweld.backends.weld_symbolic import CompiledSymbolic, SymbolicCopy
     from torchweld.compiler.symbols import compiling_over
 
     if not options.get("symbolic_kernels", True) or needs_autograd(gm, example_inputs):

@@ -198,8 +198,8 @@ def _coalesce(e: Expr, groups) -> Expr:
         if not own or not all(name in rest for name in own):
             continue
         first = next(iter(own))
-        scale, remainder = divmod(rest[first], own[first])
-        if remainder or any(rest[name] != scale * st for name, st in own.items()):
+        scale = _exact_quotient(rest[first], own[first])
+        if scale is None or any(not _same(rest[name], _times(scale, st)) for name, st in own.items()):
             continue
         for name in own:
             del rest[name]
@@ -209,6 +209,30 @@ def _coalesce(e: Expr, groups) -> Expr:
     for name, c in rest.items():
         out = ir.iadd(out, ir.imul(ir.var(name), ir.const(c)))
     return out
+
+
+def _exact_quotient(a: object, b: object) -> object | None:
+    """a / b where it divides exactly (for every value of the symbols, where they are sizes), else None."""
+    if not (is_symbol_size(a) or is_symbol_size(b)):
+        scale, remainder = divmod(a, b)
+        return None if remainder else scale
+    numerator, denominator = sympy.fraction(sympy.cancel(sympy.sympify(sympy_size(a)) / sympy_size(b)))
+    if denominator != 1:
+        return None
+    if numerator.is_number:
+        return int(numerator) if numerator.is_integer else None
+    return numerator if all(c.is_integer for c in sympy.Poly(numerator).coeffs()) else None
+
+
+def _times(a: object, b: object) -> object:
+    return sympy.expand(sympy_size(a) * sympy_size(b)) if is_symbol_size(a) or is_symbol_size(b) else a * b
+
+
+def _same(a: object, b: object) -> bool:
+    """Equal for every value of the symbols (ints: equal)."""
+    if is_symbol_size(a) or is_symbol_size(b):
+        return sympy.expand(sympy_size(a) - sympy_size(b)) == 0
+    return a == b
 
 
 def coalesce_indices(kernel: Kernel) -> Kernel:
