@@ -174,3 +174,51 @@ def test_a_transformer_block_over_sequence_lengths_compiles_once(codegen):
     with torch.no_grad():
         _run(fn, block, _on(codegen, lambda t: (torch.randn(2, t, 16),)), (7, 10, 13, 9, 30, 7))
     _compiled_once(fn)
+
+
+def written_and_viewed(x, y):
+    """An input written in place, a view of an input returned, a size returned as a number."""
+    y.add_(1)
+    return x.view(-1) * 2, x[1:], y.sum(0), x.shape[0] * 3
+
+
+@pytest.mark.parametrize("codegen", ["cpp", "triton"])
+def test_writes_views_and_sizes_returned_match_eager_at_every_size(codegen):
+    fn = _compiled(written_and_viewed, codegen)
+    for n in (5, 9, 3, 17, 5):
+        x, y = torch.randn(n, 4), torch.randn(n, 6)
+        x2, y2 = x.clone(), y.clone()
+        got, expected = fn(x, y), written_and_viewed(x2, y2)
+        torch.testing.assert_close(got, expected)
+        torch.testing.assert_close(y, y2)  # the write reached the caller's tensor
+        assert got[1]._base is x or got[1].data_ptr() == x[1:].data_ptr()  # a view of the input, as eager's
+    _compiled_once(fn)
+
+
+def test_a_module_setting_changed_between_calls_is_read_anew():
+    """ln.eps is a number in the kernels compiled over symbols: changed, the call is compiled per size."""
+    torch.manual_seed(0)
+    ln = torch.nn.LayerNorm(8).eval()
+    fn = _compiled(ln, "cpp")
+    with torch.no_grad():
+        _run(fn, ln, lambda n: (torch.randn(n, 8) * 1e-3,), (5, 9))
+        ln.eps = 1e-2
+        _run(fn, ln, lambda n: (torch.randn(n, 8) * 1e-3,), (5, 9, 12, 12))
+
+
+def test_grad_mode_turned_on_after_an_inference_compile():
+    """Compiled under no_grad over symbols; called with grad, the capture's guard sends it to a
+    training compile (per size), whose gradients equal eager's."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh())
+    fn = _compiled(model, "cpp")
+    with torch.no_grad():
+        _run(fn, model, lambda n: (torch.randn(n, 8),), (4, 6))
+    for n in (4, 7):
+        x = torch.randn(n, 8)
+        model.zero_grad()
+        fn(x).sum().backward()
+        grad = model[0].weight.grad.clone()
+        model.zero_grad()
+        model(x).sum().backward()
+        torch.testing.assert_close(grad, model[0].weight.grad)

@@ -26,7 +26,7 @@ import sympy
 import torch
 from torch.utils._sympy.functions import ToFloat
 
-from torchweld.compiler.symbols import hint
+from torchweld.compiler.symbols import hint, size_key
 from torchweld.tuning import tuning
 
 
@@ -552,13 +552,24 @@ def variables(e: Expr) -> frozenset:
 # =============================================================================
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class Layout:
-    """Where a stored tensor's elements are: shape, strides and storage offset."""
+    """Where a stored tensor's elements are: shape, strides and storage offset. Two layouts are
+    equal where their sizes are the same expressions (symbols.size_key): symbolic sizes are
+    compared without a guard, so that layouts equal at one call's sizes only count as different."""
 
     shape: tuple[int, ...]
     stride: tuple[int, ...]
     offset: int = 0
+
+    def key(self) -> tuple:
+        return tuple(map(size_key, self.shape)), tuple(map(size_key, self.stride)), size_key(self.offset)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Layout) and self.key() == other.key()
+
+    def __hash__(self) -> int:
+        return hash(self.key())
 
     @staticmethod
     def contiguous(shape: Iterable[int]) -> "Layout":

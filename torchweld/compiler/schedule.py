@@ -18,7 +18,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
-import operator
 from typing import Iterable
 
 import torch
@@ -27,7 +26,7 @@ import torch.utils._pytree as pytree
 from torchweld.compiler import ir
 from torchweld.compiler.ir import Expr, Op
 from torchweld.compiler.lowering import LoweredGraph, BufferView
-from torchweld.compiler.symbols import is_symbol_size, size_key
+from torchweld.compiler.symbols import is_symbol_size, same_sizes, size_key
 from torchweld.tuning import tuning
 
 
@@ -239,13 +238,6 @@ class _Group:
 
 def _squeezed(shape) -> tuple[int, ...]:
     return tuple(s for s in shape if s != 1)
-
-
-def same_sizes(a: tuple, b: tuple) -> bool:
-    """Whether two tuples of sizes are equal for every value of their symbols: the same
-    expressions (no guard; sizes that differ only at some values count as different, so that
-    the kernels a fusion decision makes are right at every size)."""
-    return len(a) == len(b) and all(map(operator.eq, map(size_key, a), map(size_key, b)))
 
 
 def _fit_index(shape, sizes, index: list[Expr]) -> list[Expr]:

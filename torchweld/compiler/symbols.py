@@ -29,6 +29,13 @@ def size_key(n: object) -> object:
     return ("sym", n) if isinstance(n, sympy.Expr) and not n.is_number else n
 
 
+def same_sizes(a: tuple, b: tuple) -> bool:
+    """Whether two tuples of sizes are equal for every value of their symbols: the same
+    expressions (no guard; sizes that differ only at some values count as different, so that
+    a decision taken on it, such as a fusion, is right at every size)."""
+    return len(a) == len(b) and all(size_key(x) == size_key(y) for x, y in zip(a, b))
+
+
 def size_text(n: object) -> str:
     """Python for the size `n` (an int, a SymInt or its sympy expression) in a wrapper that
     binds each symbol of the graph's input sizes to a local of its name (`symbols_read`)."""
