@@ -130,7 +130,8 @@ def _kinds_of_kernels(x, y):
 
 @pytest.mark.parametrize("codegen", ["cpp", "triton"])
 def test_every_kind_of_kernel_takes_or_keeps_its_sizes_soundly(codegen):
-    fn = torchweld.compile(_kinds_of_kernels, backend="weld", dynamic=True, options={**PER_SIZE, "cpu_codegen": codegen})
+    fn = torchweld.compile(_kinds_of_kernels, backend="weld", dynamic=True,
+                           options={**PER_SIZE, "cpu_codegen": codegen})
     for n in (5, 9, 9, 5, 17, 17, 9, 33, 33):
         x, y = torch.randn(n, 300), torch.randn(n, 3)
         torch.testing.assert_close(fn(x, y), _kinds_of_kernels(x, y), rtol=1e-4, atol=1e-4)

@@ -12,7 +12,7 @@ import torch.utils._pytree as pytree
 from torchweld import logs
 from torchweld.backends import BackendOptions, Option, register_backend
 from torchweld.backends.module_settings import SettingsGuarded, leaf_settings
-from torchweld.backends.weld_declines import UNTRACEABLE, Decline, warn_declined, why_declined
+from torchweld.backends.weld_declines import UNTRACEABLE, Decline, why_declined
 from torchweld.backends.weld_sizes import CompiledPerSize
 from torchweld.tuning import tuning
 
@@ -117,7 +117,7 @@ def weld(gm: torch.fx.GraphModule, example_inputs: list, mode=None, options=None
     # the BackendOptions of this compiled model (backends.lookup_backend): graphs share its `shared`
     options = {} if options is None else options
     declined = why_declined(gm, example_inputs)
-    if declined is not None and declined[0] is Decline.SYMBOLIC_SIZES:  # shortcut: compiled per size (weld_sizes.py)
+    if declined is not None and declined[0] is Decline.SYMBOLIC_SIZES:  # over symbols, else per size
         limit = options.get("size_specializations", tuning.default_specializations)
         per_size = BackendOptions.derived(options, sizes_as_arguments=True)  # kernels shared across sizes
         sizes = CompiledPerSize(gm, lambda static_gm, inputs: weld(static_gm, inputs, mode, per_size), limit)
@@ -125,7 +125,6 @@ def weld(gm: torch.fx.GraphModule, example_inputs: list, mode=None, options=None
     if declined is not None:
         kind, detail = declined
         log.warning("weld runs this graph without its kernels (%s): %s", detail, kind.value)
-        warn_declined(kind)
         return gm.forward
     settings = leaf_settings(gm)
     if not settings:
@@ -163,10 +162,10 @@ def _weld(gm: torch.fx.GraphModule, example_inputs: list, mode, options: dict, s
         _start_cuda_helpers(workers=len(gm.graph.nodes) >= tuning.workers_from_nodes)
     if training:
         return _compile_training(prepare(gm, options, inference=False), example_inputs, mode, options)
+    from torchweld.backends.weld_symbolic import SymbolicCompileError
     from torchweld.compiler import compile_graph
     from torchweld.compiler.lowering import LoweringError
     from torchweld.runtime.cpp_loader import CppCompileError
-    from torchweld.backends.weld_symbolic import SymbolicCompileError
 
     graph_module = prepare(gm, options, inference=True)
     try:

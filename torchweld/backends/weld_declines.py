@@ -13,7 +13,6 @@ complex one (`a * a + 1j`) no loop IR type; eager's kernels run such graphs.
 from __future__ import annotations
 
 import enum
-import warnings
 
 import torch
 import torch.utils._pytree as pytree
@@ -35,7 +34,8 @@ class Decline(enum.Enum):
     """Why weld runs a graph without its kernels; the value is the hint its log line gives."""
 
     DEVICE = "weld generates kernels for CPU and CUDA tensors only"
-    SYMBOLIC_SIZES = "weld does not compile symbolic sizes yet; the graph runs as captured, without weld's kernels"
+    # not a decline: such a graph is compiled over its symbols (weld_symbolic.py), else per size (weld_sizes.py)
+    SYMBOLIC_SIZES = "symbolic sizes: weld compiles the graph over its symbols, or else once per size"
     SPARSE = "weld's kernels read strided tensors only; a graph with a sparse tensor runs as captured"
     COMPLEX = "weld's kernels compute in real numbers; a graph with complex values runs as captured"
 
@@ -60,13 +60,6 @@ def why_declined(gm: torch.fx.GraphModule, example_inputs: list) -> tuple[Declin
         if any(isinstance(a, complex) for a in pytree.tree_leaves((node.args, node.kwargs))):
             return Decline.COMPLEX, f"the complex constant in {node.format_node()}"
     return None
-
-
-def warn_declined(kind: Decline) -> None:
-    """The warning a user sees for `kind`, once per process (Python's default warning filter
-    shows one message from one place once): symbolic sizes make weld compile nothing."""
-    if kind is Decline.SYMBOLIC_SIZES:
-        warnings.warn(kind.value, RuntimeWarning, stacklevel=2)
 
 
 def is_symbolic(value: object) -> bool:

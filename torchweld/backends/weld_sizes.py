@@ -1,8 +1,8 @@
-"""weld for a graph with symbolic sizes: one capture, compiled once per concrete layout.
+"""weld for a graph with symbolic sizes, compiled once per concrete layout: where weld cannot
+compile it over its symbols (weld_symbolic.py: training graphs, a symbolic int argument, ...),
+or for a call outside what that compile assumed.
 
-Shortcut (issue 45): weld's lowering and kernels work with the sizes of the example inputs,
-so a graph whose sizes are symbols is not compiled size-generically. Capture hands weld the
-symbolic graph once; a call whose inputs have sizes and strides not seen before runs the
+Capture hands weld the symbolic graph once; a call whose inputs have sizes and strides not seen before runs the
 graph as captured (eager's kernels), and the next call with those sizes
 (tuning.specialize_at_call) gets a copy of the graph whose example values hold them
 (`static_copy`), compiled as any static graph is, and kept. At most

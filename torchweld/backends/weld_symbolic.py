@@ -11,10 +11,14 @@ whose compile made a symbol a number (`int(size)` somewhere: no gain over a comp
 goes to the compile per size (weld_sizes.py), as does a graph weld cannot compile so (an
 op or a decision its code does not take symbolically: `SymbolicCompileError`).
 
-Kernels take the symbols as arguments (`s0`, `s1`, ... bound by the wrapper from the inputs'
-sizes); what depends on them (element counts, strides, index arithmetic, allocations, grids)
-is computed from them at run time. Shortcuts: inference graphs only (training graphs are
-compiled per size); a graph taking a number (a symbolic int argument) is compiled per size.
+Kernels take the sizes that are symbols, or expressions of them, as arguments (`ks0`, `ks1`:
+codegen/size_args.py); the wrapper binds each symbol from an input's size at each call
+(`s27 = arg1.size(0)`) and computes from them what depends on them: those arguments,
+allocations, strides, extern calls' sizes, Triton grids (compiler/symbols.py). Choices that
+any answer makes right (block sizes, fusion, recomputing an operand) take no guard: they are
+made at the hint, or by comparing expressions. Shortcuts: inference graphs only (training
+graphs are compiled per size); a graph taking a number (a symbolic int argument) is compiled
+per size; so is one whose kernels would need a float computed from a size.
 """
 from __future__ import annotations
 

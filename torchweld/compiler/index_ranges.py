@@ -74,9 +74,10 @@ def _decide(op: Op, a: Range, b: Range) -> bool | None:
     lo, hi = a[0] - b[1], a[1] - b[0]  # the range of x - y
     if is_symbol_size(lo) or is_symbol_size(hi):  # bounds over symbols: what their ranges prove, or None
         t = lambda relation: known(relation) is True  # noqa: E731
+        zero = t(sympy.Eq(lo, 0)) and t(sympy.Eq(hi, 0))
         holds = {Op.LT: (t(hi < 0), t(lo >= 0)), Op.LE: (t(hi <= 0), t(lo > 0)), Op.GT: (t(lo > 0), t(hi <= 0)),
-                 Op.GE: (t(lo >= 0), t(hi < 0)), Op.EQ: (t(sympy.Eq(lo, 0)) and t(sympy.Eq(hi, 0)), t(lo > 0) or t(hi < 0)),
-                 Op.NE: (t(lo > 0) or t(hi < 0), t(sympy.Eq(lo, 0)) and t(sympy.Eq(hi, 0)))}[op]
+                 Op.GE: (t(lo >= 0), t(hi < 0)), Op.EQ: (zero, t(lo > 0) or t(hi < 0)),
+                 Op.NE: (t(lo > 0) or t(hi < 0), zero)}[op]
     else:
         holds = {Op.LT: (hi < 0, lo >= 0), Op.LE: (hi <= 0, lo > 0), Op.GT: (lo > 0, hi <= 0),
                  Op.GE: (lo >= 0, hi < 0), Op.EQ: (lo == hi == 0, lo > 0 or hi < 0),

@@ -52,6 +52,11 @@ def _storage_size(layout: Layout) -> object:
     return size_key(layout.offset + 1 + sum((s - 1) * st for s, st in zip(layout.shape, layout.stride)))
 
 
+def _placed(layout: Layout) -> str:
+    """`layout`'s shape and strides as a call's two arguments (symbolic sizes as Python over the symbols)."""
+    return f"{sizes_text(layout.shape)}, {sizes_text(layout.stride)}"
+
+
 def launch_token(kind: str, kernel: str) -> str:
     """Where a kernel's launch line goes in a rendered wrapper (`fill_launches` puts it there):
     its line through Triton's JIT or a C++ kernel (`jit`), or through its compiled launcher,
@@ -118,8 +123,8 @@ class WrapperRenderer:
         if own == layout:
             return root
         if layout.offset == 0:  # as_strided keeps the base's own storage offset when given none
-            return f"{root}.as_strided({sizes_text(layout.shape)}, {sizes_text(layout.stride)})"
-        return f"{root}.as_strided({sizes_text(layout.shape)}, {sizes_text(layout.stride)}, {root}.storage_offset() + {size_text(layout.offset)})"
+            return f"{root}.as_strided({_placed(layout)})"
+        return self.view(root, layout)
 
     def emit(self, line: str) -> None:
         self.lines.append("    " + line)
@@ -162,7 +167,8 @@ class WrapperRenderer:
                 dtype, layout, _ = self.sched.layouts[name]
                 if name in targets:  # the caller's tensor, which a restrided copy is copied back into
                     self.emit(f"_caller_{name} = {name}")
-                self.emit(f"if {name}.stride() != {sizes_text(layout.stride)}: {name} = _restride({name}, {sizes_text(layout.shape)}, {sizes_text(layout.stride)})")
+                self.emit(f"if {name}.stride() != {sizes_text(layout.stride)}: "
+                          f"{name} = _restride({name}, {_placed(layout)})")
         for name in g.constants:
             self.constants[name] = g.constants[name]
         allocated = set(self.sched.allocated)
@@ -288,14 +294,14 @@ class WrapperRenderer:
             if self.sched.layouts[old][1] == layout:
                 self.emit(f"{name} = {old}{drop}  # reuse")
             else:
-                self.emit(f"{name} = {old}.as_strided({sizes_text(layout.shape)}, {sizes_text(layout.stride)}){drop}  # reuse")
+                self.emit(f"{name} = {old}.as_strided({_placed(layout)}){drop}  # reuse")
             return
         if first.get(name) == name:
             self.constants.setdefault(f"_workspace_{name}", [])
-            self.emit(f"{name} = _take(_workspace_{name}, {sizes_text(layout.shape)}, {sizes_text(layout.stride)}, {dtype}, "
+            self.emit(f"{name} = _take(_workspace_{name}, {_placed(layout)}, {dtype}, "
                       f"{self.const(torch.device(device))})")
             return
-        self.emit(f"{name} = torch.empty_strided({sizes_text(layout.shape)}, {sizes_text(layout.stride)}, dtype={dtype}, "
+        self.emit(f"{name} = torch.empty_strided({_placed(layout)}, dtype={dtype}, "
                   f"device={self.const(torch.device(device))})")
 
     def extern(self, ext: ir.Extern) -> None:
@@ -320,7 +326,7 @@ class WrapperRenderer:
 
     def view(self, root: str, layout: Layout) -> str:
         """A new view of `root` at `layout`, whatever root's own layout is."""
-        return f"{root}.as_strided({sizes_text(layout.shape)}, {sizes_text(layout.stride)}, {root}.storage_offset() + {size_text(layout.offset)})"
+        return f"{root}.as_strided({_placed(layout)}, {root}.storage_offset() + {size_text(layout.offset)})"
 
     def output(self, value: object) -> str:
         if isinstance(value, BufferView):
