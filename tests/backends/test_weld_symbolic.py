@@ -222,3 +222,20 @@ def test_grad_mode_turned_on_after_an_inference_compile():
         model.zero_grad()
         model(x).sum().backward()
         torch.testing.assert_close(grad, model[0].weight.grad)
+
+
+@pytest.mark.parametrize("codegen", ["cpp", "triton"])
+def test_batch_norm_statistics_in_training_mode_under_no_grad(codegen):
+    """Found by the fuzzer (seed 127): a float computed from a size (the unbiased variance's
+    n / (n - 1)) reached an extern call as the compile's SymFloat object itself, and the running
+    statistics came out NaN. The wrapper computes it from the bound symbols at each call."""
+    torch.manual_seed(0)
+    compiled_bn, eager_bn = torch.nn.BatchNorm1d(4), torch.nn.BatchNorm1d(4)
+    eager_bn.load_state_dict(compiled_bn.state_dict())
+    fn = _compiled(lambda x: compiled_bn(x) * 2, codegen)
+    with torch.no_grad():
+        for n in (3, 5, 9, 3):
+            x = torch.randn(n, 4)
+            torch.testing.assert_close(fn(x), eager_bn(x) * 2)
+            torch.testing.assert_close(compiled_bn.running_mean, eager_bn.running_mean)
+            torch.testing.assert_close(compiled_bn.running_var, eager_bn.running_var)

@@ -37,11 +37,12 @@ def same_sizes(a: tuple, b: tuple) -> bool:
 
 
 def size_text(n: object) -> str:
-    """Python for the size `n` (an int, a SymInt or its sympy expression) in a wrapper that
-    binds each symbol of the graph's input sizes to a local of its name (`symbols_read`)."""
-    if isinstance(n, torch.SymInt):
+    """Python for the size `n` (an int, a SymInt or its sympy expression; a SymFloat or SymBool
+    computed from sizes too) in a wrapper that binds each symbol of the graph's input sizes to
+    a local of its name (`symbols_read`), and `torch` (which `torch.sym_float(s0)` reads)."""
+    if isinstance(n, (torch.SymInt, torch.SymFloat, torch.SymBool)):
         n = n.node.expr
-    if isinstance(n, sympy.Expr):
+    if isinstance(n, sympy.Basic):
         return f"({PythonPrinter().doprint(n)})"
     return repr(n)
 

@@ -94,8 +94,8 @@ class WrapperRenderer:
         """Source text for a constant argument: a literal when it prints as one, else a global."""
         if value is None or isinstance(value, (bool, int, str)):
             return repr(value)
-        if isinstance(value, torch.SymInt):  # a size computed from the symbols the function binds
-            return size_text(value)
+        if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):  # computed from the symbols bound
+            return size_text(value)  # (never kept as an object: its value would be the compiled call's)
         if isinstance(value, float):
             return repr(value) if math.isfinite(value) else f"float('{value}')"
         if isinstance(value, torch.dtype):
