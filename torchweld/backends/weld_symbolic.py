@@ -146,6 +146,9 @@ class WeldGuard:
         terms = []
         for g in env.guards:
             expr = env.simplify(g.expr)
+            if isinstance(expr, sympy.Eq) and any(side.is_Float for side in expr.args):
+                # a float of the sizes fixed (`float(n) == 3.0`): the compile holds at one size, as one per size
+                raise SymbolicCompileError(f"the compile fixed a value of the sizes: {expr}")
             if expr != sympy.true:
                 terms.append(python_text(expr, names, lambda m: m.__name__))
         for s in symbols:  # the replacements weld's compile learned (a symbol equal to another)
