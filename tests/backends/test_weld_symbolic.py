@@ -67,6 +67,12 @@ def columns(x):
     return x.sum(0) + 1, x.mean(0)
 
 
+def scaled_by_sizes(x):
+    """Floats computed from sizes as operands: 0-d tensors the wrapper makes at each call (a
+    division's: eager's own kernel, called with the float)."""
+    return x * x.shape[0] ** 0.5 + x.shape[1] ** 0.5 - x / x.shape[0] ** 0.5
+
+
 def counted(x):
     return x + torch.arange(x.shape[0], dtype=x.dtype, device=x.device)
 
@@ -79,6 +85,7 @@ PROGRAMS = {
     "concatenated": (concatenated, lambda n: (torch.randn(n, 4), torch.randn(3, 4))),
     "counted": (counted, lambda n: (torch.randn(n),)),
     "columns": (columns, lambda n: (torch.randn(n, 33),)),
+    "scaled_by_sizes": (scaled_by_sizes, lambda n: (torch.randn(n, 3),)),
 }
 
 
@@ -125,14 +132,14 @@ def test_a_call_outside_the_guards_is_compiled_per_size(caplog):
 
 
 def test_a_graph_weld_cannot_compile_over_symbols_is_compiled_per_size(caplog):
-    """Shortcut: a float computed from a symbolic size (`n ** 0.5`) is no kernel argument yet:
-    compiled per size, as before, and said so."""
-    def scaled(x):
-        return x * x.shape[0] ** 0.5
+    """Shortcut: a graph taking a symbolic int argument (an int that changes between calls) is not
+    compiled over symbols: compiled per size, and said so."""
+    def shifted(x, k):
+        return x * 2 + k
 
-    fn = torchweld.compile(scaled, backend="weld", dynamic=True)
+    fn = torchweld.compile(shifted, backend="weld", dynamic=True)
     with torchweld.config.patch(logs="dynamic"), caplog.at_level(logging.INFO, logger="torchweld"):
-        _run(fn, scaled, lambda n: (torch.randn(n, 3),), (5, 9, 9, 5))
+        _run(fn, shifted, lambda n: (torch.randn(n, 3), n), (5, 9, 9, 5))
     assert not any(isinstance(e.namespace.get("___graph"), CompiledSymbolic) for e in fn.cache_entries)
     assert any("cannot compile it over symbols" in r.getMessage() for r in caplog.records)
 

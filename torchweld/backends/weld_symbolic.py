@@ -18,7 +18,8 @@ allocations, strides, extern calls' sizes, Triton grids (compiler/symbols.py). C
 any answer makes right (block sizes, fusion, recomputing an operand) take no guard: they are
 made at the hint, or by comparing expressions. Shortcuts: inference graphs only (training
 graphs are compiled per size); a graph taking a number (a symbolic int argument) is compiled
-per size; so is one whose kernels would need a float computed from a size.
+per size; so is one that uses a float computed from sizes other than as an operand of `+ - *`
+(lowering's number_tensor) or of an extern call.
 """
 from __future__ import annotations
 
@@ -81,8 +82,9 @@ class SymbolicCopy:
                 self.symbols[ours] = (position, d)
 
     def int_of(self, n: object) -> object:
-        """Capture's size `n` as weld's: an int, or a SymInt of weld's ShapeEnv."""
-        if not isinstance(n, torch.SymInt):
+        """Capture's size `n` as weld's: an int, or a SymInt of weld's ShapeEnv (a float computed
+        from sizes, `n ** 0.5`: a float or a SymFloat)."""
+        if not isinstance(n, (torch.SymInt, torch.SymFloat)):
             if isinstance(n, SYMBOLIC_TYPES):
                 raise SymbolicCompileError(f"a symbolic {type(n).__name__} in the graph")
             return n
@@ -90,10 +92,10 @@ class SymbolicCopy:
         if expr.free_symbols - set(self._renamed):
             raise SymbolicCompileError(f"the size {expr} names a symbol no input size brings")
         ours = expr.xreplace(self._renamed)
-        if ours.is_number:
-            return int(ours)
-        hint = int(expr.xreplace({s: sympy.Integer(v) for s, v in self._hints.items()}))
-        return self.env.create_symintnode(ours, hint=hint)
+        value = expr.xreplace({s: sympy.Integer(v) for s, v in self._hints.items()})
+        if isinstance(n, torch.SymFloat):
+            return float(ours) if ours.is_number else self.env.create_symfloatnode(ours, hint=float(value))
+        return int(ours) if ours.is_number else self.env.create_symintnode(ours, hint=int(value))
 
     def _fake_of(self, value: torch.Tensor) -> torch.Tensor:
         sizes = [self.int_of(n) for n in value.shape]

@@ -355,7 +355,7 @@ def assemble(parts: Assembly, out_spec) -> CompiledGraph:
     name = f"w{content_hash(wrapper_source)}"
     wrapper_path = write_source("wrappers", f"{name}.py", wrapper_source)
     paths = {**parts.paths, "wrapper": wrapper_path}
-    namespace = {"torch": torch, **parts.constants, **parts.kernel_objects}
+    namespace = {"torch": torch, "math": math, **parts.constants, **parts.kernel_objects}  # (math: symbolic sizes)
     if parts.stream_index is not None:
         namespace["_raw_stream"] = torch._C._cuda_getCurrentRawStream
         namespace["_ensure_context"] = ensure_context_function()

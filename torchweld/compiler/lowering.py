@@ -169,6 +169,16 @@ class GraphLowering:
         self.buffers[name] = ir.Pointwise(name, dtype, shape, body, device, layout)
         return self.value_of_buffer(name, dtype, layout, device)
 
+    def number_tensor(self, value: torch.SymFloat, dtype: torch.dtype, device: torch.device) -> BufferView:
+        """A float computed from symbolic sizes as a 0-d tensor of `dtype`, which the wrapper makes from
+        the symbols at each call (aten.scalar_tensor: an extern of one element)."""
+        name = self.new_name()
+        layout = Layout((), ())
+        self.buffers[name] = ir.Extern(name, aten.scalar_tensor.default, (value,), {"dtype": dtype, "device": device},
+                                       ((dtype, layout),), False, device)
+        self.externs.append(f"{aten.scalar_tensor.default} (a float of symbolic sizes)")
+        return self.value_of_buffer(name, dtype, layout, device)
+
     def add_reduction(self, x: BufferView, reduced, reduce_op: ir.Op, body: Expr, dtype) -> BufferView:
         reduced = tuple(sorted(reduced))
         split = None

@@ -11,6 +11,7 @@ import math
 from typing import Callable
 
 import torch
+from torch.utils._sympy.functions import ToFloat
 
 from torchweld.compiler import ir
 from torchweld.compiler.ir import Expr, Layout, Op
@@ -71,8 +72,18 @@ def out_val(node: torch.fx.Node) -> torch.Tensor:
     return node.meta["val"]
 
 
+# where a float computed from symbolic sizes (`x * n ** 0.5`) may be an operand: as a 0-d tensor
+# of the compute dtype, eager's result (a Python float is rounded to it alike); not a division
+# (eager's CUDA kernel multiplies by the reciprocal) nor anything else yet
+SCALAR_OPERAND_OPS = frozenset({aten.mul, aten.add, aten.sub, prims.mul, prims.add, prims.sub})
+
+
 def make_pointwise(L: GraphLowering, node, fn, args, compute: torch.dtype) -> BufferView:
     val = out_val(node)
+    if any(isinstance(a, torch.SymFloat) and a.node.expr.func is not ToFloat for a in args):
+        if getattr(node.target, "overloadpacket", None) not in SCALAR_OPERAND_OPS or not compute.is_floating_point:
+            raise NotImplementedError(f"a float of symbolic sizes as an operand of {node.target}")
+        args = [L.number_tensor(a, compute, val.device) if isinstance(a, torch.SymFloat) else a for a in args]
     shape = tuple(val.shape)
     index = ir.dim_vars(len(shape))
     body = fn(*(operand(a, shape, index, compute) for a in args))
