@@ -271,7 +271,7 @@ def dynamic_sizes_section(directory: Path | None) -> list[str]:
     def label(r: dict) -> list[str]:
         row = r["row"]
         return [f"{row['label']} {row.get('phase', '')}, {row.get('lengths')} lengths {row.get('min_len')}-{row.get('max_len')}",
-                short_gpu(r.get("gpu")) or "CPU"]
+                where(r)]
 
     return _per_compiler_table(
         "Dynamic shapes: one model over many input lengths (bench/dynamic_sizes.py)", ["row", "where"],
