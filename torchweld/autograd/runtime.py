@@ -59,7 +59,8 @@ class TrainingGraph:
 def _fresh_view(t):
     """A saved view made anew now, from its base: a view object kept from a CUDA graph recording
     (a static output viewing a parameter) has the version its base had then, and autograd refuses
-    to unpack a view made in no_grad whose base has been written since."""
+    to unpack a view made in no_grad whose base has been written since. (Only for a forward whose
+    outputs a recording lends: other forwards make their views at each call.)"""
     if not isinstance(t, torch.Tensor) or not t._is_view() or t._base is None:
         return t
     return t._base.as_strided(t.size(), t.stride(), t.storage_offset())
@@ -78,7 +79,8 @@ class CompiledGraphFunction(torch.autograd.Function):
         k, m = graph.num_outputs, len(graph.mutated_primals)
         outputs, new_values, intermediates = results[:k], results[k:k + m], results[k + m:]
         saved = [primals[i] if kind == "primal" else intermediates[i] for kind, i in graph.saved]
-        saved = [_fresh_view(t) for t in saved]
+        if lease is not None:  # the recording's own outputs: its views made anew (_fresh_view)
+            saved = [_fresh_view(t) for t in saved]
         if new_values:
             # a primal the backward reads at its value before the write-back: keep that value
             saved = [s.clone() if clone else s for s, clone in zip(saved, graph.saved_clones)]
