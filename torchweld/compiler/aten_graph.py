@@ -120,10 +120,10 @@ def traced_aten_graph(gm: torch.fx.GraphModule) -> AtenGraph:
 def to_aten_graph(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> AtenGraph:
     """Trace `gm` with fake copies of `example_inputs`; parameters and buffers become
     get_attr constants (the module runs on fakes of them, made once each)."""
-    recorder = AtenRecorder(DECOMPOSITIONS)
     # symbolic inputs (backends/weld_symbolic.py) are fakes already, of a mode whose ShapeEnv
     # records what the trace assumes about their sizes
     given = next((x.fake_mode for x in example_inputs if isinstance(x, FakeTensor)), None)
+    recorder = AtenRecorder(DECOMPOSITIONS, symbolic=given is not None)
     with torch.no_grad(), given or FakeTensorMode(allow_non_fake_inputs=True) as mode:
         fake_inputs = [recorder.placeholder(x if isinstance(x, FakeTensor) else
                                             fake_copy(mode, x) if isinstance(x, torch.Tensor) else x)

@@ -68,9 +68,10 @@ def autograd_decomposes(func, args, kwargs) -> bool:
 class AtenRecorder(TorchDispatchMode):
     """Records each aten op that reaches it into `self.graph` (see the module docstring)."""
 
-    def __init__(self, decompositions: dict):
+    def __init__(self, decompositions: dict, symbolic: bool = False):
         super().__init__()
         self.decompositions = decompositions
+        self.symbolic = symbolic  # sizes may be symbols (backends/weld_symbolic.py): SymInt arguments recorded
         self.graph = torch.fx.Graph()
         self.root = torch.nn.Module()  # holds the get_attr constants
         self._nodes: dict[int, tuple[torch.Tensor, torch.fx.Node]] = {}  # id(tensor) -> (tensor, node)
@@ -174,7 +175,7 @@ class AtenRecorder(TorchDispatchMode):
         out = fake_memo.run(func, args, kwargs)  # on the fake tensors, by the FakeTensorMode below this one
         node_args = tuple(self._argument(a) for a in args)
         node_kwargs = {k: self._argument(v) for k, v in kwargs.items()}
-        if any(isinstance(a, SYMBOLIC_TYPES) for a in pytree.tree_leaves((node_args, node_kwargs))):
+        if self.symbolic and any(isinstance(a, SYMBOLIC_TYPES) for a in pytree.tree_leaves((node_args, node_kwargs))):
             with warnings.catch_warnings():  # a symbolic size as an argument: what weld's lowering reads
                 warnings.filterwarnings("ignore", message="Raw Sym")
                 node = self.graph.create_node("call_function", func, node_args, node_kwargs,
