@@ -3,9 +3,13 @@
 Such a graph's fake tensors have torch.SymInt sizes of a ShapeEnv of weld's own; the trace,
 the lowering and the schedule compute with them as with ints, and the ShapeEnv records as a
 guard whatever they decide from one. Code generation needs three things of a size that may
-be a symbol: a key to name it by (a SymInt is unhashable), its text in the wrapper's Python
-(computed from the symbols at each call), and where the wrapper reads each symbol from.
-Kernels never spell a symbol: they take such sizes as arguments (codegen/size_args.py).
+be a symbol: a key to name it by (a SymInt is unhashable: `size_key`, `same_sizes`), its text
+in the wrapper's Python (computed from the symbols at each call: `size_text`), and where the
+wrapper reads each symbol from (`symbols_read`). Kernels never spell a symbol: they take such
+sizes as arguments (codegen/size_args.py). Code that holds a size as a sympy expression asks
+the ShapeEnv of the compile running in its thread (`compiling_over`): `decide` (an answer the
+result rests on, guarded), `known` (what the ranges prove, no guard), `hint` (the compiled
+call's value, for choices any answer makes right), `fake_mode` (ops on symbolic fakes).
 """
 from __future__ import annotations
 
