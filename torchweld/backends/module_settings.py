@@ -44,6 +44,11 @@ def leaf_settings(gm: torch.fx.GraphModule) -> list[tuple[torch.nn.Module, Calla
     return found
 
 
+def read_settings(settings: list) -> tuple:
+    """The values of `settings` (leaf_settings' pairs) now."""
+    return tuple(get(module) for module, get in settings)
+
+
 class SettingsGuarded:
     """`compile_(inputs)`'s callable for the leaf settings of the call; compiled again, with that
     call's inputs as examples, for settings not met before (`exact`, the captured graph, past
@@ -56,7 +61,7 @@ class SettingsGuarded:
         self.variants = {self.key: self.current}
 
     def read(self) -> tuple:
-        return tuple(get(module) for module, get in self.settings)
+        return read_settings(self.settings)
 
     def __call__(self, *args):
         key = self.read()

@@ -32,6 +32,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
 
 from torchweld import logs
+from torchweld.backends.module_settings import read_settings
 from torchweld.backends.weld_declines import is_symbolic
 from torchweld.capture.symbolic_sizes import SYMBOLIC_TYPES, SizeSource, python_text
 
@@ -158,6 +159,7 @@ class WeldGuard:
             if replaced != s:
                 terms.append(python_text(sympy.Eq(s, replaced), names, lambda m: m.__name__))
         self.text = " and ".join(f"({t})" for t in terms) or "True"
+        self.always = not terms  # nothing assumed: no check at a call
         params = ", ".join(str(n) for n in names.values())
         namespace = {"math": __import__("math"), "torch": torch}
         exec(f"def check({params}):\n    return bool({self.text})", namespace)  # noqa: S102 (our own text)
@@ -174,15 +176,12 @@ class CompiledSymbolic:
         self.reads = reads
         self.per_size = per_size
         self.settings = settings  # module_settings.leaf_settings: (module, getter) the kernels read
-        self._compiled_for = self._settings()
+        self._compiled_for = read_settings(settings)
         self._told = False
 
-    def _settings(self) -> tuple:
-        return tuple(get(module) for module, get in self.settings)
-
     def __call__(self, *args):
-        if self.guard.check(*[args[i].shape[d] for i, d in self.reads]) \
-                and (not self.settings or self._settings() == self._compiled_for):
+        if (self.guard.always or self.guard.check(*[args[i].shape[d] for i, d in self.reads])) \
+                and (not self.settings or read_settings(self.settings) == self._compiled_for):
             return self.compiled(*args)
         if not self._told:
             self._told = True

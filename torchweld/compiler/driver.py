@@ -243,6 +243,9 @@ class Assembly:
     triton_functions: dict[str, str] = dataclasses.field(default_factory=dict)
     fast_parts: dict = dataclasses.field(default_factory=dict)
     origins: dict[str, object] = dataclasses.field(default_factory=dict)
+    # the wrapper binds symbolic sizes (backends/weld_symbolic.py): `assemble` checks it names nothing
+    # it leaves undefined (a symbol spelled but not bound); never so for a cache entry
+    over_symbols: bool = False
 
 
 def _codegen(sched: Schedule, out_spec, options: dict, handed_over: Callable[[], None] | None
@@ -327,7 +330,8 @@ def _codegen(sched: Schedule, out_spec, options: dict, handed_over: Callable[[],
         sched.frees_inputs, sources, paths, list(graph.input_names), writes,
         [n for n in dict.fromkeys(writes) if n not in graph.input_names and n in graph.constants],
         frozenset(i for i, name in enumerate(graph.input_names) if name in read), list(graph.externs),
-        cpp_kernels, triton_modules, triton_functions, fast_parts, dict(wrapper.origins))
+        cpp_kernels, triton_modules, triton_functions, fast_parts, dict(wrapper.origins),
+        over_symbols=wrapper.binds_symbols)
     compiled = assemble(parts, out_spec)
     compiled.schedule = sched
     return compiled, parts
@@ -379,7 +383,7 @@ def assemble(parts: Assembly, out_spec) -> CompiledGraph:
             text += [f"{kind} kernels: {paths[kind]}", src]
         output_code_log.info("\n".join(text))
     namespace["_range"] = torch.profiler.record_function
-    undefined = sorted(_undefined_globals(namespace))
+    undefined = sorted(_undefined_globals(namespace)) if parts.over_symbols else ()
     if undefined:  # (a symbolic size the wrapper does not bind, spelled as a name)
         raise LoweringError(f"the wrapper {wrapper_path} reads names it does not define: {', '.join(undefined)}")
     compiled = CompiledGraph(namespace["call"], out_spec, None, wrapper_source, parts.sources, paths,

@@ -89,6 +89,7 @@ class WrapperRenderer:
         self.origins: dict[str, object] = {}
         self._names: dict[tuple, str] = {}  # a constant's key -> its name
         self.lines: list[str] = []
+        self.binds_symbols = False  # (render: the function reads symbolic sizes from its inputs)
 
     def const(self, value: object) -> str:
         """Source text for a constant argument: a literal when it prints as one, else a global."""
@@ -149,8 +150,9 @@ class WrapperRenderer:
             self.emit("_inputs.clear()")
         else:
             self.lines = [f"def {name}({', '.join(params)}):"]
-        for symbol, read in symbols_read([(n, self.sched.layouts[n][1].shape) for n in params
-                                          if n in self.sched.layouts]).items():
+        reads = symbols_read([(n, self.sched.layouts[n][1].shape) for n in params if n in self.sched.layouts])
+        self.binds_symbols = bool(reads)
+        for symbol, read in reads.items():
             self.emit(f"{symbol} = {read}")
         if check_alignment:
             pointers = " | ".join(f"{n}.data_ptr()" for n in check_alignment)
