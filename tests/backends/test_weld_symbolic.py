@@ -120,15 +120,34 @@ def test_intermediates_kept_between_calls_are_not_reused_at_another_size():
     _run(fn, chain, lambda n: (torch.randn(2, n, 8), torch.randn(2, n, 8)), (5, 40, 3, 64, 5, 2, 64))
 
 
-def test_a_call_outside_the_guards_is_compiled_per_size(caplog):
-    """The C++ row reduction's code assumed rows of at most 256 elements (a guard): a longer
-    row is compiled per size, with one log line naming what the compile assumed."""
-    fn = _compiled(rows, "cpp")
+def test_a_call_outside_the_guards_is_compiled_per_size(caplog, monkeypatch):
+    """The Triton kernels' code assumed 32-bit indices (a guard; its limit lowered here to 4096
+    elements): a larger input is compiled per size, with one log line naming what the compile
+    assumed."""
+    from torchweld.compiler.codegen import triton
+
+    monkeypatch.setattr(triton, "INT32_LIMIT", 4096)
+    fn = _compiled(rows, "triton")
     with torchweld.config.patch(logs="dynamic"), caplog.at_level(logging.INFO, logger="torchweld"):
-        _run(fn, rows, lambda n: (torch.randn(3, n),), (5, 9, 300, 300, 7))
+        _run(fn, rows, lambda n: (torch.randn(3, n),), (5, 9, 2000, 2000, 7))
     symbolic = _symbolic(fn)
-    assert "256" in symbolic.guard.text and symbolic.per_size.compiles == 1
+    assert "4096" in symbolic.guard.text and symbolic.per_size.compiles == 1
     assert any("a call outside it is compiled per size" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("codegen", ["cpp", "triton"])
+def test_rows_and_columns_of_any_length_need_no_guard(codegen):
+    """Reductions over a symbolic length walk it in chunks (C++) or a loop (Triton) that serve
+    every length, short or long, with no assumption to check."""
+    def reduced(x):
+        return x.sum(-1) * 2, x.amax(-1), x.mean(0), x.softmax(-1)
+
+    fn = _compiled(reduced, codegen)
+    long = 5000 if codegen == "cpp" else 600  # (Triton's interpreter: slow)
+    _run(fn, reduced, lambda n: (torch.randn(3, n),), (5, 9, 300, long, 7), atol=1e-4)
+    _run(fn, reduced, lambda n: (torch.randn(n, 3),), (300, 6, long), atol=1e-4)
+    assert _symbolic(fn).guard.always or codegen == "triton"  # (Triton's: 32-bit indices)
+    _compiled_once(fn)
 
 
 def test_a_graph_weld_cannot_compile_over_symbols_is_compiled_per_size(caplog):
@@ -144,19 +163,51 @@ def test_a_graph_weld_cannot_compile_over_symbols_is_compiled_per_size(caplog):
     assert any("cannot compile it over symbols" in r.getMessage() for r in caplog.records)
 
 
-def test_training_graphs_are_compiled_per_size():
-    """Shortcut: the joint forward/backward graph is not compiled over symbols yet."""
+def _train_and_compare(model, fn, make, sizes, atol=1e-5):
+    """One step of `fn` (compiled `model`) and of a copy of `model` per size: outputs, input
+    gradients, parameter gradients and buffers equal."""
+    import copy
+
+    reference = copy.deepcopy(model)
+    for n in sizes:
+        x = make(n).requires_grad_()
+        x2 = x.detach().clone().requires_grad_()
+        out, expected = fn(x), reference(x2)
+        torch.testing.assert_close(out, expected, atol=atol, rtol=1e-4)
+        (out * out).sum().backward()
+        (expected * expected).sum().backward()
+        torch.testing.assert_close(x.grad, x2.grad, atol=atol, rtol=1e-4)
+        for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, atol=atol, rtol=1e-4, msg=lambda m: f"{name} at {n}: {m}")
+            p.grad = q.grad = None
+        for b, c in zip(model.buffers(), reference.buffers()):  # batch norm's running statistics
+            torch.testing.assert_close(b, c, atol=atol, rtol=1e-4)
+
+
+@pytest.mark.parametrize("codegen", CODEGENS)
+def test_a_training_step_compiles_once_for_every_length(codegen):
+    """The joint forward/backward graph over symbols: one compile serves each sequence length,
+    its forward and backward kernels taking the length as an argument; gradients equal eager's."""
+    from tests.capture.test_dynamic_shapes import Block
+
     torch.manual_seed(0)
-    model = torch.nn.Linear(8, 4)
-    fn = torchweld.compile(model, backend="weld", dynamic=True)
-    for n in (3, 5, 5):
-        x = torch.randn(n, 8)
-        model.zero_grad()
-        fn(x).sum().backward()
-        compiled_grad = model.weight.grad.clone()
-        model.zero_grad()
-        model(x).sum().backward()
-        torch.testing.assert_close(compiled_grad, model.weight.grad)
+    block = Block()
+    block = block.cuda() if codegen == "cuda" else block
+    fn = _compiled(block, codegen)
+    device = "cuda" if codegen == "cuda" else "cpu"
+    lengths = (7, 10, 13, 9, 300, 7) if codegen != "triton" else (7, 10, 13, 7)  # (Triton's interpreter: slow)
+    _train_and_compare(block, fn, lambda t: torch.randn(2, t, 16, device=device), lengths, atol=1e-4)
+    _compiled_once(fn)
+
+
+def test_a_training_graph_with_batch_norm_over_growing_batches():
+    """Batch statistics over a symbolic batch, the running statistics written back at each call."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(),
+                                torch.nn.Linear(16, 4))
+    fn = _compiled(model, "cpp")
+    _train_and_compare(model, fn, lambda n: torch.randn(n, 8), (4, 9, 33, 6, 4))
+    _compiled_once(fn)
 
 
 def test_the_option_turns_it_off():

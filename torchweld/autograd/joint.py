@@ -10,7 +10,7 @@ import dataclasses
 import torch
 import torch.utils._pytree as pytree
 from torch._decomp import get_decompositions
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.nn.utils.stateless import _reparametrize_module
 
 from torchweld.autograd.functionalize import FunctionalizationError, functionalize
@@ -202,10 +202,14 @@ def trace_joint(gm: torch.fx.GraphModule, state: list[ModuleState], primals: lis
         raise FunctionalizationError(f"a checkpointed block changes state ({changing}): its recompute runs under "
                                      "eager's checkpoint")
     n_state = len(state)
+    # inputs of symbolic sizes (backends/weld_symbolic.py) are fakes of a mode whose ShapeEnv
+    # records what the trace assumes about their sizes: traced in that mode, on fresh leaves of it
+    given = next((p.fake_mode for p in primals if isinstance(p, FakeTensor)), None)
     recorder = AtenRecorder(JOINT_DECOMPOSITIONS)
     grad_primals = [i for i, p in enumerate(primals) if p.requires_grad]
-    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
-        prims = [recorder.placeholder(fake_copy(mode, p)) for p in primals]
+    with given or FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        prims = [recorder.placeholder(_fresh_leaf(p) if isinstance(p, FakeTensor) else fake_copy(mode, p))
+                 for p in primals]
         versions = [p._version for p in prims]
         with recorder, substituted(gm, state, prims[:n_state]):
             flat_out, out_spec = pytree.tree_flatten(gm(*prims[n_state:]))
@@ -223,6 +227,9 @@ def trace_joint(gm: torch.fx.GraphModule, state: list[ModuleState], primals: lis
             raise FunctionalizationError("an output is a view made under no_grad of a tensor autograd tracks")
         diff_outputs = [i for i, o in enumerate(flat_out) if isinstance(o, torch.Tensor) and o.requires_grad]
         aliases = {i: found for i, o in enumerate(flat_out) if (found := _primal_alias(o, prims)) is not None}
+        if given is not None and any(map(_symbolic_numbers, aliases.values())):
+            # the runtime takes such a view again at each call from numbers it keeps
+            raise FunctionalizationError("an output views an input at symbolic sizes")
         input_views = frozenset(i for i, o in enumerate(flat_out)
                                 if isinstance(o, torch.Tensor) and o._is_view()
                                 and (id(o._base) in prim_ids or (i in aliases and o is not prims[aliases[i][0]])))
@@ -258,6 +265,17 @@ def trace_joint(gm: torch.fx.GraphModule, state: list[ModuleState], primals: lis
     views = {i: alias for i, alias in aliases.items() if i not in itself and i not in written}
     return JointGraph(fn.gm, len(primals), k, out_spec, diff_outputs, fn.mutated_placeholders, grad_primals,
                       resident, input_views, written, itself, views)
+
+
+def _fresh_leaf(fake: FakeTensor) -> torch.Tensor:
+    """A new fake leaf of `fake`'s mode with its (symbolic) sizes, strides, dtype, device and
+    requires_grad: the trace's autograd history starts at it."""
+    leaf = torch.empty_strided(fake.shape, fake.stride(), dtype=fake.dtype, device=fake.device)
+    return leaf.requires_grad_(fake.requires_grad)
+
+
+def _symbolic_numbers(values: tuple) -> bool:
+    return any(isinstance(n, torch.SymInt) for n in pytree.tree_leaves(values))
 
 
 def _primal_alias(out: object, prims: list) -> tuple[int, tuple, tuple, int] | None:

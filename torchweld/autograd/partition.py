@@ -26,6 +26,7 @@ import torch
 
 from torchweld.autograd.joint import JointGraph
 from torchweld.autograd.mincut import INF, FlowGraph
+from torchweld.compiler import symbols
 from torchweld.compiler.graph_modules import graph_module
 from torchweld.compiler.op_effects import is_random, is_view
 from torchweld.runtime import seeded_rand
@@ -93,11 +94,12 @@ def read_whole_in_backward(node: torch.fx.Node, tangent_side: set) -> bool:
 
 
 def nbytes(node: torch.fx.Node) -> float:
-    """Bytes of the tensor `node` makes; infinite for what cannot be saved (tuples, non-tensors)."""
+    """Bytes of the tensor `node` makes; infinite for what cannot be saved (tuples, non-tensors).
+    Symbolic sizes count at the compiled call's values: what is saved is right at every size."""
     val = node.meta.get("val")
     if not isinstance(val, torch.Tensor):
         return INF
-    return math.prod(val.shape) * val.element_size()
+    return math.prod(map(symbols.hint, val.shape)) * val.element_size()
 
 
 def _ancestors(roots, stop=lambda n: False) -> set:

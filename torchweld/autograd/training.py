@@ -10,6 +10,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 from torchweld import gc_pause, timing
 from torchweld.autograd import training_cache
@@ -112,6 +113,9 @@ def compile_training(gm: torch.fx.GraphModule, example_inputs: list, options: di
         return CompiledTrainingGraph(gm, state, tensor_positions, None, None, graph, exact)
 
     joint, part = trace_and_partition()
+    if over_symbols(primals):
+        return _compiled_over_symbols(gm, state, tensor_positions, joint, part, primals, options, grad_strides,
+                                      exact, cudagraphs and forward_in_cuda_graph, cudagraphs and backward_in_cuda_graph)
     # The backward compiles in a thread, for the layouts the joint trace gives its inputs, from
     # when the forward's kernels are with the Triton compilers: its Python work overlaps their
     # compiles (not the forward's lowering, under one GIL), and its kernels queue behind them.
@@ -152,6 +156,36 @@ def compile_training(gm: torch.fx.GraphModule, example_inputs: list, options: di
                           forward_lends=cudagraphs is not None, input_view_outputs=joint.input_view_outputs,
                           written_primal_views=joint.written_primal_views, primal_outputs=joint.primal_outputs,
                           primal_views=joint.primal_views, enables_grad=not torch.is_grad_enabled())
+    return CompiledTrainingGraph(gm, state, tensor_positions, joint, part, graph, exact)
+
+
+def over_symbols(primals: list) -> bool:
+    """Whether the inputs have symbolic sizes: fakes over weld's ShapeEnv (backends/weld_symbolic.py)."""
+    return any(isinstance(p, FakeTensor) for p in primals)
+
+
+def _compiled_over_symbols(gm, state, tensor_positions, joint: JointGraph, part: Partition, primals: list,
+                           options: dict, grad_strides, exact, forward_in_cuda_graph,
+                           backward_in_cuda_graph) -> CompiledTrainingGraph:
+    """A training graph of symbolic sizes: forward and backward compiled here, in this thread,
+    whose ShapeEnv (compiler/symbols.py's compiling_over) records what both assume, before the
+    caller makes the guard of calls that may run them; a graph weld cannot compile fails the
+    compile over symbols (it goes per size), rather than running its aten ops. Not kept in the
+    graph cache. Under CUDA graphs, each size is a recording of its own (runtime/cudagraphs.py)."""
+    forward = compile_aten(part.forward, primals, options, "forward", symbolic=True)
+    assumed = [n.meta.get("val") for n in part.backward.graph.nodes if n.op == "placeholder"]
+    backward = compile_aten(part.backward, assumed, options, "backward", grad_strides(joint.grad_primals),
+                            symbolic=True)
+    if forward_in_cuda_graph:
+        forward = forward_in_cuda_graph(forward, joint.num_outputs)
+        backward = backward_in_cuda_graph(backward, part.saved)
+    write_back = WriteBack([primals[i].dtype for i in joint.mutated_primals])
+    graph = TrainingGraph(forward, lambda example: backward, joint.num_outputs, joint.out_spec, joint.diff_outputs,
+                          joint.mutated_primals, joint.grad_primals, part.saved, write_back,
+                          forward_lends=bool(forward_in_cuda_graph), input_view_outputs=joint.input_view_outputs,
+                          written_primal_views=joint.written_primal_views,
+                          primal_outputs=joint.primal_outputs, primal_views=joint.primal_views,
+                          enables_grad=not torch.is_grad_enabled())
     return CompiledTrainingGraph(gm, state, tensor_positions, joint, part, graph, exact)
 
 
@@ -200,11 +234,11 @@ def _cached_training_graph(entry: dict, forward, primals: list, options: dict, t
 
 
 def compile_aten(gm: torch.fx.GraphModule, example_inputs: list, options: dict, what: str,
-                 output_strides: list | None = None, handed_over=None):
+                 output_strides: list | None = None, handed_over=None, symbolic: bool = False):
     """weld's inference pipeline on one aten graph; the graph itself (aten ops, eagerly) if it
-    cannot. `handed_over`: compile_graph's. The backward frees each input (saved activation,
-    tangent) after its last reader (compile_graph's frees_inputs; runtime.py hands it its
-    inputs through `call_boxed`)."""
+    cannot, or over symbols (`symbolic`) an error. `handed_over`: compile_graph's. The backward
+    frees each input (saved activation, tangent) after its last reader (compile_graph's
+    frees_inputs; runtime.py hands it its inputs through `call_boxed`)."""
     from torchweld.compiler import compile_graph
     from torchweld.compiler.lowering import LoweringError
     from torchweld.runtime.cpp_loader import CppCompileError
@@ -213,12 +247,16 @@ def compile_aten(gm: torch.fx.GraphModule, example_inputs: list, options: dict, 
     # autocast's casts; runtime/autocast_off.py)
     as_traced = functools.partial(run_without_autocast, gm)
     if options.get("training_codegen", True) is False:
+        if symbolic:  # (its aten graph spells symbolic sizes the wrapper would bind)
+            raise NotImplementedError("training_codegen=False over symbols")
         return as_traced
     try:
         with torch.no_grad():
             return compile_graph(gm, list(example_inputs), options, traced=True, output_strides=output_strides,
                                  handed_over=handed_over, frees_inputs=what == "backward")
     except (LoweringError, CppCompileError) as e:
+        if symbolic:
+            raise
         log.warning("weld cannot compile the %s graph of this training step, running its aten ops eagerly: %s",
                     what, e)
         return as_traced

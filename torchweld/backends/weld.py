@@ -19,16 +19,23 @@ from torchweld.tuning import tuning
 log = logging.getLogger("torchweld.weld")
 
 
-def _compile_training(gm: torch.fx.GraphModule, example_inputs: list, mode: str | None, options: dict):
+def _compile_training(gm: torch.fx.GraphModule, example_inputs: list, mode: str | None, options: dict,
+                      symbolic: bool = False):
+    """The graph compiled for training; run eagerly where weld cannot, or over symbols
+    (`symbolic`) an error: the caller compiles it per size."""
     from torchweld.autograd import TrainingUnsupported, compile_training
 
     try:
         return compile_training(gm, list(example_inputs), compile_options(mode, options),
                                 cudagraphs=cudagraph_wrapper(mode, options, gm))
     except TrainingUnsupported as e:
+        if symbolic:
+            raise
         log.warning("weld cannot compile this graph for training, running it eagerly: %s", e)
         return gm.forward
     except UNTRACEABLE as e:
+        if symbolic:
+            raise
         log.warning("weld cannot trace this graph for training, running it eagerly: %s: %s", type(e).__name__, e)
         return gm.forward
 
@@ -139,7 +146,7 @@ def _symbolic(gm: torch.fx.GraphModule, example_inputs: list, mode, options: dic
     from torchweld.backends.weld_symbolic import CompiledSymbolic, SymbolicCopy
     from torchweld.compiler.symbols import compiling_over
 
-    if not options.get("symbolic_kernels", True) or needs_autograd(gm, example_inputs):
+    if not options.get("symbolic_kernels", True):
         return per_size
     try:
         copy = SymbolicCopy(gm, tuple(example_inputs))
@@ -161,7 +168,7 @@ def _weld(gm: torch.fx.GraphModule, example_inputs: list, mode, options: dict, s
     if _on_cuda(gm, example_inputs):
         _start_cuda_helpers(workers=len(gm.graph.nodes) >= tuning.workers_from_nodes)
     if training:
-        return _compile_training(prepare(gm, options, inference=False), example_inputs, mode, options)
+        return _compile_training(prepare(gm, options, inference=False), example_inputs, mode, options, symbolic)
     from torchweld.backends.weld_symbolic import SymbolicCompileError
     from torchweld.compiler import compile_graph
     from torchweld.compiler.lowering import LoweringError

@@ -16,10 +16,11 @@ codegen/size_args.py); the wrapper binds each symbol from an input's size at eac
 (`s27 = arg1.size(0)`) and computes from them what depends on them: those arguments,
 allocations, strides, extern calls' sizes, Triton grids (compiler/symbols.py). Choices that
 any answer makes right (block sizes, fusion, recomputing an operand) take no guard: they are
-made at the hint, or by comparing expressions. Shortcuts: inference graphs only (training
-graphs are compiled per size); a graph taking a number (a symbolic int argument) is compiled
-per size; so is one that uses a float computed from sizes other than as an operand of `+ - *`
-(lowering's number_tensor) or of an extern call.
+made at the hint, or by comparing expressions. A training graph compiles so too (the joint
+trace, the partition, forward and backward: autograd/training.py's _compiled_over_symbols).
+Shortcuts: a graph taking a number (a symbolic int argument) is compiled per size; so is one
+that uses a float computed from sizes other than as an operand of `+ - *` (lowering's
+number_tensor) or of an extern call.
 """
 from __future__ import annotations
 

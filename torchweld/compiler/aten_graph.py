@@ -123,7 +123,7 @@ def to_aten_graph(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) 
     # symbolic inputs (backends/weld_symbolic.py) are fakes already, of a mode whose ShapeEnv
     # records what the trace assumes about their sizes
     given = next((x.fake_mode for x in example_inputs if isinstance(x, FakeTensor)), None)
-    recorder = AtenRecorder(DECOMPOSITIONS, symbolic=given is not None)
+    recorder = AtenRecorder(DECOMPOSITIONS)
     with torch.no_grad(), given or FakeTensorMode(allow_non_fake_inputs=True) as mode:
         fake_inputs = [recorder.placeholder(x if isinstance(x, FakeTensor) else
                                             fake_copy(mode, x) if isinstance(x, torch.Tensor) else x)

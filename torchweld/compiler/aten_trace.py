@@ -23,7 +23,6 @@ fails as it does under fake tensors, and the caller falls back.
 from __future__ import annotations
 
 import operator
-import warnings
 
 import torch
 import torch.utils._pytree as pytree
@@ -33,7 +32,6 @@ from torchweld import fake_memo
 from torchweld.compiler.graph_modules import graph_module
 
 aten = torch.ops.aten
-SYMBOLIC_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
 
 # Ops that read tensor metadata only, never decomposed (as make_fx leaves them).
 _METADATA_OPS = frozenset({aten.size.default, aten.stride.default, aten.storage_offset.default})
@@ -68,10 +66,9 @@ def autograd_decomposes(func, args, kwargs) -> bool:
 class AtenRecorder(TorchDispatchMode):
     """Records each aten op that reaches it into `self.graph` (see the module docstring)."""
 
-    def __init__(self, decompositions: dict, symbolic: bool = False):
+    def __init__(self, decompositions: dict):
         super().__init__()
         self.decompositions = decompositions
-        self.symbolic = symbolic  # sizes may be symbols (backends/weld_symbolic.py): SymInt arguments recorded
         self.graph = torch.fx.Graph()
         self.root = torch.nn.Module()  # holds the get_attr constants
         self._nodes: dict[int, tuple[torch.Tensor, torch.fx.Node]] = {}  # id(tensor) -> (tensor, node)
@@ -175,14 +172,8 @@ class AtenRecorder(TorchDispatchMode):
         out = fake_memo.run(func, args, kwargs)  # on the fake tensors, by the FakeTensorMode below this one
         node_args = tuple(self._argument(a) for a in args)
         node_kwargs = {k: self._argument(v) for k, v in kwargs.items()}
-        if self.symbolic and any(isinstance(a, SYMBOLIC_TYPES) for a in pytree.tree_leaves((node_args, node_kwargs))):
-            with warnings.catch_warnings():  # a symbolic size as an argument: what weld's lowering reads
-                warnings.filterwarnings("ignore", message="Raw Sym")
-                node = self.graph.create_node("call_function", func, node_args, node_kwargs,
-                                              name=func.overloadpacket.__name__)
-        else:
-            node = self.graph.create_node("call_function", func, node_args, node_kwargs,
-                                          name=func.overloadpacket.__name__)
+        # (a symbolic size as an argument is what weld's lowering reads: symbols.compiling_over)
+        node = self.graph.create_node("call_function", func, node_args, node_kwargs, name=func.overloadpacket.__name__)
         node.meta["val"] = out
         if isinstance(out, torch.Tensor):
             self._bind(out, node)

@@ -381,10 +381,11 @@ class KernelVars:
 
 def _reshaped_index(index: list[Expr], full, shape) -> list[Expr]:
     """The index into `shape` of the row-major position that `index` has in `full`: the
-    trailing dims both share are the same variables; the rest unravel from their position."""
+    trailing dims both share are the same variables; the rest unravel from their position
+    (either is right: symbolic sizes share a dim where they are the same expression, unguarded)."""
     index, full, shape = list(index), list(full), list(shape)
     tail = []
-    while full and shape and full[-1] == shape[-1]:
+    while full and shape and size_key(full[-1]) == size_key(shape[-1]):
         tail.insert(0, index.pop())
         full.pop()
         shape.pop()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import warnings
 
 import sympy
 import torch
@@ -62,11 +63,15 @@ _compiling = threading.local()  # .env: the ShapeEnv of the graph this thread co
 
 @contextlib.contextmanager
 def compiling_over(env) -> object:
-    """While a graph over the symbols of ShapeEnv `env` compiles in this thread (`decide`)."""
+    """While a graph over the symbols of ShapeEnv `env` compiles in this thread (`decide`). Its
+    aten graphs take symbolic sizes as node arguments, as SymInts (what weld's lowering reads),
+    of which torch.fx warns at every node made or copied: not shown."""
     previous = getattr(_compiling, "env", None)
     _compiling.env = env
     try:
-        yield env
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Raw Sym")
+            yield env
     finally:
         _compiling.env = previous
 

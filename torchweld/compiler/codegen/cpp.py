@@ -397,28 +397,31 @@ class CppRenderer(KernelRenderer):
         loops = [(var, "0", self.bound(size)) for var, size in walk.loops]
         self.chunk_open = walk.chunked
         if walk.chunked:
-            chunks = walk.chunks
-            lo, hi = ("0", str(chunks)) if not walk.threaded else \
+            var, size = walk.loops[walk.split]
+            per_pass, chunks = walk.chunks_per_pass, walk.chunks
+            if is_symbol_size(size):  # counted at run time, from the size arguments
+                per_pass = f"(({self.bound(size)} + {walk.chunk - 1}) / {walk.chunk})"
+                chunks = " * ".join([*(self.bound(s) for _, s in walk.loops[:walk.split]), per_pass])
+            lo, hi = ("0", f"{chunks}") if not walk.threaded else \
                 (f"rseg * {chunks} / {tuning.segments}", f"(rseg + 1) * {chunks} / {tuning.segments}")
             self.emit(Scope(None, indent), f"for (int64_t rq = {lo}; rq < {hi}; rq++) {{")
             indent += 1
             body = Scope(None, indent)
-            rest, per_pass = "rq", walk.chunks_per_pass
-            var, size = walk.loops[walk.split]
+            rest = "rq"
             first = f"{var}c" if walk.chunk > 1 else var  # a chunk of one iteration: the variable itself
             self.emit(body, f"const int64_t {first} = ({rest} % {per_pass}) * {walk.chunk};" if walk.chunk > 1
                       else f"const int64_t {first} = {rest} % {per_pass};")
             rest = f"({rest} / {per_pass})"
             for outer_var, outer_size in reversed(walk.loops[:walk.split]):
-                self.emit(body, f"const int64_t {outer_var} = {rest} % {outer_size};")
-                rest = f"({rest} / {outer_size})"
+                self.emit(body, f"const int64_t {outer_var} = {rest} % {self.bound(outer_size)};")
+                rest = f"({rest} / {self.bound(outer_size)})"
             for acc, name, wide in (self.stage_accs if stage is not None else self.blocked_accs):
                 if wide and stage is not None:
                     self.emit(body, f"{self.register_type(acc.dtype)} {name}p = 0;")
                 elif wide:
                     self.emit(body, f"{self.register_type(acc.dtype)} {name}p[{tuning.outer_block}] = {{}};")
-            end = f"{var}c + {walk.chunk}" if size % walk.chunk == 0 else \
-                f"({var}c + {walk.chunk} < {size} ? {var}c + {walk.chunk} : INT64_C({size}))"
+            end = f"{var}c + {walk.chunk}" if not is_symbol_size(size) and size % walk.chunk == 0 else \
+                f"({var}c + {walk.chunk} < {self.bound(size)} ? {var}c + {walk.chunk} : (int64_t)({self.bound(size)}))"
             loops = ([(var, f"{var}c", end)] if walk.chunk > 1 else []) + loops[walk.split + 1:]
         for k, (var, lo, hi) in enumerate(loops):
             if k == len(loops) - 1 and stage is not None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from torchweld.compiler.symbols import hint, is_symbol_size, known
 from torchweld.tuning import tuning
 
 
@@ -51,22 +52,34 @@ def reduced_loops(outer: tuple[int, ...], reduced: tuple[int, ...], lanes: int =
     elements; a chunk is as many of its iterations as fit in tuning.chunk elements (at least
     one). `lanes`: the outputs each step of the reduced loops adds to at once, a lane each (an
     outer reduction's block of columns): its chunks take tuning.chunk / lanes steps, as many
-    adds a lane as a row's chunk gives each SIMD lane."""
+    adds a lane as a row's chunk gives each SIMD lane.
+
+    A symbolic size (backends/weld_symbolic.py) counts as more than tuning.chunk unless its
+    range proves otherwise: the chunked walk serves every length, with no guard; whether
+    threads share the row is chosen at the compiled call's sizes (either is right)."""
     loops = tuple((f"r{k}", size) for k, size in enumerate(reduced) if size != 1)
     row, most = math.prod(size for _, size in loops), max(1, tuning.chunk // lanes)
-    if row <= most:
+    if _at_most(row, most):
         return ReducedLoops(loops, None, 0, False)
     split, inner = len(loops) - 1, 1
-    while split > 0 and inner * loops[split][1] <= most:
+    while split > 0 and _at_most(inner * loops[split][1], most):
         inner *= loops[split][1]
         split -= 1
-    threaded = row * lanes >= tuning.threaded_min and math.prod(outer) <= tuning.threaded_max_outputs
+    threaded = hint(row) * lanes >= tuning.threaded_min and hint(math.prod(outer)) <= tuning.threaded_max_outputs
     return ReducedLoops(loops, split, _chunk(loops[split][1], max(1, most // inner)), threaded)
+
+
+def _at_most(n: object, most: int) -> bool:
+    """`n <= most`; for a symbolic `n`, where its range proves it."""
+    return known(n <= most) is True if is_symbol_size(n) else n <= most
 
 
 def _chunk(size: int, most: int) -> int:
     """Iterations per chunk of a loop of `size`: at most `most`, and a divisor of `size` not
-    below half of it where there is one, so that every chunk loop runs a fixed count."""
+    below half of it where there is one, so that every chunk loop runs a fixed count (a
+    symbolic size: `most`, its last chunk shorter)."""
+    if is_symbol_size(size):
+        return most
     for chunk in range(most, most // 2, -1):
         if size % chunk == 0:
             return chunk
