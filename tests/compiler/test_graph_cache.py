@@ -51,6 +51,20 @@ def test_dropout_in_a_loaded_training_graph_draws_anew_at_each_call(tmp_path):
     assert second["loaded"] and not second["traced"], second
 
 
+def test_a_graph_over_symbols_is_loaded_where_its_guards_hold(tmp_path):
+    """A graph compiled over symbolic sizes is kept under its symbols, not its sizes: a second
+    process with other lengths loads it, and assumes what its compile assumed (here 32-bit
+    indices, for at most 4096 elements); one whose first length breaks that compiles again."""
+    cache = str(tmp_path)
+    first, _ = run(cache, "--case", "symbolic", "--lengths", "5,9")
+    other_lengths, _ = run(cache, "--case", "symbolic", "--lengths", "17,6,300")
+    assert first["lowered"] and not other_lengths["lowered"], (first, other_lengths)
+    past_the_guard, _ = run(cache, "--case", "symbolic", "--lengths", "2000,3000,2000")
+    assert past_the_guard["lowered"], past_the_guard
+    for result in (first, other_lengths, past_the_guard):
+        assert result["max_diff"] < 1e-4, result
+
+
 def test_a_modules_empty_buffer_returned_by_a_loaded_graph_is_that_buffer(tmp_path):
     """A loaded graph's outputs alias the module as eager's do: a module's own empty buffer,
     returned, is that very object (empty constants the trace makes are kept by value; a

@@ -22,6 +22,7 @@ import logging
 
 import torch
 import torch.utils._pytree as pytree
+from torch._subclasses.fake_tensor import FakeTensor
 
 from torchweld import disk_cache, timing
 from torchweld.compiler import graph_cache
@@ -32,7 +33,10 @@ FORMAT = "torchweld-training-1"
 
 
 def training_key(gm: torch.fx.GraphModule, example_inputs: list, options: dict, strategy: str) -> str | None:
-    """The key of the training entry of `gm` (the captured graph), or None where it is not kept."""
+    """The key of the training entry of `gm` (the captured graph), or None where it is not kept
+    (a graph over symbolic sizes, whose example inputs are fakes: shortcut)."""
+    if any(isinstance(x, FakeTensor) for x in example_inputs):
+        return None
     marked = {**options, "training partition": strategy, "grad enabled": torch.is_grad_enabled()}
     key = graph_cache.graph_key(gm, example_inputs, marked, traced=False, output_strides=None, frees_inputs=False)
     return None if key is None else key.key

@@ -26,8 +26,13 @@ and the graph compiled again) holds the wrapper's source with launch tokens
 (wrapper.launch_token), the C++ source (its library is the disk cache's), the Triton modules
 and each kernel's compile job, and a recipe for each object the wrapper names. Loading builds
 the kernels' launchers anew (Triton's own cache has their binaries) and fills the tokens.
-Not kept (compiled each time, as before): graphs compiled with `freeze` (constants computed
-at compile time) or `max_autotune` (choices timed on this machine). A training step's two
+A graph compiled over symbolic sizes (backends/weld_symbolic.py) is keyed by its symbols
+(the inputs' sizes as expressions of them, and each symbol's range), not by sizes; its entry
+holds the guards its compile recorded, which a load checks at the call's sizes (an entry they
+do not admit is compiled again, and replaced) and records in the new compile's ShapeEnv, so
+the loaded graph assumes what the compiled one did. Not kept (compiled each time, as before):
+graphs compiled with `freeze` (constants computed at compile time) or `max_autotune`
+(choices timed on this machine), a training step's graphs over symbolic sizes. A training step's two
 graphs take the module's tensors as inputs (no `attr` recipe): a training entry names them
 by key (autograd/training_cache.py) and loads them without the graphs' text.
 """
@@ -43,13 +48,14 @@ import platform
 import sys
 import types
 
+import sympy
 import torch
 import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import FakeTensor
 
 from torchweld import config, disk_cache, timing
 from torchweld.compiler.aten_trace import CONSTANT_PREFIX
-from torchweld.compiler.symbols import is_symbol_size
+from torchweld.compiler.symbols import compiling_env, is_symbol_size, symbol_values
 from torchweld.tuning import tuning
 
 log = logging.getLogger("torchweld.cache")
@@ -69,6 +75,9 @@ class NotKept(Exception):
 class GraphKey:
     key: str
     tensor_paths: dict[int, str]  # id of each tensor the module holds -> its attribute path
+    # a graph compiled over symbols (backends/weld_symbolic.py): the ShapeEnv of its compile,
+    # whose guards its entry keeps and a load records again (_replay_guards)
+    env: object = None
 
 
 def graph_key(gm: torch.fx.GraphModule, example_inputs: list, options: dict, traced: bool,
@@ -80,25 +89,36 @@ def graph_key(gm: torch.fx.GraphModule, example_inputs: list, options: dict, tra
     if options.get("freeze") or options.get("max_autotune"):
         log.debug("graph cache: graphs compiled with freeze or max_autotune are not kept")
         return None
+    env = None
     if any(isinstance(x, torch.Tensor) and any(map(is_symbol_size, (*x.shape, *x.stride()))) for x in example_inputs):
-        log.debug("graph cache: graphs compiled over symbolic sizes are not kept (shortcut)")
-        return None
+        env = compiling_env()
+        if env is None or traced:
+            log.debug("graph cache: a training step's graphs over symbolic sizes are not kept (shortcut)")
+            return None
     try:
         with timing.phase("weld.graph_cache.key"):
             describer = _Describer()
             parts = [FORMAT, _versions(), _process_state(), _literal(dict(sorted(options.items()))), repr(traced),
                      _literal(output_strides), repr(frees_inputs), describer.graph(gm),
-                     describer.module_state(gm), describer.inputs(example_inputs)]
+                     describer.module_state(gm), describer.inputs(example_inputs), _symbol_ranges(env)]
             key = disk_cache.content_hash(*parts)
         if log.isEnabledFor(logging.DEBUG):  # which part differs, where two runs expected one entry
             names = ("format", "versions", "process state", "options", "traced", "output strides", "frees inputs",
-                     "graph", "module state", "inputs")
+                     "graph", "module state", "inputs", "symbols")
             log.debug("graph cache: key %s of %s", key,
                       ", ".join(f"{n} {disk_cache.content_hash(p)[:8]}" for n, p in zip(names, parts)))
-        return GraphKey(key, describer.paths)
+        return GraphKey(key, describer.paths, env)
     except NotKept as e:
         log.debug("graph cache: this graph is not kept: %s", e)
         return None
+
+
+def _symbol_ranges(env) -> str:
+    """Each symbol of a compile over symbols with its range (what the compile may prove without a
+    guard); the inputs' lines name which size each symbol is."""
+    if env is None:
+        return ""
+    return "\n".join(f"{s} {env.var_to_range[s]}" for s in sorted(symbol_values(env), key=str))
 
 
 def _entry_name(key: str) -> str:
@@ -291,6 +311,8 @@ def store(key: GraphKey, parts, out_spec) -> bool:
                 "read_inputs": sorted(parts.read_inputs),
                 "externs": parts.externs,
             }
+            if key.env is not None:  # what the compile assumed of the symbols, for a load to assume again
+                entry["guards"] = [str(g.expr) for g in key.env.guards]
             disk_cache.write_sealed("graphs", _entry_name(key.key), key.key, json.dumps(entry).encode())
         log.debug("graph cache: stored %s", key.key)
         return not _binds_attributes(entry)
@@ -377,7 +399,12 @@ def load(key: GraphKey, gm: torch.fx.GraphModule | None):
     try:
         with timing.phase("weld.graph_cache.load"):
             entry = json.loads(data)
+            guards = _assumed_guards(entry, key.env)
+            if guards is None:
+                return None
             compiled = _assemble(entry, gm)
+            for guard in guards:  # recorded in this compile's ShapeEnv: the compiled graph checks them
+                key.env.evaluate_expr(guard)
         compiled.cache_key = None if _binds_attributes(entry) else key.key
         log.debug("graph cache: loaded %s", key.key)
         return compiled
@@ -385,6 +412,25 @@ def load(key: GraphKey, gm: torch.fx.GraphModule | None):
         log.warning("torchweld: the graph cache entry %s cannot be used (%s: %s); compiling the graph again",
                     _entry_name(key.key), type(e).__name__, e)
         return None
+
+
+def _assumed_guards(entry: dict, env) -> list | None:
+    """The guards an entry compiled over symbols assumed, as expressions over `env`'s symbols;
+    None where one does not hold at this call's sizes (compiled again, for them: the entry is
+    overwritten). [] for an entry of static sizes."""
+    if env is None:
+        return []
+    from torch.utils._sympy import functions
+
+    names = {k: v for k, v in vars(functions).items() if isinstance(v, type)}
+    names |= {str(s): s for s in symbol_values(env)}
+    guards = [sympy.sympify(text, locals=names) for text in entry["guards"]]
+    values = {s: sympy.Integer(v) for s, v in symbol_values(env).items()}
+    for guard in guards:
+        if guard.xreplace(values) is not sympy.true:
+            log.debug("graph cache: the entry assumed %s, which this call's sizes do not meet: compiled again", guard)
+            return None
+    return guards
 
 
 def load_unbound(key: str):

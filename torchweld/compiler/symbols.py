@@ -76,6 +76,16 @@ def compiling_over(env) -> object:
         _compiling.env = previous
 
 
+def compiling_env():
+    """The ShapeEnv of the graph this thread compiles over symbols; None outside such a compile."""
+    return getattr(_compiling, "env", None)
+
+
+def symbol_values(env) -> dict:
+    """{symbol: its value at the call being compiled} of ShapeEnv `env` (torch 2.13 renamed it)."""
+    return env.backed_var_to_val if hasattr(env, "backed_var_to_val") else env.var_to_val
+
+
 def fake_mode():
     """A FakeTensorMode over the ShapeEnv of the graph this thread compiles over symbols, for
     running an op on tensors of symbolic sizes (lowering's view layouts)."""
