@@ -150,17 +150,33 @@ def test_rows_and_columns_of_any_length_need_no_guard(codegen):
     _compiled_once(fn)
 
 
-def test_a_graph_weld_cannot_compile_over_symbols_is_compiled_per_size(caplog):
-    """Shortcut: a graph taking a symbolic int argument (an int that changes between calls) is not
-    compiled over symbols: compiled per size, and said so."""
-    def shifted(x, k):
-        return x * 2 + k
+def shifted(x, k):
+    return x * 2 + k
 
-    fn = torchweld.compile(shifted, backend="weld", dynamic=True)
+
+def test_a_graph_weld_cannot_compile_over_symbols_is_compiled_per_size(caplog):
+    """Shortcut: a Triton kernel taking a symbolic int as a value (`x * 2 + k`, k an int argument
+    that changes between calls) is not compiled over symbols: compiled per size, and said so."""
+    fn = _compiled(shifted, "triton")
     with torchweld.config.patch(logs="dynamic"), caplog.at_level(logging.INFO, logger="torchweld"):
         _run(fn, shifted, lambda n: (torch.randn(n, 3), n), (5, 9, 9, 5))
     assert not any(isinstance(e.namespace.get("___graph"), CompiledSymbolic) for e in fn.cache_entries)
     assert any("cannot compile it over symbols" in r.getMessage() for r in caplog.records)
+
+
+def sliced_by_an_int(x, k):
+    """An int argument as a value, a slice bound, a branch and a size: `k` changes between calls."""
+    y = x * 2 + k
+    z = x[:, :k].sum(-1) if k > 2 else x.sum(-1)
+    return y, z, torch.arange(k, dtype=x.dtype) * 2
+
+
+def test_an_int_argument_is_a_symbol_of_the_compile():
+    """An int that changes between calls (capture makes it a symbol: a count passed in, a size a
+    resume function receives) is one of weld's symbols, read from the argument at each call."""
+    fn = _compiled(sliced_by_an_int, "cpp")
+    _run(fn, sliced_by_an_int, lambda k: (torch.randn(9, 8), k), (5, 3, 7, 4, 6, 5))
+    _compiled_once(fn)
 
 
 def _train_and_compare(model, fn, make, sizes, atol=1e-5):

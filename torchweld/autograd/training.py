@@ -69,6 +69,8 @@ def compile_training(gm: torch.fx.GraphModule, example_inputs: list, options: di
     key = training_cache.training_key(gm, example_inputs, options, strategy)  # None: not kept in the graph cache
     if len(tensor_positions) != len(example_inputs):
         # Non-tensor inputs are baked into the graph: capture guards their values.
+        if any(isinstance(x, torch.SymInt) for x in example_inputs):
+            raise TrainingUnsupported("an int argument over symbols (shortcut: compiled per size)")
         gm = _bind_constants(gm, example_inputs)
 
     as_now = _grad_and_autocast_as_now()

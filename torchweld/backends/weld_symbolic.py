@@ -18,9 +18,9 @@ allocations, strides, extern calls' sizes, Triton grids (compiler/symbols.py). C
 any answer makes right (block sizes, fusion, recomputing an operand) take no guard: they are
 made at the hint, or by comparing expressions. A training graph compiles so too (the joint
 trace, the partition, forward and backward: autograd/training.py's _compiled_over_symbols).
-Shortcuts: a graph taking a number (a symbolic int argument) is compiled per size; so is one
-that uses a float computed from sizes other than as an operand of `+ - *` (lowering's
-number_tensor) or of an extern call.
+An int argument that capture made a symbol is one of weld's too, read from the argument.
+Shortcuts: a graph that uses a float computed from sizes other than as an operand of `+ - *`
+(lowering's number_tensor) or of an extern call is compiled per size.
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
 from torchweld import logs
 from torchweld.backends.module_settings import read_settings
 from torchweld.backends.weld_declines import is_symbolic
-from torchweld.capture.symbolic_sizes import SYMBOLIC_TYPES, SizeSource, python_text
+from torchweld.capture.symbolic_sizes import SYMBOLIC_TYPES, IntSource, SizeSource, python_text
 
 
 class SymbolicCompileError(Exception):
@@ -45,7 +45,8 @@ class SymbolicCompileError(Exception):
 class SymbolicCopy:
     """A copy of a captured graph whose example values are fakes over a ShapeEnv of weld's own.
 
-    `symbols`: weld's symbol -> (input position, dim) where a call's value of it is read.
+    `symbols`: weld's symbol -> (input position, dim) where a call's value of it is read
+    (dim None: the input is the number itself).
     `inputs`: the example inputs to compile with (fakes of `mode`; numbers and static
     tensors as given)."""
 
@@ -58,12 +59,27 @@ class SymbolicCopy:
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         for i, (node, arg) in enumerate(zip(placeholders, args)):
             fake = node.meta.get("example_value")
-            if isinstance(fake, SYMBOLIC_TYPES) or not isinstance(arg, torch.Tensor) and is_symbolic(fake):
-                raise SymbolicCompileError("a number among the graph's inputs")
+            if isinstance(fake, torch.SymInt) and type(arg) is int:
+                self._name_number(i, fake, arg)
+            elif isinstance(fake, SYMBOLIC_TYPES) or not isinstance(arg, torch.Tensor) and is_symbolic(fake):
+                raise SymbolicCompileError(f"a symbolic {type(fake).__name__} among the graph's inputs")
             if isinstance(fake, torch.Tensor) and isinstance(arg, torch.Tensor):
                 self._name_symbols(i, fake, arg)
         self.inputs = [self._fake_input(n.meta.get("example_value"), a) for n, a in zip(placeholders, args)]
         self.gm = self._copy(gm)
+
+    def _name_number(self, position: int, fake: torch.SymInt, value: int) -> None:
+        """An int argument that capture made a symbol (a count passed in, a size a resume
+        function receives): a symbol of any sign, 0 and 1 too, read from the argument itself."""
+        expr = fake.node.shape_env.replace(fake.node.expr)
+        if expr.is_number or expr in self._renamed:  # (a number capture fixed: an int to weld)
+            return
+        if not isinstance(expr, sympy.Symbol):
+            raise SymbolicCompileError(f"int argument {position} is the expression {expr}")
+        ours = self.env.create_unspecified_symbol(value, IntSource(f"arg{position}"), dynamic_dim=DimDynamic.DYNAMIC)
+        self._renamed[expr] = ours
+        self._hints[expr] = value
+        self.symbols[ours] = (position, None)
 
     def _name_symbols(self, position: int, fake: torch.Tensor, real: torch.Tensor) -> None:
         for d, size in enumerate(fake.shape):
@@ -111,6 +127,8 @@ class SymbolicCopy:
     def _fake_input(self, fake: object, arg: object) -> object:
         if isinstance(fake, torch.Tensor) and isinstance(arg, torch.Tensor) and is_symbolic(fake):
             return self._fake_of(fake)
+        if isinstance(fake, torch.SymInt):
+            return self.int_of(fake)
         return arg
 
     def _copy(self, gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
@@ -181,7 +199,8 @@ class CompiledSymbolic:
         self._told = False
 
     def __call__(self, *args):
-        if (self.guard.always or self.guard.check(*[args[i].shape[d] for i, d in self.reads])) \
+        if (self.guard.always or self.guard.check(*[args[i] if d is None else args[i].shape[d]
+                                                    for i, d in self.reads])) \
                 and (not self.settings or read_settings(self.settings) == self._compiled_for):
             return self.compiled(*args)
         if not self._told:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import operator
 
 import torch
+import torch._refs
 import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -61,6 +62,15 @@ def autograd_decomposes(func, args, kwargs) -> bool:
             func.name(), torch._C._dispatch_key_for_device(device))
         _decomposes[(func, device)] = known
     return known
+
+
+def _pad_over_symbols(x, pad, value=0):
+    """aten.constant_pad_nd's fake result where a pad is a symbol: its fake kernel (the C++ one,
+    torch 2.11 to 2.13) takes the pads as ints and raises "SymIntArrayRef expected to contain only
+    concrete integers". On CUDA, scaled_dot_product_attention pads a mask so (its memory-efficient
+    kernel wants rows aligned to 8: `pad_bias`, by 8 - L % 8). torch's reference implementation
+    computes the same result over SymInts, deciding on the sizes through the ShapeEnv (guards)."""
+    return torch._refs.constant_pad_nd(x, pad, value)
 
 
 class AtenRecorder(TorchDispatchMode):
@@ -169,7 +179,10 @@ class AtenRecorder(TorchDispatchMode):
                 return out
         if func is aten.lift_fresh.default:  # a tensor literal: a copy, so that writes to it stay in the graph
             func = aten.lift_fresh_copy.default
-        out = fake_memo.run(func, args, kwargs)  # on the fake tensors, by the FakeTensorMode below this one
+        if func is aten.constant_pad_nd.default and not all(type(p) is int for p in args[1]):
+            out = _pad_over_symbols(*args, **kwargs)
+        else:
+            out = fake_memo.run(func, args, kwargs)  # on the fake tensors, by the FakeTensorMode below this one
         node_args = tuple(self._argument(a) for a in args)
         node_kwargs = {k: self._argument(v) for k, v in kwargs.items()}
         # (a symbolic size as an argument is what weld's lowering reads: symbols.compiling_over)

@@ -90,7 +90,9 @@ def graph_key(gm: torch.fx.GraphModule, example_inputs: list, options: dict, tra
         log.debug("graph cache: graphs compiled with freeze or max_autotune are not kept")
         return None
     env = None
-    if any(isinstance(x, torch.Tensor) and any(map(is_symbol_size, (*x.shape, *x.stride()))) for x in example_inputs):
+    if any(isinstance(x, torch.SymInt) or isinstance(x, torch.Tensor) and any(map(is_symbol_size, (*x.shape,
+                                                                                       *x.stride())))
+           for x in example_inputs):
         env = compiling_env()
         if env is None or traced:
             log.debug("graph cache: a training step's graphs over symbolic sizes are not kept (shortcut)")
@@ -253,7 +255,9 @@ class _Describer:
         for value in example_inputs:
             if isinstance(value, torch.Tensor):
                 lines.append(self.tensor(value))
-            elif isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            elif isinstance(value, torch.SymInt):  # an int argument of a compile over symbols (graph_key)
+                lines.append(f"symbolic int {value}")
+            elif isinstance(value, (torch.SymFloat, torch.SymBool)):
                 raise NotKept("a symbolic number among the inputs")
             else:
                 lines.append(_literal(value))

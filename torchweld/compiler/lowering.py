@@ -7,6 +7,7 @@ import logging
 import math
 import operator
 
+import sympy
 import torch
 import torch.utils._pytree as pytree
 from torch._prims_common import (make_channels_last_strides_for,
@@ -108,6 +109,9 @@ class LoweredGraph:
     # outputs that eager returns as views of an input: a view object of their own, even
     # where their layout is the input's (y.view(2, 2).flatten() is not y)
     view_outputs: frozenset = frozenset()
+    # input position -> the name of the symbol it is: an int argument over symbols
+    # (backends/weld_symbolic.py), which the wrapper binds from it
+    symbol_inputs: dict = dataclasses.field(default_factory=dict)
 
 
 class GraphLowering:
@@ -128,6 +132,7 @@ class GraphLowering:
         self.buffers: dict[str, ir.Buffer] = {}
         self.env: dict[torch.fx.Node, object] = {}
         self.input_names: list[str] = []
+        self.symbol_inputs: dict[int, str] = {}
         self.constants: dict[str, torch.Tensor] = {}
         # In-place writes (aliasing.py): a base node's value after the latest write through
         # it or any of its views; how many writes it has had; the count each node's value
@@ -309,6 +314,8 @@ class GraphLowering:
                     self.env[node] = tv
                     self.input_of[node] = tv.root
                 else:
+                    if isinstance(value, torch.SymInt) and isinstance(value.node.expr, sympy.Symbol):
+                        self.symbol_inputs[len(self.input_names)] = str(value.node.expr)
                     self.input_names.append(None)
                     self.env[node] = value
             elif node.op == "get_attr":
@@ -339,7 +346,7 @@ class GraphLowering:
             outputs = [self.in_strides(v, s) for v, s in zip(outputs, output_strides)]
         writes = [dataclasses.replace(w, value=self.as_output(w.value)) for w in self.input_writes]
         return LoweredGraph(self.buffers, self.input_names, self.constants, outputs, writes, self.externs,
-                            view_outputs)
+                            view_outputs, self.symbol_inputs)
 
     def call_function(self, node: torch.fx.Node, rules):
         target = node.target

@@ -141,7 +141,8 @@ class WrapperRenderer:
         that, where the caller keeps no other reference, each input's memory goes back at
         its last reader (the schedule's frees_inputs) or at once if nothing reads it."""
         g = self.graph
-        params = [n if n is not None else f"_unused{i}" for i, n in enumerate(g.input_names)]
+        params = [n if n is not None else f"_number{i}" if i in g.symbol_inputs else f"_unused{i}"
+                  for i, n in enumerate(g.input_names)]
         self.read = self.buffers_read()
         if boxed:
             self.lines = [f"def {name}(_inputs):"]
@@ -150,7 +151,8 @@ class WrapperRenderer:
             self.emit("_inputs.clear()")
         else:
             self.lines = [f"def {name}({', '.join(params)}):"]
-        reads = symbols_read([(n, self.sched.layouts[n][1].shape) for n in params if n in self.sched.layouts])
+        reads = {symbol: f"_number{i}" for i, symbol in g.symbol_inputs.items()}
+        reads |= symbols_read([(n, self.sched.layouts[n][1].shape) for n in params if n in self.sched.layouts])
         self.binds_symbols = bool(reads)
         for symbol, read in reads.items():
             self.emit(f"{symbol} = {read}")
