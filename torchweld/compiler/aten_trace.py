@@ -17,16 +17,18 @@ reads (tensor literals), and fakes registered as standing for real ones
             out = fn(*xs)
     gm = recorder.graph_module(flat_outputs)
 
-Shapes are static: an op whose result depends on tensor data (`.item()`, `nonzero`)
-fails as it does under fake tensors, and the caller falls back.
+An op whose result's shape depends on tensor data (`nonzero`) fails as it does under fake
+tensors, and the caller falls back. Over symbolic sizes (placeholders whose sizes are SymInts),
+the ops run under the Python dispatcher (see `__enter__`).
 """
 from __future__ import annotations
 
 import operator
+from contextlib import nullcontext
 
 import torch
-import torch._refs
 import torch.utils._pytree as pytree
+from torch._dispatch.python import enable_python_dispatcher
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from torchweld import fake_memo
@@ -64,15 +66,6 @@ def autograd_decomposes(func, args, kwargs) -> bool:
     return known
 
 
-def _pad_over_symbols(x, pad, value=0):
-    """aten.constant_pad_nd's fake result where a pad is a symbol: its fake kernel (the C++ one,
-    torch 2.11 to 2.13) takes the pads as ints and raises "SymIntArrayRef expected to contain only
-    concrete integers". On CUDA, scaled_dot_product_attention pads a mask so (its memory-efficient
-    kernel wants rows aligned to 8: `pad_bias`, by 8 - L % 8). torch's reference implementation
-    computes the same result over SymInts, deciding on the sizes through the ShapeEnv (guards)."""
-    return torch._refs.constant_pad_nd(x, pad, value)
-
-
 class AtenRecorder(TorchDispatchMode):
     """Records each aten op that reaches it into `self.graph` (see the module docstring)."""
 
@@ -88,6 +81,8 @@ class AtenRecorder(TorchDispatchMode):
         # id(detach's result) -> (that result, its input): recorded as its input's node, but a
         # graph output that eager returns as a tensor object of its own (`graph_module`)
         self._detached: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._over_symbols = False  # a placeholder's sizes are SymInts
+        self._dispatchers: list = []  # per `with self`: the Python dispatcher's guard, or a null context
 
     # -- building the graph --------------------------------------------------------
 
@@ -103,6 +98,7 @@ class AtenRecorder(TorchDispatchMode):
         self._placeholders.append(node)
         if isinstance(value, torch.Tensor):
             self._bind(value, node)
+            self._over_symbols |= any(isinstance(n, torch.SymInt) for n in value.shape)
         return value
 
     def constant(self, fake: torch.Tensor, real: torch.Tensor) -> None:
@@ -157,6 +153,22 @@ class AtenRecorder(TorchDispatchMode):
 
     # -- the dispatch mode ---------------------------------------------------------
 
+    def __enter__(self):
+        # Over symbols, under the Python dispatcher, as capture's fake runs and make_fx's symbolic
+        # traces: it runs the Python kernels torch registers for symbolic sizes where C++ ones take
+        # ints, or read them as ints and so make the symbols numbers. Both on CUDA, in
+        # scaled_dot_product_attention (a C++ composite): its memory-efficient path pads the mask
+        # (constant_pad_nd, whose C++ meta raised "SymIntArrayRef expected to contain only concrete
+        # integers"), and its math path's matmul (C++: `sizes()`) made the sequence length a number.
+        dispatcher = enable_python_dispatcher() if self._over_symbols else nullcontext()
+        dispatcher.__enter__()
+        self._dispatchers.append(dispatcher)
+        return super().__enter__()
+
+    def __exit__(self, exc_type, exc_value, traceback):
+        super().__exit__(exc_type, exc_value, traceback)
+        self._dispatchers.pop().__exit__(exc_type, exc_value, traceback)
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is torch.ops.prim.device.default:  # a tensor's device: nothing to record
@@ -179,10 +191,7 @@ class AtenRecorder(TorchDispatchMode):
                 return out
         if func is aten.lift_fresh.default:  # a tensor literal: a copy, so that writes to it stay in the graph
             func = aten.lift_fresh_copy.default
-        if func is aten.constant_pad_nd.default and not all(type(p) is int for p in args[1]):
-            out = _pad_over_symbols(*args, **kwargs)
-        else:
-            out = fake_memo.run(func, args, kwargs)  # on the fake tensors, by the FakeTensorMode below this one
+        out = fake_memo.run(func, args, kwargs)  # on the fake tensors, by the FakeTensorMode below this one
         node_args = tuple(self._argument(a) for a in args)
         node_kwargs = {k: self._argument(v) for k, v in kwargs.items()}
         # (a symbolic size as an argument is what weld's lowering reads: symbols.compiling_over)

@@ -142,6 +142,9 @@ def _float(value: float, suffix: str) -> str:
 
 class CppRenderer(KernelRenderer):
     name = "CppRenderer"
+    # kernel name -> its outer reduction's blocked variable, for a kernel that takes its sizes as
+    # arguments over symbols (render_kernels sets its own)
+    block_vars: dict = {}
     dtype_names = {
         torch.float32: "float", torch.float64: "double", torch.float16: "_Float16", torch.bfloat16: "uint16_t",
         torch.int64: "int64_t", torch.int32: "int32_t", torch.int16: "int16_t", torch.int8: "int8_t",
@@ -255,7 +258,9 @@ class CppRenderer(KernelRenderer):
         if self.size_names and numel:
             numel = " * ".join(self.bound(s) for s in (*kernel.outer, *kernel.reduced) if s != 1) or "1"
         parallel = f" if({numel} > 32768)" if numel else ""
-        self.block_var = _outer_reduction_var(kernel, outer)
+        # (decided on the kernel before it took its sizes as arguments, whose indices' terms it reads)
+        self.block_var = self.block_vars.get(kernel.name) if kernel.name in self.block_vars else \
+            _outer_reduction_var(kernel, outer)
         if self.block_var is not None:
             # threads share its blocks of columns, or, where there are few, its rows
             blocks = math.prod(s for _, s in outer[:-1]) * -(-outer[-1][1] // tuning.outer_block)
@@ -599,6 +604,7 @@ class CppRenderer(KernelRenderer):
         `size_args.chosen(kernel)` says which, in order), so that the file of another size of
         the graph is the same text, whose library the disk cache has already built."""
         self.buffer_dtypes = buffer_dtypes
+        self.block_vars = {}
         parts = [PRELUDE]
         for kernel in kernels:
             if not _may_take_sizes(kernel) and any(map(is_symbol_size, (*kernel.outer, *kernel.reduced))):
@@ -607,6 +613,8 @@ class CppRenderer(KernelRenderer):
             taking = size_args.with_loop_sizes(kernel) if sizes_as_arguments and _may_take_sizes(kernel) else None
             if taking is not None:
                 size_args.choose(kernel, taking)
+                self.block_vars[kernel.name] = _outer_reduction_var(
+                    kernel, [(f"x{k}", s) for k, s in enumerate(kernel.outer) if s != 1])
             parts.append(self.render(taking.kernel if taking is not None else kernel))
         return "\n".join(parts)
 
@@ -651,7 +659,8 @@ def _may_take_sizes(kernel: Kernel) -> bool:
     if _innermost_pieces(kernel) is not None:
         return False
     outer = [(f"x{k}", s) for k, s in enumerate(kernel.outer) if s != 1]
-    return _outer_reduction_var(kernel, outer) is None
+    # over symbols, an outer reduction (its columns static) takes them, its choice made before
+    return kernel.over_symbols or _outer_reduction_var(kernel, outer) is None
 
 
 def _innermost_pieces(kernel: Kernel) -> list[tuple[int, int, list[Store]]] | None:
@@ -682,7 +691,7 @@ def _outer_reduction_var(kernel: Kernel, outer: list) -> str | None:
     column reduction, its rows read across. A load that does not move along a variable
     (a row's mean, a column's weight) is a broadcast there, no gather."""
     reduced = [f"r{k}" for k, s in enumerate(kernel.reduced) if s != 1]
-    if not reduced or not outer or kernel.over_symbols:  # (over symbols: rows walked one by one)
+    if not reduced or not outer or any(is_symbol_size(s) for _, s in outer):  # (symbolic columns: walked one by one)
         return None
     x, r = outer[-1][0], reduced[-1]
     accesses = {}
