@@ -45,7 +45,7 @@ class Block(nn.Module):
         v = v.reshape(b, s, h, d // h).transpose(1, 2)
         scores = q @ k.transpose(-2, -1) / (d // h) ** 0.5
         if self.causal:
-            scores = scores.masked_fill(~torch.ones(s, s, dtype=torch.bool).tril(), float("-inf"))
+            scores = scores.masked_fill(~torch.ones(s, s, dtype=torch.bool, device=x.device).tril(), float("-inf"))
         att = torch.softmax(scores, dim=-1)
         y = (att @ v).transpose(1, 2).reshape(b, s, d)
         x = x + self.proj(y)

@@ -19,16 +19,17 @@ reads (tensor literals), and fakes registered as standing for real ones
 
 An op whose result's shape depends on tensor data (`nonzero`) fails as it does under fake
 tensors, and the caller falls back. Over symbolic sizes (placeholders whose sizes are SymInts),
-the ops run under the Python dispatcher (see `__enter__`).
+scaled_dot_product_attention runs under the Python dispatcher (`_AttentionOverSymbols`).
 """
 from __future__ import annotations
 
 import operator
-from contextlib import nullcontext
 
 import torch
+import torch.nn.functional as F
 import torch.utils._pytree as pytree
 from torch._dispatch.python import enable_python_dispatcher
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from torchweld import fake_memo
@@ -66,6 +67,24 @@ def autograd_decomposes(func, args, kwargs) -> bool:
     return known
 
 
+class _AttentionOverSymbols(TorchFunctionMode):
+    """Runs scaled_dot_product_attention under the Python dispatcher, as capture runs every op over
+    symbols (output_graph._run_fake) and make_fx its symbolic traces: it is a C++ composite, which
+    decomposes above the recorder, and on CUDA two of its paths fail on symbolic sizes in C++.
+    The memory-efficient path pads the mask (`pad_bias`: rows aligned to 8) with constant_pad_nd,
+    whose C++ meta kernel takes the pads as ints ("SymIntArrayRef expected to contain only concrete
+    integers"); the math path (a mask it cannot align: BERT's, broadcast) runs C++ matmul, whose
+    `sizes()` reads the symbols as ints, guarding each equal to its hint. The Python dispatcher
+    takes the Python meta and matmul kernels torch registers for symbolic sizes instead, which
+    decide on sizes through the ShapeEnv (guards). Other ops trace as without symbols."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is not F.scaled_dot_product_attention:
+            return func(*args, **(kwargs or {}))
+        with enable_python_dispatcher():
+            return func(*args, **(kwargs or {}))
+
+
 class AtenRecorder(TorchDispatchMode):
     """Records each aten op that reaches it into `self.graph` (see the module docstring)."""
 
@@ -82,7 +101,9 @@ class AtenRecorder(TorchDispatchMode):
         # graph output that eager returns as a tensor object of its own (`graph_module`)
         self._detached: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._over_symbols = False  # a placeholder's sizes are SymInts
-        self._dispatchers: list = []  # per `with self`: the Python dispatcher's guard, or a null context
+        self._attention = _AttentionOverSymbols()  # on in the outermost `with self`, over symbols
+        self._attention_on = False
+        self._depth = 0  # `with self` nesting
 
     # -- building the graph --------------------------------------------------------
 
@@ -154,20 +175,18 @@ class AtenRecorder(TorchDispatchMode):
     # -- the dispatch mode ---------------------------------------------------------
 
     def __enter__(self):
-        # Over symbols, under the Python dispatcher, as capture's fake runs and make_fx's symbolic
-        # traces: it runs the Python kernels torch registers for symbolic sizes where C++ ones take
-        # ints, or read them as ints and so make the symbols numbers. Both on CUDA, in
-        # scaled_dot_product_attention (a C++ composite): its memory-efficient path pads the mask
-        # (constant_pad_nd, whose C++ meta raised "SymIntArrayRef expected to contain only concrete
-        # integers"), and its math path's matmul (C++: `sizes()`) made the sequence length a number.
-        dispatcher = enable_python_dispatcher() if self._over_symbols else nullcontext()
-        dispatcher.__enter__()
-        self._dispatchers.append(dispatcher)
+        if self._depth == 0 and self._over_symbols:  # (`with self` again in __torch_dispatch__: on already)
+            self._attention.__enter__()
+            self._attention_on = True
+        self._depth += 1
         return super().__enter__()
 
     def __exit__(self, exc_type, exc_value, traceback):
         super().__exit__(exc_type, exc_value, traceback)
-        self._dispatchers.pop().__exit__(exc_type, exc_value, traceback)
+        self._depth -= 1
+        if self._depth == 0 and self._attention_on:
+            self._attention_on = False
+            self._attention.__exit__(exc_type, exc_value, traceback)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}

@@ -401,7 +401,7 @@ def family(kernel: Kernel) -> tuple:
     rnumel = math.prod(kernel.reduced)
     looped = is_looped(kernel)
     chunked = looped and chunk_steps(rnumel, block_sizes(kernel)[1]) > 0
-    streams = not kernel.is_reduction and math.prod(kernel.outer) >= tuning.streaming
+    streams = not kernel.is_reduction and hint(math.prod(kernel.outer)) >= tuning.streaming
     return structure(prepared(kernel), numbers=False), looped, chunked, streams
 
 
@@ -628,7 +628,8 @@ class TritonRenderer(KernelRenderer):
         written = _written_variables(index_expr)
         if "xindex" not in written and not dims <= written:
             return ", eviction_policy='evict_last'"  # a broadcast read: each element is read many times
-        if math.prod(self.kernel.outer) >= tuning.streaming and _contiguous_in_x(index_expr):
+        # (a cache hint, right at any size: over symbols, chosen at the compiled call's)
+        if hint(math.prod(self.kernel.outer)) >= tuning.streaming and _contiguous_in_x(index_expr):
             return ", eviction_policy='evict_first'"
         return ""
 
