@@ -754,7 +754,10 @@ class TritonRenderer(KernelRenderer):
                     total, partial = self.partials[acc.name]
                     self.emit(Scope(None, indent), f"{partial} = tl.full([XBLOCK, RBLOCK], 0, {self.register_type(acc.dtype)})")
                     self.reduced_names[acc.name] = partial
-            self.emit(Scope(None, indent), f"for roffset in range(rchunk, rchunk + RBLOCK * {steps}, RBLOCK):")
+            end = f"rchunk + RBLOCK * {steps}"
+            if is_symbol_size(rnumel):  # (a row of any length: no steps past its end, the last chunk short)
+                end = f"tl.minimum({end}, {self.size(rnumel)})"
+            self.emit(Scope(None, indent), f"for roffset in range(rchunk, {end}, RBLOCK):")
             indent += 1
             inner = Scope(outer, indent)
             self.emit(inner, "rindex = roffset + tl.arange(0, RBLOCK)[None, :]")
