@@ -275,6 +275,7 @@ def _fresh_leaf(fake: FakeTensor) -> torch.Tensor:
 
 
 def _symbolic_numbers(values: tuple) -> bool:
+    """Whether `values` (an alias's sizes, strides and offset) hold a symbolic size."""
     return any(isinstance(n, torch.SymInt) for n in pytree.tree_leaves(values))
 
 

@@ -66,7 +66,7 @@ def compiling_over(env) -> object:
     """While a graph over the symbols of ShapeEnv `env` compiles in this thread (`decide`). Its
     aten graphs take symbolic sizes as node arguments, as SymInts (what weld's lowering reads),
     of which torch.fx warns at every node made or copied: not shown."""
-    previous = getattr(_compiling, "env", None)
+    previous = compiling_env()
     _compiling.env = env
     try:
         with warnings.catch_warnings():
@@ -91,7 +91,7 @@ def fake_mode():
     running an op on tensors of symbolic sizes (lowering's view layouts)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    env = getattr(_compiling, "env", None)
+    env = compiling_env()
     if env is None:
         raise NotImplementedError("a tensor of symbolic sizes outside a symbolic compile")
     return FakeTensorMode(shape_env=env, allow_non_fake_inputs=True)
@@ -105,7 +105,7 @@ def decide(relation: object) -> bool:
         return relation
     if isinstance(relation, sympy.Basic) and relation.is_Boolean and relation in (sympy.true, sympy.false):
         return bool(relation)
-    env = getattr(_compiling, "env", None)
+    env = compiling_env()
     if env is None:
         raise NotImplementedError(f"a comparison of symbolic sizes ({relation}) outside a symbolic compile")
     return bool(env.evaluate_expr(relation))
@@ -119,7 +119,7 @@ def known(relation: object) -> bool | None:
         relation = relation.node.expr
     if relation in (sympy.true, sympy.false):
         return bool(relation)
-    env = getattr(_compiling, "env", None)
+    env = compiling_env()
     found = env._maybe_evaluate_static(relation) if env is not None else None
     return None if found is None else bool(found)
 
@@ -130,7 +130,7 @@ def hint(n: object) -> int:
     if isinstance(n, torch.SymInt):
         return n.node.hint
     if isinstance(n, sympy.Expr) and not n.is_number:
-        return int(getattr(_compiling, "env").size_hint(n))
+        return int(compiling_env().size_hint(n))
     return int(n)
 
 
