@@ -65,12 +65,11 @@ def check_common(record: dict, phase: str, count: int) -> dict:
     assert static["graphs"] == static["weld_compiles"] == count and static["symbolic_graphs"] == 0
     assert static["dynamic_compile_s"] is None
     # dynamic=None: the first length a static graph, the second a symbolic one; weld compiles the
-    # symbolic inference graph once over its symbols (backends/weld_symbolic.py), the training
-    # graph once per length (backends/weld_sizes.py: the shortcut for training)
+    # symbolic graph, inference or training, once over its symbols (backends/weld_symbolic.py)
     first, second = (dynamic["per_length"][str(n)] for n in lengths[:2])
     assert first["new_graphs"] == 1 and second["new_graphs"] == 1 and dynamic["symbolic_graphs"] >= 1
     assert dynamic["dynamic_compile_len"] == lengths[1] and dynamic["dynamic_compile_s"] == second["pass_s"]
-    assert dynamic["weld_compiles"] == (2 if phase == "inference" else count), dynamic
+    assert dynamic["weld_compiles"] == 2, dynamic
     assert dynamic["weld_compiles_in_steady"] == 0
     ratios = [dynamic["per_length"][str(n)]["ratio_to_static"] for n in lengths]
     assert dynamic["mean_ratio_to_static"] == pytest.approx(sum(ratios) / count)
