@@ -238,6 +238,41 @@ def test_a_training_step_compiles_once_for_every_length(codegen):
     _compiled_once(fn)
 
 
+def test_a_training_graph_over_symbols_reads_the_programs_state_anew():
+    """Between calls of one compile over symbols: a weight changed in place, a parameter replaced,
+    a module attribute's number and a global changed; each call's output and gradients equal
+    eager's (a changed setting or global goes through capture's guards, weights are read per call)."""
+    import copy
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+    reference = copy.deepcopy(model)
+    state = {"scale": 2.0}
+
+    def step(m, x):
+        return m(x) * state["scale"]
+
+    fn = _compiled(lambda x: step(model, x), "cpp")
+    changes = [
+        lambda m: None,
+        lambda m: m[0].weight.data.mul_(-0.5),
+        lambda m: setattr(m[2], "bias", torch.nn.Parameter(torch.full((4,), 0.25))),
+        lambda m: state.update(scale=-1.0),
+        lambda m: None,
+    ]
+    for n, change in zip((5, 9, 3, 12, 7), changes):
+        change(model)
+        change(reference)
+        x = torch.randn(n, 8)
+        out, expected = fn(x), step(reference, x)
+        torch.testing.assert_close(out, expected)
+        out.square().sum().backward()
+        expected.square().sum().backward()
+        for p, q in zip(model.parameters(), reference.parameters()):
+            torch.testing.assert_close(p.grad, q.grad)
+            p.grad = q.grad = None
+
+
 def test_a_training_graph_with_batch_norm_over_growing_batches():
     """Batch statistics over a symbolic batch, the running statistics written back at each call."""
     torch.manual_seed(0)

@@ -188,19 +188,20 @@ class WeldGuard:
 class CompiledSymbolic:
     """Calls `compiled` (one compile for every size its guard admits), else `per_size`."""
 
-    def __init__(self, compiled: Callable, guard: WeldGuard, reads: list[tuple[int, int]], per_size: Callable,
+    def __init__(self, compiled: Callable, guard: WeldGuard, reads: list[tuple[int, int | None]], per_size: Callable,
                  settings: list = ()):
         self.compiled = compiled
         self.guard = guard
-        self.reads = reads
+        # the symbols' values in a call's arguments, in the guard's order: one generated function
+        values = ", ".join(f"args[{i}]" if d is None else f"args[{i}].shape[{d}]" for i, d in reads)
+        self._values: Callable[[tuple], tuple] = eval(f"lambda args: ({values}{',' if values else ''})")  # noqa: S307
         self.per_size = per_size
         self.settings = settings  # module_settings.leaf_settings: (module, getter) the kernels read
         self._compiled_for = read_settings(settings)
         self._told = False
 
     def __call__(self, *args):
-        if (self.guard.always or self.guard.check(*[args[i] if d is None else args[i].shape[d]
-                                                    for i, d in self.reads])) \
+        if (self.guard.always or self.guard.check(*self._values(args))) \
                 and (not self.settings or read_settings(self.settings) == self._compiled_for):
             return self.compiled(*args)
         if not self._told:

@@ -76,7 +76,7 @@ class GraphKey:
     key: str
     tensor_paths: dict[int, str]  # id of each tensor the module holds -> its attribute path
     # a graph compiled over symbols (backends/weld_symbolic.py): the ShapeEnv of its compile,
-    # whose guards its entry keeps and a load records again (_replay_guards)
+    # whose guards its entry keeps and a load records again (_assumed_guards)
     env: object = None
 
 
@@ -95,7 +95,8 @@ def graph_key(gm: torch.fx.GraphModule, example_inputs: list, options: dict, tra
            for x in example_inputs):
         env = compiling_env()
         if env is None or traced:
-            log.debug("graph cache: a training step's graphs over symbolic sizes are not kept (shortcut)")
+            log.debug("graph cache: symbolic sizes outside a compile over them, or a training step's graphs "
+                      "over symbols, are not kept (shortcut)")
             return None
     try:
         with timing.phase("weld.graph_cache.key"):

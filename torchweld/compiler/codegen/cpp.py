@@ -142,9 +142,6 @@ def _float(value: float, suffix: str) -> str:
 
 class CppRenderer(KernelRenderer):
     name = "CppRenderer"
-    # kernel name -> its outer reduction's blocked variable, for a kernel that takes its sizes as
-    # arguments over symbols (render_kernels sets its own)
-    block_vars: dict = {}
     dtype_names = {
         torch.float32: "float", torch.float64: "double", torch.float16: "_Float16", torch.bfloat16: "uint16_t",
         torch.int64: "int64_t", torch.int32: "int32_t", torch.int16: "int16_t", torch.int8: "int8_t",
@@ -229,6 +226,11 @@ class CppRenderer(KernelRenderer):
             return f"(float){value}"
         return value
 
+    def __init__(self):
+        # kernel name -> its outer reduction's blocked variable (or None), decided before the
+        # kernel took its sizes as arguments (render_kernels): its indices' terms are read then
+        self.block_vars: dict[str, str | None] = {}
+
     def store(self, store, scope) -> None:
         value = self.expr(store.value, scope)
         dtype = self.buffer_dtypes[store.buffer]
@@ -258,8 +260,7 @@ class CppRenderer(KernelRenderer):
         if self.size_names and numel:
             numel = " * ".join(self.bound(s) for s in (*kernel.outer, *kernel.reduced) if s != 1) or "1"
         parallel = f" if({numel} > 32768)" if numel else ""
-        # (decided on the kernel before it took its sizes as arguments, whose indices' terms it reads)
-        self.block_var = self.block_vars.get(kernel.name) if kernel.name in self.block_vars else \
+        self.block_var = self.block_vars[kernel.name] if kernel.name in self.block_vars else \
             _outer_reduction_var(kernel, outer)
         if self.block_var is not None:
             # threads share its blocks of columns, or, where there are few, its rows
@@ -604,7 +605,6 @@ class CppRenderer(KernelRenderer):
         `size_args.chosen(kernel)` says which, in order), so that the file of another size of
         the graph is the same text, whose library the disk cache has already built."""
         self.buffer_dtypes = buffer_dtypes
-        self.block_vars = {}
         parts = [PRELUDE]
         for kernel in kernels:
             if not _may_take_sizes(kernel) and any(map(is_symbol_size, (*kernel.outer, *kernel.reduced))):
