@@ -1,6 +1,6 @@
 """Where weld's cold compile time goes, for one GPU case of bench/investigations/gpu_inference.py.
 
-    python3 bench/investigations/profile_compile.py densenet121 [--mode MODE] [--top 30] [--cprofile] [--thread-cpu] [--blocked] [--train]
+    python3 bench/investigations/profile_compile.py densenet121 [--mode MODE] [--top 30] [--cprofile] [--thread-cpu] [--blocked] [--train] [--dynamic]
 
 Runs the first call (capture, lowering, scheduling, code generation, Triton
 compiles, the first run) in this fresh process with empty torchweld and Triton
@@ -19,6 +19,8 @@ every 2 ms, and each interval in which it used less than half a core is charged 
 then: the frames at which the first call waited, longest first. With --train, the case is a training row of
 bench/investigations/compare.py (densenet121, resnet50, BERT, GPT-2) and the first call is its first
 step: the model compiled, forward, loss, backward (the backward's compile included), Adam.
+With --dynamic, the model is compiled with dynamic=True: its sizes are symbols from the first call
+(the compile over symbols whose cold time issue 45 compares with the static one).
 """
 from __future__ import annotations
 
@@ -186,13 +188,14 @@ def main() -> None:
     parser.add_argument("--train", action="store_true", help="the first training step of compare.py's row")
     parser.add_argument("--cpu-timeline", action="store_true", help="CPU per thread and busy cores, per 0.25 s")
     parser.add_argument("--blocked", action="store_true", help="where the main thread waited, by its frames")
+    parser.add_argument("--dynamic", action="store_true", help="compile with dynamic=True (sizes symbolic)")
     args = parser.parse_args()
     cpu_rows = thread_cpu() if args.thread_cpu else None
     from triton import knobs
 
     compiles = []  # whether each Triton compile in this process hit the cache (a worker's are not seen)
     knobs.compilation.listener = lambda **kw: compiles.append(kw["cache_hit"])
-    name, first_call = (training_step if args.train else inference_call)(args.case, args.mode)
+    name, first_call = (training_step if args.train else inference_call)(args.case, args.mode, args.dynamic or None)
     with tempfile.TemporaryDirectory() as tmp, config.patch(cache_dir=tmp):
         torch.cuda.synchronize()
         profiler = cProfile.Profile() if args.cprofile else None
@@ -226,19 +229,19 @@ def main() -> None:
         print(f"\n-- by {key}\n" + text[text.index("ncalls"):])
 
 
-def inference_call(case: str, mode: str | None):
+def inference_call(case: str, mode: str | None, dynamic: bool | None):
     """(row name, the first call of the compiled model under no_grad)."""
     [(name, make)] = cases({case})
     fn, x = make()
 
     def call():
         with torch.no_grad():
-            torchweld.compile(fn, backend="weld", mode=mode)(x)
+            torchweld.compile(fn, backend="weld", mode=mode, dynamic=dynamic)(x)
 
     return name, call
 
 
-def training_step(case: str, mode: str | None):
+def training_step(case: str, mode: str | None, dynamic: bool | None):
     """(row name, compare.py's first training step with the model compiled)."""
     [(name, make_model, make_batch, loss_fn)] = [row for row in training_cases(False, "cuda")
                                                   if row[0].split()[0] == case]
@@ -247,7 +250,7 @@ def training_step(case: str, mode: str | None):
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
 
     def step():
-        compiled = torchweld.compile(model, backend="weld", mode=mode)
+        compiled = torchweld.compile(model, backend="weld", mode=mode, dynamic=dynamic)
         opt.zero_grad(True)
         loss_fn(compiled(x), y).backward()
         opt.step()
