@@ -91,3 +91,48 @@ def test_a_repeat_skips_fake_tensor_mode(monkeypatch):
                             lambda self, *a, **k: calls.append(a[0]) or original(self, *a, **k))
         out = fake_memo.run(aten.relu.default, (x,), {})
         assert calls == [] and metadata(out) == metadata(x)
+
+
+def symbolic_fake(mode, *shape):
+    """A fake of `shape` whose sizes above 1 are symbols of `mode`'s ShapeEnv."""
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, StatelessSymbolicContext
+
+    dims = [DimDynamic.DYNAMIC if n > 1 else DimDynamic.STATIC for n in shape]
+    return mode.from_tensor(torch.empty(*shape), symbolic_context=StatelessSymbolicContext(dynamic_sizes=dims))
+
+
+def test_symbolic_sizes_replay_per_shape_env(monkeypatch):
+    """Fakes of symbolic sizes: a repeat gives FakeTensorMode's sizes (the same expressions),
+    a fresh tensor or a view of its base, without dispatching again; another ShapeEnv's
+    fakes, whose symbols may share names, are not given the first one's results."""
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    def calls_of(mode):
+        x = symbolic_fake(mode, 4, 6)
+        with mode:
+            return x, [(aten.mul.Tensor, (x, 2), {}), (aten.sum.dim_IntList, (x, [1]), {}),
+                       (aten.view.default, (x, [x.shape[1], x.shape[0]]), {}), (aten.t.default, (x,), {})]
+
+    modes = [FakeTensorMode(shape_env=ShapeEnv()) for _ in range(2)]
+    for mode in modes:
+        x, calls = calls_of(mode)
+        with mode:
+            firsts = [fake_memo.run(f, a, k) for f, a, k in calls]
+        dispatched = []
+        original = FakeTensorMode.__torch_dispatch__
+        monkeypatch.setattr(FakeTensorMode, "__torch_dispatch__",
+                            lambda self, *a, **k: dispatched.append(a[0]) or original(self, *a, **k))
+        with mode:
+            repeats = [fake_memo.run(f, a, k) for f, a, k in calls]
+        monkeypatch.undo()
+        assert all(op in (torch.ops.prim.device.default,) for op in dispatched), dispatched
+        for (func, args, _), first, repeat in zip(calls, firsts, repeats):
+            assert [str(n) for n in repeat.shape] == [str(n) for n in first.shape]
+            assert [str(n) for n in repeat.stride()] == [str(n) for n in first.stride()]
+            for out in (first, repeat):
+                assert out.fake_mode is mode and all(
+                    n.node.shape_env is mode.shape_env for n in out.shape if isinstance(n, torch.SymInt))
+            if func in (aten.view.default, aten.t.default):
+                assert same_storage(repeat, x)
+            else:
+                assert not same_storage(repeat, first)

@@ -9,7 +9,7 @@ import logging
 import torch
 import torch.utils._pytree as pytree
 
-from torchweld import logs
+from torchweld import logs, timing
 from torchweld.backends import BackendOptions, Option, register_backend
 from torchweld.backends.module_settings import SettingsGuarded, leaf_settings
 from torchweld.backends.weld_declines import UNTRACEABLE, Decline, why_declined
@@ -149,7 +149,8 @@ def _symbolic(gm: torch.fx.GraphModule, example_inputs: list, mode, options: dic
     if not options.get("symbolic_kernels", True):
         return per_size
     try:
-        copy = SymbolicCopy(gm, tuple(example_inputs))
+        with timing.phase("weld.symbolic_copy"):
+            copy = SymbolicCopy(gm, tuple(example_inputs))
         with compiling_over(copy.env):
             compiled = _weld(copy.gm, copy.inputs, mode, options, symbolic=True)
         guard = copy.guard()

@@ -314,12 +314,12 @@ class OutputGraph:
 
     def _run_fake(self, target: object, run: Callable, args: list, kwargs: dict) -> object:
         try:
-            # the memo describes static sizes only: a capture with symbolic sizes runs without it,
-            # under the Python dispatcher, whose meta kernels take symbolic sizes (the CUDA
-            # attention's choice of kernel raised "SymIntArrayRef expected to contain only
-            # concrete integers" without it: a break at every attention; torch.compile uses it too)
-            memo = fake_memo.Memo() if self.shape_env is None else enable_python_dispatcher()
-            with self.fake_mode, memo, torch.set_grad_enabled(self.grad_enabled), \
+            # a capture with symbolic sizes runs under the Python dispatcher, whose meta kernels
+            # take symbolic sizes (the CUDA attention's choice of kernel raised "SymIntArrayRef
+            # expected to contain only concrete integers" without it: a break at every
+            # attention; torch.compile uses it too)
+            dispatcher = contextlib.nullcontext() if self.shape_env is None else enable_python_dispatcher()
+            with self.fake_mode, dispatcher, fake_memo.Memo(), torch.set_grad_enabled(self.grad_enabled), \
                     self.in_autocast_regions():
                 return run(*args, **kwargs)
         except (DataDependentOutputException, DynamicOutputShapeException) as e:

@@ -421,9 +421,8 @@ def unravel(flat: Expr, shape: Iterable[int]) -> list[Expr]:
     shape = list(shape)
     if 0 in shape:
         return [const(0) for _ in shape]
-    out, inner, outermost = [], math.prod(shape), True
-    for size in shape:
-        inner //= size
+    out, outermost = [], True
+    for size, inner in zip(shape, inner_sizes(shape)):
         if size == 1:
             out.append(const(0))
         else:
@@ -431,6 +430,20 @@ def unravel(flat: Expr, shape: Iterable[int]) -> list[Expr]:
             out.append(q if outermost else imod(q, size))
             outermost = False
     return out
+
+
+def inner_sizes(shape: Iterable[int]) -> list[int]:
+    """For each dim of a row-major `shape`, the number of elements one step along it spans: the
+    product of the sizes after it (0 throughout where a size is 0). Multiplied, never divided:
+    symbolic sizes divided are sympy FloorDivs, slow to simplify."""
+    shape = list(shape)
+    if 0 in shape:
+        return [0] * len(shape)
+    inner, out = 1, []
+    for size in reversed(shape):
+        out.append(inner)
+        inner = inner * size
+    return out[::-1]
 
 
 def contiguous_strides(shape: Iterable[int]) -> tuple[int, ...]:

@@ -16,7 +16,7 @@ from torch.utils._sympy.functions import ToFloat
 from torchweld.compiler import ir
 from torchweld.compiler.ir import Expr, Layout, Op
 from torchweld.compiler.lowering import GraphLowering, RuleNode, BufferView, draws_a_seed, meta_layout
-from torchweld.compiler.symbols import fake_mode, is_symbol_size
+from torchweld.compiler.symbols import compile_memo, fake_mode, is_symbol_size, sizes_key
 from torchweld.runtime import pool_offsets, seeded_rand
 from torchweld.tuning import tuning
 
@@ -518,7 +518,7 @@ def keep_dims(red: BufferView, full_shape, dims) -> BufferView:
     index = ir.dim_vars(len(shape))
     kept = [index[i] for i in range(len(shape)) if i not in dims]
     index_ = tuple(ir.substitute(e, kept) for e in red.index)
-    layout = replay_layout(red.layout, lambda t: t.reshape(shape), any(map(is_symbol_size, shape)))
+    layout = replay_layout(red.layout, lambda t: t.reshape(shape), any(map(is_symbol_size, shape)), ("reshape", shape))
     return BufferView(red.root, red.dtype, shape, red.device, index_, layout)
 
 
@@ -585,11 +585,24 @@ def _spread(kept_index: list[Expr], ndim: int, dims) -> list[Expr]:
 # =============================================================================
 
 
-def replay_layout(layout: Layout | None, view_fn, symbolic: bool = False) -> Layout | None:
+def replay_layout(layout: Layout | None, view_fn, symbolic: bool = False, key: tuple | None = None) -> Layout | None:
     """The layout of a view of a tensor stored at `layout`, found by running the view on a meta
-    tensor; on a fake one of the compile's ShapeEnv where sizes, or the view's (`symbolic`), are symbols."""
+    tensor; on a fake one of the compile's ShapeEnv where sizes, or the view's (`symbolic`), are
+    symbols. `key` names the view (its op and arguments): over symbols, a view of a layout is
+    run once per compile (a layer repeated twelve times asks the same twelve times)."""
     if layout is None:
         return None
+    symbolic = symbolic or any(map(is_symbol_size, (layout.offset, *layout.shape, *layout.stride)))
+    memo = compile_memo("view_layouts") if symbolic and key is not None else None
+    if memo is None:
+        return _replayed_layout(layout, view_fn, symbolic)
+    memo_key = (layout.key(), sizes_key(key))
+    if memo_key not in memo:
+        memo[memo_key] = _replayed_layout(layout, view_fn, symbolic)
+    return memo[memo_key]
+
+
+def _replayed_layout(layout: Layout, view_fn, symbolic: bool) -> Layout | None:
     size = 1 + layout.offset + sum((s - 1) * st for s, st in zip(layout.shape, layout.stride) if s > 0)
     if 0 in layout.shape:
         size = layout.offset + 1
@@ -608,8 +621,9 @@ def replay_layout(layout: Layout | None, view_fn, symbolic: bool = False) -> Lay
     return Layout(tuple(out.shape), tuple(out.stride()), out.storage_offset())
 
 
-def make_view(node, x: BufferView, index_fn, view_fn=None) -> BufferView:
-    """`x` seen through `index_fn` (view index -> x index)."""
+def make_view(node, x: BufferView, index_fn, view_fn=None, key: tuple | None = None) -> BufferView:
+    """`x` seen through `index_fn` (view index -> x index); `view_fn` (with `key` naming it,
+    replay_layout) the view on a tensor, else the node's op."""
     val = out_val(node)
     shape = tuple(val.shape)
     x_index = index_fn(ir.dim_vars(len(shape)))
@@ -617,7 +631,8 @@ def make_view(node, x: BufferView, index_fn, view_fn=None) -> BufferView:
     if view_fn is None:
         args = node.args[1:]
         view_fn = lambda t: node.target(t, *args, **node.kwargs)
-    layout = replay_layout(x.layout, view_fn, symbolic=any(map(is_symbol_size, shape)))
+        key = (node.target, args, node.kwargs)
+    layout = replay_layout(x.layout, view_fn, any(map(is_symbol_size, shape)), key)
     return BufferView(x.root, x.dtype, shape, x.device, root_index, layout)
 
 
@@ -656,7 +671,7 @@ def view(L, node, x, shape):
         raise NotImplementedError("view as another dtype")
     out_shape = tuple(out_val(node).shape)
     return make_view(node, x, lambda idx: reshape_index(idx, x.shape, out_shape),
-                     view_fn=lambda t: t.view(out_shape))
+                     view_fn=lambda t: t.view(out_shape), key=("view", out_shape))
 
 
 @lowers(aten.permute, prims.transpose)
@@ -669,7 +684,7 @@ def permute(L, node, x, dims):
             out[d] = idx[k]
         return out
 
-    return make_view(node, x, index_fn, view_fn=lambda t: t.permute(dims))
+    return make_view(node, x, index_fn, view_fn=lambda t: t.permute(dims), key=("permute", dims))
 
 
 @lowers(aten.transpose.int)
@@ -679,7 +694,8 @@ def transpose(L, node, x, a, b):
     dims = list(range(n))
     if n:
         dims[a], dims[b] = dims[b], dims[a]
-    return make_view(node, x, lambda idx: [idx[d] for d in dims], view_fn=lambda t: t.permute(dims))
+    return make_view(node, x, lambda idx: [idx[d] for d in dims], view_fn=lambda t: t.permute(dims),
+                     key=("permute", dims))
 
 
 @lowers(aten.expand, aten.broadcast_to)
@@ -687,7 +703,7 @@ def expand(L, node, x, sizes, implicit=False):
     shape = tuple(out_val(node).shape)
     lead = len(shape) - len(x.shape)
     return make_view(node, x, lambda idx: [ir.const(0) if s == 1 else idx[lead + k] for k, s in enumerate(x.shape)],
-                     view_fn=lambda t: t.expand(shape))
+                     view_fn=lambda t: t.expand(shape), key=("expand", shape))
 
 
 @lowers(prims.broadcast_in_dim)
@@ -703,13 +719,14 @@ def broadcast_in_dim(L, node, x, shape, broadcast_dims):
             s[d] = t.shape[k]
         return t.reshape(s).expand(shape)
 
-    return make_view(node, x, index_fn, view_fn)
+    return make_view(node, x, index_fn, view_fn, key=("broadcast_in_dim", shape, broadcast_dims))
 
 
 @lowers(aten.unsqueeze)
 def unsqueeze(L, node, x, dim):
     dim = dim % (len(x.shape) + 1)
-    return make_view(node, x, lambda idx: idx[:dim] + idx[dim + 1:], view_fn=lambda t: t.unsqueeze(dim))
+    return make_view(node, x, lambda idx: idx[:dim] + idx[dim + 1:], view_fn=lambda t: t.unsqueeze(dim),
+                     key=("unsqueeze", dim))
 
 
 @lowers(aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default, prims.squeeze)
@@ -725,7 +742,7 @@ def squeeze(L, node, x, dims=None):
         return [ir.const(0) if d in dims else next(it) for d in range(n)]
 
     shape = tuple(out_val(node).shape)
-    return make_view(node, x, index_fn, view_fn=lambda t: t.reshape(shape) if n else t)
+    return make_view(node, x, index_fn, view_fn=lambda t: t.reshape(shape) if n else t, key=("reshape", shape))
 
 
 def _slice_params(size: int, start, end, step):
@@ -776,7 +793,8 @@ def split(L, node, x, sizes, dim=0):
 
         shape = tuple(out.shape)
         index = tuple(ir.substitute(e, index_fn(ir.dim_vars(len(shape)))) for e in x.index)
-        layout = replay_layout(x.layout, lambda t, s=start, n=n: t.narrow(dim, s, n), any(map(is_symbol_size, shape)))
+        layout = replay_layout(x.layout, lambda t, s=start, n=n: t.narrow(dim, s, n), any(map(is_symbol_size, shape)),
+                               ("narrow", dim, start, n))
         values.append(BufferView(x.root, x.dtype, shape, x.device, index, layout))
         start += n
     return values
@@ -790,7 +808,7 @@ def unbind(L, node, x, dim=0):
         index_fn = lambda idx, i=i: list(idx[:dim]) + [ir.const(i)] + list(idx[dim:])
         shape = tuple(out.shape)
         index = tuple(ir.substitute(e, index_fn(ir.dim_vars(len(shape)))) for e in x.index)
-        layout = replay_layout(x.layout, lambda t, i=i: t.select(dim, i))
+        layout = replay_layout(x.layout, lambda t, i=i: t.select(dim, i), key=("select", dim, i))
         values.append(BufferView(x.root, x.dtype, shape, x.device, index, layout))
     return values
 

@@ -9,7 +9,8 @@ wrapper reads each symbol from (`symbols_read`). Kernels never spell a symbol: t
 sizes as arguments (codegen/size_args.py). Code that holds a size as a sympy expression asks
 the ShapeEnv of the compile running in its thread (`compiling_over`): `decide` (an answer the
 result rests on, guarded), `known` (what the ranges prove, no guard), `hint` (the compiled
-call's value, for choices any answer makes right), `fake_mode` (ops on symbolic fakes).
+call's value, for choices any answer makes right), `fake_mode` (ops on symbolic fakes),
+`compile_memo` (answers kept for the rest of the compile).
 """
 from __future__ import annotations
 
@@ -29,9 +30,18 @@ def is_symbol_size(n: object) -> bool:
 
 def size_key(n: object) -> object:
     """A hashable key for the size `n`: `n` itself, or ("sym", a symbolic size's expression)."""
-    if isinstance(n, torch.SymInt):
+    if isinstance(n, (torch.SymInt, torch.SymFloat, torch.SymBool)):
         return ("sym", n.node.expr)
     return ("sym", n) if isinstance(n, sympy.Expr) and not n.is_number else n
+
+
+def sizes_key(value: object) -> object:
+    """A hashable key for `value`, sizes among ints, lists, tuples and dicts (`size_key` each)."""
+    if isinstance(value, (list, tuple)):
+        return tuple(map(sizes_key, value))
+    if isinstance(value, dict):
+        return tuple((k, sizes_key(v)) for k, v in value.items())
+    return size_key(value)
 
 
 def same_sizes(a: tuple, b: tuple) -> bool:
@@ -66,19 +76,28 @@ def compiling_over(env) -> object:
     """While a graph over the symbols of ShapeEnv `env` compiles in this thread (`decide`). Its
     aten graphs take symbolic sizes as node arguments, as SymInts (what weld's lowering reads),
     of which torch.fx warns at every node made or copied: not shown."""
-    previous = compiling_env()
-    _compiling.env = env
+    previous = compiling_env(), getattr(_compiling, "memos", None)
+    _compiling.env, _compiling.memos = env, {}
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Raw Sym")
             yield env
     finally:
-        _compiling.env = previous
+        _compiling.env, _compiling.memos = previous
 
 
 def compiling_env():
     """The ShapeEnv of the graph this thread compiles over symbols; None outside such a compile."""
     return getattr(_compiling, "env", None)
+
+
+def compile_memo(name: str) -> dict | None:
+    """A dict named `name` that lives as long as the compile over symbols running in this thread
+    (None outside one): for results that depend only on their key within one ShapeEnv, whose
+    first computation recorded the guards they rest on (a view's layout, a decided relation):
+    the twelve layers of a GPT-2 ask each such question twelve times, at ~1 ms a sympy answer."""
+    memos = getattr(_compiling, "memos", None)
+    return None if memos is None else memos.setdefault(name, {})
 
 
 def symbol_values(env) -> dict:
@@ -108,7 +127,10 @@ def decide(relation: object) -> bool:
     env = compiling_env()
     if env is None:
         raise NotImplementedError(f"a comparison of symbolic sizes ({relation}) outside a symbolic compile")
-    return bool(env.evaluate_expr(relation))
+    decided = compile_memo("decided")  # (a relation asked again, by a layer's twin: its guard is there)
+    if relation not in decided:
+        decided[relation] = bool(env.evaluate_expr(relation))
+    return decided[relation]
 
 
 def known(relation: object) -> bool | None:

@@ -92,9 +92,8 @@ def parameterized(prepared: Kernel) -> SizeArgs | None:
 
     for sizes in (prepared.outer, prepared.reduced):
         _name(names, math.prod(sizes))
-        inner, first = math.prod(sizes), True
-        for size in sizes:
-            inner //= max(size, 1)
+        first = True
+        for size, inner in zip(sizes, ir.inner_sizes(sizes)):
             if size == 1:
                 continue
             if inner != 1:  # a symbolic divisor is a plain argument, divided by with `//`

@@ -685,10 +685,8 @@ class TritonRenderer(KernelRenderer):
     def emit_unravel(self, scope: Scope, flat: str, prefix: str, sizes) -> None:
         if self.sizes:
             return self.emit_unravel_by_arguments(scope, flat, prefix, sizes)
-        inner = math.prod(sizes)
         first = True
-        for k, size in enumerate(sizes):
-            inner //= max(size, 1)
+        for k, (size, inner) in enumerate(zip(sizes, ir.inner_sizes(sizes))):
             if size == 1:
                 continue
             q = flat if inner == 1 else f"({flat} // {inner})"
@@ -700,9 +698,8 @@ class TritonRenderer(KernelRenderer):
         """The unravelling of `flat` with sizes that are arguments: one division by magic number
         a dimension (`{prefix}q<k>` = flat // inner), and each dimension's index that quotient
         less the outer one's times its size (x1 = flat // 64 - flat // 2048 * 32)."""
-        inner, outer_quotient = math.prod(sizes), None
-        for k, size in enumerate(sizes):
-            inner //= max(size, 1)
+        outer_quotient = None
+        for k, (size, inner) in enumerate(zip(sizes, ir.inner_sizes(sizes))):
             if size == 1:
                 continue
             quotient = flat
