@@ -116,6 +116,27 @@ def test_detached_views_do_not_require_grad_without_autograd():
             assert (a.requires_grad, a.grad_fn is None) == (b.requires_grad, b.grad_fn is None)
 
 
+def test_outputs_are_one_object_where_eager_returns_one_object():
+    """An op that returns its input itself (`.to` its own dtype, `.contiguous()` of a contiguous
+    tensor) makes two outputs one object in eager; two views made apart stay two objects.
+    Identity of the outputs as eager's (fuzzer case 141000242), on inputs' views and intermediates."""
+    import torchweld
+
+    cases = [lambda y: (y.reshape(y.shape), y.reshape(y.shape).to(torch.float32)),
+             lambda y: (lambda x: (x, x.to(torch.float32), x.contiguous()))(y.view(12)),
+             lambda y: (y.view(12), y.view(12), y.t(), y.t().contiguous()),
+             lambda y: (lambda x: (x, x.float(), x.view(12)))(y * 2)]
+    for fn in cases:
+        compiled = torchweld.compile(fn, backend="weld")
+        for _ in range(3):
+            y = torch.randn(3, 4)
+            got, expected = compiled(y), fn(y)
+            for a, b in zip(got, expected):
+                torch.testing.assert_close(a, b)
+            same = lambda outs: [[a is b for b in outs] for a in outs]  # noqa: E731
+            assert same(got) == same(expected)
+
+
 # -- graphs weld runs without its kernels (backends/weld_declines.py) -------------------
 
 

@@ -329,7 +329,9 @@ class GraphLowering:
                 self.read_at[node] = self.writes_to.get(aliasing.base_of(node), 0)
             elif node.op == "output":
                 leaves = pytree.tree_leaves(node.args[0])
-                outputs = [self.output_value(a) if isinstance(a, torch.fx.Node) else a for a in leaves]
+                # one value a node, so that a node returned twice is one object twice (codegen/wrapper.py)
+                by_node = {a: self.output_value(a) for a in leaves if isinstance(a, torch.fx.Node)}
+                outputs = [by_node[a] if isinstance(a, torch.fx.Node) else a for a in leaves]
                 returned = self.tensors_by_root(leaves, outputs)
                 view_outputs = frozenset(i for i, a in enumerate(leaves) if isinstance(a, torch.fx.Node)
                                          and (self.views_an_input(a, outputs[i])

@@ -206,9 +206,17 @@ class WrapperRenderer:
                         self.emit(f"_workspace_{origin}.append({self.tensor(name, layout)})")
                     self.emit(f"del {name}")
         self.write_back(in_place, params)
-        outs = ", ".join(self.view(v.root, v.layout) if i in g.view_outputs else self.output(v)
-                         for i, v in enumerate(g.outputs))
-        self.emit(f"return ({outs}{',' if len(g.outputs) == 1 else ''})")
+        outs = []
+        views: dict[int, str] = {}  # id(a view output) -> its local: one object where the graph returns it twice
+        for i, v in enumerate(g.outputs):
+            if i not in g.view_outputs:
+                outs.append(self.output(v))
+                continue
+            if id(v) not in views:
+                views[id(v)] = f"_view{len(views)}"
+                self.emit(f"{views[id(v)]} = {self.view(v.root, v.layout)}")
+            outs.append(views[id(v)])
+        self.emit(f"return ({', '.join(outs)}{',' if len(g.outputs) == 1 else ''})")
         return "\n".join(self.lines) + "\n"
 
     def write_back(self, in_place: dict[str, str], params: list[str]) -> None:
