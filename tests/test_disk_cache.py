@@ -64,6 +64,34 @@ def test_files_are_written_as_ordinary_files_under_the_umask(cache):
 
 
 # -- libraries -------------------------------------------------------------------
+# -- compiled Python -------------------------------------------------------------
+def test_compiled_code_is_kept_and_a_damaged_entry_compiled_again(cache, caplog, monkeypatch):
+    """A generated module compiles once: a second process (here: a second call) loads its code
+    object, compile() not called; a damaged entry is compiled again with one warning."""
+    import builtins
+
+    source = "def f(x):\n    return x * 2 + 1\n"
+    first = disk_cache.compiled_code(source, "/gen/w1.py")
+    calls = []
+    real_compile = builtins.compile
+    monkeypatch.setattr(builtins, "compile", lambda *a, **k: calls.append(a[1]) or real_compile(*a, **k))
+    again = disk_cache.compiled_code(source, "/gen/w1.py")
+    assert calls == [] and again.co_filename == "/gen/w1.py"
+    namespace: dict = {}
+    exec(again, namespace)
+    assert namespace["f"](3) == 7 and first.co_consts == again.co_consts
+    [entry] = [os.path.join(d, n) for d, _, names in os.walk(cache) for n in names if n.endswith(".bin")]
+    with open(entry, "r+b") as f:
+        f.seek(12)
+        f.write(b"\xff")
+    namespace = {}
+    exec(disk_cache.compiled_code(source, "/gen/w1.py"), namespace)
+    assert namespace["f"](3) == 7 and calls == ["/gen/w1.py"]
+    assert len(warnings_of(caplog)) == 1 and "is damaged" in warnings_of(caplog)[0]
+    disk_cache.compiled_code(source, "/gen/w2.py")  # another file: another entry (its code names its file)
+    assert calls == ["/gen/w1.py", "/gen/w2.py"]
+
+
 def test_a_library_is_built_once_and_sealed(cache, caplog):
     build = FakeBuild()
     path, built = disk_cache.library("cpp", "k3.so", "key3", build)

@@ -5,6 +5,7 @@ built again, with one warning, never loaded.
     path = write_source("cpp", f"k{key}.cpp", source)           # a file holding exactly `source`
     lib = load_library("cpp", f"k{key}.so", key, build, ctypes.CDLL)
     data = read_sealed("graphs", f"g{key}.json", key)            # None, or what write_sealed wrote
+    code = compiled_code(source, path)                           # compile(), kept as a sealed entry
 
 Every entry is written to a temporary file in its folder and renamed into place, so a
 reader never sees half of one, whichever processes write at once. An entry is named by
@@ -26,10 +27,13 @@ torchweld/cache_root.py's business.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
+import marshal
 import os
 import subprocess
 import tempfile
 import threading
+import types
 from typing import Callable, TypeVar
 
 from torchweld import cache_root
@@ -39,6 +43,7 @@ _SEAL_SIZE = len(SEAL) + 32
 # Part of every library's key: libraries of caches written before seals (or with another
 # seal) have other names, and are never mistaken for damaged ones.
 LIBRARY_FORMAT = SEAL.decode()
+CODE_FORMAT = "code-1"  # part of a compiled_code entry's key
 
 T = TypeVar("T")
 
@@ -145,6 +150,26 @@ def write_sealed(kind: str, name: str, key: str, data: bytes) -> str:
     """Write entry `kind/name` holding `data`, sealed for `key` (read back by `read_sealed`)."""
     sealed = data + SEAL + _digest(data, key)
     return _write_entry(kind, name, lambda tmp: _write_bytes(tmp, sealed), mode=0o666)
+
+
+# -- compiled Python -----------------------------------------------------------
+def compiled_code(source: str, filename: str) -> types.CodeType:
+    """`compile(source, filename, "exec")`, kept as a sealed entry of kind "code": generated
+    modules (a wrapper, Triton kernels) compile once per machine, whether or not Python may
+    write .pyc files (PYTHONDONTWRITEBYTECODE); densenet121's wrapper alone took ~40 ms."""
+    key = content_hash(CODE_FORMAT, importlib.util.MAGIC_NUMBER.hex(), filename, source)
+    data = read_sealed("code", f"c{key}.bin", key)
+    if data is not None:
+        try:
+            return marshal.loads(data)
+        except (EOFError, ValueError, TypeError):  # (a sound seal over bytes marshal refuses: written by a bug)
+            pass
+    code = compile(source, filename, "exec")
+    try:
+        write_sealed("code", f"c{key}.bin", key, marshal.dumps(code))
+    except OSError:  # (a full or read-only cache: compiled again next time)
+        pass
+    return code
 
 
 # -- checks --------------------------------------------------------------------

@@ -19,6 +19,7 @@ every 2 ms, and each interval in which it used less than half a core is charged 
 then: the frames at which the first call waited, longest first. With --train, the case is a training row of
 bench/investigations/compare.py (densenet121, resnet50, BERT, GPT-2) and the first call is its first
 step: the model compiled, forward, loss, backward (the backward's compile included), Adam.
+With --callers NAME (and --cprofile), who called the functions whose name matches NAME.
 With --dynamic, the model is compiled with dynamic=True: its sizes are symbols from the first call
 (the compile over symbols whose cold time issue 45 compares with the static one).
 """
@@ -189,6 +190,7 @@ def main() -> None:
     parser.add_argument("--cpu-timeline", action="store_true", help="CPU per thread and busy cores, per 0.25 s")
     parser.add_argument("--blocked", action="store_true", help="where the main thread waited, by its frames")
     parser.add_argument("--dynamic", action="store_true", help="compile with dynamic=True (sizes symbolic)")
+    parser.add_argument("--callers", default=None, help="with --cprofile: the callers of functions matching this")
     args = parser.parse_args()
     cpu_rows = thread_cpu() if args.thread_cpu else None
     from triton import knobs
@@ -227,6 +229,8 @@ def main() -> None:
         pstats.Stats(profiler, stream=out).sort_stats(key).print_stats(args.top)
         text = out.getvalue()
         print(f"\n-- by {key}\n" + text[text.index("ncalls"):])
+    if profiler and args.callers:
+        pstats.Stats(profiler).print_callers(args.callers)
 
 
 def inference_call(case: str, mode: str | None, dynamic: bool | None):

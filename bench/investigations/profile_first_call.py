@@ -1,6 +1,6 @@
 """Where a compiled model's first call goes, under cProfile: capture, the backend, the guards.
 Run twice with one cache directory to see a warm start (the second process finds the caches
-the first filled):
+the first filled; `--callers compile` adds who called the functions whose name matches):
 
     python bench/investigations/profile_first_call.py --model bert --device cuda --backend eager
     python bench/investigations/profile_first_call.py --model gpt2 --device cuda --runs 2 --top 40
@@ -54,6 +54,8 @@ def one_run(args) -> None:
     stats = pstats.Stats(profile)
     stats.sort_stats("tottime").print_stats(args.top)
     stats.sort_stats("cumulative").print_stats(args.top)
+    if args.callers:
+        stats.print_callers(args.callers)
 
 
 def main() -> int:
@@ -66,6 +68,7 @@ def main() -> int:
     parser.add_argument("--cache-log", action="store_true", help="the graph cache's debug log (TORCHWELD_LOGS=+cache)")
     parser.add_argument("--runs", type=int, default=1, help="fresh processes in a row, sharing one cache directory")
     parser.add_argument("--top", type=int, default=30)
+    parser.add_argument("--callers", default=None, help="print the callers of the functions matching this")
     parser.add_argument("--in-process", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.in_process:
@@ -80,6 +83,7 @@ def main() -> int:
             print(f"=== run {run + 1} of {args.runs} ({'cold' if run == 0 else 'warm'})", flush=True)
             command = [sys.executable, __file__, "--in-process", "--model", args.model, "--device", args.device,
                        "--backend", args.backend, "--phase", args.phase, "--top", str(args.top)]
+            command += ["--callers", args.callers] if args.callers else []
             command += ["--quick"] if args.quick else []
             if subprocess.run(command, env=env).returncode:
                 return 1

@@ -25,7 +25,7 @@ from torchweld.compiler.constant_folding import HoistedConstants, hoist_constant
 from torchweld.compiler.lowering import GraphLowering, LoweringError
 from torchweld.compiler.schedule import Kernel, Schedule, schedule
 from torchweld.compiler.symbols import size_text
-from torchweld.disk_cache import content_hash, write_source
+from torchweld.disk_cache import compiled_code, content_hash, write_source
 from torchweld.runtime.autocast_off import autocast_off, run_without_autocast
 from torchweld.runtime.triton_launch import ensure_context_function
 from torchweld.runtime.unflatten import unflattener
@@ -363,7 +363,7 @@ def assemble(parts: Assembly, out_spec) -> CompiledGraph:
     if parts.stream_index is not None:
         namespace["_raw_stream"] = torch._C._cuda_getCurrentRawStream
         namespace["_ensure_context"] = ensure_context_function()
-    exec(compile(wrapper_source, wrapper_path, "exec"), namespace)
+    exec(compiled_code(wrapper_source, wrapper_path), namespace)
 
     in_linecache: list[str] = []
 

@@ -67,8 +67,7 @@ def to_channels_last(gm: torch.fx.GraphModule, weights: bool = False) -> torch.f
     convs = conv_nodes(gm)
     if not convs:
         return gm
-    graph = copy.deepcopy(gm.graph)
-    out = torch.fx.GraphModule(gm, graph)
+    graph = copy.deepcopy(gm.graph)  # (its nodes' metadata shared: a shallow copy each)
     modules = dict(gm.named_modules())
     by_name = {n.name: n for n in graph.nodes}
     for original in convs:
@@ -93,8 +92,7 @@ def to_channels_last(gm: torch.fx.GraphModule, weights: bool = False) -> torch.f
         graph.erase_node(node)
     _outputs_as_eager(graph)
     graph.lint()
-    out.recompile()
-    return out
+    return torch.fx.GraphModule(gm, graph)  # (made once the graph is final: its code generated once)
 
 
 def _channels_last(graph: torch.fx.Graph, value: torch.fx.Node) -> torch.fx.Node:

@@ -24,7 +24,7 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable
 
-from torchweld.disk_cache import content_hash, write_source
+from torchweld.disk_cache import compiled_code, content_hash, write_source
 
 _import_lock = threading.Lock()
 _writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="torchweld-write")
@@ -47,7 +47,8 @@ def import_module(name: str, path: str):
             return sys.modules[name]
         spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+        with open(path, encoding="utf-8") as f:  # (its code from the disk cache: no .pyc needed)
+            exec(compiled_code(f.read(), path), module.__dict__)
         sys.modules[name] = module
         return module
 
