@@ -43,6 +43,7 @@ import torch
 from torchweld import config as torchweld_config
 from torchweld import timing
 from torchweld.c_extension import ExtensionBuildError, load_extension, loaded_once
+from torchweld.runtime import triton_binaries
 from torchweld.tuning import tuning
 
 log = logging.getLogger("torchweld.weld")
@@ -148,11 +149,27 @@ def submit_kernels(jobs: list[CompileJob], batch: int | None = None) -> list[Fut
         for job in jobs:
             future = _compiled.get(job.key)
             if future is None:
-                ahead = _compile_in_worker(job) if use_workers else None
-                future = _executor(loading=ahead is not None).submit(_compile, job, ahead)
+                binary = triton_binaries.stored(job)  # compiled by an earlier process: loaded, not compiled
+                if binary is not None:
+                    future = _executor(loading=True).submit(_load_stored, job, binary)
+                else:
+                    ahead = _compile_in_worker(job) if use_workers else None
+                    future = _executor(loading=ahead is not None).submit(_compile, job, ahead)
                 _compiled[job.key] = future
             futures.append(future)
     return futures
+
+
+def _load_stored(job: CompileJob, binary: dict) -> "LaunchHandle":
+    """`job`'s kernel from the binary an earlier process kept (triton_binaries.py); compiled
+    as any other where this process cannot launch it itself."""
+    try:
+        with torch.cuda.device(job.device), timing.phase("weld.triton_compile.threads.load_binary"):
+            handle = handle_from_binary(binary, job.device)
+    except Exception as e:  # noqa: BLE001 - compiled instead
+        log.debug("cannot load the kept binary of %s, compiling it: %s", binary.get("name"), e)
+        handle = None
+    return handle if handle is not None else _compile(job)
 
 
 def compile_kernels(jobs: list[CompileJob]) -> list["LaunchHandle"]:
@@ -229,6 +246,7 @@ def _compile(job: CompileJob, ahead: Future | None = None) -> "LaunchHandle":
                 log.debug("cannot load a worker's binary of %s, loading it through Triton: %s", binary.get("name"), e)
                 handle = None
             if handle is not None:
+                triton_binaries.store(job, binary)
                 return handle
     config = dict(job.config)
     triton_driver()  # created once, not raced by this JIT's own first use
@@ -238,7 +256,18 @@ def _compile(job: CompileJob, ahead: Future | None = None) -> "LaunchHandle":
     with torch.cuda.device(job.device), timing.phase("weld.triton_compile.threads.kernel"):
         kernel = job.fn.warmup(*_dummy_arguments(job), grid=(1,), **config)
         kernel = kernel.result() if hasattr(kernel, "result") else kernel
-        return launch_handle(kernel, tuple(config[c] for c in CONSTEXPRS), job.device)
+        handle = launch_handle(kernel, tuple(config[c] for c in CONSTEXPRS), job.device)
+    if not handle.takes_constants:  # (weld's own launch of its binary: one a later process can load so)
+        triton_binaries.store(job, _binary(kernel))
+    return handle
+
+
+def _binary(kernel) -> dict:
+    """A CompiledKernel as triton_worker_main's reply "binary" holds one."""
+    from torchweld.runtime.triton_worker_main import BINARY_METADATA
+
+    metadata = {key: getattr(kernel.metadata, key) for key in BINARY_METADATA if hasattr(kernel.metadata, key)}
+    return {"name": kernel.name, "cubin": kernel.kernel, **metadata}
 
 
 @dataclasses.dataclass(frozen=True)
