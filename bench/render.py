@@ -197,6 +197,7 @@ def render_results(directory: Path | None = None) -> str:
     out += decode_section(directory)
     out += distributed_section(directory)
     out += dynamic_sizes_section(directory)
+    out += overhead_section(directory)
     out += other_suites(directory)
     return "\n".join(out).rstrip() + "\n"
 
@@ -282,6 +283,21 @@ def dynamic_sizes_section(directory: Path | None) -> list[str]:
                    fmt(f.get("mean_ratio_to_static"), ".3f"), fmt(f.get("max_diff"), ".1e")])
 
 
+def overhead_section(directory: Path | None) -> list[str]:
+    """Per-call overhead of tiny compiled functions (bench/overhead.py): its latest record."""
+    runs = list(records.read("overhead", directory=directory))
+    if not runs:
+        return []
+    r = max(runs, key=lambda run: run.get("date", ""))
+    out = [f"## Per-call overhead of a tiny compiled function ({r.get('cpu') or r.get('host')}, {short_commit(r)})", "",
+           "| function | eager us | torch.compile us | torchweld us | torchweld / torch.compile |",
+           "|---|---:|---:|---:|---:|"]
+    for c in r["figures"]["cases"]:
+        out.append(f"| {c['case']} | {c['eager_us']:.2f} | {c['torch_compile_us']:.2f} | {c['torchweld_us']:.2f} "
+                   f"| {c['ratio']:.2f} |")
+    return out + ["", f"Command: `{r.get('command', '')}` (median of 7 rounds; a noisy 2-core host: compare rows of one record)", ""]
+
+
 # the order of rows in a table (bench/models.py's names; render.py does not import torch)
 MODEL_ORDER = ("chain", "add_mul", "tiny_mlp", "mlp", "cnn", "block", "resnet50", "densenet121", "bert", "gpt2", "llama")
 
@@ -296,7 +312,7 @@ def other_suites(directory: Path | None) -> list[str]:
     """One line per other suite (fuzz, reliability, ...): its latest record."""
     latest: dict[str, dict] = {}
     for r in records.read(directory=directory):
-        if "row" not in r and r.get("bench") and r["bench"] not in ("decode", "distributed"):
+        if "row" not in r and r.get("bench") and r["bench"] not in ("decode", "distributed", "overhead"):
             if r["bench"] not in latest or r.get("date", "") >= latest[r["bench"]].get("date", ""):
                 latest[r["bench"]] = r
     if not latest:

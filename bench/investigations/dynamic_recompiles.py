@@ -1,11 +1,15 @@
 """Why a model recompiles across input lengths under dynamic=None: calls a transformers model
 (bench/models.py's GPT-2 or BERT) with several sequence lengths under torchweld.compile and
-prints the recompile and graph-break log lines and the graph count.
+prints the recompile and graph-break log lines and the graph count; with --backend weld, each
+length's first call's seconds and the compile phases it spent (torchweld.compile_times), which
+show what the compile over symbols after the second length costs.
 
     TORCHWELD_LOGS=recompiles,graph_breaks python bench/investigations/dynamic_recompiles.py --model gpt2 --device cuda
+    python bench/investigations/dynamic_recompiles.py --model gpt2 --device cuda --backend weld --lengths 464,229,420
 """
 import argparse
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -36,9 +40,15 @@ def main() -> None:
     with torch.no_grad():
         for n in (int(s) for s in args.lengths.split(",")):
             ids = case.inputs[0][:, :1].repeat(1, n)
-            before = len(graphs)
+            before, phases = len(graphs), torchweld.compile_times()
+            start = time.perf_counter()
             compiled(ids)
-            print(f"length {n}: {len(graphs) - before} new graphs", flush=True)
+            if args.device == "cuda":
+                torch.cuda.synchronize()
+            seconds = time.perf_counter() - start
+            spent = {k: round(v - phases.get(k, 0.0), 3) for k, v in torchweld.compile_times().items()
+                     if v - phases.get(k, 0.0) >= 0.01}
+            print(f"length {n}: {len(graphs) - before} new graphs, first call {seconds:.2f} s; {spent}", flush=True)
     print(f"{len(graphs)} graphs")
 
 

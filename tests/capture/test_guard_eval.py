@@ -1,17 +1,20 @@
 """The C guard evaluator (guard_eval.c, laid out by guard_program.py) against the guards'
 Python expression: both decide alike for every guard kind and source kind, on inputs that
-pass and on inputs that fail one guard; compiled models give eager's results and
-recompile exactly when they should with either; the build falls back when it must."""
+pass and on inputs that fail one guard (the relations between symbolic sizes too, which
+run as int64 programs); compiled models give eager's results and recompile exactly when
+they should with either; the build falls back when it must."""
 import builtins
 import enum
 import logging
 import os
+import random
 import subprocess
 import sys
 import sysconfig
 import threading
 import time
 import types
+from typing import NamedTuple
 
 import pytest
 import torch
@@ -20,14 +23,15 @@ import torch.nn as nn
 import torchweld
 from torchweld import config
 from torchweld.capture import guard_extension, guard_program
-from torchweld.capture.cache import LIVE_CACHES, MISS, build_entry
+from torchweld.capture.cache import LIVE_CACHES, MISS, build_entry, parameter_names
 from torchweld.capture.guards import Guard, GuardSet, autocast_state
 from torchweld.capture.report import TranslationReport
 from torchweld.capture.sources import (
     AttrSource, BuiltinMethodCallSource, BuiltinSource, ClosureSource, DefaultSource, GlobalSource,
     ItemSource, LocalSource, ModuleEntrySource, ModuleGlobalSource, Source,
 )
-from tests.capture.helpers import CountingBackend
+from torchweld.capture.symbolic_sizes import Bind, Relation
+from tests.capture.helpers import CountingBackend, assert_same
 
 needs_c = pytest.mark.skipif(guard_extension.load() is None, reason="the C guard evaluator cannot be built here")
 
@@ -543,6 +547,175 @@ def test_tiny_gpt2_matches_eager_and_recompiles_when_it_should(evaluator):
         fn(ids)
         assert len(backend.graphs) > graphs
     assert_guards_ran_in(evaluator)
+
+
+# ---------------------------------------------------------------------------
+# Symbolic sizes: the tensors with symbolic dims and the relations between sizes
+# ---------------------------------------------------------------------------
+def views(x):
+    return x.view(x.shape[0], -1).sum(1) + x.reshape(-1, x.size(-1)).mean()
+
+
+def halves(x):
+    half = x.shape[0] // 2
+    return x[:half] * 2 - x[x.shape[0] - half:]
+
+
+def branch(x):
+    if x.shape[0] > 4:
+        return x + 1
+    return x - 1
+
+
+def plus(x, y):
+    return x + y
+
+
+def prefix(x, n):
+    return x[:n] * n
+
+
+def relu_mean(x):
+    return x.relu() + x.mean()
+
+
+def float_slice(x):
+    return x.view(-1)[: int(x.shape[0] * 1.5)] * 2  # a relation over floats: 1.5 * float(s0) == 9.0
+
+
+def t(*shape, dtype=torch.float32):
+    return torch.randn(*shape, dtype=dtype)
+
+
+def channels_last(*shape):
+    return torch.randn(*shape).to(memory_format=torch.channels_last)
+
+
+def marked(x):
+    torchweld.mark_dynamic(x, 0, min=2, max=10)
+    return x
+
+
+class SizeCase(NamedTuple):
+    fn: object
+    first: tuple  # the call that compiles
+    takes: list  # calls its guards take
+    refuses: list  # calls they refuse: the first breaks a relation between sizes
+    dynamic: bool | None = True
+    in_python: int = 0  # relations left to Python
+
+
+SIZE_CASES = {
+    "view and reshape with -1": SizeCase(views, (t(4, 3, 4),), [(t(6, 5, 6),), (t(2, 2, 2),), (t(3, 7, 3),)],
+                                         [(t(4, 3, 5),), (t(4, 3, 4).transpose(0, 2),), (t(1, 3, 1),), (t(0, 3, 0),),
+                                          (t(4, 3, 4, dtype=torch.float64),), ("x",), (t(4, 3),), (t(4, 3, 4, 1),)]),
+    "floor division of a size": SizeCase(halves, (t(6, 3),), [(t(8, 3),), (t(9, 5),), (t(4, 2),)],
+                                         [(t(3, 3),), (t(2, 3),), (t(12, 3)[::2],), (t(6, 1),), (None,)]),
+    "branch on a size": SizeCase(branch, (t(6),), [(t(5),), (t(100),)],
+                                 [(t(4),), (t(1),), (t(0),), (t(12)[::2],), (t(6).requires_grad_(),), ([1.0] * 6,)]),
+    "equal sizes of two inputs": SizeCase(plus, (t(5), t(5)), [(t(7), t(7)), (t(2), t(2))],
+                                          [(t(7), t(1)), (t(7), t(8)), (t(7), 3.0), (t(7), t(1, 7)),
+                                           (t(7), t(7, dtype=torch.float64))]),
+    "marked with a range": SizeCase(halves, (marked(t(6, 3)),), [(t(8, 3),), (t(10, 3),), (marked(t(4, 3)),)],
+                                    [(t(11, 3),), (t(8, 4),), (t(8),)], dynamic=None),
+    "an int argument": SizeCase(prefix, (t(8), 3), [(t(10), 5), (t(4), 4), (t(8), 2)],
+                                [(t(8), 9), (t(8), 1), (t(8), -2), (t(8), True), (t(8), 3.0), (t(8), 2 ** 70),
+                                 (t(8), -2 ** 70)]),
+    "transposed": SizeCase(relu_mean, (t(5, 3).t(),), [(t(7, 4).t(),), (t(2, 2).t(),)],
+                           [(t(3, 5),), (t(3, 10)[:, ::2],), (t(5, 3),)]),
+    "channels last": SizeCase(relu_mean, (channels_last(2, 3, 4, 5),),
+                              [(channels_last(3, 4, 5, 6),), (channels_last(2, 2, 2, 2),)],
+                              [(t(2, 3, 4, 5),), (channels_last(2, 3, 4, 1),), (t(2, 3, 4, 5).transpose(1, 2),)]),
+    "a relation over floats": SizeCase(float_slice, (t(6, 4),), [(t(6, 5),), (t(6, 2),)], [(t(8, 4),), (t(4, 4),)],
+                                       in_python=1),
+}
+
+
+@needs_c
+@pytest.mark.parametrize("case", SIZE_CASES, ids=list(SIZE_CASES))
+def test_symbolic_size_guards_run_in_c_and_decide_as_python_does(case, caplog):
+    fn, first, takes, refuses, dynamic, in_python = SIZE_CASES[case]
+    compiled = torchweld.compile(fn, backend=CountingBackend(), dynamic=dynamic)
+    compiled(*first)
+    (entry,) = compiled.cache_entries
+    with caplog.at_level(logging.INFO, logger="torchweld.guards"):
+        program = guard_program.lay_out(entry.guards, parameter_names(fn.__code__), entry.namespace)
+    kinds = [check[0] for check in program.checks]
+    assert "python" not in kinds and "symbolic_tensor" in kinds
+    (sizes,) = [check for check in program.checks if check[0] == "sizes"]
+    reads, code, functions, _ = sizes[3]
+    assert len(functions) == code.count("call") == in_python
+    assert len([r for r in caplog.records if "runs as Python" in r.getMessage()]) == in_python
+    for args in [first, *takes]:
+        assert decisions(fn, entry.guards, args, {}) == (True, True), args
+    for args in refuses:
+        assert decisions(fn, entry.guards, args, {}) == (False, False), args
+
+
+@pytest.mark.parametrize("case", SIZE_CASES, ids=list(SIZE_CASES))
+def test_symbolic_sizes_match_eager_and_recompile_when_a_relation_breaks(case, evaluator):
+    fn, first, takes, refuses, dynamic, _ = SIZE_CASES[case]
+    backend = CountingBackend()
+    compiled = torchweld.compile(fn, backend=backend, dynamic=dynamic)
+    for args in [first, *takes]:
+        assert_same(compiled(*args), fn(*args))
+    assert len(backend.graphs) == 1
+    assert_same(compiled(*refuses[0]), fn(*refuses[0]))
+    assert len(backend.graphs) == 2
+    for args in takes:  # the first version still takes them
+        assert_same(compiled(*args), fn(*args))
+    assert len(backend.graphs) == 2
+    assert_guards_ran_in(evaluator)
+
+
+class GivenSizes:
+    """A size guard of given bindings and relations (symbolic_sizes.SizeGuard's `parts`)."""
+
+    def __init__(self, binds: list[Bind], relations: list[Relation]):
+        self.binds, self.relations = binds, relations
+
+    def parts(self, module):
+        return self.binds, self.relations
+
+
+def random_int_expression(rng: random.Random, depth: int) -> str:
+    """Python over the symbols ___s0, ___s1 (sizes) and ___n (an int argument, any int), with
+    what the size programs compute, and what they leave to Python (a negative power, huge numbers)."""
+    if depth == 0 or rng.random() < 0.25:
+        return rng.choice(["___s0", "___s1", "___n", "0", "1", "3", "-1", "-7", str(2 ** 62), str(2 ** 63 - 1), "True"])
+    a, b = random_int_expression(rng, depth - 1), random_int_expression(rng, depth - 1)
+    return rng.choice([
+        f"({a} {rng.choice(['+', '-', '*', '//', '%'])} {b})",
+        f"({a} ** {rng.choice(['0', '2', '3', '___s0', '-1', '64'])})",
+        f"{rng.choice(['max', 'min'])}({a}, {b})", f"abs({a})", f"(-{a})", f"(not {a})",
+        f"({a} {rng.choice(['==', '!=', '<', '<=', '>', '>='])} {b})",
+        f"({a} {rng.choice(['and', 'or'])} {b})",
+    ])
+
+
+@needs_c
+def test_size_programs_compute_as_python_does_overflow_and_all():
+    """Random relations over two sizes and an int argument, on inputs whose values overflow int64,
+    divide by zero, are not ints, or are not tensors: the C evaluator decides as Python does."""
+    L = LocalSource
+    binds = [Bind("s0", "L['x'].size()[0]", "x.size(0)", L("x"), 0),
+             Bind("s1", "L['x'].size()[1]", "x.size(1)", L("x"), 1), Bind("n", "L['n']", "n", L("n"), None)]
+    ints = (-3, 0, 1, 2, 2 ** 40, 2 ** 63 - 1, -2 ** 63)
+    calls = [(t(a, b), n) for a, b in ((0, 1), (1, 3), (4, 2), (7, 3)) for n in ints]
+    calls += [(t(3, 2), 2 ** 70), (t(3, 2), True), (t(3, 2), 3.0), (t(3), 2), ("x", 2), (nn.Parameter(t(3, 2)), 2)]
+
+    def frame(x, n):
+        return x
+
+    rng = random.Random(0)
+    for _ in range(120):
+        text = random_int_expression(rng, 4)
+        guards = GuardSet()
+        guards.sizes(GivenSizes(binds, [Relation(text, text)]))
+        entries = [entry_for(frame, guards, e) for e in ("c", "python")]
+        for x, n in calls:
+            c, py = (e.run(x, n) is not MISS for e in entries)
+            assert c == py, (text, x if isinstance(x, str) else tuple(x.shape), n)
 
 
 # ---------------------------------------------------------------------------

@@ -71,7 +71,7 @@ class CacheEntry:
         guard = self._first_failing(args, kwargs)
         if guard is None:
             return None
-        if guard.kind == "python" and guard.operands[:1] == ("sizes",):
+        if guard.kind == "sizes":
             return self._failed_size_relation(guard, args, kwargs)
         if guard.source is None:
             read = guard.operands[0] if guard.kind == "call_is" else None
@@ -86,25 +86,25 @@ class CacheEntry:
     def _failed_size_relation(self, guard, args: tuple, kwargs: dict) -> str:
         """The first relation of a symbolic-size guard these arguments break (the guard checks them
         all at once): `symbolic sizes: L['y'].size()[0] == s0 (got False, with s0 = 6)`."""
-        _, binds, relations = guard.operands
-        checks = [f"((___{symbol} := {read}) is not None)" for symbol, _, read in binds]
-        for k, (readable, expr) in enumerate(relations):
-            check = " and ".join([*checks, *(f"({e})" for _, e in relations[:k + 1])])
+        binds, relations = guard.operands
+        checks = [f"((___{b.symbol} := {b.read}) is not None)" for b in binds]
+        for k, relation in enumerate(relations):
+            check = " and ".join([*checks, *(f"({r.expr})" for r in relations[:k + 1])])
             if not self._with_defaults(_compile_check(self.signature, check, self.namespace))(*args, **kwargs):
                 # (a check that raises is false: an input no longer a tensor)
-                return f"symbolic sizes: {readable} (got False, with {self._symbol_values(binds, args, kwargs)})"
+                return f"symbolic sizes: {relation.readable} (got False, with {self._symbol_values(binds, args, kwargs)})"
         return guard.text
 
     def _symbol_values(self, binds: tuple, args: tuple, kwargs: dict) -> str:
         """`s0 = 6, s1 = 3`: each symbol as this call's sizes bind it."""
         if not binds:
             return "no symbol"
-        read = self._with_defaults(_compile_reader(self.signature, f"({', '.join(r for *_, r in binds)},)", self.namespace))
+        read = self._with_defaults(_compile_reader(self.signature, f"({', '.join(b.read for b in binds)},)", self.namespace))
         try:
             values = read(*args, **kwargs)
         except Exception:
             return "sizes that cannot be read"
-        return ", ".join(f"{symbol} = {value}" for (symbol, *_), value in zip(binds, values))
+        return ", ".join(f"{b.symbol} = {value}" for b, value in zip(binds, values))
 
     def _first_failing(self, args: tuple, kwargs: dict):
         for guard in self.guards.all_guards:

@@ -8,8 +8,9 @@
  *           nn.Module entry / method call on another node's value; a node names its
  *           parent by index, so the nodes form a tree rooted at arguments and constants.
  *   checks  one per guard, in the guards' order: a test of one node's value
- *           (identity, type, tensor metadata, ...), or a compiled Python predicate
- *           over the arguments for anything the tables cannot express.
+ *           (identity, type, tensor metadata, ...), the relations between symbolic
+ *           sizes (a small int64 program, see SizeProgram), or a compiled Python
+ *           predicate over the arguments for anything the tables cannot express.
  *
  * A call runs the checks in order, as the generated `and` chain does, and reads each
  * node the first time a check needs it, into a slot that later checks reuse (a read
@@ -18,7 +19,7 @@
  * miss, as the Python expression's try/except makes it); any other exception
  * (KeyboardInterrupt) propagates.
  *
- * Values are read as their Python spelling reads them, with four shortcuts that give
+ * Values are read as their Python spelling reads them, with five shortcuts that give
  * the same values:
  *  - attributes of objects whose type reads them as nn.Module does (object's
  *    __getattribute__, then torch.nn.Module.__getattr__ itself) are found without
@@ -30,7 +31,9 @@
  *    as a transformers config) is read once per object and name per call, however many
  *    paths reach that object (`model.config`, `model.h[3].attn.config`). The Python
  *    expression already reads each path once per call; both rely on reads having no
- *    side effects.
+ *    side effects;
+ *  - a tensor's `.dim()` and `.size(d)` (symbolic sizes) are read from its `.shape`, once
+ *    per call, where its type is exactly the one captured (torch.Tensor).
  *
  * Plain C API, no torch headers: torch objects are read through their Python
  * attributes and methods.
@@ -38,6 +41,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <string.h>
 
 /* -- interned names --------------------------------------------------------- */
@@ -68,11 +72,11 @@ static const char *NODE_NAMES[] = {"arg", "const", "attr", "item", "module_entry
 enum CheckKind {
     CHECK_ID, CHECK_TYPE, CHECK_IS, CHECK_EQUALS, CHECK_LEN, CHECK_DICT_KEYS,
     CHECK_SAME, CHECK_HASATTR, CHECK_TENSOR, CHECK_CALL_IS, CHECK_PYTHON, CHECK_INSTANCE_DICT, CHECK_LACKS,
-    CHECK_HELD_TENSOR, CHECK_FENCE
+    CHECK_HELD_TENSOR, CHECK_FENCE, CHECK_SYMBOLIC_TENSOR, CHECK_SIZES
 };
 static const char *CHECK_NAMES[] = {
     "id", "type", "is", "equals", "len", "dict_keys", "same", "hasattr", "tensor", "call_is", "python",
-    "instance_dict", "lacks", "held_tensor", "fence", NULL
+    "instance_dict", "lacks", "held_tensor", "fence", "symbolic_tensor", "sizes", NULL
 };
 
 /* How a type reads attributes (see read_strategy). */
@@ -96,14 +100,53 @@ typedef struct {
     int seen_strategy;
 } Node;
 
+/* CHECK_SIZES: the relations between an entry's symbolic sizes (guards.py's `sizes`) as an
+ * int64 program. Its reads fill one value slot each: a size, a stride or the number of dims
+ * of a tensor node's value, or an int node's value itself (sizes come from the node of the
+ * tensor's `shape`, which its CHECK_SYMBOLIC_TENSOR read already). Its code, postfix over a
+ * stack of int64, pushes slots and constants, computes as Python computes on ints (floored
+ * // and %) and `require`s each relation in turn; a relation guard_program.py cannot spell
+ * is a Python function of the slots it names (`call`). Where the program cannot decide
+ * exactly (a value not an int, or one beyond int64, an overflow, a zero divisor, a negative
+ * power), the guard's own Python expression decides that call. */
+enum ReadKind { READ_VALUE, READ_SIZE, READ_STRIDE, READ_DIMS };
+static const char *READ_NAMES[] = {"value", "size", "stride", "dims", NULL};
+
+enum SizeOp {
+    OP_SLOT, OP_CONST, OP_CALL, OP_REQUIRE, OP_NEG, OP_ABS, OP_NOT,  /* then the binary ops */
+    OP_ADD, OP_SUB, OP_MUL, OP_FLOORDIV, OP_MOD, OP_POW, OP_MAX, OP_MIN,
+    OP_EQ, OP_NE, OP_LT, OP_LE, OP_GT, OP_GE, OP_AND, OP_OR
+};
+static const char *OP_NAMES[] = {
+    "slot", "const", "call", "require", "neg", "abs", "not",
+    "add", "sub", "mul", "floordiv", "mod", "pow", "max", "min",
+    "eq", "ne", "lt", "le", "gt", "ge", "and", "or", NULL
+};
+
+typedef struct {
+    int node;         /* the node read */
+    int shape;        /* READ_SIZE, READ_DIMS: the node of `node`'s shape */
+    int what;         /* enum ReadKind */
+    Py_ssize_t index; /* READ_SIZE, READ_STRIDE: the dim */
+    PyObject *type;   /* the type the node's value must have exactly; another leaves it to Python */
+} SizeRead;
+
+typedef struct {
+    Py_ssize_t n_reads, n_code, depth; /* depth: the most values the stack holds */
+    SizeRead *reads;                   /* the slots' reads, in slot order */
+    int64_t *code;                     /* ops, each followed by its operands: SLOT (slot), CONST (value),
+                                          CALL (function index, argument count) */
+} SizeProgram;
+
 typedef struct {
     int kind;
-    int node;        /* the node whose value is tested (HASATTR: the attribute's node); -1 for CALL_IS, PYTHON */
-    int second;      /* CHECK_SAME: the other node */
+    int node;        /* the node whose value is tested (HASATTR: the attribute's node); -1 for CALL_IS, PYTHON, SIZES */
+    int second;      /* CHECK_SAME: the other node; CHECK_SYMBOLIC_TENSOR: the node of the tensor's shape */
     void *ident;     /* CHECK_ID: the expected id */
     Py_ssize_t n;    /* CHECK_LEN: the expected length */
     int present;     /* CHECK_HASATTR */
     PyObject *op[6]; /* the check's operands, in the order guards.py gives them */
+    SizeProgram *sizes; /* CHECK_SIZES */
 } Check;
 
 typedef struct {
@@ -409,6 +452,195 @@ static int check_truth(PyObject *result) {
     return truth;
 }
 
+/* type(t) is C and t.dtype is D and t.device == E and t.dim() == len(S) and t.size(d) == S[d]
+ * for each S[d] that is not None (a symbolic dim: CHECK_SIZES reads it) and t.requires_grad is R;
+ * the shape read as node c->second, which CHECK_SIZES reads again. */
+static int check_symbolic_tensor(Evaluator *ev, PyObject **slots, PyObject *const *args, Check *c, PyObject *t) {
+    PyObject **op = c->op;
+    int ok;
+    if ((PyObject *)Py_TYPE(t) != op[0]) return 0;
+    if ((ok = attr_is(t, s_dtype, op[1])) != 1) return ok;
+    if ((ok = steal_equals(PyObject_GetAttr(t, s_device), op[2])) != 1) return ok;
+    PyObject *shape = node_value(ev, slots, args, c->second);
+    if (shape == NULL) return PyErr_Occurred() ? -1 : 0;
+    ok = PyTuple_Check(shape) && PyTuple_GET_SIZE(shape) == PyTuple_GET_SIZE(op[3]);
+    for (Py_ssize_t d = 0; ok == 1 && d < PyTuple_GET_SIZE(shape); d++) {
+        PyObject *expected = PyTuple_GET_ITEM(op[3], d);
+        if (expected != Py_None) ok = PyObject_RichCompareBool(PyTuple_GET_ITEM(shape, d), expected, Py_EQ);
+    }
+    return ok == 1 ? attr_is(t, s_requires_grad, op[4]) : ok;
+}
+
+#define UNDECIDED 2 /* a size program's answer where it cannot decide exactly: Python decides */
+
+/* Fills `values` by the program's reads: 1 done, 0 a read finds no such dim (Python's
+ * IndexError, or a shorter stride tuple: the guard fails), -1 error, UNDECIDED. */
+static int read_sizes(Evaluator *ev, PyObject **slots, PyObject *const *args, SizeProgram *p, int64_t *values) {
+    PyObject *strides = NULL; /* the last stride read's tuple, which the reads after it share (slot order) */
+    int strides_node = -1, ok = 1;
+    for (Py_ssize_t i = 0; i < p->n_reads && ok == 1; i++) {
+        SizeRead *r = &p->reads[i];
+        PyObject *v = node_value(ev, slots, args, r->node), *seq = NULL, *item = v;
+        if (v == NULL) {
+            ok = PyErr_Occurred() ? -1 : 0;
+            break;
+        }
+        if ((PyObject *)Py_TYPE(v) != r->type) {
+            ok = UNDECIDED;
+            break;
+        }
+        if (r->what == READ_STRIDE) {
+            if (strides_node != r->node) {
+                Py_XDECREF(strides);
+                strides = PyObject_CallMethodNoArgs(v, s_stride);
+                strides_node = r->node;
+                if (strides == NULL) {
+                    ok = -1;
+                    break;
+                }
+            }
+            seq = strides;
+        } else if (r->what != READ_VALUE && (seq = node_value(ev, slots, args, r->shape)) == NULL) {
+            ok = PyErr_Occurred() ? -1 : 0;
+            break;
+        }
+        if (seq != NULL) {
+            if (!PyTuple_Check(seq)) {
+                ok = UNDECIDED;
+                break;
+            }
+            if (r->what == READ_DIMS) {
+                values[i] = PyTuple_GET_SIZE(seq);
+                continue;
+            }
+            if (r->index >= PyTuple_GET_SIZE(seq)) {
+                ok = 0;
+                break;
+            }
+            item = PyTuple_GET_ITEM(seq, r->index);
+        }
+        int overflow = 1;
+        if (PyLong_CheckExact(item)) values[i] = PyLong_AsLongLongAndOverflow(item, &overflow);
+        if (overflow) ok = UNDECIDED;
+    }
+    Py_XDECREF(strides);
+    return ok;
+}
+
+/* base ** exp for exp >= 0; -1 where it is not an int64 (overflow, a negative exp: a float) */
+static int int_pow(int64_t base, int64_t exp, int64_t *result) {
+    int64_t r = 1;
+    if (exp < 0) return -1;
+    while (exp > 0) {
+        if ((exp & 1) && __builtin_mul_overflow(r, base, &r)) return -1;
+        exp >>= 1;
+        if (exp > 0 && __builtin_mul_overflow(base, base, &base)) return -1;
+    }
+    *result = r;
+    return 0;
+}
+
+/* `a <op> b` as Python computes it on ints (bools are 0 and 1, `a and b` is b where a is true);
+ * -1 where the result is no int64: an overflow, a zero divisor, a negative power. */
+static int size_binary(int op, int64_t a, int64_t b, int64_t *r) {
+    switch (op) {
+    case OP_ADD: return __builtin_add_overflow(a, b, r) ? -1 : 0;
+    case OP_SUB: return __builtin_sub_overflow(a, b, r) ? -1 : 0;
+    case OP_MUL: return __builtin_mul_overflow(a, b, r) ? -1 : 0;
+    case OP_FLOORDIV:
+    case OP_MOD: {
+        if (b == 0 || (a == INT64_MIN && b == -1)) return -1;
+        int64_t q = a / b, m = a % b;
+        if (m != 0 && (m < 0) != (b < 0)) { /* C truncates; Python floors */
+            q -= 1;
+            m += b;
+        }
+        *r = op == OP_FLOORDIV ? q : m;
+        return 0;
+    }
+    case OP_POW: return int_pow(a, b, r);
+    case OP_MAX: *r = a >= b ? a : b; return 0;
+    case OP_MIN: *r = a <= b ? a : b; return 0;
+    case OP_EQ: *r = a == b; return 0;
+    case OP_NE: *r = a != b; return 0;
+    case OP_LT: *r = a < b; return 0;
+    case OP_LE: *r = a <= b; return 0;
+    case OP_GT: *r = a > b; return 0;
+    case OP_GE: *r = a >= b; return 0;
+    case OP_AND: *r = a ? b : a; return 0;
+    case OP_OR: *r = a ? a : b; return 0;
+    }
+    return -1;
+}
+
+/* fn(*values) for a relation left to Python: its truth, or -1 */
+static int call_relation(PyObject *fn, const int64_t *values, Py_ssize_t n) {
+    PyObject *argv = PyTuple_New(n);
+    if (argv == NULL) return -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *v = PyLong_FromLongLong(values[i]);
+        if (v == NULL) {
+            Py_DECREF(argv);
+            return -1;
+        }
+        PyTuple_SET_ITEM(argv, i, v);
+    }
+    PyObject *result = PyObject_Call(fn, argv, NULL);
+    Py_DECREF(argv);
+    return check_truth(result);
+}
+
+/* The code over the read `values` (parse_sizes checked its stack use): 1 every relation holds,
+ * 0 one fails, -1 error (a Python relation raised), UNDECIDED. */
+static int run_size_code(SizeProgram *p, const int64_t *values, int64_t *stack, PyObject *functions) {
+    Py_ssize_t top = 0; /* stack[top - 1] is the top value */
+    for (const int64_t *code = p->code, *end = p->code + p->n_code; code < end;) {
+        int op = (int)*code++;
+        switch (op) {
+        case OP_SLOT: stack[top++] = values[*code++]; break;
+        case OP_CONST: stack[top++] = *code++; break;
+        case OP_REQUIRE:
+            if (!stack[--top]) return 0;
+            break;
+        case OP_CALL: {
+            top -= code[1];
+            int truth = call_relation(PyTuple_GET_ITEM(functions, code[0]), stack + top, code[1]);
+            code += 2;
+            if (truth < 0) return -1;
+            stack[top++] = truth;
+            break;
+        }
+        case OP_NEG:
+        case OP_ABS:
+            if (stack[top - 1] == INT64_MIN) return UNDECIDED;
+            if (op == OP_NEG || stack[top - 1] < 0) stack[top - 1] = -stack[top - 1];
+            break;
+        case OP_NOT: stack[top - 1] = !stack[top - 1]; break;
+        default:
+            top--;
+            if (size_binary(op, stack[top - 1], stack[top], &stack[top - 1]) < 0) return UNDECIDED;
+        }
+    }
+    return 1;
+}
+
+/* The relations between symbolic sizes (SizeProgram; op: reads, code, functions, the guard's
+ * Python expression as a function of the frame's arguments, which decides where they cannot). */
+static int check_sizes(Evaluator *ev, PyObject **slots, PyObject *const *args, Check *c) {
+    SizeProgram *p = c->sizes;
+    int64_t local[64], *values = local;
+    Py_ssize_t need = p->n_reads + p->depth;
+    if (need > 64 && (values = PyMem_Malloc(need * sizeof(int64_t))) == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    int ok = read_sizes(ev, slots, args, p, values);
+    if (ok == 1) ok = run_size_code(p, values, values + p->n_reads, c->op[2]);
+    if (values != local) PyMem_Free(values);
+    if (ok == UNDECIDED) ok = check_truth(PyObject_Vectorcall(c->op[3], args, ev->n_args, NULL));
+    return ok;
+}
+
 /* `fn() is expected` */
 static int check_call_is(PyObject *fn, PyObject *expected) {
     PyObject *result = PyObject_CallNoArgs(fn);
@@ -424,6 +656,7 @@ static int run_check_without_node(Evaluator *ev, PyObject **slots, PyObject *con
     case CHECK_HASATTR: return check_hasattr(ev, slots, args, c);
     case CHECK_CALL_IS: return check_call_is(c->op[0], c->op[1]);
     case CHECK_PYTHON: return check_truth(PyObject_Vectorcall(c->op[0], args, ev->n_args, NULL));
+    case CHECK_SIZES: return check_sizes(ev, slots, args, c);
     }
     PyErr_SetString(PyExc_SystemError, "guard_eval: unknown check kind");
     return -1;
@@ -452,6 +685,7 @@ static int run_check(Evaluator *ev, PyObject **slots, PyObject *const *args, Che
     case CHECK_TENSOR: return check_tensor(v, c->op);
     case CHECK_INSTANCE_DICT: return check_instance_dict(v, c->op);
     case CHECK_HELD_TENSOR: return check_held_tensor(v, c->op);
+    case CHECK_SYMBOLIC_TENSOR: return check_symbolic_tensor(ev, slots, args, c, v);
     case CHECK_LACKS: { /* key not in v (a globals dict, which a builtin's name must not shadow) */
         int has = PySequence_Contains(v, c->op[0]);
         return has < 0 ? -1 : !has;
@@ -603,7 +837,59 @@ static int parse_node(Evaluator *ev, PyObject *spec, Py_ssize_t index, Node *n) 
 }
 
 /* The number of operands each check kind takes. */
-static const int CHECK_ARITY[] = {1, 1, 1, 2, 2, 1, 0, 2, 6, 2, 1, 2, 1, 3, 3};
+static const int CHECK_ARITY[] = {1, 1, 1, 2, 2, 1, 0, 2, 6, 2, 1, 2, 1, 3, 3, 5, 4};
+
+/* CHECK_SIZES operands (reads, code, functions, fallback) as c->sizes: each read a (node, kind
+ * name, dim, type, shape node or -1) tuple; the code a tuple of op names, each followed by its int operands; its
+ * slots, functions and stack use checked here, so that running it needs no checks. */
+static int parse_sizes(Evaluator *ev, Check *c) {
+    PyObject *reads = c->op[0], *code = c->op[1], *functions = c->op[2];
+    if (!PyTuple_Check(reads) || !PyTuple_Check(code) || !PyTuple_Check(functions) || !PyCallable_Check(c->op[3]))
+        goto bad;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(functions); i++)
+        if (!PyCallable_Check(PyTuple_GET_ITEM(functions, i))) goto bad;
+    SizeProgram *p = c->sizes = PyMem_Calloc(1, sizeof(SizeProgram));
+    if (p == NULL) return PyErr_NoMemory(), -1;
+    p->n_reads = PyTuple_GET_SIZE(reads);
+    p->reads = PyMem_Calloc(p->n_reads ? p->n_reads : 1, sizeof(SizeRead));
+    p->code = PyMem_Calloc(PyTuple_GET_SIZE(code) ? PyTuple_GET_SIZE(code) : 1, sizeof(int64_t));
+    if (p->reads == NULL || p->code == NULL) return PyErr_NoMemory(), -1;
+    for (Py_ssize_t i = 0; i < p->n_reads; i++) {
+        PyObject *spec = PyTuple_GET_ITEM(reads, i);
+        SizeRead *r = &p->reads[i];
+        if (!PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) != 5 || !PyType_Check(PyTuple_GET_ITEM(spec, 3))) goto bad;
+        if (node_index(PyTuple_GET_ITEM(spec, 0), ev->n_nodes, &r->node) < 0
+            || (r->what = kind_index(PyTuple_GET_ITEM(spec, 1), READ_NAMES)) < 0
+            || ((r->index = PyLong_AsSsize_t(PyTuple_GET_ITEM(spec, 2))) == -1 && PyErr_Occurred())
+            || node_index(PyTuple_GET_ITEM(spec, 4), ev->n_nodes, &r->shape) < 0) return -1;
+        if (r->node < 0 || r->index < 0 || (r->shape >= 0) != (r->what == READ_SIZE || r->what == READ_DIMS)) goto bad;
+        r->type = PyTuple_GET_ITEM(spec, 3);
+    }
+    Py_ssize_t depth = 0, n = PyTuple_GET_SIZE(code);
+    for (Py_ssize_t i = 0; i < n;) {
+        int op = kind_index(PyTuple_GET_ITEM(code, i++), OP_NAMES);
+        if (op < 0) return -1;
+        p->code[p->n_code++] = op;
+        int n_operands = op == OP_CALL ? 2 : op == OP_SLOT || op == OP_CONST;
+        if (i + n_operands > n) goto bad;
+        int64_t *operand = &p->code[p->n_code];
+        for (int k = 0; k < n_operands; k++) {
+            operand[k] = PyLong_AsLongLong(PyTuple_GET_ITEM(code, i++));
+            if (operand[k] == -1 && PyErr_Occurred()) return -1;
+        }
+        p->n_code += n_operands;
+        Py_ssize_t pops = op >= OP_ADD ? 2 : op == OP_CALL ? operand[1] : op != OP_SLOT && op != OP_CONST;
+        if ((op == OP_SLOT && (operand[0] < 0 || operand[0] >= p->n_reads))
+            || (op == OP_CALL && (operand[0] < 0 || operand[0] >= PyTuple_GET_SIZE(functions) || operand[1] < 0))
+            || pops > depth) goto bad;
+        depth += (op != OP_REQUIRE) - pops;
+        if (depth > p->depth) p->depth = depth;
+    }
+    if (depth == 0) return 0;
+bad:
+    PyErr_SetString(PyExc_TypeError, "guard_eval: bad operands for a sizes check");
+    return -1;
+}
 
 /* One (kind, node, second, operands) tuple. */
 static int parse_check(Evaluator *ev, PyObject *spec, Check *c) {
@@ -616,9 +902,9 @@ static int parse_check(Evaluator *ev, PyObject *spec, Check *c) {
     if ((c->kind = kind_index(PyTuple_GET_ITEM(spec, 0), CHECK_NAMES)) < 0
         || node_index(PyTuple_GET_ITEM(spec, 1), ev->n_nodes, &c->node) < 0
         || node_index(PyTuple_GET_ITEM(spec, 2), ev->n_nodes, &c->second) < 0) return -1;
-    int takes_node = c->kind != CHECK_CALL_IS && c->kind != CHECK_PYTHON && c->kind != CHECK_FENCE;
-    if (PyTuple_GET_SIZE(ops) != CHECK_ARITY[c->kind] || takes_node != (c->node >= 0)
-        || (c->kind == CHECK_SAME) != (c->second >= 0)) {
+    int takes_node = c->kind != CHECK_CALL_IS && c->kind != CHECK_PYTHON && c->kind != CHECK_FENCE && c->kind != CHECK_SIZES;
+    int takes_second = c->kind == CHECK_SAME || c->kind == CHECK_SYMBOLIC_TENSOR;
+    if (PyTuple_GET_SIZE(ops) != CHECK_ARITY[c->kind] || takes_node != (c->node >= 0) || takes_second != (c->second >= 0)) {
         PyErr_Format(PyExc_ValueError, "guard_eval: malformed %s check", CHECK_NAMES[c->kind]);
         return -1;
     }
@@ -636,6 +922,11 @@ static int parse_check(Evaluator *ev, PyObject *spec, Check *c) {
     case CHECK_INSTANCE_DICT:
         if (PyTuple_CheckExact(c->op[0]) && PyTuple_CheckExact(c->op[1])) return 0;
         break;
+    case CHECK_SYMBOLIC_TENSOR:
+        if (PyTuple_Check(c->op[3])) return 0;
+        break;
+    case CHECK_SIZES:
+        return parse_sizes(ev, c);
     case CHECK_FENCE: /* the checks it guards follow it */
         if (!PyList_CheckExact(c->op[1]) || PyList_GET_SIZE(c->op[1]) != 1) break;
         c->n = PyLong_AsSsize_t(c->op[2]);
@@ -699,6 +990,13 @@ static int evaluator_fill(Evaluator *ev, PyObject *nodes, PyObject *checks) {
 }
 
 static void evaluator_free_tables(Evaluator *ev) {
+    for (Py_ssize_t i = 0; ev->checks != NULL && i < ev->n_checks; i++) {
+        SizeProgram *p = ev->checks[i].sizes;
+        if (p == NULL) continue;
+        PyMem_Free(p->reads);
+        PyMem_Free(p->code);
+        PyMem_Free(p);
+    }
     PyMem_Free(ev->nodes);
     PyMem_Free(ev->checks);
     PyMem_Free(ev->slots);

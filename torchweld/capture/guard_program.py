@@ -8,9 +8,16 @@ the guards' order, each testing one node's value the way the guard's Python
 expression does. One table of rules per Source class and one per guard kind; a
 source or guard they cannot express becomes a small compiled Python function over
 the frame's arguments that the evaluator calls, so an odd guard costs only itself.
+
+The guard on symbolic sizes (guards.py's `sizes`) becomes a "sizes" check (SizeLayout):
+the sizes, strides and int arguments it reads, each into an int64 slot, and each relation
+a postfix program over them, compiled from the relation's own Python text, so that both
+evaluators compute the same thing; a relation with anything else in it (a float, a
+function of torch or math) is a Python function of the slots it names, and only it.
 """
 from __future__ import annotations
 
+import ast
 import functools
 import types
 from typing import Callable
@@ -41,6 +48,12 @@ def compile_guards(guards: GuardSet, params: list[str], namespace: dict) -> Call
     extension = guard_extension.load() if config.guard_evaluator == "c" else None
     if extension is None:
         return None
+    program = lay_out(guards, params, namespace)
+    return extension.Evaluator(len(params), program.nodes, program.checks, mirrored_module_getattr())
+
+
+def lay_out(guards: GuardSet, params: list[str], namespace: dict) -> GuardProgram:
+    """The tables of `guards` (see compile_guards), which tests read too."""
     program = GuardProgram(params, namespace)
     for guard in guards.guards:
         program.add_guard(guard)
@@ -48,7 +61,7 @@ def compile_guards(guards: GuardSet, params: list[str], namespace: dict) -> Call
         program.checks.append(("fence", -1, -1, (RemovableHandle, guards.hook_fence.seen, len(guards.hook_guards))))
         for guard in guards.hook_guards:
             program.add_guard(guard)
-    return extension.Evaluator(len(params), program.nodes, program.checks, mirrored_module_getattr())
+    return program
 
 
 @functools.lru_cache(maxsize=None)
@@ -254,10 +267,126 @@ def call_is(p: GuardProgram, g: Guard) -> tuple:
     return ("call_is", -1, -1, g.operands)
 
 
+def symbolic_tensor(p: GuardProgram, g: Guard) -> tuple:
+    """Reads the tensor's shape as a node of its own, which the sizes check reads again."""
+    node = p.source(g.source)
+    return ("symbolic_tensor", node, shape_of(p, node), g.operands)
+
+
+def shape_of(p: GuardProgram, tensor: int) -> int:
+    return p.add_node("attr", "shape", tensor)
+
+
 CHECK_RULES: dict[str, CheckRule] = {
     **{kind: check_of_source for kind in ("id", "type", "is", "equals", "len", "dict_keys", "tensor", "instance_dict",
                                           "lacks", "held_tensor")},
     "same": same_object,
     "hasattr": has_attribute,
     "call_is": call_is,
+    "symbolic_tensor": symbolic_tensor,
+    "sizes": lambda p, g: SizeLayout(p).check(g),
 }
+
+
+# -- the sizes check: reads into slots, relations as int64 postfix programs ---------
+INT64 = range(-2**63, 2**63)
+BINARY_OPS = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.FloorDiv: "floordiv", ast.Mod: "mod",
+              ast.Pow: "pow"}
+COMPARISONS = {ast.Eq: "eq", ast.NotEq: "ne", ast.Lt: "lt", ast.LtE: "le", ast.Gt: "gt", ast.GtE: "ge"}
+VALUE = "___value"  # in a size or stride relation's text: the size it compares
+
+
+class SizeLayout:
+    """One sizes guard (guards.py: symbolic_sizes.Bind and Relation operands) as guard_eval.c's
+    sizes check: (reads, code, functions, the guard as Python for the calls that code cannot
+    decide). A read is (node, "value" | "size" | "stride" | "dims", dim, the type the node's value
+    must have, the node of its shape for "size" and "dims" or -1); the code requires each
+    relation in the guard's order."""
+
+    def __init__(self, p: GuardProgram):
+        self.p = p
+        self.functions: list[Callable] = []  # the relations left to Python
+        self.slot: dict[tuple, int] = {}  # read -> its value's slot
+        self.symbols: dict[str, int] = {}  # `___s0` -> the slot of the size bound to it
+
+    def check(self, g: Guard) -> tuple:
+        binds, relations = g.operands
+        wanted = {self._size(b.source, b.dim) for b in binds}
+        for r in relations:
+            if r.kind == "size":
+                wanted.add(self._size(r.source, r.dim))
+            elif r.kind == "stride":
+                wanted |= {self._read(r.source, "dims"), *(self._read(r.source, "stride", d) for d in range(len(r.terms)))}
+        reads = sorted(wanted, key=lambda read: read[:3])  # a node's strides together: one stride() call
+        self.slot = {read: k for k, read in enumerate(reads)}
+        self.symbols = {f"___{b.symbol}": self.slot[self._size(b.source, b.dim)] for b in binds}
+        code: list = []
+        for r in relations:
+            if r.kind == "size":  # `x.size(d) == term`, the read in place of `x.size(d)`
+                code += self._equals(self._size(r.source, r.dim), r.terms[0], r.readable)
+            elif r.kind == "stride":  # `x.stride() == (terms)`: as many strides, each equal to its term
+                code += ["slot", self.slot[self._read(r.source, "dims")], "const", len(r.terms), "eq", "require"]
+                for d, term in enumerate(r.terms):
+                    code += self._equals(self._read(r.source, "stride", d), f"({term})", r.readable)
+            else:
+                code += self._relation(r.expr, r.readable, self.symbols)
+        return ("sizes", -1, -1, (tuple(reads), tuple(code), tuple(self.functions), self.p.python_function(g.expr)))
+
+    def _read(self, source: Source, what: str, dim: int = 0) -> tuple:
+        node = self.p.source(source)
+        shape = shape_of(self.p, node) if what in ("size", "dims") else -1
+        return (node, what, dim, int if what == "value" else torch.Tensor, shape)
+
+    def _size(self, source: Source, dim: int | None) -> tuple:
+        """The read of `source.size(dim)`; dim None: of the int `source` itself."""
+        return self._read(source, "value") if dim is None else self._read(source, "size", dim)
+
+    def _equals(self, read: tuple, term: str, readable: str) -> list:
+        return self._relation(f"{VALUE} == {term}", readable, {**self.symbols, VALUE: self.slot[read]})
+
+    def _relation(self, text: str, readable: str, slots: dict[str, int]) -> list:
+        """Code requiring that `text` (Python over the names in `slots`) holds: as int64 ops, or
+        where it has more than those can compute, as a call of it compiled as Python."""
+        tree = ast.parse(text, mode="eval").body
+        try:
+            return [*postfix(tree, slots, self.p.namespace), "require"]
+        except Unexpressible as e:
+            logs.get("guards").info("symbolic sizes: %s runs as Python (%s)", readable, e)
+        names = [n for n in dict.fromkeys(node.id for node in ast.walk(tree) if isinstance(node, ast.Name)) if n in slots]
+        source = f"def ___size_relation({', '.join(names)}):\n    return {text}\n"
+        exec(compile(source, "<torchweld guard>", "exec"), self.p.namespace)
+        self.functions.append(self.p.namespace.pop("___size_relation"))
+        return [*(x for n in names for x in ("slot", slots[n])), "call", len(self.functions) - 1, len(names), "require"]
+
+
+def postfix(node: ast.expr, slots: dict[str, int], namespace: dict) -> list:
+    """The ops of guard_eval.c's size programs that compute `node` as Python computes it, where
+    every name in it is an int in `slots`; Unexpressible where it holds anything else."""
+    def ops(*args: ast.expr) -> list:
+        return [op for arg in args for op in postfix(arg, slots, namespace)]
+
+    def fold(name: str, args: list[ast.expr]) -> list:  # a op b op c ..., left to right
+        return [*ops(args[0]), *(op for arg in args[1:] for op in (*ops(arg), name))]
+
+    match node:
+        case ast.Constant(value=int() as value) if value in INT64:  # (True and False too)
+            return ["const", int(value)]
+        case ast.Name(id=name) if name in slots:
+            return ["slot", slots[name]]
+        case ast.BinOp(left, op, right) if type(op) in BINARY_OPS:
+            return [*ops(left, right), BINARY_OPS[type(op)]]
+        case ast.UnaryOp(ast.USub(), operand):
+            return [*ops(operand), "neg"]
+        case ast.UnaryOp(ast.UAdd(), operand):
+            return ops(operand)
+        case ast.UnaryOp(ast.Not(), operand):
+            return [*ops(operand), "not"]
+        case ast.Compare(left, [op], [right]) if type(op) in COMPARISONS:
+            return [*ops(left, right), COMPARISONS[type(op)]]
+        case ast.BoolOp(op, values):
+            return fold("and" if isinstance(op, ast.And) else "or", values)
+        case ast.Call(ast.Name(id="max" | "min" as name), args, []) if len(args) > 1 and name not in namespace:
+            return fold(name, args)
+        case ast.Call(ast.Name(id="abs"), [arg], []) if "abs" not in namespace:
+            return [*ops(arg), "abs"]
+    raise Unexpressible(ast.unparse(node))

@@ -19,6 +19,8 @@ from torchweld.capture.sources import AttrSource, CallResultSource, ConstantSour
 class Guard:
     """One condition on one source. `kind` and `operands` say what `expr` tests, for the C
     guard evaluator: tensor (type, dtype, device, shape, stride or None, requires_grad),
+    symbolic_tensor (type, dtype, device, shape with None for each symbolic dim, requires_grad),
+    sizes (symbolic_sizes.Bind tuple, symbolic_sizes.Relation tuple) with no source,
     id (id,), type (cls,), is (obj,), equals (cls, value), len (cls, n), dict_keys (keys,),
     same (first_source,), hasattr (attr, present), call_is (fn, result) with no source,
     instance_dict (names of empty containers, names absent) on the object's own __dict__, lacks (key,),
@@ -144,22 +146,23 @@ class GuardSet:
         text = (f"{source.name()}: {type(t).__name__}(dtype={t.dtype}, device={t.device}, "
                 f"shape=({', '.join(sizes)}{',' if len(sizes) == 1 else ''}), requires_grad={t.requires_grad}) "
                 "(* symbolic: see the size guard)")
-        self._add((source.name(), "tensor"), text, " and ".join(parts), source, "python",
-                  ("symbolic_tensor", type(t), t.dtype, t.device, t.dim(), symbolic_dims, t.requires_grad))
+        shape = tuple(None if d in symbolic_dims else n for d, n in enumerate(t.shape))
+        self._add((source.name(), "tensor"), text, " and ".join(parts), source, "symbolic_tensor",
+                  (type(t), t.dtype, t.device, shape, t.requires_grad))
 
     def sizes(self, size_guard) -> None:
-        """The relations between symbolic sizes (symbolic_sizes.SizeGuard): one Python check
-        over the inputs' sizes and strides (a shortcut: the C evaluator calls it as Python), which
-        binds each symbol to the size it reads first. Operands: ("sizes", the bindings, the
-        relations), for the recompile message (cache.py)."""
+        """The relations between symbolic sizes (symbolic_sizes.SizeGuard): one check over the
+        inputs' sizes and strides, which binds each symbol to the size it reads first, then tests
+        each relation. Operands: (the bindings, the relations), which the C evaluator runs
+        (guard_program.py) and the recompile message names (cache.py)."""
         binds, relations = size_guard.parts(self.name_constant)
         if not binds and not relations:
             return
-        checks = [f"((___{symbol} := {read}) is not None)" for symbol, _, read in binds]
-        checks += [f"({expr})" for _, expr in relations]
-        text = "symbolic sizes: " + "; ".join([f"{symbol} = {readable}" for symbol, readable, _ in binds]
-                                              + [readable for readable, _ in relations])
-        self._add(("", "sizes"), text, " and ".join(checks), None, "python", ("sizes", tuple(binds), tuple(relations)))
+        checks = [f"((___{b.symbol} := {b.read}) is not None)" for b in binds]
+        checks += [f"({r.expr})" for r in relations]
+        text = "symbolic sizes: " + "; ".join([f"{b.symbol} = {b.readable}" for b in binds]
+                                              + [r.readable for r in relations])
+        self._add(("", "sizes"), text, " and ".join(checks), None, "sizes", (tuple(binds), tuple(relations)))
 
     def held_tensor(self, source: Source, t: torch.Tensor) -> None:
         """For a tensor a module holds, guarded by identity too: what its owner can change in place

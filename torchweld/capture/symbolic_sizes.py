@@ -6,18 +6,20 @@ this module only makes the symbols and reads them back. A dim of size 0 or 1 sta
 number (ShapeEnv specializes them, as under torch.compile), and every symbol is
 assumed >= 2, which the guard checks.
 
-The guard (`SizeGuard`) is one Python expression over the inputs' `.size(d)` and
-`.stride()`: each symbol bound from the first size that made it, then every other size
-and stride compared with its expression, then the ShapeEnv's ranges and the guards
-recorded where capture branched on a size (`if x.shape[0] > 4`). Shortcut: it runs as a
-Python guard (a "python" check in the C evaluator), not as a table of the C evaluator.
+The guard (`SizeGuard`) binds each symbol to the first size that made it (`Bind`), then
+checks relations (`Relation`): every other size and stride compared with its expression,
+then the ShapeEnv's ranges and the guards recorded where capture branched on a size
+(`if x.shape[0] > 4`). Each part is Python text (the guard's expression, which the
+Python evaluator runs) and says what it reads, so that guard_program.py can lay the
+guard out for the C evaluator: sizes read into int64 slots, each relation a small
+postfix program over them (a relation it cannot spell, one over floats, stays Python).
 """
 from __future__ import annotations
 
 import dataclasses
 import math
 import re
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import sympy
 import torch
@@ -84,13 +86,36 @@ class SymbolicInput:
     fake: torch.Tensor | torch.SymInt
     marked: set[int]  # dims the user marked with mark_dynamic: an error if capture specializes them
 
-    def symbols(self) -> list[tuple[object, str, Callable[[str], str]]]:
-        """(symbolic size, readable name, how Python reads it from the input's expression) of each
-        symbolic size this input brings."""
+    def symbols(self) -> list[tuple[object, str, Callable[[str], str], int | None]]:
+        """(symbolic size, readable name, how Python reads it from the input's expression, the dim
+        it is the size of, None for an int input, itself the size) of each symbolic size this input brings."""
         if isinstance(self.fake, torch.SymInt):
-            return [(self.fake, self.source.name(), lambda e: e)]
-        return [(n, f"{self.source.name()}.size()[{d}]", lambda e, d=d: f"{e}.size({d})")
+            return [(self.fake, self.source.name(), lambda e: e, None)]
+        return [(n, f"{self.source.name()}.size()[{d}]", lambda e, d=d: f"{e}.size({d})", d)
                 for d, n in enumerate(self.fake.shape) if isinstance(n, torch.SymInt)]
+
+
+class Bind(NamedTuple):
+    """A symbol bound to the size it was made from: `(___s0 := read) is not None` in Python."""
+
+    symbol: str  # "s0"
+    readable: str  # "L['x'].size()[0]"
+    read: str  # Python reading it: "x.size(0)", or an int input's own expression
+    source: Source  # the input read
+    dim: int | None  # the dim whose size it is; None: an int input, whose value it is
+
+
+class Relation(NamedTuple):
+    """A relation between sizes, readable and as Python over the inputs and the bound symbols
+    (`___s0`). `kind` says what it reads: "size": `source.size(dim) == terms[0]` (dim None: the
+    int input itself); "stride": `source.stride() == terms`; "holds": `expr` reads symbols only."""
+
+    readable: str
+    expr: str
+    kind: str = "holds"
+    source: Source | None = None
+    dim: int | None = None
+    terms: tuple[str, ...] = ()
 
 
 def is_symbolic(value: object) -> bool:
@@ -157,7 +182,7 @@ SIZES_GUARDED = "torchweld_sizes_guarded"
 
 
 class SizeGuard:
-    """The relations between the symbolic sizes one graph assumed, as one Python expression."""
+    """What one graph assumed of its symbolic sizes: the symbols' bindings and the relations (`parts`)."""
 
     def __init__(self, env: ShapeEnv, inputs: list[SymbolicInput]):
         self.env = env
@@ -167,43 +192,45 @@ class SizeGuard:
         expr = self.env.replace(sympy.sympify(expr))
         return python_text(expr, {s: sympy.Symbol(f"___{s.name}", integer=True) for s in expr.free_symbols}, module)
 
-    def parts(self, module: Callable[[object], str]) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
-        """(the symbols' bindings as (symbol, readable, Python reading its size), the relations as (readable,
-        Python expression)), in the order they are checked (each binding `(___s0 := read) is not
-        None`); the modules the expressions call (`torch.sym_float`, `math.floor`) read as
-        `module(m)` names."""
+    def parts(self, module: Callable[[object], str]) -> tuple[list[Bind], list[Relation]]:
+        """The symbols' bindings and the relations, in the order they are checked; the modules the
+        expressions call (`torch.sym_float`, `math.floor`) read as `module(m)` names."""
         env = self.env
         bound: set = set()
-        binds: list[tuple[str, str]] = []
-        relations: list[tuple[str, str]] = []
+        binds: list[Bind] = []
+        relations: list[Relation] = []
         for item in self.inputs:
             e = item.source.expr()
-            for size, readable, read in item.symbols():
+            for size, readable, read, dim in item.symbols():
                 expr = size.node.expr
                 if isinstance(expr, sympy.Symbol) and env.replace(expr) == expr and expr not in bound:
                     bound.add(expr)
-                    binds.append((str(expr), readable, read(e)))
+                    binds.append(Bind(str(expr), readable, read(e), item.source, dim))
                     continue
-                relations.append((f"{readable} == {env.replace(expr)}", f"{read(e)} == {self._spell(expr, module)}"))
+                term = self._spell(expr, module)
+                relations.append(Relation(f"{readable} == {env.replace(expr)}", f"{read(e)} == {term}", "size",
+                                          item.source, dim, (term,)))
             if not isinstance(item.fake, torch.Tensor):
                 continue
-            strides = [self._spell(s.node.expr, module) if isinstance(s, torch.SymInt) else repr(s) for s in item.fake.stride()]
-            relations.append((f"{item.source.name()}.stride() == ({', '.join(map(str, item.fake.stride()))})",
-                              f"{e}.stride() == ({', '.join(strides)}{',' if len(strides) == 1 else ''})"))
+            strides = tuple(self._spell(s.node.expr, module) if isinstance(s, torch.SymInt) else repr(s)
+                            for s in item.fake.stride())
+            relations.append(Relation(f"{item.source.name()}.stride() == ({', '.join(map(str, item.fake.stride()))})",
+                                      f"{e}.stride() == ({', '.join(strides)}{',' if len(strides) == 1 else ''})",
+                                      "stride", item.source, None, strides))
         for symbol in sorted(bound, key=str):
             r = env.var_to_range.get(symbol)
             if r is None:
                 continue
             name = f"___{symbol.name}"
             if r.lower not in (-int_oo,) and r.lower is not None:
-                relations.append((f"{symbol} >= {r.lower}", f"{name} >= {int(r.lower)}"))
+                relations.append(Relation(f"{symbol} >= {r.lower}", f"{name} >= {int(r.lower)}"))
             if r.upper not in (int_oo,) and r.upper is not None:
-                relations.append((f"{symbol} <= {r.upper}", f"{name} <= {int(r.upper)}"))
+                relations.append(Relation(f"{symbol} <= {r.upper}", f"{name} <= {int(r.upper)}"))
         for g in env.guards:
             expr = env.simplify(g.expr)
             if expr == sympy.true:
                 continue
-            relations.append((str(expr), self._spell(expr, module)))
+            relations.append(Relation(str(expr), self._spell(expr, module)))
         return binds, relations
 
 
@@ -247,7 +274,7 @@ def spell_over_inputs(env: ShapeEnv, inputs: list[SymbolicInput], sym: object, r
     names: dict = {}
     reads: dict[str, str] = {}
     for symbol in expr.free_symbols:
-        found = next(((item.source, how) for item in inputs for n, _, how in item.symbols()
+        found = next(((item.source, how) for item in inputs for n, _, how, _ in item.symbols()
                       if n.node.expr == symbol), None)
         if found is None:
             return None
