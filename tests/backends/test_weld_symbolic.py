@@ -172,12 +172,25 @@ def shifted(x, k):
     return x * 2 + k
 
 
-def test_a_graph_weld_cannot_compile_over_symbols_is_compiled_per_size(caplog):
-    """Shortcut: a Triton kernel taking a symbolic int as a value (`x * 2 + k`, k an int argument
-    that changes between calls) is not compiled over symbols: compiled per size, and said so."""
-    fn = _compiled(shifted, "triton")
+@pytest.mark.parametrize("codegen", CODEGENS)
+def test_a_symbolic_int_as_a_value_compiles_over_symbols(codegen):
+    """`x * 2 + k`, k an int argument that changes between calls: the kernel takes k as an
+    argument (a Triton kernel too, which without it would be size-generic: its code read no
+    size but through its mask), one compile serves every k."""
+    fn = _compiled(shifted, codegen)
+    _run(fn, shifted, _on(codegen, lambda n: (torch.randn(n, 3), n)), (5, 9, 9, 5, 300))
+    _compiled_once(fn)
+
+
+def test_a_graph_weld_cannot_compile_over_symbols_is_compiled_per_size(caplog, monkeypatch):
+    """A graph whose kernels weld cannot write over symbols (here: a Triton kernel refused its
+    size arguments) is compiled per size, with results as eager's, and the log says why."""
+    from torchweld.compiler.codegen import size_args
+
+    monkeypatch.setattr(size_args, "parameterized", lambda kernel: None)
+    fn = _compiled(rows, "triton")
     with torchweld.config.patch(logs="dynamic"), caplog.at_level(logging.INFO, logger="torchweld"):
-        _run(fn, shifted, lambda n: (torch.randn(n, 3), n), (5, 9, 9, 5))
+        _run(fn, rows, lambda n: (torch.randn(n, 5),), (5, 9, 9, 5))
     assert not any(isinstance(e.namespace.get("___graph"), CompiledSymbolic) for e in fn.cache_entries)
     assert any("cannot compile it over symbols" in r.getMessage() for r in caplog.records)
 

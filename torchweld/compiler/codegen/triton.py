@@ -55,7 +55,8 @@ def _size_generic(kernel: Kernel) -> bool:
     coalesced = coalesce_indices(kernel)
     exprs = [st.index for st in coalesced.outer_stores] + kernel_values(coalesced)
     exprs += [st.index for stage in coalesced.stages for st in stage.stores]
-    return all(ir.variables(e) <= {"xindex"} for e in exprs)
+    # (a symbolic size as a value, `x * 2 + n`: its code depends on a size beyond the mask)
+    return all(ir.variables(e) <= {"xindex"} and not any(map(ir.is_symbolic_const, ir.walk(e))) for e in exprs)
 
 
 def kernel_params(kernel: Kernel) -> tuple[str, ...]:
