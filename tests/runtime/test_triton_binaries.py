@@ -49,6 +49,14 @@ def test_a_binary_is_kept_under_everything_it_is_made_from(cache, monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     monkeypatch.setenv("TRITON_CACHE_DIR", "/elsewhere")  # where Triton keeps its own: not what is compiled
     assert triton_binaries.stored(job()) == BINARY
+    from triton import knobs
+
+    monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "1")  # (restored after the test: the knob writes it)
+    knobs.language.default_fp_fusion = False  # a knob a program sets in code
+    assert triton_binaries.stored(job()) is None
+    knobs.language.default_fp_fusion = True
+    monkeypatch.delenv("TRITON_DEFAULT_FP_FUSION")
+    assert triton_binaries.stored(job()) == BINARY
     monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "0")  # a setting of the compile
     assert triton_binaries.stored(job()) is None
 

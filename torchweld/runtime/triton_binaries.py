@@ -13,7 +13,8 @@ An entry is named by a hash of everything the binary is made from: the job's key
 kernel's source, its pointers' dtypes and alignment, its launch config, its integers'
 specialization classes), the GPU's compute capability, Triton's version and its library
 file (path, size and modification time: a reinstall of the same version makes other
-names), and the TRITON_* settings but the cache directory's. Entries are sealed
+names), the TRITON_* settings but the cache directory's, and Triton's language and NVIDIA
+knobs (floating-point fusion, ptxas and its version). Entries are sealed
 (disk_cache.write_sealed): a damaged one is deleted with a warning and the kernel compiled
 again.
 """
@@ -86,9 +87,15 @@ def _install() -> str:
 
 
 def _settings() -> str:
-    """The TRITON_* variables a compile reads (the cache directory's is where, not what), and the
-    JIT's debug and instrumentation settings (part of a kernel's launch options)."""
+    """The TRITON_* variables a compile reads (the cache directory's is where, not what; a knob
+    set in code writes its variable), the JIT's debug and instrumentation settings (part of a
+    kernel's launch options), and the language's and NVIDIA backend's knobs as they read now
+    (ptxas: its path and version)."""
     from triton import knobs
 
     env = sorted((k, v) for k, v in os.environ.items() if k.startswith("TRITON_") and k != "TRITON_CACHE_DIR")
-    return repr((env, bool(knobs.runtime.debug), knobs.compilation.instrumentation_mode))
+    in_code = []
+    for ns in ("language", "nvidia"):
+        values = getattr(getattr(knobs, ns, None), "knobs", None)
+        in_code.append(sorted((k, repr(v)) for k, v in values.items()) if isinstance(values, dict) else repr(values))
+    return repr((env, bool(knobs.runtime.debug), knobs.compilation.instrumentation_mode, in_code))
