@@ -44,6 +44,7 @@ from torchweld import config as torchweld_config
 from torchweld import timing
 from torchweld.c_extension import ExtensionBuildError, load_extension, loaded_once
 from torchweld.runtime import triton_binaries
+from torchweld.runtime.triton_worker_main import binary_of
 from torchweld.tuning import tuning
 
 log = logging.getLogger("torchweld.weld")
@@ -257,17 +258,11 @@ def _compile(job: CompileJob, ahead: Future | None = None) -> "LaunchHandle":
         kernel = job.fn.warmup(*_dummy_arguments(job), grid=(1,), **config)
         kernel = kernel.result() if hasattr(kernel, "result") else kernel
         handle = launch_handle(kernel, tuple(config[c] for c in CONSTEXPRS), job.device)
-    if not handle.takes_constants:  # (weld's own launch of its binary: one a later process can load so)
-        triton_binaries.store(job, _binary(kernel))
+    # weld's own launch of the binary: one a later process can load so (triton_binaries.py)
+    binary = binary_of(kernel) if not handle.takes_constants else None
+    if binary is not None:
+        triton_binaries.store(job, binary)
     return handle
-
-
-def _binary(kernel) -> dict:
-    """A CompiledKernel as triton_worker_main's reply "binary" holds one."""
-    from torchweld.runtime.triton_worker_main import BINARY_METADATA
-
-    metadata = {key: getattr(kernel.metadata, key) for key in BINARY_METADATA if hasattr(kernel.metadata, key)}
-    return {"name": kernel.name, "cubin": kernel.kernel, **metadata}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """A Triton compile worker: a separate process that compiles kernels into Triton's disk cache.
 
-Started by `triton_workers.WorkerPool` as `python <this file> --niceness N`, never imported by
-torchweld: it imports Triton and the standard library only (no torch, no CUDA
-context), so it starts in well under a second. Triton's front end is Python, so
+Started by `triton_workers.WorkerPool` as `python <this file> --niceness N` (torchweld imports
+it only for `binary_of`, which its in-process compiles use too): it imports Triton and the
+standard library only (no torch, no CUDA context), so it starts in well under a second. Triton's front end is Python, so
 threads in one process compile one kernel at a time; processes compile many.
 
 Started as `python <this file> --fork FD,FD,... --niceness N`, the process imports Triton once and forks
@@ -119,10 +119,10 @@ def compile_kernel(module_name: str, module_path: str, fn_name: str, specializat
     kernel = triton.compile(source, target=target, options=options.__dict__)
     seconds["kernel"] = time.perf_counter() - start
     seconds.update(stages)
-    return {"seconds": seconds, "binary": _binary(kernel)}
+    return {"seconds": seconds, "binary": binary_of(kernel)}
 
 
-def _binary(kernel) -> dict | None:
+def binary_of(kernel) -> dict | None:
     """The kernel's name, cubin and launch metadata, or None (no cubin: another backend)."""
     cubin = kernel.asm.get("cubin") if hasattr(kernel.asm, "get") else None
     if not isinstance(cubin, bytes):
