@@ -606,7 +606,6 @@ def _replayed_layout(layout: Layout, view_fn, symbolic: bool) -> Layout | None:
     size = 1 + layout.offset + sum((s - 1) * st for s, st in zip(layout.shape, layout.stride) if s > 0)
     if 0 in layout.shape:
         size = layout.offset + 1
-    symbolic = symbolic or any(map(is_symbol_size, (size, *layout.shape, *layout.stride)))
     # over symbols, a fake tensor of the compile's ShapeEnv (whose guards the view's checks record)
     with fake_mode() if symbolic else contextlib.nullcontext():
         base = torch.empty(size, device="meta").as_strided(layout.shape, layout.stride, layout.offset)
