@@ -290,6 +290,58 @@ def test_a_training_graph_over_symbols_reads_the_programs_state_anew():
             p.grad = q.grad = None
 
 
+class PositionsFlattened(torch.nn.Module):
+    """Position embeddings of `arange(length)`, and a matmul over the flattened (batch * length)
+    rows: the backward's saved tensors hold the length alone or in a product with the batch, never
+    the batch alone, which the backward still computes with."""
+
+    def __init__(self):
+        super().__init__()
+        self.positions = torch.nn.Embedding(64, 16)
+        self.proj = torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        h = x + self.positions(torch.arange(t, device=x.device))
+        return self.proj(h.reshape(b * t, d)).relu().reshape(b, t, d) * (t ** 0.5)
+
+
+def test_a_backward_gets_the_sizes_no_saved_tensor_holds():
+    torch.manual_seed(0)
+    model = PositionsFlattened()
+    fn = _compiled(model, "cpp")
+    sizes = ((2, 5), (3, 9), (2, 12), (4, 7))
+    _train_and_compare(model, fn, lambda bt: torch.randn(*bt, 16), sizes)
+    _compiled_once(fn)
+
+
+def test_a_training_graph_taking_an_int_over_symbols():
+    """An int argument that changes between calls is a symbol of the training compile too: an
+    input of the forward, and of the backward, which computes with it."""
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(16, 16)
+    reference = torch.nn.Linear(16, 16)
+    reference.load_state_dict(linear.state_dict())
+
+    def step(lin, x, n):
+        h = lin(x)[:, :n]
+        return (h * n).reshape(-1, 16).tanh()
+
+    fn = _compiled(lambda x, n: step(linear, x, n), "cpp")
+    for length, n in ((5, 3), (7, 4), (9, 6), (6, 2), (8, 5)):
+        x = torch.randn(2, length, 16, requires_grad=True)
+        x2 = x.detach().clone().requires_grad_()
+        out, expected = fn(x, n), step(reference, x2, n)
+        torch.testing.assert_close(out, expected)
+        out.square().sum().backward()
+        expected.square().sum().backward()
+        torch.testing.assert_close(x.grad, x2.grad)
+        for p, q in zip(linear.parameters(), reference.parameters()):
+            torch.testing.assert_close(p.grad, q.grad)
+            p.grad = q.grad = None
+    _compiled_once(fn)
+
+
 def test_a_training_graph_with_batch_norm_over_growing_batches():
     """Batch statistics over a symbolic batch, the running statistics written back at each call."""
     torch.manual_seed(0)

@@ -206,15 +206,14 @@ def trace_joint(gm: torch.fx.GraphModule, state: list[ModuleState], primals: lis
     # records what the trace assumes about their sizes: traced in that mode, on fresh leaves of it
     given = next((p.fake_mode for p in primals if isinstance(p, FakeTensor)), None)
     recorder = AtenRecorder(JOINT_DECOMPOSITIONS)
-    grad_primals = [i for i, p in enumerate(primals) if p.requires_grad]
+    grad_primals = [i for i, p in enumerate(primals) if isinstance(p, torch.Tensor) and p.requires_grad]
     with given or FakeTensorMode(allow_non_fake_inputs=True) as mode:
-        prims = [recorder.placeholder(_fresh_leaf(p) if isinstance(p, FakeTensor) else fake_copy(mode, p))
-                 for p in primals]
-        versions = [p._version for p in prims]
+        prims = [recorder.placeholder(_primal_of(mode, p)) for p in primals]
+        versions = [p._version if isinstance(p, torch.Tensor) else None for p in prims]
         with recorder, substituted(gm, state, prims[:n_state]):
             flat_out, out_spec = pytree.tree_flatten(gm(*prims[n_state:]))
         for p, version in zip(prims, versions):
-            if p._version != version and p.requires_grad:
+            if version is not None and p._version != version and p.requires_grad:
                 # `h[mask] = self.embed` on an input: the gradient to `embed` runs through that
                 # input's autograd history, outside this graph, where the write-back cannot put it
                 raise FunctionalizationError("the graph changes in place an input that autograd tracks "
@@ -267,6 +266,14 @@ def trace_joint(gm: torch.fx.GraphModule, state: list[ModuleState], primals: lis
                       resident, input_views, written, itself, views)
 
 
+def _primal_of(mode: FakeTensorMode, value):
+    """What the trace runs the graph on for `value`: a fake tensor of `mode`, or an int argument
+    over symbols as it is (a SymInt of the mode's ShapeEnv, which ops take as an argument)."""
+    if isinstance(value, torch.SymInt):
+        return value
+    return _fresh_leaf(value) if isinstance(value, FakeTensor) else fake_copy(mode, value)
+
+
 def _fresh_leaf(fake: FakeTensor) -> torch.Tensor:
     """A new fake leaf of `fake`'s mode with its (symbolic) sizes, strides, dtype, device and
     requires_grad: the trace's autograd history starts at it."""
@@ -290,8 +297,8 @@ def _primal_alias(out: object, prims: list) -> tuple[int, tuple, tuple, int] | N
     found = [j for j, p in enumerate(prims) if p is out] or [j for j, p in enumerate(prims) if p is base]
     if not found and out._is_view():
         storage = out.untyped_storage()._cdata
-        found = [j for j, p in enumerate(prims) if p._is_view() and p.layout is torch.strided
-                 and p.untyped_storage()._cdata == storage]
+        found = [j for j, p in enumerate(prims) if isinstance(p, torch.Tensor) and p._is_view()
+                 and p.layout is torch.strided and p.untyped_storage()._cdata == storage]
     if len(found) != 1:
         return None
     p = prims[found[0]]

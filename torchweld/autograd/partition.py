@@ -22,7 +22,10 @@ import heapq
 import math
 import operator
 
+import sympy
 import torch
+import torch.utils._pytree as pytree
+from torch.fx.experimental.symbolic_shapes import free_symbols
 
 from torchweld.autograd.joint import JointGraph
 from torchweld.autograd.mincut import INF, FlowGraph
@@ -53,14 +56,21 @@ class Partition:
 
     forward: (*primals) -> (*outputs, *new_values, *saved intermediates)
     backward: (*saved, *tangents) -> (*grads)
-    saved: for each backward input before the tangents, ("primal", i) or ("forward", j)
-    (the j-th saved intermediate output of the forward)."""
+    saved: for each saved tensor, the backward's first inputs, ("primal", i) or ("forward", j)
+    (the j-th saved intermediate output of the forward).
+    numbers: over symbolic sizes, the backward's inputs after the saved tensors and before the
+    tangents: (i, d), the size d of primal i, or (i, None), primal i itself (an int argument)."""
 
     forward: torch.fx.GraphModule
     backward: torch.fx.GraphModule
     saved: list[tuple[str, int]]
     saved_nodes: list[str]
     saved_bytes: int  # of saved intermediates (primals are alive anyway)
+    numbers: list[tuple[int, int | None]] = dataclasses.field(default_factory=list)
+
+
+class UnboundSymbol(Exception):
+    """The backward computes with a symbol that no input's size, nor an int input, holds."""
 
 
 def is_recomputable(node: torch.fx.Node) -> bool:
@@ -147,6 +157,7 @@ def partition(joint: JointGraph, strategy: str = "min_cut") -> Partition:
     compute_early(forward.graph, first_saved=len(forward_outputs))
     backward = extract(joint.gm, [*saved, *tangents], grads)
     recompute_late(backward.graph, first_tangent=len(saved))
+    numbers = _numbers_for_backward(backward, primals, first_tangent=len(saved))
     spec, j = [], 0
     for n in saved:
         if n in primal_index:
@@ -155,7 +166,58 @@ def partition(joint: JointGraph, strategy: str = "min_cut") -> Partition:
             spec.append(("forward", j))
             j += 1
     return Partition(forward, backward, spec, [n.name for n in saved],
-                     int(sum(nbytes(n) for n in saved_intermediates)))
+                     int(sum(nbytes(n) for n in saved_intermediates)), numbers)
+
+
+def _numbers_for_backward(backward: torch.fx.GraphModule, primals: list[torch.fx.Node],
+                          first_tangent: int) -> list[tuple[int, int | None]]:
+    """Over symbolic sizes: the symbols the backward computes with that none of its inputs' sizes
+    is (the compiled wrapper binds a symbol from an input's size, `s27 = arg3.size(0)`, or from an
+    int input), each given to it as an int input of its own before the tangents, read from the
+    primal whose size (or value) it is. A saved `h.view(b * t, d)` holds b * t, not b; an int
+    argument's symbol is in no tensor's sizes. [] over static sizes."""
+    placeholders = [n for n in backward.graph.nodes if n.op == "placeholder"]
+    bound: set = set()
+    for p in placeholders:
+        val = p.meta.get("val")
+        for n in (val.shape if isinstance(val, torch.Tensor) else [val]):
+            if isinstance(n, torch.SymInt) and isinstance(n.node.expr, sympy.Symbol):
+                bound.add(n.node.expr)
+    needed: set = set()
+    for node in backward.graph.nodes:
+        for value in pytree.tree_leaves((node.meta.get("val"), node.args, node.kwargs)):
+            needed |= _symbols_of(value)
+    missing = sorted(needed - bound, key=str)
+    if not missing:
+        return []
+    sources: dict = {}  # symbol -> ((primal, dim), its SymInt)
+    for i, p in enumerate(primals):
+        val = p.meta.get("val")
+        sizes = enumerate(val.shape) if isinstance(val, torch.Tensor) else [(None, val)]
+        for d, n in sizes:
+            if isinstance(n, torch.SymInt) and isinstance(n.node.expr, sympy.Symbol):
+                sources.setdefault(n.node.expr, ((i, d), n))
+    unknown = [s for s in missing if s not in sources]
+    if unknown:
+        raise UnboundSymbol(f"the backward computes with {', '.join(map(str, unknown))}, which no input holds")
+    anchor = placeholders[first_tangent] if first_tangent < len(placeholders) else \
+        next(n for n in backward.graph.nodes if n.op != "placeholder")
+    for symbol in missing:
+        with backward.graph.inserting_before(anchor):
+            node = backward.graph.placeholder(f"size_{symbol}")
+        node.meta["val"] = sources[symbol][1]
+    backward.recompile()
+    return [sources[s][0] for s in missing]
+
+
+def _symbols_of(value) -> set:
+    """The free symbols of a node's value or argument: a symbolic number's, a tensor's sizes',
+    strides' and offset's."""
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return set(value.node.expr.free_symbols)
+    if isinstance(value, torch.Tensor):
+        return set(free_symbols(value))
+    return set()
 
 
 def _min_cut_saved(joint: JointGraph, frontier: set, tangent_side: set, forward_outputs: list) -> set:

@@ -25,7 +25,7 @@ class TrainingGraph:
     """What CompiledGraphFunction needs; `compile_backward` runs on the first backward, with real tensors."""
 
     forward: Callable  # (*primals) -> (*outputs, *new_values, *saved intermediates)
-    compile_backward: Callable[[list], Callable]  # example (saved + tangents) -> (*saved, *tangents) -> grads
+    compile_backward: Callable[[list], Callable]  # example (saved + numbers + tangents) -> that list -> grads
     num_outputs: int
     out_spec: pytree.TreeSpec
     diff_outputs: list[int]
@@ -33,7 +33,7 @@ class TrainingGraph:
     grad_primals: list[int]
     saved: list[tuple[str, int]]
     write_back: Callable[[list, list], None]  # (mutated primals, new values): runtime/write_back.py
-    backward: Callable | None = None  # [*saved, *tangents] -> grads, emptying the list (_boxed)
+    backward: Callable | None = None  # [*saved, *numbers, *tangents] -> grads, emptying the list (_boxed)
     # The forward is a CUDA-graph replay that lends what follows the outputs (runtime/cudagraphs.py,
     # lent_from): it returns (results, lease), and the lease is saved with the activations, so
     # that the recording counts as busy until the backward has let go of them
@@ -45,6 +45,9 @@ class TrainingGraph:
     # compiled under no_grad, and for training only by a `with torch.enable_grad()` block in it:
     # its outputs made there require grad, so the Function is applied with grad mode on
     enables_grad: bool = False
+    # over symbolic sizes, the ints the backward reads after the saved tensors (Partition's):
+    # (i, d), the size d of primal i, or (i, None), primal i itself
+    numbers: list = dataclasses.field(default_factory=list)
 
     def __post_init__(self) -> None:
         # worked out once, not per call: which saved values are primals that the write-back
@@ -90,6 +93,7 @@ class CompiledGraphFunction(torch.autograd.Function):
                 outputs[i] = primals[j].as_strided(size, stride, primals[j].storage_offset() + offset)
         ctx.graph = graph
         ctx.leased = lease is not None
+        ctx.numbers = [primals[i] if d is None else primals[i].size(d) for i, d in graph.numbers]
         ctx.save_for_backward(*saved, *([lease] if ctx.leased else []))
         _unview_intermediates(outputs, graph.input_view_outputs | graph.written_primal_views.keys())
         for i in graph.non_diff_outputs:
@@ -111,7 +115,7 @@ class CompiledGraphFunction(torch.autograd.Function):
         graph: TrainingGraph = ctx.graph
         tangents = [_dense(grad_outputs[i]) for i in graph.diff_outputs]
         saved = ctx.saved_tensors
-        args = [*(saved[:-1] if ctx.leased else saved), *tangents]
+        args = [*(saved[:-1] if ctx.leased else saved), *ctx.numbers, *tangents]
         del saved
         if graph.backward is None:
             graph.backward = _boxed(graph.compile_backward(args))

@@ -16,7 +16,7 @@ from torchweld import gc_pause, timing
 from torchweld.autograd import training_cache
 from torchweld.autograd.functionalize import FunctionalizationError
 from torchweld.autograd.joint import JointGraph, ModuleState, StateReader, module_state, trace_joint
-from torchweld.autograd.partition import Partition, partition
+from torchweld.autograd.partition import Partition, UnboundSymbol, partition
 from torchweld.autograd.runtime import TrainingGraph, run
 from torchweld.compiler import graph_cache
 from torchweld.compiler.graph_modules import graph_module
@@ -35,9 +35,9 @@ class CompiledTrainingGraph:
     """The callable weld returns for a graph that needs autograd. `joint` and `partition` are
     None for a graph loaded from the graph cache (training_cache.py), which skipped them."""
 
-    def __init__(self, gm: torch.fx.GraphModule, state: list[ModuleState], tensor_positions: list[int],
+    def __init__(self, gm: torch.fx.GraphModule, state: list[ModuleState], input_positions: list[int],
                  joint: JointGraph | None, part: Partition | None, graph: TrainingGraph, exact=None):
-        self.gm, self.state, self.tensor_positions = gm, state, tensor_positions
+        self.gm, self.state, self.input_positions = gm, state, input_positions
         self.joint, self.partition, self.graph = joint, part, graph
         self.state_reader = StateReader(gm, state)
         # a graph that writes tensors in place runs `exact` (the captured graph, op by op) on a
@@ -46,11 +46,11 @@ class CompiledTrainingGraph:
         self.overlap = None
         if graph.mutated_primals and exact is not None:
             self.overlap = WrittenOverlap(graph.mutated_primals,
-                                          range(len(state), len(state) + len(tensor_positions)))
+                                          range(len(state), len(state) + len(input_positions)))
 
     def __call__(self, *args):
         primals = self.state_reader.read()
-        primals += [args[i] for i in self.tensor_positions]
+        primals += [args[i] for i in self.input_positions]
         if self.overlap is not None and self.overlap.found(primals):
             return self.exact(*args)
         return run(self.graph, primals)
@@ -63,15 +63,16 @@ def compile_training(gm: torch.fx.GraphModule, example_inputs: list, options: di
     options = dict(options or {})
     strategy = strategy or options.get("partition", "min_cut")
     state = module_state(gm)
-    tensor_positions = [i for i, x in enumerate(example_inputs) if isinstance(x, torch.Tensor)]
-    primals = [s.read(gm) for s in state] + [example_inputs[i] for i in tensor_positions]
+    if any(isinstance(x, torch.SymFloat) for x in example_inputs):
+        raise TrainingUnsupported("a float argument over symbols (shortcut: compiled per size)")
+    # tensors, and ints over symbols (backends/weld_symbolic.py), are the graph's inputs
+    input_positions = [i for i, x in enumerate(example_inputs) if isinstance(x, (torch.Tensor, torch.SymInt))]
+    primals = [s.read(gm) for s in state] + [example_inputs[i] for i in input_positions]
     exact = gm.forward
     key = training_cache.training_key(gm, example_inputs, options, strategy)  # None: not kept in the graph cache
-    if len(tensor_positions) != len(example_inputs):
-        # Non-tensor inputs are baked into the graph: capture guards their values.
-        if any(isinstance(x, torch.SymInt) for x in example_inputs):
-            raise TrainingUnsupported("an int argument over symbols (shortcut: compiled per size)")
-        gm = _bind_constants(gm, example_inputs)
+    if len(input_positions) != len(example_inputs):
+        # Other inputs are baked into the graph: capture guards their values.
+        gm = _bind_constants(gm, example_inputs, input_positions)
 
     as_now = _grad_and_autocast_as_now()
 
@@ -84,7 +85,10 @@ def compile_training(gm: torch.fx.GraphModule, example_inputs: list, options: di
         except FunctionalizationError as e:
             raise TrainingUnsupported(str(e)) from e
         with timing.phase("weld.partition"):
-            part = partition(joint, strategy)
+            try:
+                part = partition(joint, strategy)
+            except UnboundSymbol as e:
+                raise TrainingUnsupported(str(e)) from e
         log.debug("training partition (%s): saves %d tensors, %d bytes of intermediates",
                   strategy, len(part.saved), part.saved_bytes)
         return joint, part
@@ -112,11 +116,11 @@ def compile_training(gm: torch.fx.GraphModule, example_inputs: list, options: di
         graph = _cached_training_graph(entry, forward, primals, options, trace_and_partition, grad_strides,
                                        forward_in_cuda_graph if cudagraphs else None,
                                        backward_in_cuda_graph if cudagraphs else None)
-        return CompiledTrainingGraph(gm, state, tensor_positions, None, None, graph, exact)
+        return CompiledTrainingGraph(gm, state, input_positions, None, None, graph, exact)
 
     joint, part = trace_and_partition()
     if over_symbols(primals):
-        return _compiled_over_symbols(gm, state, tensor_positions, joint, part, primals, options, grad_strides,
+        return _compiled_over_symbols(gm, state, input_positions, joint, part, primals, options, grad_strides,
                                       exact, cudagraphs and forward_in_cuda_graph, cudagraphs and backward_in_cuda_graph)
     # The backward compiles in a thread, for the layouts the joint trace gives its inputs, from
     # when the forward's kernels are with the Triton compilers: its Python work overlaps their
@@ -158,15 +162,16 @@ def compile_training(gm: torch.fx.GraphModule, example_inputs: list, options: di
                           forward_lends=cudagraphs is not None, input_view_outputs=joint.input_view_outputs,
                           written_primal_views=joint.written_primal_views, primal_outputs=joint.primal_outputs,
                           primal_views=joint.primal_views, enables_grad=not torch.is_grad_enabled())
-    return CompiledTrainingGraph(gm, state, tensor_positions, joint, part, graph, exact)
+    return CompiledTrainingGraph(gm, state, input_positions, joint, part, graph, exact)
 
 
 def over_symbols(primals: list) -> bool:
-    """Whether the inputs have symbolic sizes: fakes over weld's ShapeEnv (backends/weld_symbolic.py)."""
-    return any(isinstance(p, FakeTensor) for p in primals)
+    """Whether the inputs have symbolic sizes or values: fakes and ints over weld's ShapeEnv
+    (backends/weld_symbolic.py)."""
+    return any(isinstance(p, (FakeTensor, torch.SymInt)) for p in primals)
 
 
-def _compiled_over_symbols(gm, state, tensor_positions, joint: JointGraph, part: Partition, primals: list,
+def _compiled_over_symbols(gm, state, input_positions, joint: JointGraph, part: Partition, primals: list,
                            options: dict, grad_strides, exact, forward_in_cuda_graph,
                            backward_in_cuda_graph) -> CompiledTrainingGraph:
     """A training graph of symbolic sizes: forward and backward compiled here, in this thread,
@@ -187,8 +192,8 @@ def _compiled_over_symbols(gm, state, tensor_positions, joint: JointGraph, part:
                           forward_lends=bool(forward_in_cuda_graph), input_view_outputs=joint.input_view_outputs,
                           written_primal_views=joint.written_primal_views,
                           primal_outputs=joint.primal_outputs, primal_views=joint.primal_views,
-                          enables_grad=not torch.is_grad_enabled())
-    return CompiledTrainingGraph(gm, state, tensor_positions, joint, part, graph, exact)
+                          enables_grad=not torch.is_grad_enabled(), numbers=part.numbers)
+    return CompiledTrainingGraph(gm, state, input_positions, joint, part, graph, exact)
 
 
 def _grad_and_autocast_as_now() -> Callable[[], contextlib.AbstractContextManager]:
@@ -319,14 +324,15 @@ def _mismatch(i: int, assumed: torch.Tensor, got: torch.Tensor) -> None:
     return None
 
 
-def _bind_constants(gm: torch.fx.GraphModule, example_inputs: list) -> torch.fx.GraphModule:
-    """`gm` taking only its tensor inputs, with the others fixed to their example values."""
+def _bind_constants(gm: torch.fx.GraphModule, example_inputs: list, kept: list[int]) -> torch.fx.GraphModule:
+    """`gm` taking only its inputs at positions `kept`, with the others fixed to their example values."""
     graph = torch.fx.Graph()
     env = {}
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    for n, x in zip(placeholders, example_inputs):
-        env[n] = graph.placeholder(n.name) if isinstance(x, torch.Tensor) else x
-        if isinstance(x, torch.Tensor):
+    kept = set(kept)
+    for i, (n, x) in enumerate(zip(placeholders, example_inputs)):
+        env[n] = graph.placeholder(n.name) if i in kept else x
+        if i in kept:
             env[n].meta = dict(n.meta)
     for n in gm.graph.nodes:
         if n.op != "placeholder":

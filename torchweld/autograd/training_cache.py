@@ -34,8 +34,8 @@ FORMAT = "torchweld-training-1"
 
 def training_key(gm: torch.fx.GraphModule, example_inputs: list, options: dict, strategy: str) -> str | None:
     """The key of the training entry of `gm` (the captured graph), or None where it is not kept
-    (a graph over symbolic sizes, whose example inputs are fakes: shortcut)."""
-    if any(isinstance(x, FakeTensor) for x in example_inputs):
+    (a graph over symbolic sizes, whose example inputs are fakes or symbolic ints: shortcut)."""
+    if any(isinstance(x, (FakeTensor, torch.SymInt)) for x in example_inputs):
         return None
     marked = {**options, "training partition": strategy, "grad enabled": torch.is_grad_enabled()}
     key = graph_cache.graph_key(gm, example_inputs, marked, traced=False, output_strides=None, frees_inputs=False)
