@@ -28,7 +28,8 @@ def _compiled(fn, codegen: str, **kwargs):
 
 
 def _on(codegen: str, make):
-    return (lambda n: tuple(a.cuda() for a in make(n))) if codegen == "cuda" else make
+    on_gpu = lambda a: a.cuda() if isinstance(a, torch.Tensor) else a  # noqa: E731 (an int argument stays)
+    return (lambda n: tuple(map(on_gpu, make(n)))) if codegen == "cuda" else make
 
 
 def _run(fn, eager, make, sizes, atol=1e-5):

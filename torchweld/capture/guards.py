@@ -84,7 +84,7 @@ class GuardSet:
         self.hook_fence = HookFence()
         self.constants: dict[str, object] = {}  # name in the guard expression -> object
         self._seen: set[tuple[str, str]] = set()
-        self._weak_targets: list[object] = []  # objects guarded by identity
+        self._weak_targets: dict[int, object] = {}  # id -> object guarded by identity (held: the id stays its own)
         self._fence_name = self.name_constant(self.hook_fence)  # named now: before any namespace is made
 
     # -- adding guards ---------------------------------------------------------
@@ -339,8 +339,8 @@ class GuardSet:
         """Weak references that call `on_death` once an object guarded by identity dies
         (its id could then be reused by an unrelated object)."""
         refs = []
-        targets, self._weak_targets = self._weak_targets, []  # hold them weakly from now on
-        for obj in targets:
+        targets, self._weak_targets = self._weak_targets, {}  # hold them weakly from now on
+        for obj in targets.values():
             try:
                 refs.append(weakref.ref(obj, lambda _ref: on_death()))
             except TypeError:  # not weakly referenceable: kept alive by the constant table
@@ -348,8 +348,7 @@ class GuardSet:
         return refs
 
     def _keep_weakly(self, obj: object) -> None:
-        if all(o is not obj for o in self._weak_targets):
-            self._weak_targets.append(obj)
+        self._weak_targets.setdefault(id(obj), obj)
 
 
 def _describe(obj: object) -> str:

@@ -19,7 +19,7 @@ reads (tensor literals), and fakes registered as standing for real ones
 
 An op whose result's shape depends on tensor data (`nonzero`) fails as it does under fake
 tensors, and the caller falls back. Over symbolic sizes (placeholders whose sizes are SymInts),
-scaled_dot_product_attention runs under the Python dispatcher (`_AttentionOverSymbols`).
+scaled_dot_product_attention and matmul run under the Python dispatcher (`_CompositesOverSymbols`).
 """
 from __future__ import annotations
 
@@ -67,19 +67,31 @@ def autograd_decomposes(func, args, kwargs) -> bool:
     return known
 
 
-class _AttentionOverSymbols(TorchFunctionMode):
-    """Runs scaled_dot_product_attention under the Python dispatcher, as capture runs every op over
-    symbols (output_graph._run_fake) and make_fx its symbolic traces: it is a C++ composite, which
-    decomposes above the recorder, and on CUDA two of its paths fail on symbolic sizes in C++.
-    The memory-efficient path pads the mask (`pad_bias`: rows aligned to 8) with constant_pad_nd,
-    whose C++ meta kernel takes the pads as ints ("SymIntArrayRef expected to contain only concrete
-    integers"); the math path (a mask it cannot align: BERT's, broadcast) runs C++ matmul, whose
-    `sizes()` reads the symbols as ints, guarding each equal to its hint. The Python dispatcher
-    takes the Python meta and matmul kernels torch registers for symbolic sizes instead, which
-    decide on sizes through the ShapeEnv (guards). Other ops trace as without symbols."""
+# C++ composites that read symbolic sizes as ints on some torch versions; over symbols they run
+# under the Python dispatcher (_CompositesOverSymbols)
+_PYTHON_KERNELS_OVER_SYMBOLS = frozenset({
+    F.scaled_dot_product_attention,
+    torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.Tensor.__rmatmul__,
+    torch._C.TensorBase.matmul,
+})
+
+
+class _CompositesOverSymbols(TorchFunctionMode):
+    """Runs scaled_dot_product_attention and matmul under the Python dispatcher, as capture runs every
+    op over symbols (output_graph._run_fake) and make_fx its symbolic traces: they are C++ composites,
+    which decompose above the recorder, and some of their paths fail on symbolic sizes in C++.
+    Attention's memory-efficient path on CUDA pads the mask (`pad_bias`: rows aligned to 8) with
+    constant_pad_nd, whose C++ meta kernel takes the pads as ints ("SymIntArrayRef expected to
+    contain only concrete integers"); its math path (a mask it cannot align: BERT's, broadcast)
+    runs C++ matmul, whose `sizes()` reads the symbols as ints, guarding each equal to its hint:
+    under torch 2.11 a plain `q @ k.transpose(-2, -1)` of a training step's joint trace did so too
+    (`aten.size` through the fake mode: the compile over symbols became one per size;
+    bench/investigations/pinned_symbols.py). The Python dispatcher takes the Python meta and
+    matmul kernels torch registers for symbolic sizes instead, which decide on sizes through the
+    ShapeEnv (guards). Other ops trace as without symbols."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        if func is not F.scaled_dot_product_attention:
+        if func not in _PYTHON_KERNELS_OVER_SYMBOLS:
             return func(*args, **(kwargs or {}))
         with enable_python_dispatcher():
             return func(*args, **(kwargs or {}))
@@ -101,8 +113,8 @@ class AtenRecorder(TorchDispatchMode):
         # graph output that eager returns as a tensor object of its own (`graph_module`)
         self._detached: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._over_symbols = False  # a placeholder's sizes are SymInts
-        self._attention = _AttentionOverSymbols()  # on in the outermost `with self`, over symbols
-        self._attention_on = False
+        self._composites = _CompositesOverSymbols()  # on in the outermost `with self`, over symbols
+        self._composites_on = False
         self._depth = 0  # `with self` nesting
 
     # -- building the graph --------------------------------------------------------
@@ -176,17 +188,17 @@ class AtenRecorder(TorchDispatchMode):
 
     def __enter__(self):
         if self._depth == 0 and self._over_symbols:  # (`with self` again in __torch_dispatch__: on already)
-            self._attention.__enter__()
-            self._attention_on = True
+            self._composites.__enter__()
+            self._composites_on = True
         self._depth += 1
         return super().__enter__()
 
     def __exit__(self, exc_type, exc_value, traceback):
         super().__exit__(exc_type, exc_value, traceback)
         self._depth -= 1
-        if self._depth == 0 and self._attention_on:
-            self._attention_on = False
-            self._attention.__exit__(exc_type, exc_value, traceback)
+        if self._depth == 0 and self._composites_on:
+            self._composites_on = False
+            self._composites.__exit__(exc_type, exc_value, traceback)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
