@@ -22,6 +22,10 @@ class Tuning:
     # -- IR (compiler/ir.py) ----------------------------------------------------------------
     inline_max_nodes: int = 48  # a body larger than this is stored rather than recomputed by several readers
     small_read_fraction: int = 16  # a load from a buffer this many times smaller (a bias, a scale) is cheap
+    # sin, exp... that a kernel over this many times their elements, and over costly_broadcast_min
+    # elements, reads are stored rather than recomputed (ir.broadcasts_costly_math)
+    costly_broadcast_ratio: int = 8
+    costly_broadcast_min: int = 1 << 20
 
     # -- lowering (compiler/lowering.py) --------------------------------------------------
     # A reduction reading fewer elements runs in one step. Below ~8 MB of float32 (3 us of an

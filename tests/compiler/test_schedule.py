@@ -521,3 +521,40 @@ def test_rotary_embedding_stack_is_one_kernel():
     assert not any(isinstance(s, ExternCall) for s in c.schedule.steps)
     assert len(list(c.schedule.kernels())) == 1
     check(lambda a, b, c: torch.stack([a, b, c], 1) * 2, [torch.randn(3, 4), torch.randn(3, 4), torch.randn(3, 4)])
+
+
+def _rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _rotary(q, k, inv_freq):
+    """Llama's rotary embedding as transformers computes it: the cosine and sine of a (length,
+    head dim) table, broadcast over the batch and the heads."""
+    t = torch.arange(q.shape[2], dtype=torch.float32)
+    freqs = torch.outer(t, inv_freq)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos, sin = emb.cos()[None, None], emb.sin()[None, None]
+    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+
+def _costly_calls_per_element(kernel) -> int:
+    from torchweld.compiler.ir import Op, walk
+    stores = list(kernel.outer_stores) + [s for stage in kernel.stages for s in stage.stores]
+    return sum(1 for s in stores for e in walk(s.value) if e.op in (Op.SIN, Op.COS))
+
+
+@pytest.mark.parametrize("codegen", ["cpp", "triton"])
+def test_a_broadcast_table_of_sines_is_computed_once_not_per_reader_element(codegen):
+    from torchweld.tuning import tuning
+
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, 8, 2).float() / 8))
+    args = [torch.randn(2, 4, 16, 8), torch.randn(2, 4, 16, 8), inv_freq]
+    with tuning.patch(costly_broadcast_min=1):  # (the default waits for a million elements a reader)
+        c = check(_rotary, args, options={"cpu_codegen": codegen})
+    kernels = list(c.schedule.kernels())
+    table = [k for k in kernels if _costly_calls_per_element(k)]
+    assert len(kernels) == 2 and len(table) == 1 and table[0].outer == (16, 8)
+    # small readers recompute the table: a kernel of its own would cost more than it saves
+    small = check(_rotary, args, options={"cpu_codegen": codegen})
+    assert len(list(small.schedule.kernels())) == 1

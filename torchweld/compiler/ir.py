@@ -131,6 +131,12 @@ class OpSet:
         Op.EXP, Op.EXPM1, Op.LOG, Op.LOG1P, Op.LOG2, Op.SIN, Op.COS, Op.TAN, Op.TANH, Op.ATAN,
         Op.SQRT, Op.RSQRT, Op.SIGMOID, Op.ERF, Op.POW, Op.ATAN2,
     })
+    # functions of many instructions each (libdevice's and libm's sin, exp, pow...), not one
+    # hardware instruction (sqrt, rsqrt)
+    Costly = frozenset({
+        Op.EXP, Op.EXPM1, Op.LOG, Op.LOG1P, Op.LOG2, Op.SIN, Op.COS, Op.TAN, Op.TANH, Op.ATAN,
+        Op.SIGMOID, Op.ERF, Op.POW, Op.ATAN2,
+    })
     Elementwise = Unary | Binary | {Op.WHERE, Op.FMA, Op.CAST}
     Reduce = frozenset({Op.SUM, Op.PROD, Op.MAX, Op.MIN})
 
@@ -730,6 +736,22 @@ def cheap_to_recompute(buf: Pointwise, buffers: dict) -> bool:
     fraction = tuning.small_read_fraction
     large = {n.arg for n in nodes if n.op is Op.LOAD and hint(stored_numel(n.arg, buffers)) * fraction > size}
     return len(large) <= 1
+
+
+def broadcasts_costly_math(buf: Pointwise, readers: list) -> bool:
+    """Whether a reader recomputing `buf` would evaluate its costly functions (OpSet.Costly)
+    many times for each of its elements: a reader iterating over tuning.costly_broadcast_ratio
+    times more elements than `buf` has broadcasts it, and one over tuning.costly_broadcast_min
+    elements recomputes enough to pay for a kernel of its own. Llama's rotary embedding took the
+    cosine and sine of its (length, head dim) table once per batch row and head in each kernel
+    that rotated queries or keys: 3 libdevice calls an element made those kernels compute-bound
+    (48 us against 12 at the H200's bandwidth). Stored, the table is computed once and loaded
+    from cache. (A decoding step's table of one position is recomputed: a launch costs more.)"""
+    if not any(n.op in OpSet.Costly for n in walk(buf.body)):
+        return False
+    size = hint(math.prod(buf.shape))
+    iterations = [hint(math.prod(r.full_shape if isinstance(r, Reduction) else r.shape)) for r in readers]
+    return any(n >= tuning.costly_broadcast_ratio * size and n >= tuning.costly_broadcast_min for n in iterations)
 
 
 def stored_numel(name: str, buffers: dict) -> int:

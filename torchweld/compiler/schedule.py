@@ -516,7 +516,8 @@ def _layouts(graph: LoweredGraph) -> dict:
 def inline_pointwise(graph: LoweredGraph) -> None:
     """Substitute Pointwise buffers into the bodies of their readers, so they are never
     stored: one read by exactly one Pointwise/Reduction, and one cheap to recompute
-    (ir.cheap_to_recompute) read by any number of them, in any kernels."""
+    (ir.cheap_to_recompute) read by any number of them, in any kernels; never one whose sines
+    or exponentials a reader would compute again and again (ir.broadcasts_costly_math)."""
     buffers = graph.buffers
     readers: dict[str, set[str]] = {}
     for name, buf in buffers.items():
@@ -539,7 +540,7 @@ def inline_pointwise(graph: LoweredGraph) -> None:
         users = [buffers[u] for u in readers.get(name, ())]
         if not users or not all(isinstance(u, (ir.Pointwise, ir.Reduction)) and u.device == buf.device for u in users):
             continue
-        if len(users) == 1 or ir.cheap_to_recompute(buf, buffers):
+        if (len(users) == 1 or ir.cheap_to_recompute(buf, buffers)) and not ir.broadcasts_costly_math(buf, users):
             inlined.add(name)
     for name in inlined:
         del buffers[name]
