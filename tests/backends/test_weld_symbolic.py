@@ -232,14 +232,6 @@ def _train_and_compare(model, fn, make, sizes, atol=1e-5):
             torch.testing.assert_close(b, c, atol=atol, rtol=1e-4)
 
 
-TORCH_2_11_PINS = pytest.mark.xfail(
-    torch.__version__ < "2.13", strict=False,
-    reason="shortcut: under torch 2.11 (the GPU host's) the joint trace of its attention, batch and length both "
-           "symbolic, reaches C++ code that reads the sizes as ints (aten.size through the fake mode: "
-           "bench/investigations/pinned_symbols.py): compiled per size, results as eager's")
-
-
-@TORCH_2_11_PINS
 @pytest.mark.parametrize("codegen", CODEGENS)
 def test_a_training_step_compiles_once_for_every_length(codegen):
     """The joint forward/backward graph over symbols: one compile serves each sequence length,
