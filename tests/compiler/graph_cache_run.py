@@ -1,6 +1,7 @@
 """One process of tests/compiler/test_graph_cache.py: compile a small model with weld, call it
 three times (inputs changed between calls; `--case state`: then a weight changed in place,
-then a LayerNorm's eps; `--case symbolic`: a function over symbolic sizes, called at --lengths) against eager, and print as JSON the largest
+then a LayerNorm's eps; `--case symbolic`: a function over symbolic sizes, called at --lengths;
+`--case symbolic_train`: a training step over symbolic lengths) against eager, and print as JSON the largest
 difference, whether the graph cache loaded or stored an entry, and the compile phases.
 
     python tests/compiler/graph_cache_run.py --case mlp --seed 0 --eps 1e-5 --batch 4 --dtype float32
@@ -30,7 +31,8 @@ def model(args) -> nn.Module:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--case", choices=("mlp", "state", "train", "triton", "frame_constant", "step", "dropout", "empty_buffer", "symbolic"),
+    parser.add_argument("--case", choices=("mlp", "state", "train", "triton", "frame_constant", "step", "dropout", "empty_buffer", "symbolic",
+                                               "symbolic_train"),
                         default="mlp")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--eps", type=float, default=1e-5)
@@ -124,6 +126,29 @@ def main() -> None:
         for n in map(int, args.lengths.split(",")):
             x = torch.randn(3, n, dtype=dtype)
             diffs += [(a - b).abs().max().item() for a, b in zip(compiled(x), rows(x))]
+    elif args.case == "symbolic_train":  # forward and backward over symbols; the backward takes the batch as an int
+        class Positions(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.positions, self.proj = nn.Embedding(64, 16), nn.Linear(16, 16)
+
+            def forward(self, x):
+                b, t, d = x.shape
+                h = x + self.positions(torch.arange(t))
+                return self.proj(h.reshape(b * t, d)).tanh()
+
+        torch.manual_seed(args.seed)
+        eager = Positions()
+        compiled_model = Positions()
+        compiled_model.load_state_dict(eager.state_dict())
+        step = torchweld.compile(compiled_model, dynamic=True)
+        for n in map(int, args.lengths.split(",")):
+            x = torch.randn(2, n, 16, dtype=dtype)
+            step(x).square().sum().backward()
+            eager(x).square().sum().backward()
+            for a, b in zip(compiled_model.parameters(), eager.parameters()):
+                diffs.append((a.grad - b.grad).abs().max().item())
+                a.grad = b.grad = None
     elif args.case == "frame_constant":  # a tensor made in the frame from numbers: its values are in the graph
         def fn(x):
             return compiled_model(x) * torch.tensor([args.scale, 1.0, 0.5, 3.0, 1.0, 1.0, 1.0, 1.0])

@@ -65,6 +65,17 @@ def test_a_graph_over_symbols_is_loaded_where_its_guards_hold(tmp_path):
         assert result["max_diff"] < 1e-4, result
 
 
+def test_a_training_steps_graphs_over_symbols_are_loaded_at_other_lengths(tmp_path):
+    """A training step compiled over symbols keeps its forward and backward under their symbols:
+    a second process, at other lengths, traces the joint graph again but lowers nothing, and its
+    gradients equal eager's (its backward reads the batch, which no saved tensor holds alone)."""
+    cache = str(tmp_path)
+    first, _ = run(cache, "--case", "symbolic_train", "--lengths", "5,9")
+    second, _ = run(cache, "--case", "symbolic_train", "--lengths", "12,7,20", "--seed", "1")
+    assert first["lowered"] and second["loaded"] and not second["lowered"], (first, second)
+    assert first["max_diff"] < 1e-5 and second["max_diff"] < 1e-5, (first, second)
+
+
 def test_a_modules_empty_buffer_returned_by_a_loaded_graph_is_that_buffer(tmp_path):
     """A loaded graph's outputs alias the module as eager's do: a module's own empty buffer,
     returned, is that very object (empty constants the trace makes are kept by value; a

@@ -32,9 +32,10 @@ holds the guards its compile recorded, which a load checks at the call's sizes (
 do not admit is compiled again, and replaced) and records in the new compile's ShapeEnv, so
 the loaded graph assumes what the compiled one did. Not kept (compiled each time, as before):
 graphs compiled with `freeze` (constants computed at compile time) or `max_autotune`
-(choices timed on this machine), a training step's graphs over symbolic sizes. A training step's two
-graphs take the module's tensors as inputs (no `attr` recipe): a training entry names them
-by key (autograd/training_cache.py) and loads them without the graphs' text.
+(choices timed on this machine). A training step's two graphs take the module's tensors as
+inputs (no `attr` recipe): a training entry names them by key (autograd/training_cache.py) and
+loads them without the graphs' text; over symbolic sizes there is no training entry yet
+(shortcut: the joint trace and the partition run again, and find their two graphs' entries).
 """
 from __future__ import annotations
 
@@ -94,9 +95,8 @@ def graph_key(gm: torch.fx.GraphModule, example_inputs: list, options: dict, tra
                                                                                        *x.stride())))
            for x in example_inputs):
         env = compiling_env()
-        if env is None or traced:
-            log.debug("graph cache: symbolic sizes outside a compile over them, or a training step's graphs "
-                      "over symbols, are not kept (shortcut)")
+        if env is None:
+            log.debug("graph cache: symbolic sizes outside a compile over them are not kept")
             return None
     try:
         with timing.phase("weld.graph_cache.key"):
@@ -192,6 +192,8 @@ def _literal(value) -> str:
         return "..."
     if isinstance(value, torch.fx.Node):
         return f"%{value.name}"
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):  # an aten graph's size over symbols
+        return f"{type(value).__name__}:{value.node.expr}"
     if callable(value):
         return _callable_name(value)
     raise NotKept(f"an argument of type {type(value).__name__}")
