@@ -335,6 +335,27 @@ def test_a_training_graph_taking_an_int_over_symbols():
     _compiled_once(fn)
 
 
+def causal_lm_loss(logits, labels):
+    """transformers' causal LM loss: labels padded by one and shifted, cross entropy over the rows."""
+    labels = F.pad(labels, (0, 1), value=-100)[..., 1:].contiguous()
+    return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), labels.view(-1), ignore_index=-100)
+
+
+@pytest.mark.parametrize("codegen", ["cpp", "triton"])
+def test_a_padded_loss_over_batches_and_lengths_compiles_once(codegen):
+    """F.pad of a tensor of symbolic sizes: its C++ kernel read them as ints (the compile went per
+    size); under the Python dispatcher it does not."""
+    fn = _compiled(causal_lm_loss, codegen)
+    for b, t in ((2, 16), (3, 24), (4, 9), (2, 13)):
+        logits, labels = torch.randn(b, t, 32), torch.randint(0, 32, (b, t))
+        a, b_ = logits.clone().requires_grad_(), logits.clone().requires_grad_()
+        torch.testing.assert_close(fn(a, labels), causal_lm_loss(b_, labels))
+        fn(a, labels).backward()
+        causal_lm_loss(b_, labels).backward()
+        torch.testing.assert_close(a.grad, b_.grad)
+    _compiled_once(fn)
+
+
 def test_a_training_graph_with_batch_norm_over_growing_batches():
     """Batch statistics over a symbolic batch, the running statistics written back at each call."""
     torch.manual_seed(0)

@@ -19,7 +19,7 @@ reads (tensor literals), and fakes registered as standing for real ones
 
 An op whose result's shape depends on tensor data (`nonzero`) fails as it does under fake
 tensors, and the caller falls back. Over symbolic sizes (placeholders whose sizes are SymInts),
-scaled_dot_product_attention and matmul run under the Python dispatcher (`_CompositesOverSymbols`).
+scaled_dot_product_attention, matmul and pad run under the Python dispatcher (`_CompositesOverSymbols`).
 """
 from __future__ import annotations
 
@@ -70,14 +70,14 @@ def autograd_decomposes(func, args, kwargs) -> bool:
 # C++ composites that read symbolic sizes as ints on some torch versions; over symbols they run
 # under the Python dispatcher (_CompositesOverSymbols)
 _PYTHON_KERNELS_OVER_SYMBOLS = frozenset({
-    F.scaled_dot_product_attention,
+    F.scaled_dot_product_attention, F.pad,
     torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.Tensor.__rmatmul__,
     torch._C.TensorBase.matmul,
 })
 
 
 class _CompositesOverSymbols(TorchFunctionMode):
-    """Runs scaled_dot_product_attention and matmul under the Python dispatcher, as capture runs every
+    """Runs scaled_dot_product_attention, matmul and pad under the Python dispatcher, as capture runs every
     op over symbols (output_graph._run_fake) and make_fx its symbolic traces: they are C++ composites,
     which decompose above the recorder, and some of their paths fail on symbolic sizes in C++.
     Attention's memory-efficient path on CUDA pads the mask (`pad_bias`: rows aligned to 8) with
@@ -86,7 +86,9 @@ class _CompositesOverSymbols(TorchFunctionMode):
     runs C++ matmul, whose `sizes()` reads the symbols as ints, guarding each equal to its hint:
     under torch 2.11 a plain `q @ k.transpose(-2, -1)` of a training step's joint trace did so too
     (`aten.size` through the fake mode: the compile over symbols became one per size;
-    bench/investigations/pinned_symbols.py). The Python dispatcher takes the Python meta and
+    bench/investigations/pinned_symbols.py), and under torch 2.13 `F.pad` of a tensor of symbolic
+    sizes (transformers' causal LM loss pads its labels) ran constant_pad_nd's C++ kernel, which
+    reads them so. The Python dispatcher takes the Python meta and
     matmul kernels torch registers for symbolic sizes instead, which decide on sizes through the
     ShapeEnv (guards). Other ops trace as without symbols."""
 
