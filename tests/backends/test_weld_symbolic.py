@@ -299,12 +299,17 @@ class PositionsFlattened(torch.nn.Module):
         return self.proj(h.reshape(b * t, d)).relu().reshape(b, t, d) * (t ** 0.5)
 
 
-def test_a_backward_gets_the_sizes_no_saved_tensor_holds():
+@pytest.mark.parametrize("codegen", [*CODEGENS, pytest.param("cuda-graphs", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA"))])
+def test_a_backward_gets_the_sizes_no_saved_tensor_holds(codegen):
     torch.manual_seed(0)
     model = PositionsFlattened()
-    fn = _compiled(model, "cpp")
-    sizes = ((2, 5), (3, 9), (2, 12), (4, 7))
-    _train_and_compare(model, fn, lambda bt: torch.randn(*bt, 16), sizes)
+    device = "cuda" if codegen.startswith("cuda") else "cpu"
+    model = model.to(device)
+    # under reduce-overhead each size is a recording of its own, its backward's int inputs too
+    fn = _compiled(model, "cuda", mode="reduce-overhead") if codegen == "cuda-graphs" else _compiled(model, codegen)
+    sizes = ((2, 5), (3, 9), (2, 12), (4, 7), (3, 9))
+    _train_and_compare(model, fn, lambda bt: torch.randn(*bt, 16, device=device), sizes)
     _compiled_once(fn)
 
 
