@@ -77,20 +77,21 @@ _PYTHON_KERNELS_OVER_SYMBOLS = frozenset({
 
 
 class _CompositesOverSymbols(TorchFunctionMode):
-    """Runs scaled_dot_product_attention, matmul and pad under the Python dispatcher, as capture runs every
-    op over symbols (output_graph._run_fake) and make_fx its symbolic traces: they are C++ composites,
-    which decompose above the recorder, and some of their paths fail on symbolic sizes in C++.
-    Attention's memory-efficient path on CUDA pads the mask (`pad_bias`: rows aligned to 8) with
-    constant_pad_nd, whose C++ meta kernel takes the pads as ints ("SymIntArrayRef expected to
-    contain only concrete integers"); its math path (a mask it cannot align: BERT's, broadcast)
-    runs C++ matmul, whose `sizes()` reads the symbols as ints, guarding each equal to its hint:
-    under torch 2.11 a plain `q @ k.transpose(-2, -1)` of a training step's joint trace did so too
-    (`aten.size` through the fake mode: the compile over symbols became one per size;
-    bench/investigations/pinned_symbols.py), and under torch 2.13 `F.pad` of a tensor of symbolic
-    sizes (transformers' causal LM loss pads its labels) ran constant_pad_nd's C++ kernel, which
-    reads them so. The Python dispatcher takes the Python meta and
-    matmul kernels torch registers for symbolic sizes instead, which decide on sizes through the
-    ShapeEnv (guards). Other ops trace as without symbols."""
+    """Runs scaled_dot_product_attention, matmul and pad under the Python dispatcher, as capture
+    runs every op over symbols (output_graph._run_fake) and make_fx its symbolic traces. They are
+    C++ composites, which decompose above the recorder, and some of their C++ paths read symbolic
+    sizes as ints (`aten.size` through the fake mode), guarding each equal to its hint, which
+    makes the compile over symbols one per size (bench/investigations/pinned_symbols.py names the
+    torch function where that happens):
+      - attention's memory-efficient path on CUDA pads the mask (`pad_bias`: rows aligned to 8)
+        with constant_pad_nd, whose C++ meta kernel takes the pads as ints ("SymIntArrayRef
+        expected to contain only concrete integers"); its math path (a mask it cannot align:
+        BERT's, broadcast) runs C++ matmul;
+      - under torch 2.11, a plain `q @ k.transpose(-2, -1)` in a training step's joint trace;
+      - under torch 2.13, `F.pad` (transformers' causal LM loss pads its labels): constant_pad_nd.
+    The Python dispatcher takes the Python meta and matmul kernels torch registers for symbolic
+    sizes instead, which decide on sizes through the ShapeEnv (guards). Other ops trace as
+    without symbols."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if func not in _PYTHON_KERNELS_OVER_SYMBOLS:
