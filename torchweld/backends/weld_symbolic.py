@@ -55,6 +55,10 @@ class SymbolicCopy:
         self.env = CaptureShapeEnv()  # (whose guards name no stack: torch's walk of it imports its own compiler)
         self.env.user_location = lambda: "weld's compile over symbols"
         self.mode = FakeTensorMode(shape_env=self.env, allow_non_fake_inputs=True)
+        # torch's cache of fake results, over symbols: its entries cost more to build and to
+        # rebuild results from than the ops (GPT-2's aten trace 1.0 -> 0.65 s on the CPU without
+        # it); fake_memo replays the ops a graph repeats
+        self.mode.cache_enabled = False
         self._renamed: dict = {}  # capture's symbol -> weld's
         self._hints: dict = {}  # capture's symbol -> its value in this call
         self.symbols: dict = {}

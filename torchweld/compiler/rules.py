@@ -638,9 +638,32 @@ def make_view(node, x: BufferView, index_fn, view_fn=None, key: tuple | None = N
 def reshape_index(out_index: list[Expr], in_shape, out_shape) -> list[Expr]:
     """The input index of a row-major reshape, dim group by dim group (no div/mod when dims just split)."""
     in_shape, out_shape = list(in_shape), list(out_shape)
-    if 0 in in_shape or 0 in out_shape:
+    groups = _reshape_groups(in_shape, out_shape)
+    if groups is None:
         return [ir.const(0) for _ in in_shape]
     result: list[Expr] = []
+    for gi, gj in groups:
+        flat = ir.flat_index([out_index[k] for k in gj], ir.contiguous_strides([out_shape[k] for k in gj]))
+        result.extend(ir.unravel(flat, [in_shape[k] for k in gi]))
+    return result
+
+
+def _reshape_groups(in_shape: list, out_shape: list) -> list[tuple[list[int], list[int]]] | None:
+    """The groups of input dims and output dims of equal products that a reshape maps onto each
+    other; None for an empty tensor. Over symbols, kept for the compile (compile_memo): every
+    layer of a transformer reshapes alike, and each comparison of sizes is sympy's."""
+    memo = compile_memo("reshape_groups")
+    key = sizes_key((in_shape, out_shape)) if memo is not None else None
+    if memo is not None and key in memo:
+        return memo[key]
+    groups = None if 0 in in_shape or 0 in out_shape else _groups_of_equal_products(in_shape, out_shape)
+    if memo is not None:
+        memo[key] = groups
+    return groups
+
+
+def _groups_of_equal_products(in_shape: list, out_shape: list) -> list[tuple[list[int], list[int]]]:
+    groups = []
     i = j = 0
     while i < len(in_shape) or j < len(out_shape):
         # grow a group of input dims and output dims with equal products
@@ -657,11 +680,8 @@ def reshape_index(out_index: list[Expr], in_shape, out_shape) -> list[Expr]:
                 pj *= out_shape[j]
                 gj.append(j)
                 j += 1
-        gi = [k for k in gi if k < len(in_shape)]
-        gj = [k for k in gj if k < len(out_shape)]
-        flat = ir.flat_index([out_index[k] for k in gj], ir.contiguous_strides([out_shape[k] for k in gj]))
-        result.extend(ir.unravel(flat, [in_shape[k] for k in gi]))
-    return result
+        groups.append(([k for k in gi if k < len(in_shape)], [k for k in gj if k < len(out_shape)]))
+    return groups
 
 
 @lowers(aten.view, aten._unsafe_view, aten.reshape, prims.reshape, aten.view.dtype)
