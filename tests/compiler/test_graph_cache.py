@@ -199,3 +199,25 @@ def test_a_wrapped_operator_has_a_recipe():
     recipe = graph_cache._callable_recipe(wrapped)
     assert json.loads(json.dumps(recipe)) == recipe
     assert graph_cache._callable_from(recipe) == wrapped
+
+
+def test_a_fast_launch_over_symbols_is_kept_as_the_python_that_computes_its_sizes():
+    """A CUDA kernel's fast launch over symbols has a grid and int arguments that are SymInts: the
+    entry keeps the Python the wrapper computes them with (JSON has no SymInt: the compile over
+    symbols failed at its store and went per size on the H200), and a load renders them alike."""
+    import types
+
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
+
+    from torchweld.capture.symbolic_sizes import SizeSource
+    from torchweld.compiler.symbols import size_text
+
+    env = ShapeEnv()
+    s = env.create_symintnode(env.create_symbol(300, SizeSource("x", 1), dynamic_dim=DimDynamic.DYNAMIC), hint=300)
+    job = types.SimpleNamespace(arg_dtypes=(torch.float32,), aligned=(True,), config=(("XBLOCK", 128),),
+                                device=torch.device("cuda", 0), ints=(), params=(), unspecialized=())
+    part = types.SimpleNamespace(job=job, grid=(s * 768 + 127) // 128, args=("arg1",), ints=(s * 768, 768))
+    entry = json.loads(json.dumps(graph_cache._fast_part(part, "k_0")))
+    grid, ints = graph_cache._size_from(entry["grid"]), [graph_cache._size_from(v) for v in entry["ints"]]
+    assert size_text(grid) == size_text(part.grid) and [size_text(v) for v in ints] == list(map(size_text, part.ints))
+    assert ints[1] == 768 and ints[0] != 1  # a constant stays an int; a symbolic size is never Triton's constant 1

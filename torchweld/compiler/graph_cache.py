@@ -56,7 +56,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from torchweld import config, disk_cache, timing
 from torchweld.compiler.aten_trace import CONSTANT_PREFIX
-from torchweld.compiler.symbols import compiling_env, is_symbol_size, symbol_values
+from torchweld.compiler.symbols import compiling_env, is_symbol_size, size_text, symbol_values
 from torchweld.tuning import tuning
 
 log = logging.getLogger("torchweld.cache")
@@ -336,10 +336,29 @@ def _binds_attributes(entry: dict) -> bool:
 
 def _fast_part(part, function: str) -> dict:
     job = part.job
-    return {"grid": part.grid, "args": list(part.args), "ints": list(part.ints), "function": function,
+    return {"grid": _size_entry(part.grid), "args": list(part.args), "ints": list(map(_size_entry, part.ints)),
+            "function": function,
             "arg_dtypes": [str(d).removeprefix("torch.") for d in job.arg_dtypes], "aligned": list(job.aligned),
             "config": [list(c) for c in job.config], "device": str(job.device), "classes": list(job.ints),
             "params": list(job.params), "unspecialized": list(job.unspecialized)}
+
+
+def _size_entry(n: object) -> object:
+    """A launch's grid or int argument in an entry: an int, or over symbols the Python the
+    wrapper computes it with (`size_text`), {"text": ...}."""
+    return {"text": size_text(n)} if is_symbol_size(n) else n
+
+
+class _SizeText(str):
+    """A size the wrapper computes, loaded from an entry: `size_text` renders it as itself, and
+    it is no launch constant (`!= 1`), as the symbolic size it was."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def _size_from(entry: object) -> object:
+    return _SizeText(entry["text"]) if isinstance(entry, dict) else entry
 
 
 def _callable_recipe(fn):
@@ -496,7 +515,8 @@ def _triton_kernels(entry: dict, kernel_objects: dict, sources: dict, paths: dic
         tuple(p["params"]), tuple(p["unspecialized"])) for p in parts.values()]
     with timing.phase("weld.triton_compile"):
         handles = triton_launch.compile_kernels(jobs)
-    return {name: fast_launch(name, p["grid"], p["args"], tuple(p["ints"]), handle, kernel_objects)
+    return {name: fast_launch(name, _size_from(p["grid"]), p["args"], tuple(map(_size_from, p["ints"])), handle,
+                              kernel_objects)
             for (name, p), handle in zip(parts.items(), handles)}
 
 
