@@ -221,3 +221,19 @@ def test_a_fast_launch_over_symbols_is_kept_as_the_python_that_computes_its_size
     grid, ints = graph_cache._size_from(entry["grid"]), [graph_cache._size_from(v) for v in entry["ints"]]
     assert size_text(grid) == size_text(part.grid) and [size_text(v) for v in ints] == list(map(size_text, part.ints))
     assert ints[1] == 768 and ints[0] != 1  # a constant stays an int; a symbolic size is never Triton's constant 1
+
+
+def test_an_entry_that_cannot_be_written_leaves_the_compile_be(tmp_path, monkeypatch, caplog):
+    """A value the entry cannot hold (here the outputs' spec) is a warning and an entry not kept,
+    never a failed compile: the graph runs, compiled, as eager's."""
+    import logging
+
+    import torchweld
+
+    monkeypatch.setattr(graph_cache.pytree, "treespec_dumps", lambda spec: object())
+    fn = torchweld.compile(lambda x: (x * 2).relu() + 1, backend="weld")
+    x = torch.randn(5, 7)
+    with torchweld.config.patch(cache_dir=str(tmp_path), graph_cache=True), caplog.at_level(logging.WARNING):
+        torch.testing.assert_close(fn(x), (x * 2).relu() + 1)
+    assert any("cannot write" in r.getMessage() for r in caplog.records)
+    assert not glob.glob(os.path.join(str(tmp_path), "graphs", "*.json"))

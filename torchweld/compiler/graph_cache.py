@@ -327,6 +327,9 @@ def store(key: GraphKey, parts, out_spec) -> bool:
         log.debug("graph cache: this graph is not kept: %s", e)
     except OSError as e:
         log.warning("torchweld: cannot write a graph cache entry (%s); the graph is compiled each time", e)
+    except (TypeError, ValueError) as e:  # a value JSON cannot hold: our bug, not the compile's failure
+        log.warning("torchweld: a graph cache entry holds a value it cannot write (%s: %s); the graph is "
+                    "compiled each time", type(e).__name__, e)
     return False
 
 
