@@ -455,3 +455,18 @@ def test_batch_norm_statistics_in_training_mode_under_no_grad(codegen):
             torch.testing.assert_close(fn(x), eager_bn(x) * 2)
             torch.testing.assert_close(compiled_bn.running_mean, eager_bn.running_mean)
             torch.testing.assert_close(compiled_bn.running_var, eager_bn.running_var)
+
+
+@pytest.mark.parametrize("codegen", CODEGENS)
+def test_a_compile_over_symbols_is_kept_in_the_graph_cache_and_still_serves_every_size(codegen, tmp_path):
+    """With the graph cache on (users' default; the suite runs with it off), the compile over
+    symbols is stored and serves every size: on CUDA its store failed (a fast launch's SymInt
+    grid in the entry's JSON) and the graph went per size."""
+    import glob
+    import os
+
+    with torchweld.config.patch(cache_dir=str(tmp_path), graph_cache=True):
+        fn = _compiled(pointwise, codegen)
+        _run(fn, pointwise, _on(codegen, lambda n: (torch.randn(n, 8), torch.randn(n, 8))), (5, 9, 13, 7))
+    _compiled_once(fn)
+    assert glob.glob(os.path.join(str(tmp_path), "graphs", "*.json"))
