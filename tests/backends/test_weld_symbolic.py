@@ -146,6 +146,7 @@ def test_a_call_outside_the_guards_is_compiled_per_size(caplog, monkeypatch):
     from torchweld.compiler.codegen import triton
 
     monkeypatch.setattr(triton, "INT32_LIMIT", 4096)
+    monkeypatch.setattr(torchweld.config, "graph_cache", False)  # (an entry from before the patch: loaded)
     fn = _compiled(rows, "triton")
     with torchweld.config.patch(logs="dynamic"), caplog.at_level(logging.INFO, logger="torchweld"):
         _run(fn, rows, lambda n: (torch.randn(3, n),), (5, 9, 2000, 2000, 7))
@@ -189,6 +190,7 @@ def test_a_graph_weld_cannot_compile_over_symbols_is_compiled_per_size(caplog, m
     from torchweld.compiler.codegen import size_args
 
     monkeypatch.setattr(size_args, "parameterized", lambda kernel: None)
+    monkeypatch.setattr(torchweld.config, "graph_cache", False)  # (an entry from before the patch: loaded)
     fn = _compiled(rows, "triton")
     with torchweld.config.patch(logs="dynamic"), caplog.at_level(logging.INFO, logger="torchweld"):
         _run(fn, rows, lambda n: (torch.randn(n, 5),), (5, 9, 9, 5))
