@@ -317,18 +317,23 @@ def test_a_backward_gets_the_sizes_no_saved_tensor_holds(codegen):
 
 def test_a_training_graph_taking_an_int_over_symbols():
     """An int argument that changes between calls is a symbol of the training compile too: an
-    input of the forward, and of the backward, which computes with it."""
+    input of the forward, and of the backward, which computes with it. Between calls the weight
+    changes in place and a setting the step reads changes: each call as eager's."""
     torch.manual_seed(0)
     linear = torch.nn.Linear(16, 16)
     reference = torch.nn.Linear(16, 16)
     reference.load_state_dict(linear.state_dict())
+    state = {"scale": 1.0}
 
     def step(lin, x, n):
         h = lin(x)[:, :n]
-        return (h * n).reshape(-1, 16).tanh()
+        return (h * n * state["scale"]).reshape(-1, 16).tanh()
 
+    changes = [lambda: None, lambda: [m.weight.data.mul_(-0.5) for m in (linear, reference)],
+               lambda: state.update(scale=0.25), lambda: None, lambda: None]
     fn = _compiled(lambda x, n: step(linear, x, n), "cpp")
-    for length, n in ((5, 3), (7, 4), (9, 6), (6, 2), (8, 5)):
+    for (length, n), change in zip(((5, 3), (7, 4), (9, 6), (6, 2), (8, 5)), changes):
+        change()
         x = torch.randn(2, length, 16, requires_grad=True)
         x2 = x.detach().clone().requires_grad_()
         out, expected = fn(x, n), step(reference, x2, n)
@@ -339,7 +344,9 @@ def test_a_training_graph_taking_an_int_over_symbols():
         for p, q in zip(linear.parameters(), reference.parameters()):
             torch.testing.assert_close(p.grad, q.grad)
             p.grad = q.grad = None
-    _compiled_once(fn)
+    # the changed setting is a recompile (capture guards its value), each over symbols, none per size
+    compiled = [e.namespace["___graph"] for e in fn.cache_entries if isinstance(e.namespace.get("___graph"), CompiledSymbolic)]
+    assert len(compiled) == 2 and all(c.per_size.compiles == c.per_size.calls_as_captured == 0 for c in compiled)
 
 
 def causal_lm_loss(logits, labels):

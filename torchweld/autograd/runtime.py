@@ -93,7 +93,8 @@ class CompiledGraphFunction(torch.autograd.Function):
                 outputs[i] = primals[j].as_strided(size, stride, primals[j].storage_offset() + offset)
         ctx.graph = graph
         ctx.leased = lease is not None
-        ctx.numbers = [primals[i] if d is None else primals[i].size(d) for i, d in graph.numbers]
+        ctx.numbers = [primals[i] if d is None else primals[i].size(d) for i, d in graph.numbers] \
+            if graph.numbers else ()  # (over static sizes, nothing to read at each call)
         ctx.save_for_backward(*saved, *([lease] if ctx.leased else []))
         _unview_intermediates(outputs, graph.input_view_outputs | graph.written_primal_views.keys())
         for i in graph.non_diff_outputs:
