@@ -136,3 +136,59 @@ def test_symbolic_sizes_replay_per_shape_env(monkeypatch):
                 assert same_storage(repeat, x)
             else:
                 assert not same_storage(repeat, first)
+
+
+def test_in_place_ops_are_remembered_as_returning_their_input(monkeypatch):
+    """x.relu_() and x.add_(y) give back x, unchanged in layout: a repeat returns x without
+    dispatching; an in-place call that fails (a float added into an int tensor) fails every
+    time; ops that change their input's layout (resize_) or write other arguments are not
+    remembered."""
+    with FakeTensorMode() as mode:
+        x, y = fake(mode, 4, 6), fake(mode, 6)
+        ints = fake(mode, 4, 6, dtype=torch.int64)
+        for _ in range(2):
+            with pytest.raises(RuntimeError, match="not possible|can.t be cast"):
+                fake_memo.run(aten.add_.Tensor, (ints, x), {})
+        assert fake_memo.run(aten.add_.Tensor, (x, y), {}) is x
+        assert fake_memo.run(aten.relu_.default, (x,), {}) is x
+        calls = []
+        original = FakeTensorMode.__torch_dispatch__
+        monkeypatch.setattr(FakeTensorMode, "__torch_dispatch__",
+                            lambda self, *a, **k: calls.append(a[0]) or original(self, *a, **k))
+        assert fake_memo.run(aten.add_.Tensor, (x, y), {}) is x
+        assert fake_memo.run(aten.relu_.default, (x,), {}) is x
+        assert calls == []
+        z = fake(mode, 4, 6)
+        for _ in range(2):
+            assert tuple(fake_memo.run(aten.resize_.default, (z, [8, 8]), {}).shape) == (8, 8)
+        assert calls.count(aten.resize_.default) == 2
+    assert fake_memo._kind(aten.resize_.default) is None and fake_memo._kind(aten.add.out) is None
+    assert fake_memo._kind(aten._native_batch_norm_legit.default) is None  # writes the running statistics
+
+
+def test_exported_results_are_replayed_after_forget(monkeypatch):
+    """What export() gives (the ops by name) absorb() takes back, in this process or another:
+    the calls are then replayed without dispatching. Entries of unknown ops or of another shape
+    are skipped."""
+    fake_memo.forget()
+    with FakeTensorMode() as mode:
+        x = fake(mode, 5, 7)
+        calls = [(aten.exp.default, (x,), {}), (aten.t.default, (x,), {}), (aten.relu_.default, (x,), {})]
+        firsts = [fake_memo.run(f, a, k) for f, a, k in calls]
+    exported = fake_memo.export()
+    assert fake_memo.unsaved() == 0 and len(exported) == 3 and all(isinstance(k[0], str) for k in exported)
+    fake_memo.forget()
+    junk = {("aten.no_such_op.default", 1): (False,), ("not an op",): (False,), (): (False,), ("aten.exp.default",): 3}
+    assert fake_memo.absorb({**exported, **junk}) == 3
+    mode = FakeTensorMode()
+    x = fake(mode, 5, 7)
+    dispatched = []
+    original = FakeTensorMode.__torch_dispatch__
+    monkeypatch.setattr(FakeTensorMode, "__torch_dispatch__",
+                        lambda self, *a, **k: dispatched.append(a[0]) or original(self, *a, **k))
+    with mode:
+        repeats = [fake_memo.run(f, (x,), {}) for f, _, _ in calls]
+    assert dispatched == []
+    assert [metadata(r)[:4] for r in repeats] == [metadata(f)[:4] for f in firsts]
+    assert same_storage(repeats[1], x) and repeats[2] is x
+    fake_memo.forget()

@@ -36,12 +36,14 @@ from torch.utils._mode_utils import no_dispatch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 _DEVICE = torch.ops.prim.device.default
-_FRESH, _VIEW = 1, 2
+_FRESH, _VIEW, _IN_PLACE = 1, 2, 3
+_RETURNS_SELF = ("self",)  # what an in-place op's entry holds: it returned its first argument, unchanged in layout
 _kinds: dict[torch._ops.OpOverload, int | None] = {}  # op -> _FRESH, _VIEW or None (not memoized)
 _results: dict[tuple, tuple] = {}  # key -> (is a tuple, then (size, stride, offset, dtype, device) per output)
 _symbolic_results: "weakref.WeakKeyDictionary[object, dict]" = weakref.WeakKeyDictionary()  # ShapeEnv -> its table
 _PYTHON_DISPATCHER = torch._C.DispatchKey.PythonDispatcher
 _MAX_ENTRIES = 200_000  # forgotten all at once beyond this (a long-running process tracing many models)
+_unsaved = 0  # results over static sizes remembered since export() last ran (fake_memo_disk.py saves them)
 _SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
 _SKIP_TAGS = (torch.Tag.data_dependent_output, torch.Tag.dynamic_output_shape, torch.Tag.inplace_view)
 
@@ -83,26 +85,107 @@ def run(func, args: tuple, kwargs: dict):
         parts.append(torch._C._dispatch_tls_is_dispatch_key_included(_PYTHON_DISPATCHER))  # (decides meta kernels)
     key = (*parts, *kwargs)
     known = table.get(key)
-    if known is not None:
+    if kind == _IN_PLACE:
+        if known == _RETURNS_SELF:
+            return args[0]
+        layout = _layout(args[0])
+        out = func(*args, **kwargs)
+        outputs = _RETURNS_SELF if out is args[0] and _layout(out) == layout else None
+    elif known is not None:
         return _rebuild(known, mode, args[0] if kind == _VIEW else None)
-    out = func(*args, **kwargs)
-    outputs = _remember(out, mode, args, kind)
+    else:
+        out = func(*args, **kwargs)
+        outputs = _remember(out, mode, args, kind)
     if outputs is not None:
         if len(table) >= _MAX_ENTRIES:
             table.clear()
         table[key] = outputs
+        if table is _results:
+            global _unsaved
+            _unsaved += 1
     return out
+
+
+def unsaved() -> int:
+    """How many results over static sizes were remembered since `export` last ran."""
+    return _unsaved
+
+
+def export() -> dict:
+    """The results over static sizes, with each op by its name ("aten.add.Tensor"): what
+    fake_memo_disk.py writes (entries holding anything else than plain values are left out)."""
+    global _unsaved
+    _unsaved = 0
+    portable = {}
+    for key, result in list(_results.items()):  # (a copy: a compile thread may add results meanwhile)
+        if _plain(key[1:]) and _plain(result):
+            portable[(str(key[0]), *key[1:])] = result
+    return portable
+
+
+def absorb(entries: dict) -> int:
+    """Add results `export` gave (here, or in another process with the same torch) to the
+    remembered ones; the number added. Entries of ops this torch lacks are skipped."""
+    ops: dict[str, object] = {}
+    added = 0
+    for key, result in entries.items():
+        try:
+            name = key[0]
+            op = ops[name] if name in ops else ops.setdefault(name, _op_named(name))
+            if op is not None and _plain(key[1:]) and _a_result(result) and (op, *key[1:]) not in _results:
+                _results[(op, *key[1:])] = result
+                added += 1
+        except (TypeError, IndexError):
+            continue  # not an entry export made
+    return added
+
+
+_PLAIN_TYPES = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)
+_PLAIN_CLASSES = frozenset({*_PLAIN_TYPES, list, tuple})  # the classes _describe puts in a key
+
+
+def _plain(value) -> bool:
+    """Whether `value` holds only numbers, strings, torch's dtypes/devices/layouts and tuples
+    of them, and the classes of those (what a key or result of static sizes is made of)."""
+    if isinstance(value, tuple):
+        return all(map(_plain, value))
+    return type(value) in _PLAIN_TYPES or (type(value) is type and value in _PLAIN_CLASSES)
+
+
+def _a_result(value) -> bool:
+    """Whether `value` is a result as `run` remembers it: _RETURNS_SELF, or whether it is a
+    tuple, then (size, stride, offset, dtype, device) per output."""
+    if value == _RETURNS_SELF:
+        return True
+    if type(value) is not tuple or len(value) < 2 or type(value[0]) is not bool:
+        return False
+    return all(type(info) is tuple and len(info) == 5 and _plain(info) and type(info[3]) is torch.dtype
+               and type(info[4]) is torch.device for info in value[1:])
+
+
+def _op_named(name: str):
+    """The OpOverload named `name` ("aten.add.Tensor"), or None where this torch has none."""
+    parts = name.split(".") if isinstance(name, str) else ()
+    if len(parts) != 3 or parts[0] not in ("aten", "prims"):
+        return None
+    try:
+        op = getattr(getattr(getattr(torch.ops, parts[0]), parts[1]), parts[2])
+    except (AttributeError, RuntimeError):
+        return None
+    return op if isinstance(op, torch._ops.OpOverload) else None
 
 
 def _kind(func) -> int | None:
     """Whether calls of `func` are memoized: as fresh results, as views of the first
-    argument, or not at all."""
+    argument, as in-place ops on the first argument (x.relu_()), or not at all."""
     if not isinstance(func, torch._ops.OpOverload) or func.namespace not in ("aten", "prims"):
         return None
     schema = func._schema
     returns = schema.returns
-    if schema.is_mutable or not returns or any(tag in func.tags for tag in _SKIP_TAGS):
+    if not returns or any(tag in func.tags for tag in _SKIP_TAGS):
         return None
+    if schema.is_mutable:
+        return _IN_PLACE if _writes_first_argument_only(schema) else None
     if func is torch.ops.aten._unsafe_view.default or any(str(r.type) != "Tensor" for r in returns):
         return None
     aliases = [r.alias_info for r in returns]
@@ -113,6 +196,22 @@ def _kind(func) -> int | None:
             and not torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd")):
         return _VIEW
     return None
+
+
+def _writes_first_argument_only(schema) -> bool:
+    """Whether an op writes its first argument alone and returns it (add_, relu_, copy_; not
+    out= ops, nor batch norm's update of its running statistics)."""
+    arguments = [a for a in (*schema.arguments,) if a.alias_info is not None and a.alias_info.is_write]
+    if len(schema.returns) != 1 or len(arguments) != 1 or arguments[0] is not schema.arguments[0]:
+        return False
+    alias = schema.returns[0].alias_info
+    return alias is not None and alias.is_write and alias.before_set == arguments[0].alias_info.before_set
+
+
+def _layout(t) -> tuple:
+    """What an in-place op must leave as it was for its call to be remembered (resize_ and
+    set_ change it)."""
+    return (t.shape, t.stride(), t.storage_offset(), t.dtype, t.untyped_storage()._cdata)
 
 
 def _describe(values, parts: list, modes: list) -> bool:

@@ -175,9 +175,9 @@ def _weld(gm: torch.fx.GraphModule, example_inputs: list, mode, options: dict, s
     from torchweld.compiler.lowering import LoweringError
     from torchweld.runtime.cpp_loader import CppCompileError
 
-    graph_module = prepare(gm, options, inference=True)
     try:
-        compiled = compile_graph(graph_module, list(example_inputs), compile_options(mode, options))
+        compiled = compile_graph(gm, list(example_inputs), compile_options(mode, options),
+                                 prepare=lambda captured: prepare(captured, options, inference=True))
     except (LoweringError, CppCompileError) as e:
         if symbolic:
             raise SymbolicCompileError(str(e)) from e

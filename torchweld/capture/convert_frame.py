@@ -16,7 +16,7 @@ from typing import Callable
 
 import torch
 
-from torchweld import config, gc_pause, logs, timing
+from torchweld import config, fake_memo_disk, gc_pause, logs, timing
 from torchweld.atomic_imports import imports_finish_first
 from torchweld.capture import ddp_split, guard_extension, rank_compiles
 from torchweld.capture.cache import CacheEntry, UserLine, build_entry, signature_of
@@ -73,8 +73,11 @@ def translate_frame(fn: types.FunctionType, args: tuple, kwargs: dict, settings:
     before = timing.snapshot()
     try:  # a Ctrl-C during one of the first compile's lazy imports waits for that import to finish
         with imports_finish_first(), timing.phase("capture"), gc_pause.paused(), fake_errors_unlogged():
+            fake_memo_disk.load()  # (once per process) the fake results earlier processes learned
             return _translate_frame(fn, args, kwargs, settings, dims)
     finally:
+        with timing.phase("fake_results.save"):
+            fake_memo_disk.save()
         timing.log_frame(fn.__code__.co_qualname, before)
 
 
@@ -215,8 +218,10 @@ def _graph_entry(fn, tx: Translator, rebuild: Reconstructor, body: list[str], se
 
 
 def _compile_graph(gm, example_inputs, settings: CompileSettings, tx: Translator) -> Callable | None:
-    logs.get("graph").info("graph of %s:\n%s", tx.code.co_qualname, gm.print_readable(print_output=False))
-    logs.get("graph_code").info("graph code of %s:\n%s", tx.code.co_qualname, gm.code)
+    if logs.get("graph").isEnabledFor(logging.INFO):  # (the text costs a code generation: only when logged)
+        logs.get("graph").info("graph of %s:\n%s", tx.code.co_qualname, gm.print_readable(print_output=False))
+    if logs.get("graph_code").isEnabledFor(logging.INFO):
+        logs.get("graph_code").info("graph code of %s:\n%s", tx.code.co_qualname, gm.code)
     try:
         with timing.phase("backend"):
             compiled = ddp_split.run_backend(functools.partial(ddp_split.compile_graph, settings.backend,

@@ -12,6 +12,23 @@ import dataclasses
 import re
 
 
+def _kept(method):
+    """A source's `name` or `expr`, computed once per source: a parameter's path from the
+    frame's `self` (L['self'].features.denseblock1.denselayer1.conv1.weight) is spelled again
+    for each guard and placeholder that names it. Sources are frozen, so it cannot change."""
+    slot = f"_kept_{method.__name__}"
+
+    def kept(self) -> str:
+        text = self.__dict__.get(slot)
+        if text is None:
+            text = method(self)
+            object.__setattr__(self, slot, text)
+        return text
+
+    kept.__name__, kept.__doc__ = method.__name__, method.__doc__
+    return kept
+
+
 class Source:
     def name(self) -> str:
         raise NotImplementedError
@@ -171,9 +188,11 @@ class AttrSource(Source):
     base: Source
     attr: str
 
+    @_kept
     def name(self) -> str:
         return f"{self.base.name()}.{self.attr}"
 
+    @_kept
     def expr(self) -> str:
         return self.on(self.base.expr())
 
@@ -210,9 +229,11 @@ class ItemSource(Source):
     base: Source
     key: object
 
+    @_kept
     def name(self) -> str:
         return f"{self.base.name()}[{self.key!r}]"
 
+    @_kept
     def expr(self) -> str:
         return self.on(self.base.expr())
 

@@ -132,8 +132,11 @@ def uses_triton(device: torch.device, options: dict) -> bool:
 
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: list, options: dict | None = None,
                   traced: bool = False, output_strides: list | None = None,
-                  handed_over: Callable[[], None] | None = None, frees_inputs: bool = False) -> CompiledGraph:
+                  handed_over: Callable[[], None] | None = None, frees_inputs: bool = False,
+                  prepare: Callable[[torch.fx.GraphModule], torch.fx.GraphModule] | None = None) -> CompiledGraph:
     """`traced`: `gm` is an aten graph traced already (compiled training's forward and backward).
+    `prepare(gm)`: the torch-level passes (pipeline.FX_PASSES), run only where the graph cache
+    has no entry: its key is the graph before them (the passes depend on nothing the key lacks).
     `output_strides`: for each output, None or the strides it must have (gradients in their
     parameter's layout, which autograd then keeps without a copy of its own). `handed_over()`
     is called once the graph's Triton kernels are all with the compilers, before they are
@@ -141,13 +144,16 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list, options: dict 
     compiled graph frees each input after its last reader when called through
     `call_boxed` (schedule's frees_inputs; a training step's backward)."""
     options = dict(options or {})
-    key = graph_cache.graph_key(gm, example_inputs, options, traced, output_strides, frees_inputs)
+    key = graph_cache.graph_key(gm, example_inputs, options, traced, output_strides, frees_inputs,
+                                before_passes=prepare is not None)
     if key is not None:
         found = graph_cache.load(key, gm)
         if found is not None:
             if handed_over is not None:
                 handed_over()
             return found
+    if prepare is not None:
+        gm = prepare(gm)
     with timing.phase("weld.aten_graph"):
         aten = traced_aten_graph(gm) if traced else to_aten_graph(gm, example_inputs)
         aten_gm, hoisted = hoist_constants(aten.gm) if options.get("freeze") else (aten.gm, None)

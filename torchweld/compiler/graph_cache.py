@@ -82,9 +82,12 @@ class GraphKey:
 
 
 def graph_key(gm: torch.fx.GraphModule, example_inputs: list, options: dict, traced: bool,
-              output_strides: list | None, frees_inputs: bool) -> GraphKey | None:
+              output_strides: list | None, frees_inputs: bool, before_passes: bool = False) -> GraphKey | None:
     """The key of `gm`'s entry, or None where the graph is not kept (the reason goes to the
-    `cache` log at debug level)."""
+    `cache` log at debug level). `before_passes`: `gm` is the captured graph, which the
+    torch-level passes (pipeline.FX_PASSES, with the options in the key) will rewrite; they add
+    no attributes to it where the cache keeps graphs (not with freeze), so the entry's objects
+    are found on the captured graph."""
     if not config.graph_cache:
         return None
     if options.get("freeze") or options.get("max_autotune"):
@@ -102,18 +105,27 @@ def graph_key(gm: torch.fx.GraphModule, example_inputs: list, options: dict, tra
         with timing.phase("weld.graph_cache.key"):
             describer = _Describer()
             parts = [FORMAT, _versions(), _process_state(), _literal(dict(sorted(options.items()))), repr(traced),
-                     _literal(output_strides), repr(frees_inputs), describer.graph(gm),
+                     _literal(output_strides), repr(frees_inputs), _passes(before_passes), describer.graph(gm),
                      describer.module_state(gm), describer.inputs(example_inputs), _symbol_ranges(env)]
             key = disk_cache.content_hash(*parts)
         if log.isEnabledFor(logging.DEBUG):  # which part differs, where two runs expected one entry
             names = ("format", "versions", "process state", "options", "traced", "output strides", "frees inputs",
-                     "graph", "module state", "inputs", "symbols")
+                     "passes", "graph", "module state", "inputs", "symbols")
             log.debug("graph cache: key %s of %s", key,
                       ", ".join(f"{n} {disk_cache.content_hash(p)[:8]}" for n, p in zip(names, parts)))
         return GraphKey(key, describer.paths, env)
     except NotKept as e:
         log.debug("graph cache: this graph is not kept: %s", e)
         return None
+
+
+def _passes(before_passes: bool) -> str:
+    """The torch-level passes a graph keyed before them goes through, by name ("" for one after)."""
+    if not before_passes:
+        return ""
+    from torchweld.compiler.pipeline import FX_PASSES
+
+    return "passes " + " ".join(p.name for p in FX_PASSES)
 
 
 def _symbol_ranges(env) -> str:
