@@ -6,8 +6,8 @@ fake_memo knows none of them, and each first sight goes through FakeTensorMode: 
 op on the H200 host, ~0.4 s of densenet121's 1.4 s warm start. What fake_memo remembers
 depends on nothing but the op, its arguments' metadata and torch's own code (the file is
 named by torch's version and the backend settings a meta function reads), so the results
-a process learned are written beside the graph cache's entries after each capture that
-added some, and the next process reads them before its first capture:
+a process learned (with those it read) are written beside the graph cache's entries after
+each capture that added some, and the next process reads them before its first capture:
 
     fake_memo_disk.load()   # once per process, before its first capture
     fake_memo_disk.save()   # after a capture; writes only where results were added
@@ -15,7 +15,8 @@ added some, and the next process reads them before its first capture:
 Both run only with the graph cache on (config.graph_cache), and neither ever fails a
 compile: a damaged file (its seal checks it) is deleted with a warning, an op this torch
 does not have is skipped, and a write the cache folder refuses is logged and dropped.
-Processes writing at once each merge what the file holds with their own results.
+Processes writing at once each write their whole table; the last one stays (results the
+other learned meanwhile are learned again by a later process: a cost, never a wrong shape).
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ log = logging.getLogger("torchweld.cache")
 
 FORMAT = "fake-results-1"  # changes with the layout of fake_memo's keys and results
 KIND = "fake_results"
-_MAX_ENTRIES = 100_000  # beyond this the file holds only this process's results
+_MAX_ENTRIES = 100_000  # a table larger than this is not written
 _lock = threading.Lock()
 _loaded = False
 
@@ -62,24 +63,23 @@ def load() -> None:
 
 
 def save() -> None:
-    """Write fake_memo's results over static sizes to disk, merged with what the file holds
-    now, where this process remembered results since it last did (graph cache on)."""
+    """Write fake_memo's results over static sizes to disk (those this process read from the
+    file and those it learned), where it remembered results since it last did (graph cache
+    on). Two processes writing at once: the last one's file stays, each whole."""
     if not config.graph_cache or not fake_memo.unsaved():
         return
     with _lock:
         key = _file_key()
-        ours = fake_memo.export()
-        merged = dict(_read(key))
-        merged.update(ours)
-        if len(merged) > _MAX_ENTRIES:
-            merged = ours
+        entries = fake_memo.export()
+        if len(entries) > _MAX_ENTRIES:
+            return
         try:
-            disk_cache.write_sealed(KIND, _name(key), key, pickle.dumps(merged, protocol=pickle.HIGHEST_PROTOCOL))
+            disk_cache.write_sealed(KIND, _name(key), key, pickle.dumps(entries, protocol=pickle.HIGHEST_PROTOCOL))
         except (OSError, pickle.PicklingError, TypeError) as e:
             log.warning("torchweld: the fake results could not be written to the cache (%s: %s)",
                         type(e).__name__, e)
             return
-        log.debug("fake results: %d written to disk", len(merged))
+        log.debug("fake results: %d written to disk", len(entries))
 
 
 def _read(key: str) -> dict:
