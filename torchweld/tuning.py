@@ -115,6 +115,9 @@ class Tuning:
     # far_from_saved_values); torch.compile's partitioner bans fusible chains of about 100 too
     # (bench/DECISIONS.md#recompute-span)
     max_recompute_span: int = 100
+    # the backward draws dropout's mask again from the seed the forward saved (8 bytes) rather
+    # than read the mask the forward saved (a byte an element): bench/DECISIONS.md#dropout-seed
+    redraw_dropout: bool = True
 
     # -- backends (torchweld/backends/) -----------------------------------------------------
     # Started at the first batch of workers_from kernels instead, the workers missed GPT-2's

@@ -79,6 +79,8 @@ def is_recomputable(node: torch.fx.Node) -> bool:
     if node.op != "call_function" or is_random(node):
         return False
     t = node.target
+    if t is seeded_rand.seeded_rand and not tuning.redraw_dropout:
+        return False
     if t in RECOMPUTABLE or is_view(node):
         return True
     return isinstance(t, torch._ops.OpOverload) and torch.Tag.pointwise in t.tags
