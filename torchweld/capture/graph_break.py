@@ -8,6 +8,7 @@ jumps on a value, attribute and item stores, binary operators, subscripts.
 from __future__ import annotations
 
 import dis
+import functools
 import sys
 import types
 from typing import TYPE_CHECKING
@@ -61,8 +62,7 @@ def inside_try(code: types.CodeType, offset: int) -> bool:
     `finally`), past any `with` block's cleanup: the native instruction would raise outside
     that handler. Each offset has one innermost handler; one that passes the exception on is
     followed to the handler covering its own code."""
-    instructions = {inst.offset: inst for inst in dis.get_instructions(code)}
-    entries = getattr(dis, "_parse_exception_table", lambda c: [])(code)
+    instructions, entries = _handler_tables(code)
     seen = set()
     while offset not in seen:
         seen.add(offset)
@@ -74,6 +74,14 @@ def inside_try(code: types.CodeType, offset: int) -> bool:
             return True
         offset = entry.target
     return False
+
+
+@functools.lru_cache(maxsize=64)
+def _handler_tables(code: types.CodeType) -> tuple[dict, list]:
+    """`code`'s instructions by offset and its exception table, read once per code object
+    (eager_rerun asks `inside_try` of every instruction of a frame)."""
+    instructions = {inst.offset: inst for inst in dis.get_instructions(code)}
+    return instructions, getattr(dis, "_parse_exception_table", lambda c: [])(code)
 
 
 class BreakCodegen:

@@ -176,6 +176,10 @@ class OutputGraph:
             self.shape_env = CaptureShapeEnv()
             self.shape_env.user_location = self._user_location
             self.fake_mode.shape_env = self.shape_env
+            # over symbols torch's fake-result cache costs more than the ops it keeps (building an
+            # entry checks it by rebuilding the result, each size a sympy operation): fake_memo
+            # keeps what the capture repeats (bench/DECISIONS.md#no-fake-cache-over-symbols)
+            self.fake_mode.cache_enabled = False
             self.fake_mode.static_shapes = False
         return self.shape_env
 
