@@ -86,3 +86,17 @@ def test_a_file_that_does_not_unpickle_is_ignored(cache, caplog):
     assert any("does not unpickle" in r.getMessage() for r in caplog.records)
     model, x = a_model(), torch.randn(4, 8)
     torch.testing.assert_close(torchweld.compile(model, backend="eager")(x), model(x))
+
+
+def test_a_refused_write_is_a_warning_not_a_failed_compile(cache, caplog, monkeypatch):
+    from torchweld import disk_cache
+
+    def refuse(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(disk_cache, "write_sealed", refuse)
+    model, x = a_model(), torch.randn(4, 8)
+    compiled = torchweld.compile(model, backend="eager")
+    for _ in range(2):
+        torch.testing.assert_close(compiled(x), model(x))
+    assert any("could not be written" in r.getMessage() for r in caplog.records)

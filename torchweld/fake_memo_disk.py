@@ -57,8 +57,13 @@ def load() -> None:
         if _loaded:
             return
         _loaded = True
-        entries = _read(_file_key())
-        added = fake_memo.absorb(entries)
+        try:
+            entries = _read(_file_key())
+            added = fake_memo.absorb(entries)
+        except Exception as e:  # noqa: BLE001 - a cache never fails a compile
+            log.warning("torchweld: the fake results in the cache could not be read (%s: %s); ignoring them",
+                        type(e).__name__, e)
+            return
         log.debug("fake results: %d of %d loaded from disk", added, len(entries))
 
 
@@ -69,13 +74,13 @@ def save() -> None:
     if not config.graph_cache or not fake_memo.unsaved():
         return
     with _lock:
-        key = _file_key()
-        entries = fake_memo.export()
-        if len(entries) > _MAX_ENTRIES:
-            return
         try:
+            key = _file_key()
+            entries = fake_memo.export()
+            if len(entries) > _MAX_ENTRIES:
+                return
             disk_cache.write_sealed(KIND, _name(key), key, pickle.dumps(entries, protocol=pickle.HIGHEST_PROTOCOL))
-        except (OSError, pickle.PicklingError, TypeError) as e:
+        except Exception as e:  # noqa: BLE001 - a full disk, an unpicklable value: never a failed compile
             log.warning("torchweld: the fake results could not be written to the cache (%s: %s)",
                         type(e).__name__, e)
             return
