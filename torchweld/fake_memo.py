@@ -276,8 +276,9 @@ def _rebuild(known: tuple, mode, base: FakeTensor | None):
     outs = []
     for size, stride, offset, dtype, device in infos:
         with no_dispatch():
-            meta = torch.empty_strided(size, stride, dtype=dtype, device="meta")
-            if base is not None:
-                meta.set_(base.untyped_storage(), offset, size, stride)
+            if base is None:
+                meta = torch.empty_strided(size, stride, dtype=dtype, device="meta")
+            else:  # (an empty tensor set to the view: over symbols, one storage size computed, not two)
+                meta = torch.empty(0, dtype=dtype, device="meta").set_(base.untyped_storage(), offset, size, stride)
         outs.append(FakeTensor(mode, meta, device))
     return tuple(outs) if is_tuple else outs[0]
