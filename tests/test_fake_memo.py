@@ -192,3 +192,20 @@ def test_exported_results_are_replayed_after_forget(monkeypatch):
     assert [metadata(r)[:4] for r in repeats] == [metadata(f)[:4] for f in firsts]
     assert same_storage(repeats[1], x) and repeats[2] is x
     fake_memo.forget()
+
+
+def test_export_learned_only_leaves_out_what_absorb_gave():
+    fake_memo.forget()
+    with FakeTensorMode() as mode:
+        x = fake(mode, 3, 5)
+        fake_memo.run(aten.exp.default, (x,), {})
+    read = fake_memo.export()
+    fake_memo.forget()
+    assert fake_memo.absorb(read) == 1
+    with FakeTensorMode() as mode:
+        y = fake(mode, 2, 9)
+        fake_memo.run(aten.exp.default, (y,), {})
+    assert len(fake_memo.export()) == 2
+    learned = fake_memo.export(learned_only=True)
+    assert len(learned) == 1 and next(iter(learned))[3][1] == (2, 9)
+    fake_memo.forget()

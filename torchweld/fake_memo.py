@@ -45,6 +45,7 @@ _PYTHON_DISPATCHER = torch._C.DispatchKey.PythonDispatcher
 _MAX_ENTRIES = 200_000  # forgotten all at once beyond this (a long-running process tracing many models)
 _unsaved: list = []  # keys of results over static sizes remembered since export() last ran
 _portable: dict = {}  # what export() gives: the results over static sizes, each op by its name
+_absorbed: set = set()  # the keys of _portable that absorb() read (the rest this process learned)
 _SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
 _SKIP_TAGS = (torch.Tag.data_dependent_output, torch.Tag.dynamic_output_shape, torch.Tag.inplace_view)
 
@@ -56,6 +57,7 @@ def forget() -> None:
     _symbolic_results.clear()
     _unsaved.clear()
     _portable.clear()
+    _absorbed.clear()
 
 
 class Memo(TorchDispatchMode):
@@ -107,6 +109,7 @@ def run(func, args: tuple, kwargs: dict):
             if table is _results:
                 _unsaved.clear()
                 _portable.clear()
+                _absorbed.clear()
         table[key] = outputs
         if table is _results:
             _unsaved.append(key)
@@ -118,16 +121,19 @@ def unsaved() -> int:
     return len(_unsaved)
 
 
-def export() -> dict:
+def export(learned_only: bool = False) -> dict:
     """The results over static sizes, with each op by its name ("aten.add.Tensor"): what
-    fake_memo_disk.py writes (entries holding anything else than plain values are left out).
-    Each result is converted once, at the first export after it was remembered."""
+    fake_memo_disk.py writes (entries holding anything else than plain values are left out);
+    with `learned_only`, those this process learned, not those `absorb` gave it. Each result is
+    converted once, at the first export after it was remembered."""
     keys = _unsaved[:]  # (a compile thread may add results meanwhile: they wait for the next export)
     del _unsaved[:len(keys)]
     for key in keys:
         result = _results.get(key)
         if result is not None and _plain(key[1:]) and _plain(result):
             _portable[(str(key[0]), *key[1:])] = result
+    if learned_only:
+        return {k: v for k, v in _portable.items() if k not in _absorbed}
     return dict(_portable)
 
 
@@ -145,7 +151,9 @@ def absorb(entries: dict) -> int:
         op = ops[name] if name in ops else ops.setdefault(name, _op_named(name))
         if op is not None:
             added += _results.setdefault((op, *key[1:]), result) is result
-            _portable.setdefault(key, result)  # written again with this process's own
+            if key not in _portable:  # written again with this process's own
+                _portable[key] = result
+                _absorbed.add(key)
     return added
 
 
