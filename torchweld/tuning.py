@@ -95,6 +95,12 @@ class Tuning:
     # Each read is unrolled into the kernel (an int8 offset would hold 127): beyond it the pool
     # keeps aten's indices and aten's backward (pool_offsets.py).
     max_window: int = 16  # positions a max-pool window may have for weld's kernels
+    # Training on the CPU keeps aten's max pool and its backward (int64 indices) rather than
+    # weld's int8 argmax offsets: g++ 12 does not vectorize the C++ kernel that computes the
+    # offsets beside the window maximum (its NaN test threaded through the ReLU's select is a
+    # select of masks it cannot vectorize with AVX-512): 6.5 ms against 0.16 without the offsets
+    # for (8, 32, 64, 64); the bench CNN's training step 22.1 -> 14.1 ms, eager 17.7 (2 cores).
+    cpu_pool_offsets: bool = False
     max_layouts: int = 16  # distinct input layouts one CudaGraphed records before calling sizes dynamic
     max_workers: int = 16  # Triton compile workers at most, one per core, where config.compile_workers is None
     # A kernel a worker process compiled is only loaded in this process (Triton's cache hit, ~25 ms

@@ -6,6 +6,7 @@ import torch.nn as nn
 from torchweld.autograd import module_state, partition, trace_joint
 from torchweld.compiler.op_effects import is_random, is_view
 from torchweld.runtime.seeded_rand import seeded_rand
+from torchweld.tuning import tuning
 
 
 def joint_of(fn, *inputs):
@@ -276,7 +277,8 @@ def test_a_max_pool_saves_its_argmax_as_bytes():
     stem = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.MaxPool2d(3, 2, 1),
                          nn.Conv2d(4, 4, 1))
     x = torch.randn(2, 3, 11, 11, requires_grad=True)
-    joint = joint_of(stem, x)
+    with tuning.patch(cpu_pool_offsets=True):  # (the CPU keeps aten's pool by default: the next test)
+        joint = joint_of(stem, x)
     part = partition(joint, "min_cut")
     saved = [n.meta["val"].dtype for n in joint.gm.graph.nodes if n.name in part.saved_nodes]
     assert torch.int8 in saved and torch.int64 not in saved, saved
@@ -284,6 +286,21 @@ def test_a_max_pool_saves_its_argmax_as_bytes():
     assert torch.ops.aten.max_pool2d_with_indices_backward.default not in backward_ops
     traced = torch.fx.symbolic_trace(stem)
     state = [s.read(traced) for s in module_state(traced)]  # parameters, then the running statistics
+    assert_partition_matches_autograd(part, joint, lambda *primals: stem(primals[-1]), [*state, x],
+                                      torch.randn(2, 4, 6, 6), wrt=[*stem.parameters(), x])
+
+
+def test_a_max_pool_on_the_cpu_keeps_aten_indices_by_default():
+    """On the CPU, weld's C++ kernel of argmax offsets does not vectorize (tuning.cpu_pool_offsets):
+    training keeps aten's pool and backward there, and computes what autograd computes."""
+    stem = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.MaxPool2d(2))
+    x = torch.randn(2, 3, 12, 12, requires_grad=True)
+    joint = joint_of(stem, x)
+    part = partition(joint, "min_cut")
+    saved = [n.meta["val"].dtype for n in joint.gm.graph.nodes if n.name in part.saved_nodes]
+    assert torch.int64 in saved and torch.int8 not in saved, saved
+    traced = torch.fx.symbolic_trace(stem)
+    state = [s.read(traced) for s in module_state(traced)]
     assert_partition_matches_autograd(part, joint, lambda *primals: stem(primals[-1]), [*state, x],
                                       torch.randn(2, 4, 6, 6), wrt=[*stem.parameters(), x])
 

@@ -13,7 +13,8 @@ takes fewer bytes.
   8 bytes, and draw the mask again in the backward, rather than save the mask, a byte an
   element. The draw still happens once, in the forward: its seed is the random op.
 - `max_pool2d_with_indices` whose indices feed its backward, over a floating-point input
-  with windows weld's kernels compute (tuning.max_window positions at most): the
+  with windows weld's kernels compute (tuning.max_window positions at most), not on the
+  CPU (tuning.cpu_pool_offsets): the
   backward reads each window's argmax as an int8 offset within the window
   (runtime/pool_offsets.py) instead of the int64 index, and needs the input's sizes
   alone, not the input.
@@ -77,6 +78,8 @@ def max_pool_offsets(graph: torch.fx.Graph) -> None:
         window = pool_offsets.pool_window(kernel, stride, padding, dilation)
         if window[0][0] * window[0][1] > tuning.max_window or not x.meta["val"].is_floating_point():
             continue
+        if x.meta["val"].device.type == "cpu" and not tuning.cpu_pool_offsets:
+            continue  # aten's pool and backward: faster than weld's C++ kernel of offsets (tuning.py)
         with graph.inserting_after(pool):
             offsets = _call(graph, pool_offsets.max_pool2d_offsets, (x, *window, ceil_mode))
         with graph.inserting_before(node):
