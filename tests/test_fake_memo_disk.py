@@ -54,6 +54,16 @@ def test_a_capture_in_a_fresh_process_replays_the_results_on_disk(cache, monkeyp
         torch.testing.assert_close(compiled(x * scale), model(x * scale))
     memoized = [op for op in dispatched if fake_memo._kind(op) is not None]
     assert memoized == [], memoized
+    # then what the file cannot know: another batch (a first sight, dispatched), a weight written
+    # in place, a module setting changed (a recompile): each call as eager's
+    wider = torch.randn(7, 8)
+    torch.testing.assert_close(compiled(wider), model(wider))
+    with torch.no_grad():
+        model[0].weight.mul_(-1.5)
+    torch.testing.assert_close(compiled(x), model(x))
+    model[2].eps = 0.5
+    torch.testing.assert_close(compiled(x), model(x))
+    torch.testing.assert_close(compiled(wider), model(wider))
 
 
 def test_a_damaged_file_is_deleted_with_a_warning_and_written_again(cache, caplog):

@@ -46,3 +46,15 @@ def _is_simple(real: torch.Tensor) -> bool:
         return False
     extent = 1 + sum((n - 1) * s for n, s in zip(real.shape, real.stride())) if real.numel() else 0
     return real.untyped_storage().nbytes() == extent * real.element_size()
+
+
+def over_symbols(mode: FakeTensorMode, env) -> FakeTensorMode:
+    """`mode` running its ops over the symbolic sizes of ShapeEnv `env`, without torch's
+    fake-result cache: over symbols, building an entry (which checks it by rebuilding the
+    result) and rebuilding results from entries cost more than the ops, each size a sympy
+    operation; fake_memo replays what a graph repeats (bench/DECISIONS.md#no-fake-cache-over-symbols:
+    GPT-2's aten trace 1.0 -> 0.65 s, its 2-layer capture over symbols 4.6 -> 3.4 s, CPU)."""
+    mode.shape_env = env
+    mode.static_shapes = False
+    mode.cache_enabled = False
+    return mode

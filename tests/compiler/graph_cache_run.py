@@ -1,7 +1,8 @@
 """One process of tests/compiler/test_graph_cache.py: compile a small model with weld, call it
 three times (inputs changed between calls; `--case state`: then a weight changed in place,
 then a LayerNorm's eps; `--case symbolic`: a function over symbolic sizes, called at --lengths;
-`--case symbolic_train`: a training step over symbolic lengths) against eager, and print as JSON the largest
+`--case symbolic_train`: a training step over symbolic lengths; `--case passes`: a model weld's FX
+passes rewrite, then a weight changed in place and an attribute its forward reads) against eager, and print as JSON the largest
 difference, whether the graph cache loaded or stored an entry, and the compile phases.
 
     python tests/compiler/graph_cache_run.py --case mlp --seed 0 --eps 1e-5 --batch 4 --dtype float32
@@ -29,9 +30,24 @@ def model(args) -> nn.Module:
                          nn.Linear(32, 8)).to(getattr(torch, args.dtype))
 
 
+class Rewritten(nn.Module):
+    """What weld's torch-level passes rewrite (compiler/pipeline.py): a convolution (channels-last,
+    oneDNN's on the CPU) and softmax(q @ k^T * scale) @ v (one attention call)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.scale = 0.25
+
+    def forward(self, x):
+        h = torch.relu(self.conv(x)).flatten(2)  # (b, 8, 36)
+        attention = torch.softmax(h @ h.transpose(-2, -1) * self.scale, dim=-1)
+        return attention @ h
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--case", choices=("mlp", "state", "train", "triton", "frame_constant", "step", "dropout", "empty_buffer", "symbolic",
+    parser.add_argument("--case", choices=("mlp", "state", "train", "triton", "frame_constant", "step", "dropout", "empty_buffer", "symbolic", "passes",
                                                "symbolic_train"),
                         default="mlp")
     parser.add_argument("--seed", type=int, default=0)
@@ -149,6 +165,21 @@ def main() -> None:
             for a, b in zip(compiled_model.parameters(), eager.parameters()):
                 diffs.append((a.grad - b.grad).abs().max().item())
                 a.grad = b.grad = None
+    elif args.case == "passes":  # keyed before the FX passes: loaded, they are not run again
+        torch.manual_seed(args.seed)
+        eager, compiled_model = Rewritten().eval(), Rewritten().eval()
+        compiled_model.load_state_dict(eager.state_dict())
+        compiled = torchweld.compile(compiled_model)
+        with torch.no_grad():
+            for i in range(5):
+                if i == 3:  # a weight changed in place under the (perhaps loaded) graph
+                    for m in (eager, compiled_model):
+                        m.conv.weight.mul_(-2.0)
+                if i == 4:  # an attribute the forward reads: a guard fails, compiled again
+                    for m in (eager, compiled_model):
+                        m.scale = 0.5
+                x = torch.randn(args.batch, 3, 6, 6) * (i + 1)
+                diffs.append((compiled(x) - eager(x)).abs().max().item())
     elif args.case == "frame_constant":  # a tensor made in the frame from numbers: its values are in the graph
         def fn(x):
             return compiled_model(x) * torch.tensor([args.scale, 1.0, 0.5, 3.0, 1.0, 1.0, 1.0, 1.0])
@@ -174,7 +205,10 @@ def main() -> None:
                 x = torch.randn(args.batch, 16, dtype=dtype) * (i + 1)
                 diffs.append((compiled(x) - eager(x)).abs().max().item())
     phases = torchweld.compile_times()
-    print(json.dumps({"max_diff": max(diffs), "loaded": "weld.graph_cache.load" in phases,
+    from torchweld import timing
+
+    pass_runs = timing.snapshot().get("weld.pass.fuse_attention", (0, 0.0))[0]
+    print(json.dumps({"max_diff": max(diffs), "loaded": "weld.graph_cache.load" in phases, "pass_runs": pass_runs,
                       "lowered": "weld.lower" in phases, "traced": "weld.joint_graph" in phases,
                       "phases": sorted(phases)}))
 

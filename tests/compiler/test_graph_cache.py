@@ -41,6 +41,20 @@ def test_a_second_process_loads_the_graph_and_computes_what_eager_does(tmp_path,
     assert not second["traced"], second  # training: no joint trace, no partition
 
 
+def test_a_graph_keyed_before_the_fx_passes_is_loaded_without_running_them(tmp_path):
+    """An inference graph's key is the captured graph (compiler/driver.compile_graph's `prepare`):
+    a second process loads it and skips the passes (channels-last convolution, attention
+    fusion), and computes what eager does, a weight changed in place and an attribute changed
+    (a recompile) included."""
+    cache = str(tmp_path)
+    first, _ = run(cache, "--case", "passes")
+    # two graphs (the attribute's change is a recompile), each through the passes
+    assert first["lowered"] and first["pass_runs"] == 2 and first["max_diff"] < 1e-4, first
+    second, _ = run(cache, "--case", "passes", "--seed", "1")
+    assert second["loaded"] and not second["lowered"] and second["pass_runs"] == 0, second
+    assert second["max_diff"] < 1e-4, second
+
+
 def test_dropout_in_a_loaded_training_graph_draws_anew_at_each_call(tmp_path):
     """A training graph with random draws (and the empty tensors its trace makes) is kept
     whole; loaded, its masks still change from call to call and its gradients follow them."""

@@ -37,6 +37,7 @@ from torchweld import logs
 from torchweld.backends.module_settings import read_settings
 from torchweld.backends.weld_declines import is_symbolic
 from torchweld.capture.symbolic_sizes import SYMBOLIC_TYPES, CaptureShapeEnv, IntSource, SizeSource, python_text
+from torchweld.fake_tensors import over_symbols
 
 
 class SymbolicCompileError(Exception):
@@ -54,11 +55,7 @@ class SymbolicCopy:
     def __init__(self, gm: torch.fx.GraphModule, args: tuple):
         self.env = CaptureShapeEnv()  # (whose guards name no stack: torch's walk of it imports its own compiler)
         self.env.user_location = lambda: "weld's compile over symbols"
-        self.mode = FakeTensorMode(shape_env=self.env, allow_non_fake_inputs=True)
-        # torch's cache of fake results, over symbols: its entries cost more to build and to
-        # rebuild results from than the ops (GPT-2's aten trace 1.0 -> 0.65 s on the CPU without
-        # it); fake_memo replays the ops a graph repeats
-        self.mode.cache_enabled = False
+        self.mode = over_symbols(FakeTensorMode(allow_non_fake_inputs=True), self.env)
         self._renamed: dict = {}  # capture's symbol -> weld's
         self._hints: dict = {}  # capture's symbol -> its value in this call
         self.symbols: dict = {}

@@ -38,7 +38,7 @@ from torchweld.capture.values import (
     ConstantValue, SymNumberValue, TensorValue, TupleValue, Value, const, is_constant_literal,
 )
 from torchweld.errors import Unsupported
-from torchweld.fake_tensors import fake_copy
+from torchweld.fake_tensors import fake_copy, over_symbols
 from torchweld.write_refusals import overlap_refusal
 
 
@@ -175,12 +175,7 @@ class OutputGraph:
         if self.shape_env is None:
             self.shape_env = CaptureShapeEnv()
             self.shape_env.user_location = self._user_location
-            self.fake_mode.shape_env = self.shape_env
-            # over symbols torch's fake-result cache costs more than the ops it keeps (building an
-            # entry checks it by rebuilding the result, each size a sympy operation): fake_memo
-            # keeps what the capture repeats (bench/DECISIONS.md#no-fake-cache-over-symbols)
-            self.fake_mode.cache_enabled = False
-            self.fake_mode.static_shapes = False
+            over_symbols(self.fake_mode, self.shape_env)  # (its fakes made so far keep static sizes)
         return self.shape_env
 
     def _user_location(self) -> str:

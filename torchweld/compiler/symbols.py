@@ -110,14 +110,12 @@ def fake_mode():
     running an op on tensors of symbolic sizes (lowering's view layouts)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    from torchweld.fake_tensors import over_symbols
+
     env = compiling_env()
     if env is None:
         raise NotImplementedError("a tensor of symbolic sizes outside a symbolic compile")
-    mode = FakeTensorMode(shape_env=env, allow_non_fake_inputs=True)
-    # each op runs once a compile (its caller keeps the result: compile_memo): building torch's
-    # cache entry for it, over symbols, cost more than the op (2 ms against 1)
-    mode.cache_enabled = False
-    return mode
+    return over_symbols(FakeTensorMode(allow_non_fake_inputs=True), env)
 
 
 def decide(relation: object) -> bool:
