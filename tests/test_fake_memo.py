@@ -102,16 +102,19 @@ def symbolic_fake(mode, *shape):
 
 
 def test_symbolic_sizes_replay_per_shape_env(monkeypatch):
-    """Fakes of symbolic sizes: a repeat gives FakeTensorMode's sizes (the same expressions),
-    a fresh tensor or a view of its base, without dispatching again; another ShapeEnv's
-    fakes, whose symbols may share names, are not given the first one's results."""
+    """Fakes of symbolic sizes: a repeat gives FakeTensorMode's sizes, strides, offset and
+    storage size (the same expressions), a fresh tensor or a view of its base, without
+    dispatching again and without a guard of its own (fake_memo._rebuild builds them with
+    as_strided); another ShapeEnv's fakes, whose symbols may share names, are not given the
+    first one's results."""
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
     def calls_of(mode):
         x = symbolic_fake(mode, 4, 6)
         with mode:
             return x, [(aten.mul.Tensor, (x, 2), {}), (aten.sum.dim_IntList, (x, [1]), {}),
-                       (aten.view.default, (x, [x.shape[1], x.shape[0]]), {}), (aten.t.default, (x,), {})]
+                       (aten.view.default, (x, [x.shape[1], x.shape[0]]), {}), (aten.t.default, (x,), {}),
+                       (aten.slice.Tensor, (x, 0, 1), {}), (aten.cat.default, ([x, x], 1), {})]
 
     modes = [FakeTensorMode(shape_env=ShapeEnv()) for _ in range(2)]
     for mode in modes:
@@ -122,17 +125,21 @@ def test_symbolic_sizes_replay_per_shape_env(monkeypatch):
         original = FakeTensorMode.__torch_dispatch__
         monkeypatch.setattr(FakeTensorMode, "__torch_dispatch__",
                             lambda self, *a, **k: dispatched.append(a[0]) or original(self, *a, **k))
+        guards = len(mode.shape_env.guards)
         with mode:
             repeats = [fake_memo.run(f, a, k) for f, a, k in calls]
         monkeypatch.undo()
         assert all(op in (torch.ops.prim.device.default,) for op in dispatched), dispatched
+        assert len(mode.shape_env.guards) == guards
         for (func, args, _), first, repeat in zip(calls, firsts, repeats):
             assert [str(n) for n in repeat.shape] == [str(n) for n in first.shape]
             assert [str(n) for n in repeat.stride()] == [str(n) for n in first.stride()]
+            assert str(repeat.storage_offset()) == str(first.storage_offset())
+            assert str(repeat.untyped_storage().nbytes()) == str(first.untyped_storage().nbytes())
             for out in (first, repeat):
                 assert out.fake_mode is mode and all(
                     n.node.shape_env is mode.shape_env for n in out.shape if isinstance(n, torch.SymInt))
-            if func in (aten.view.default, aten.t.default):
+            if func in (aten.view.default, aten.t.default, aten.slice.Tensor):
                 assert same_storage(repeat, x)
             else:
                 assert not same_storage(repeat, first)

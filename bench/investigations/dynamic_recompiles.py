@@ -6,8 +6,14 @@ show what the compile over symbols after the second length costs.
 
     TORCHWELD_LOGS=recompiles,graph_breaks python bench/investigations/dynamic_recompiles.py --model gpt2 --device cuda
     python bench/investigations/dynamic_recompiles.py --model gpt2 --device cuda --backend weld --lengths 464,229,420
+        [--profile 1] [--top 40]
+
+--profile I runs the I-th length's first call (0-based; 1 is where dynamic=None compiles over
+symbols) under cProfile and prints its --top functions by cumulative and by own time.
 """
 import argparse
+import cProfile
+import pstats
 import sys
 import time
 from pathlib import Path
@@ -27,6 +33,8 @@ def main() -> None:
     parser.add_argument("--backend", default="eager")
     parser.add_argument("--lengths", default="464,229,420,487,247,52")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--profile", type=int, default=None, help="profile this length's first call (0-based)")
+    parser.add_argument("--top", type=int, default=40)
     args = parser.parse_args()
     case = BENCHMARKS[args.model].make(args.device, args.quick)
     model = case.model.eval()
@@ -38,14 +46,21 @@ def main() -> None:
 
     compiled = torchweld.compile(model, backend=counting if args.backend == "eager" else args.backend)
     with torch.no_grad():
-        for n in (int(s) for s in args.lengths.split(",")):
+        for index, n in enumerate(int(s) for s in args.lengths.split(",")):
             ids = case.inputs[0][:, :1].repeat(1, n)
             before, phases = len(graphs), torchweld.compile_times()
+            profiler = cProfile.Profile() if index == args.profile else None
             start = time.perf_counter()
+            if profiler is not None:
+                profiler.enable()
             compiled(ids)
             if args.device == "cuda":
                 torch.cuda.synchronize()
             seconds = time.perf_counter() - start
+            if profiler is not None:
+                profiler.disable()
+                for order in ("cumulative", "tottime"):
+                    pstats.Stats(profiler, stream=sys.stdout).sort_stats(order).print_stats(args.top)
             spent = {k: round(v - phases.get(k, 0.0), 3) for k, v in torchweld.compile_times().items()
                      if v - phases.get(k, 0.0) >= 0.01}
             print(f"length {n}: {len(graphs) - before} new graphs, first call {seconds:.2f} s; {spent}", flush=True)
