@@ -71,6 +71,59 @@ def test_views_alias_their_base(name, func, make_args):
         assert same_storage(repeat, args[0])
 
 
+LISTS_OF_VIEWS = [
+    ("split", aten.split.Tensor, lambda x: (x, 3)),
+    ("split_with_sizes", aten.split_with_sizes.default, lambda x: (x, [2, 5, 1])),
+    ("unbind", aten.unbind.int, lambda x: (x, 1)),
+]
+
+
+@pytest.mark.parametrize("name,func,make_args", LISTS_OF_VIEWS, ids=[v[0] for v in LISTS_OF_VIEWS])
+def test_lists_of_views_alias_their_base(name, func, make_args, monkeypatch):
+    """split, unbind: a repeat is a list (as FakeTensorMode's) of views of the first argument,
+    each at its offset, without dispatching again."""
+    with FakeTensorMode() as mode:
+        base = fake(mode, 8, 6)
+        args = make_args(base)
+        expected = func(*args)
+        fake_memo.run(func, args, {})
+        dispatched = []
+        original = FakeTensorMode.__torch_dispatch__
+        monkeypatch.setattr(FakeTensorMode, "__torch_dispatch__",
+                            lambda self, *a, **k: dispatched.append(a[0]) or original(self, *a, **k))
+        repeat = fake_memo.run(func, args, {})
+        monkeypatch.undo()
+        assert all(op is torch.ops.prim.device.default for op in dispatched), dispatched
+        assert type(repeat) is type(expected) is list and len(repeat) == len(expected) > 1
+        assert [metadata(t) for t in repeat] == [metadata(t) for t in expected]
+        assert all(same_storage(t, base) for t in repeat)
+
+
+def test_constants_take_part_only_beside_another_fake():
+    """A fake standing for a constant (torch.tensor([]) made in the frame: an empty cache's
+    start) is described by its metadata where another argument is not a constant, and the
+    result is no constant; a call of constants alone, and a view of one, go through
+    FakeTensorMode, which computes their values."""
+    with FakeTensorMode() as mode:
+        empty, x = torch.tensor([]), fake(mode, 4, 6)
+        assert empty.constant is not None
+        before = len(fake_memo._results)
+        for _ in range(2):
+            out = fake_memo.run(aten.cat.default, ([empty, x.flatten()],), {})
+            assert metadata(out) == ((24,), (1,), 0, torch.float32, torch.device("cpu"), FakeTensor)
+            assert out.constant is None
+        assert len(fake_memo._results) == before + 1
+        one = torch.tensor([1.0])  # (FakeTensorMode computes constants of one element at most)
+        fake_memo.run(aten.add.Tensor, (fake(mode, 1), fake(mode, 1)), {})  # remembered: the same key
+        fake_memo.run(aten.view.default, (fake(mode, 1), [1, 1]), {})
+        for _ in range(2):
+            both = fake_memo.run(aten.add.Tensor, (one, one), {})
+            assert both.constant is not None and both.constant.tolist() == [2.0]
+            view = fake_memo.run(aten.view.default, (one, [1, 1]), {})
+            assert view.constant is not None and view.constant.tolist() == [[1.0]]
+        assert len(fake_memo._results) == before + 3
+
+
 def test_calls_it_cannot_describe_go_through_fake_tensor_mode():
     with FakeTensorMode(allow_non_fake_inputs=True) as mode:
         x = fake(mode, 4, 4)

@@ -14,12 +14,13 @@ static-shaped fake tensors weld traces with, and builds the result directly (~15
     with fake_mode, fake_memo.Memo():         # or a mode of its own above a FakeTensorMode
         ...
 
-Only ops whose schema promises a fresh result, or a view of their first argument,
-take part: no in-place or out= ops, no ops whose result shape depends on data, no
-composite views (which may or may not alias), no arguments that are real tensors or
-fakes standing for constants. Anything else, and every first sight of a key, runs
-through FakeTensorMode as before, and its result is remembered only where it is plain:
-dense tensors, not one of the inputs.
+Only ops whose schema promises a fresh result, a view or a list of views of their first
+argument (split, unbind), or an in-place write of their first argument alone take part: no
+out= ops, no ops whose result shape depends on data, no composite views (which may or may
+not alias), no arguments that are real tensors; fakes standing for constants only among
+the arguments of a fresh result that has another fake too. Anything else, and every first
+sight of a key, runs through FakeTensorMode as before, and its result is remembered only
+where it is plain: dense tensors, not one of the inputs.
 
 Fakes of symbolic sizes (a mode with a ShapeEnv) take part too, keyed by their sizes'
 expressions in a table of their ShapeEnv's own: a repeat asks nothing the first call did
@@ -36,9 +37,9 @@ from torch.utils._mode_utils import no_dispatch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 _DEVICE = torch.ops.prim.device.default
-_FRESH, _VIEW, _IN_PLACE = 1, 2, 3
+_FRESH, _VIEW, _IN_PLACE, _VIEWS = 1, 2, 3, 4
 _RETURNS_SELF = ("self",)  # what an in-place op's entry holds: it returned its first argument, unchanged in layout
-_kinds: dict[torch._ops.OpOverload, int | None] = {}  # op -> _FRESH, _VIEW or None (not memoized)
+_kinds: dict[torch._ops.OpOverload, int | None] = {}  # op -> _FRESH, _VIEW, _IN_PLACE, _VIEWS or None (not memoized)
 _results: dict[tuple, tuple] = {}  # key -> (is a tuple, then (size, stride, offset, dtype, device) per output)
 _symbolic_results: "weakref.WeakKeyDictionary[object, dict]" = weakref.WeakKeyDictionary()  # ShapeEnv -> its table
 _PYTHON_DISPATCHER = torch._C.DispatchKey.PythonDispatcher
@@ -81,7 +82,13 @@ def run(func, args: tuple, kwargs: dict):
         return func(*args, **kwargs)
     parts = [func, torch.get_default_dtype(), torch.is_inference_mode_enabled()]
     modes: list = []
-    if not (_describe(args, parts, modes) and _describe(kwargs.values(), parts, modes)) or not modes:
+    fakes = [0, 0]  # how many fakes, how many of them stand for constants
+    if not (_describe(args, parts, modes, fakes) and _describe(kwargs.values(), parts, modes, fakes)) \
+            or not modes or fakes[1] and not (kind == _FRESH and fakes[1] < fakes[0]):
+        # (constants: only a fresh result of some fake that is not one; FakeTensorMode computes
+        # a constant's ops where all its fakes are constants, and keeps or forgets the values
+        # of its views and of those written; a result's metadata depends on no tensor's values,
+        # as ops whose does are not memoized)
         return func(*args, **kwargs)
     mode = modes[0]
     table = _results
@@ -99,7 +106,7 @@ def run(func, args: tuple, kwargs: dict):
         out = func(*args, **kwargs)
         outputs = _RETURNS_SELF if out is args[0] and _layout(out) == layout else None
     elif known is not None:
-        return _rebuild(known, mode, args[0] if kind == _VIEW else None)
+        return _rebuild(known, mode, args[0] if kind in (_VIEW, _VIEWS) else None)
     else:
         out = func(*args, **kwargs)
         outputs = _remember(out, mode, args, kind)
@@ -182,8 +189,8 @@ def _op_named(name: str):
 
 
 def _kind(func) -> int | None:
-    """Whether calls of `func` are memoized: as fresh results, as views of the first
-    argument, as in-place ops on the first argument (x.relu_()), or not at all."""
+    """Whether calls of `func` are memoized: as fresh results, as a view or a list of views
+    of the first argument, as in-place ops on the first argument (x.relu_()), or not at all."""
     if not isinstance(func, torch._ops.OpOverload) or func.namespace not in ("aten", "prims"):
         return None
     schema = func._schema
@@ -192,14 +199,17 @@ def _kind(func) -> int | None:
         return None
     if schema.is_mutable:
         return _IN_PLACE if _writes_first_argument_only(schema) else None
+    composite = torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd")
+    first = schema.arguments[0].alias_info if schema.arguments else None
+    if (len(returns) == 1 and str(returns[0].type) == "List[Tensor]" and returns[0].alias_info is not None
+            and first is not None and first.before_set and not composite):
+        return _VIEWS  # split, split_with_sizes, unbind: a list of views of the first argument
     if func is torch.ops.aten._unsafe_view.default or any(str(r.type) != "Tensor" for r in returns):
         return None
     aliases = [r.alias_info for r in returns]
     if not any(aliases):
         return _FRESH
-    first = schema.arguments[0].alias_info if schema.arguments else None
-    if (len(returns) == 1 and first is not None and aliases[0].before_set == first.before_set
-            and not torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd")):
+    if len(returns) == 1 and first is not None and aliases[0].before_set == first.before_set and not composite:
         return _VIEW
     return None
 
@@ -220,14 +230,17 @@ def _layout(t) -> tuple:
     return (t.shape, t.stride(), t.storage_offset(), t.dtype, t.untyped_storage()._cdata)
 
 
-def _describe(values, parts: list, modes: list) -> bool:
-    """Append to `parts` what each of `values` contributes to a result's metadata; False
-    where one cannot be described (a real tensor, a constant's fake, an unknown object)."""
+def _describe(values, parts: list, modes: list, fakes: list) -> bool:
+    """Append to `parts` what each of `values` contributes to a result's metadata, and count
+    the fakes in fakes[0], those standing for constants (`torch.tensor([])`) in fakes[1];
+    False where one cannot be described (a real tensor, an unknown object)."""
     for value in values:
         kind = type(value)
         if kind is FakeTensor:
-            if value.constant is not None or value.layout is not torch.strided:
+            if value.layout is not torch.strided:
                 return False
+            fakes[0] += 1
+            fakes[1] += value.constant is not None
             if not modes:
                 modes.append(value.fake_mode)
             elif value.fake_mode is not modes[0]:
@@ -245,7 +258,7 @@ def _describe(values, parts: list, modes: list) -> bool:
             parts.append(value)
         elif kind in (list, tuple):
             parts.append(len(value))
-            if not _describe(value, parts, modes):
+            if not _describe(value, parts, modes, fakes):
                 return False
         else:
             return False
@@ -261,7 +274,7 @@ def _remember(out, mode, args: tuple, kind: int) -> tuple | None:
     """The metadata of `out` (a fake tensor or a tuple of them) to rebuild it from, or None
     where it is not plain (an input returned, another mode's tensor, a result that requires
     grad or a fresh one that does not start its storage, sizes of data: unbacked symbols)."""
-    outs = out if isinstance(out, tuple) else (out,)
+    outs = out if isinstance(out, (tuple, list)) else (out,)
     infos = []
     for t in outs:
         if type(t) is not FakeTensor or t.fake_mode is not mode or t.constant is not None or t.is_conj() or t.is_neg():
@@ -277,7 +290,7 @@ def _remember(out, mode, args: tuple, kind: int) -> tuple | None:
         if kind == _FRESH and mode.shape_env is not None:  # over symbols: its storage's elements, for _rebuild
             info += (t.untyped_storage().nbytes() // t.element_size(),)
         infos.append(info)
-    return (isinstance(out, tuple), *infos)
+    return (list if isinstance(out, list) else isinstance(out, tuple), *infos)
 
 
 def _rebuild(known: tuple, mode, base: FakeTensor | None):
@@ -291,7 +304,7 @@ def _rebuild(known: tuple, mode, base: FakeTensor | None):
     is as_strided of `base` (~60 us there), a fresh result over symbols as_strided of a fresh
     1-d tensor of its storage's remembered elements (~300-450 us). The Python dispatcher, on
     in a capture over symbols, is off here (its kernels took ~12% more)."""
-    is_tuple, *infos = known
+    container, *infos = known  # list, True (a tuple) or False (one tensor)
     outs = []
     for size, stride, offset, dtype, device, *elements in infos:
         with no_dispatch(), torch._C._DisablePythonDispatcher():
@@ -303,4 +316,6 @@ def _rebuild(known: tuple, mode, base: FakeTensor | None):
             else:
                 meta = torch.empty_strided(size, stride, dtype=dtype, device="meta")
         outs.append(FakeTensor(mode, meta, device))
-    return tuple(outs) if is_tuple else outs[0]
+    if container is list:
+        return outs
+    return tuple(outs) if container else outs[0]

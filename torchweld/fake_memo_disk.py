@@ -31,7 +31,7 @@ from torchweld import config, disk_cache, fake_memo
 
 log = logging.getLogger("torchweld.cache")
 
-FORMAT = "fake-results-1"  # changes with the layout of fake_memo's keys and results
+FORMAT = "fake-results-2"  # changes with the layout of fake_memo's keys and results
 KIND = "fake_results"
 # Past this many results the file holds only those the last process learned (what it compiled),
 # not those it read, so that a cache many models filled stays cheap to read at each start

@@ -58,6 +58,8 @@ class SymbolicCopy:
         self.mode = over_symbols(FakeTensorMode(allow_non_fake_inputs=True), self.env)
         self._renamed: dict = {}  # capture's symbol -> weld's
         self._hints: dict = {}  # capture's symbol -> its value in this call
+        self._ints: dict = {}  # (type, capture's expression) -> weld's number (int_of)
+        self._storages: dict = {}  # (dtype, weld's sizes and strides) -> a storage's elements (_fake_of)
         self.symbols: dict = {}
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         for i, (node, arg) in enumerate(zip(placeholders, args)):
@@ -110,6 +112,12 @@ class SymbolicCopy:
                 raise SymbolicCompileError(f"a symbolic {type(n).__name__} in the graph")
             return n
         expr = n.node.shape_env.replace(n.node.expr)
+        key = (type(n), expr)  # (a graph's sizes repeat: GPT-2's 500 fakes name ~10 expressions)
+        if key not in self._ints:
+            self._ints[key] = self._renamed_number(n, expr)
+        return self._ints[key]
+
+    def _renamed_number(self, n: object, expr: sympy.Expr) -> object:
         if expr.free_symbols - set(self._renamed):
             raise SymbolicCompileError(f"the size {expr} names a symbol no input size brings")
         ours = expr.xreplace(self._renamed)
@@ -121,11 +129,19 @@ class SymbolicCopy:
     def _fake_of(self, value: torch.Tensor) -> torch.Tensor:
         """A fake of `mode` with `value`'s sizes and strides in weld's symbols, made directly
         rather than dispatched through the mode (an empty tensor: nothing to compute, and
-        symbolic sizes make each dispatch cost ~0.5 ms)."""
+        symbolic sizes make each dispatch cost ~0.5 ms); a repeat of sizes and strides as
+        as_strided of a storage of the elements the first one's had, which computes no storage
+        size over symbols (as fake_memo._rebuild)."""
         sizes = [self.int_of(n) for n in value.shape]
         strides = [self.int_of(n) for n in value.stride()]
+        key = (value.dtype, *(n.node.expr if isinstance(n, torch.SymInt) else n for n in (*sizes, None, *strides)))
+        elements = self._storages.get(key)
         with no_dispatch():
-            meta = torch.empty_strided(sizes, strides, dtype=value.dtype, device="meta")
+            if elements is None:
+                meta = torch.empty_strided(sizes, strides, dtype=value.dtype, device="meta")
+                self._storages[key] = meta.untyped_storage().nbytes() // meta.element_size()
+            else:
+                meta = torch.as_strided(torch.empty((elements,), dtype=value.dtype, device="meta"), sizes, strides)
         fake = FakeTensor(self.mode, meta, value.device)
         if value.requires_grad:
             fake.requires_grad_(True)
