@@ -235,6 +235,16 @@ def test_a_fast_launch_over_symbols_is_kept_as_the_python_that_computes_its_size
     grid, ints = graph_cache._size_from(entry["grid"]), [graph_cache._size_from(v) for v in entry["ints"]]
     assert size_text(grid) == size_text(part.grid) and [size_text(v) for v in ints] == list(map(size_text, part.ints))
     assert ints[1] == 768 and ints[0] != 1  # a constant stays an int; a symbolic size is never Triton's constant 1
+    # the grid codegen writes over symbols (triton_launches._grid: Python text, not sympy's floor division)
+    from torchweld.compiler.codegen.triton_launches import _grid
+
+    written = _grid(types.SimpleNamespace(outer=(8, s)), 128)
+    entry = json.loads(json.dumps(graph_cache._fast_part(types.SimpleNamespace(**{**vars(part), "grid": written}), "k_0")))
+    loaded = graph_cache._size_from(entry["grid"])
+    assert size_text(loaded) == size_text(written) == written
+    for n in (1, 300, 977):
+        assert eval(written, {str(s.node.expr): n}) == -(-8 * n // 128)
+    assert _grid(types.SimpleNamespace(outer=(8, 300)), 128) == 19
 
 
 def test_an_entry_that_cannot_be_written_leaves_the_compile_be(tmp_path, monkeypatch, caplog):

@@ -56,7 +56,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from torchweld import config, disk_cache, timing
 from torchweld.compiler.aten_trace import CONSTANT_PREFIX
-from torchweld.compiler.symbols import compiling_env, is_symbol_size, size_text, symbol_values
+from torchweld.compiler.symbols import SizeText, compiling_env, is_symbol_size, size_text, symbol_values
 from torchweld.tuning import tuning
 
 log = logging.getLogger("torchweld.cache")
@@ -364,16 +364,8 @@ def _size_entry(n: object) -> object:
     return {"text": size_text(n)} if is_symbol_size(n) else n
 
 
-class _SizeText(str):
-    """A size the wrapper computes, loaded from an entry: `size_text` renders it as itself, and
-    it is no launch constant (`!= 1`), as the symbolic size it was."""
-
-    def __repr__(self) -> str:
-        return str(self)
-
-
 def _size_from(entry: object) -> object:
-    return _SizeText(entry["text"]) if isinstance(entry, dict) else entry
+    return SizeText(entry["text"]) if isinstance(entry, dict) else entry
 
 
 def _callable_recipe(fn):

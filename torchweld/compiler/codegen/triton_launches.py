@@ -28,7 +28,7 @@ from torchweld.compiler import ir
 from torchweld.compiler.codegen.triton import (int_classes, kernel_params, kernel_values, launch_candidates,
                                                launch_config, runtime_ints, tune_launch, unspecialized_params)
 from torchweld.compiler.schedule import Kernel, Schedule
-from torchweld.compiler.symbols import size_text
+from torchweld.compiler.symbols import SizeText, is_symbol_size, size_text
 from torchweld.runtime import triton_launch
 from torchweld.tuning import tuning
 
@@ -114,7 +114,7 @@ class TritonCompile:
             for e in entries:
                 e.config = tune_launch(e.kernel, e.fn, e.fn.name, e.args, sched.layouts, e.fn.path, self.options)
 
-        grids = {e.kernel.name: -(-max(math.prod(e.kernel.outer), 1) // e.config["XBLOCK"]) for e in entries}
+        grids = {e.kernel.name: _grid(e.kernel, e.config["XBLOCK"]) for e in entries}
         ints = {e.kernel.name: runtime_ints(e.kernel) for e in entries}
         for e in entries:
             name = e.kernel.name
@@ -140,6 +140,15 @@ class TritonCompile:
         device = entries[0].kernel.device
         launches.stream_index = device.index if device.index is not None else torch.cuda.current_device()
         return launches
+
+
+def _grid(kernel: Kernel, xblock: int) -> int | SizeText:
+    """The blocks of a launch: its outputs over XBLOCK, rounded up (over symbols, as the
+    wrapper's Python)."""
+    outputs = math.prod(kernel.outer)
+    if is_symbol_size(outputs):
+        return SizeText(f"-(-max({size_text(outputs)}, 1) // {xblock})")
+    return -(-max(outputs, 1) // xblock)
 
 
 def fast_launch(name: str, grid: int, args: list[str], ints: tuple[int, ...], handle, objects: dict) -> str:
