@@ -82,3 +82,81 @@ def test_placeholders_added_late_stay_first():
     assert ops[:2] == ["placeholder", "placeholder"] and ops.count("placeholder") == 2
     x, y = torch.randn(3), torch.randn(3)
     torch.testing.assert_close(gm(x, y)[0], x.sin() * y)
+
+
+def _structure(gm):
+    """gm's nodes as (op, target, arguments), nodes named by their position, sizes by their text."""
+    position = {node: i for i, node in enumerate(gm.graph.nodes)}
+
+    def arg(a):
+        return ("node", position[a]) if isinstance(a, torch.fx.Node) else str(a)
+    return [(n.op, str(n.target), str(pytree.tree_map(arg, (n.args, n.kwargs)))) for n in gm.graph.nodes]
+
+
+def _trace_over_symbols(fn, decompositions, shapes):
+    """fn traced by an AtenRecorder on fakes of `shapes` whose sizes above 1 are symbols."""
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    from tests.test_fake_memo import symbolic_fake
+    from torchweld.compiler.aten_trace import AtenRecorder
+
+    recorder = AtenRecorder(decompositions)
+    mode = FakeTensorMode(shape_env=ShapeEnv())
+    xs = [recorder.placeholder(symbolic_fake(mode, *shape)) for shape in shapes]
+    assert recorder._over_symbols
+    with mode, recorder:
+        out = fn(*xs)
+    return recorder.graph_module([out]), mode.shape_env, recorder
+
+
+@pytest.mark.filterwarnings("ignore:Raw Sym")
+def test_a_repeated_decomposition_over_symbols_replays_its_ops(monkeypatch):
+    """Over symbols, a decomposed call (and a composite run under the Python dispatcher:
+    matmul) with the arguments of one seen before (its sizes' same expressions) records the
+    ops that one did, without running the decomposition again: the graph and the guards are
+    those of running it each time. A decomposition that reads a tensor literal it made is run
+    each time."""
+    from torchweld.compiler.aten_trace import AtenRecorder
+
+    aten = torch.ops.aten
+    runs = collections.Counter()
+
+    def counted(op, decomposition):
+        def run(*args, **kwargs):
+            runs[op] += 1
+            return decomposition(*args, **kwargs)
+        return run
+
+    def gelu_with_a_literal(x, approximate="none"):
+        runs[aten.gelu.default] += 1
+        return x * torch.tensor(0.5) * (1 + torch.erf(x * 0.7071067811865476))
+
+    table = {**DECOMPOSITIONS, aten.native_layer_norm.default: counted(
+        aten.native_layer_norm.default, DECOMPOSITIONS[aten.native_layer_norm.default]),
+        aten.gelu.default: gelu_with_a_literal}
+
+    def fn(x, w, m):
+        for _ in range(4):
+            x = torch.nn.functional.gelu(torch.nn.functional.layer_norm(x, (16,), w) + 1) @ m
+        return x
+
+    from torchweld.compiler.aten_trace import _Recording
+
+    replays = collections.Counter()
+    replay = _Recording.replay
+    monkeypatch.setattr(_Recording, "replay", lambda self, *a: replays.update([self]) or replay(self, *a))
+    # (every size is a symbol; the first calls decide some equal (16), so the next ones have
+    # other arguments' expressions, and the last ones the same as those before them)
+    replayed, replayed_env, recorder = _trace_over_symbols(fn, table, [(4, 7, 16), (16,), (16, 16)])
+    assert runs[aten.native_layer_norm.default] < 4 and runs[aten.gelu.default] == 4
+    kinds = {id(recording): key[0] for key, recording in recorder._replays.items() if recording is not None}
+    replayed_kinds = {kinds[id(r)] for r in replays}  # (and what they call: var_mean, TensorBase.matmul)
+    assert aten.native_layer_norm.default in replayed_kinds
+    assert replayed_kinds & {torch.Tensor.__matmul__, torch._C.TensorBase.matmul}
+    assert None in recorder._replays.values()  # the gelu that reads its literal
+    monkeypatch.setattr(AtenRecorder, "_replayed", lambda self, func, args, kwargs, run: run())
+    runs.clear()
+    each, each_env, _ = _trace_over_symbols(fn, table, [(4, 7, 16), (16,), (16, 16)])
+    assert runs == {aten.native_layer_norm.default: 4, aten.gelu.default: 4}
+    assert _structure(replayed) == _structure(each)  # (names aside: a replay's dead ops were numbered too)
+    assert [str(g.expr) for g in replayed_env.guards] == [str(g.expr) for g in each_env.guards]
