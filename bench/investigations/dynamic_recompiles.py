@@ -6,12 +6,15 @@ show what the compile over symbols after the second length costs.
 
     TORCHWELD_LOGS=recompiles,graph_breaks python bench/investigations/dynamic_recompiles.py --model gpt2 --device cuda
     python bench/investigations/dynamic_recompiles.py --model gpt2 --device cuda --backend weld --lengths 464,229,420
-        [--profile 1] [--top 40]
+        [--profile 1] [--top 40] [--training]
 
+--training: each call is a training step (dropout off; forward, a mean-square loss of the first
+output, backward), so the compile over symbols is the joint graph's and its partition's.
 --profile I runs the I-th length's first call (0-based; 1 is where dynamic=None compiles over
 symbols) under cProfile and prints its --top functions by cumulative and by own time.
 """
 import argparse
+import contextlib
 import cProfile
 import pstats
 import sys
@@ -35,9 +38,13 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--profile", type=int, default=None, help="profile this length's first call (0-based)")
     parser.add_argument("--top", type=int, default=40)
+    parser.add_argument("--training", action="store_true")
     args = parser.parse_args()
     case = BENCHMARKS[args.model].make(args.device, args.quick)
-    model = case.model.eval()
+    model = case.model.train(args.training)
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
     graphs = []
 
     def counting(gm, example_inputs):
@@ -45,7 +52,7 @@ def main() -> None:
         return gm.forward
 
     compiled = torchweld.compile(model, backend=counting if args.backend == "eager" else args.backend)
-    with torch.no_grad():
+    with contextlib.nullcontext() if args.training else torch.no_grad():
         for index, n in enumerate(int(s) for s in args.lengths.split(",")):
             ids = case.inputs[0][:, :1].repeat(1, n)
             before, phases = len(graphs), torchweld.compile_times()
@@ -53,7 +60,10 @@ def main() -> None:
             start = time.perf_counter()
             if profiler is not None:
                 profiler.enable()
-            compiled(ids)
+            out = compiled(ids)
+            if args.training:
+                out = out[0] if isinstance(out, tuple) else getattr(out, "logits", getattr(out, "last_hidden_state", out))
+                out.float().pow(2).mean().backward()
             if args.device == "cuda":
                 torch.cuda.synchronize()
             seconds = time.perf_counter() - start

@@ -160,3 +160,19 @@ def test_a_repeated_decomposition_over_symbols_replays_its_ops(monkeypatch):
     assert runs == {aten.native_layer_norm.default: 4, aten.gelu.default: 4}
     assert _structure(replayed) == _structure(each)  # (names aside: a replay's dead ops were numbered too)
     assert [str(g.expr) for g in replayed_env.guards] == [str(g.expr) for g in each_env.guards]
+
+
+@pytest.mark.filterwarnings("ignore:Raw Sym")
+def test_a_replayed_composite_runs_its_ops_under_the_python_dispatcher_as_recorded():
+    """F.pad by a symbolic amount runs under the Python dispatcher (constant_pad_nd's C++ meta
+    kernel takes ints); its replay, a second pad of the same arguments, runs the recorded ops so
+    too (it raised "SymIntArrayRef expected to contain only concrete integers" on the H200,
+    where attention's efficient path pads the same way)."""
+    def fn(x):
+        for _ in range(3):
+            x = torch.nn.functional.pad(x, (0, x.shape[-1] // 2))[..., : x.shape[-1]] * 2
+        return x
+
+    gm, _, recorder = _trace_over_symbols(fn, DECOMPOSITIONS, [(4, 6)])
+    assert any(r is not None for r in recorder._replays.values())
+    assert sum(str(n.target) == "aten.constant_pad_nd.default" for n in gm.graph.nodes) == 3

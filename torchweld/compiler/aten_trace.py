@@ -23,6 +23,7 @@ scaled_dot_product_attention, matmul and pad run under the Python dispatcher (`_
 """
 from __future__ import annotations
 
+import contextlib
 import operator
 
 import torch
@@ -34,8 +35,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from torchweld import fake_memo
 from torchweld.compiler.graph_modules import graph_module
+from torchweld.tuning import tuning
 
 aten = torch.ops.aten
+_PYTHON_DISPATCHER = torch._C.DispatchKey.PythonDispatcher
 
 # Ops that read tensor metadata only, never decomposed (as make_fx leaves them).
 _METADATA_OPS = frozenset({aten.size.default, aten.stride.default, aten.storage_offset.default})
@@ -253,7 +256,7 @@ class AtenRecorder(TorchDispatchMode):
         (a layer norm's ~7 ms over symbols; the answers, and their guards, are the first
         call's). A call whose ops read a tensor it did not get or make (a literal) is not
         replayed."""
-        key = fake_memo.call_key(func, args, kwargs)
+        key = fake_memo.call_key(func, args, kwargs) if tuning.replay_decompositions else None
         if key is None:
             return run()
         if key in self._replays:
@@ -318,20 +321,22 @@ class _Recording:
     """The leaf ops a decomposed call ran (AtenRecorder._replayed), with the tensors they read
     as references to the call's arguments or to earlier ops' results, and the call's result
     so: enough to run the same ops on another call's arguments. Every other argument (sizes,
-    SymInts of the same expressions, dtypes) is kept as it was."""
+    SymInts of the same expressions, dtypes) is kept as it was, and so is whether each op ran
+    under the Python dispatcher."""
 
     def __init__(self, args: tuple, kwargs: dict):
         self._sources: dict[int, tuple] = {}  # id(tensor) -> (tensor, its _Reference)
         for i, t in enumerate(_tensors((args, kwargs))):
             self._sources.setdefault(id(t), (t, _Reference(None, i)))
-        self.ops: list[tuple] = []  # (func, args, kwargs) with _References for tensors
+        self.ops: list[tuple] = []  # (func, args, kwargs with _References for tensors, under the Python dispatcher)
         self.result = None
         self._complete = True
 
     def saw(self, func, args: tuple, kwargs: dict) -> None:
         if self._complete:
             try:
-                self.ops.append((func, self._referenced(args), self._referenced(kwargs)))
+                self.ops.append((func, self._referenced(args), self._referenced(kwargs),
+                                 torch._C._dispatch_tls_is_dispatch_key_included(_PYTHON_DISPATCHER)))
             except _Unknown:
                 self._complete = False
 
@@ -356,8 +361,10 @@ class _Recording:
                 return v
             return inputs[v.index] if v.op is None else results[v.op][v.index]
 
-        for func, op_args, op_kwargs in self.ops:
-            out = recorder._leaf(func, pytree.tree_map(value, op_args), pytree.tree_map(value, op_kwargs))
+        for func, op_args, op_kwargs, python_dispatcher in self.ops:
+            # (as recorded: some meta kernels take symbolic sizes only under the Python dispatcher)
+            with enable_python_dispatcher() if python_dispatcher else contextlib.nullcontext():
+                out = recorder._leaf(func, pytree.tree_map(value, op_args), pytree.tree_map(value, op_kwargs))
             results.append(_tensors(out))
         return pytree.tree_map(value, self.result)
 
