@@ -123,21 +123,6 @@ def run(func, args: tuple, kwargs: dict):
     return out
 
 
-def call_key(func, args: tuple, kwargs: dict) -> tuple | None:
-    """What the metadata of `func(*args, **kwargs)`'s results can depend on, as `run` keys
-    its calls (fakes by their sizes' expressions, the default dtype, inference mode, the
-    Python dispatcher), with grad mode and autocast besides; None where an argument cannot be
-    described. aten_trace keys the decompositions it replays by it."""
-    parts = [func, torch.get_default_dtype(), torch.is_inference_mode_enabled(), torch.is_grad_enabled(),
-             torch.is_autocast_enabled("cpu"), torch.is_autocast_enabled("cuda"),
-             torch._C._dispatch_tls_is_dispatch_key_included(_PYTHON_DISPATCHER)]
-    modes: list = []
-    fakes = [0, 0]
-    if not (_describe(args, parts, modes, fakes) and _describe(kwargs.values(), parts, modes, fakes)) or not modes:
-        return None
-    return (*parts, *kwargs)
-
-
 def unsaved() -> int:
     """How many results over static sizes were remembered since `export` last ran."""
     return len(_unsaved)

@@ -101,10 +101,6 @@ class Tuning:
     # select of masks it cannot vectorize with AVX-512): 6.5 ms against 0.16 without the offsets
     # for (8, 32, 64, 64); the bench CNN's training step 22.1 -> 14.1 ms, eager 17.7 (2 cores).
     cpu_pool_offsets: bool = False
-    # The aten trace over symbols replays a repeated decomposition's ops (aten_trace._replayed)
-    # rather than running its Python again; on the CPU GPT-2's and BERT's traces took as long
-    # either way (0.25-0.28 s): an A/B for the GPU, where attention's math path is two matmuls
-    replay_decompositions: bool = True
     max_layouts: int = 16  # distinct input layouts one CudaGraphed records before calling sizes dynamic
     max_workers: int = 16  # Triton compile workers at most, one per core, where config.compile_workers is None
     # A kernel a worker process compiled is only loaded in this process (Triton's cache hit, ~25 ms

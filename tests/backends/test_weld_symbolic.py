@@ -250,6 +250,42 @@ def test_a_training_step_compiles_once_for_every_length(codegen):
     _compiled_once(fn)
 
 
+class CausalLayers(torch.nn.Module):
+    """Layers alike (GPT-2's form): each one's attention and projection take the same sizes'
+    expressions as the layer before's, which a trace over symbols may be tempted to reuse."""
+
+    def __init__(self, layers: int = 3, width: int = 16, heads: int = 2):
+        super().__init__()
+        self.heads = heads
+        self.qkv = torch.nn.ModuleList(torch.nn.Linear(width, 3 * width) for _ in range(layers))
+        self.out = torch.nn.ModuleList(torch.nn.Linear(width, width) for _ in range(layers))
+        self.norm = torch.nn.ModuleList(torch.nn.LayerNorm(width) for _ in range(layers))
+
+    def forward(self, x):
+        b, t, c = x.shape
+        for qkv, out, norm in zip(self.qkv, self.out, self.norm):
+            q, k, v = qkv(norm(x)).split(c, dim=2)
+            q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + out(y.transpose(1, 2).reshape(b, t, c))
+        return x
+
+
+@pytest.mark.parametrize("codegen", ["cpp", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA"))])
+def test_a_training_step_through_layers_alike_matches_eager_at_every_length(codegen):
+    """Automatic dynamic over a stack of causal attention layers: every length's outputs and
+    gradients are eager's (a replay of the first layer's attention ops for the next ones,
+    tried and dropped, gave GPT-2 wrong gradients over symbols)."""
+    torch.manual_seed(0)
+    model = CausalLayers()
+    model = model.cuda() if codegen == "cuda" else model
+    fn = torchweld.compile(model, backend="weld", options={} if codegen == "cuda" else {"cpu_codegen": codegen})
+    device = "cuda" if codegen == "cuda" else "cpu"
+    _train_and_compare(model, fn, lambda t: torch.randn(2, t, 16, device=device), (9, 13, 17, 9), atol=1e-4)
+    _compiled_once(fn)
+
+
 def test_a_training_graph_over_symbols_reads_the_programs_state_anew():
     """Between calls of one compile over symbols: a weight changed in place, a parameter replaced,
     a module attribute's number and a global changed; each call's output and gradients equal

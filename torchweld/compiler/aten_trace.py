@@ -23,7 +23,6 @@ scaled_dot_product_attention, matmul and pad run under the Python dispatcher (`_
 """
 from __future__ import annotations
 
-import contextlib
 import operator
 
 import torch
@@ -35,10 +34,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from torchweld import fake_memo
 from torchweld.compiler.graph_modules import graph_module
-from torchweld.tuning import tuning
 
 aten = torch.ops.aten
-_PYTHON_DISPATCHER = torch._C.DispatchKey.PythonDispatcher
 
 # Ops that read tensor metadata only, never decomposed (as make_fx leaves them).
 _METADATA_OPS = frozenset({aten.size.default, aten.stride.default, aten.storage_offset.default})
@@ -94,23 +91,13 @@ class _CompositesOverSymbols(TorchFunctionMode):
       - under torch 2.13, `F.pad` (transformers' causal LM loss pads its labels): constant_pad_nd.
     The Python dispatcher takes the Python meta and matmul kernels torch registers for symbolic
     sizes instead, which decide on sizes through the ShapeEnv (guards). Other ops trace as
-    without symbols. A call with the arguments of one before replays its ops (`recorder`'s
-    `_replayed`): attention's math path on CUDA (BERT's mask) is two matmuls that each ask
-    the ShapeEnv dozens of questions."""
-
-    def __init__(self, recorder: AtenRecorder):
-        super().__init__()
-        self.recorder = recorder
+    without symbols."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
         if func not in _PYTHON_KERNELS_OVER_SYMBOLS:
-            return func(*args, **kwargs)
-
-        def run():
-            with enable_python_dispatcher():
-                return func(*args, **kwargs)
-        return self.recorder._replayed(func, args, kwargs, run)
+            return func(*args, **(kwargs or {}))
+        with enable_python_dispatcher():
+            return func(*args, **(kwargs or {}))
 
 
 class AtenRecorder(TorchDispatchMode):
@@ -129,13 +116,9 @@ class AtenRecorder(TorchDispatchMode):
         # graph output that eager returns as a tensor object of its own (`graph_module`)
         self._detached: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._over_symbols = False  # a placeholder's sizes are SymInts
-        self._composites = _CompositesOverSymbols(self)  # on in the outermost `with self`, over symbols
+        self._composites = _CompositesOverSymbols()  # on in the outermost `with self`, over symbols
         self._composites_on = False
         self._depth = 0  # `with self` nesting
-        # over symbols, decompositions replayed (`_replayed`): call key -> _Recording, or None
-        # where a call's ops cannot be replayed; the recordings under way, innermost last
-        self._replays: dict = {}
-        self._recordings: list[_Recording] = []
 
     # -- building the graph --------------------------------------------------------
 
@@ -224,18 +207,11 @@ class AtenRecorder(TorchDispatchMode):
         kwargs = kwargs or {}
         if func is torch.ops.prim.device.default:  # a tensor's device: nothing to record
             return fake_memo.run(func, args, kwargs)
-        if func is aten.detach.default:
-            return self._leaf(func, args, kwargs)
-        if func in self.decompositions or autograd_decomposes(func, args, kwargs):
-            out = self._replayed(func, args, kwargs, lambda: self._decomposed(func, args, kwargs)) \
-                if self._over_symbols else self._decomposed(func, args, kwargs)
-            if out is not NotImplemented:
-                return out
-        return self._leaf(func, args, kwargs)
-
-    def _decomposed(self, func, args: tuple, kwargs: dict):
-        """`func` run as its decomposition (weld's table, else its CompositeImplicitAutograd
-        kernel), each op it runs reaching this mode; NotImplemented where neither applies."""
+        if func is aten.detach.default:  # below autograd an alias of its input: the same node
+            out = func(*args, **kwargs)
+            self._bind(out, self.node_of(args[0]))
+            self._detached[id(out)] = (out, args[0])
+            return out
         decomposition = self.decompositions.get(func)
         if decomposition is not None:
             with self:
@@ -244,42 +220,9 @@ class AtenRecorder(TorchDispatchMode):
                 return out
         if autograd_decomposes(func, args, kwargs):
             with self:
-                return func.decompose(*args, **kwargs)
-        return NotImplemented
-
-    def _replayed(self, func, args: tuple, kwargs: dict, run):
-        """`run()`, which runs `func` decomposed (`_decomposed`, or a composite under the Python
-        dispatcher), over symbols: a call with the arguments of one seen before (the same
-        sizes' expressions: GPT-2's twelve layers decompose each layer norm, matmul and
-        attention alike) runs the ops that call ran, on its own arguments, without running
-        the decomposition's Python again, whose every decision on a size is a sympy question
-        (a layer norm's ~7 ms over symbols; the answers, and their guards, are the first
-        call's). A call whose ops read a tensor it did not get or make (a literal) is not
-        replayed."""
-        key = fake_memo.call_key(func, args, kwargs) if tuning.replay_decompositions else None
-        if key is None:
-            return run()
-        if key in self._replays:
-            recording = self._replays[key]
-            return run() if recording is None else recording.replay(self, args, kwargs)
-        recording = _Recording(args, kwargs)
-        self._recordings.append(recording)
-        try:
-            out = run()
-        finally:
-            self._recordings.pop()
-        self._replays[key] = recording if out is not NotImplemented and recording.finish(out) else None
-        return out
-
-    def _leaf(self, func, args: tuple, kwargs: dict):
-        """An op run on the fake tensors and recorded as a node (detach: bound to its input's)."""
-        for recording in self._recordings:
-            recording.saw(func, args, kwargs)
-        if func is aten.detach.default:  # below autograd an alias of its input: the same node
-            out = func(*args, **kwargs)
-            self._bind(out, self.node_of(args[0]))
-            self._detached[id(out)] = (out, args[0])
-            return self._made(out)
+                out = func.decompose(*args, **kwargs)
+            if out is not NotImplemented:
+                return out
         if func is aten.lift_fresh.default:  # a tensor literal: a copy, so that writes to it stay in the graph
             func = aten.lift_fresh_copy.default
         out = fake_memo.run(func, args, kwargs)  # on the fake tensors, by the FakeTensorMode below this one
@@ -296,88 +239,4 @@ class AtenRecorder(TorchDispatchMode):
                     item = self.graph.create_node("call_function", operator.getitem, (node, i), name="getitem")
                     item.meta["val"] = value
                     self._bind(value, item)
-        return self._made(out)
-
-    def _made(self, out):
-        for recording in self._recordings:
-            recording.made(out)
         return out
-
-
-class _Reference:
-    """In a _Recording, a tensor: the `index`-th tensor of the call's arguments (`op` None),
-    or of the results of its `op`-th op."""
-    __slots__ = ("op", "index")
-
-    def __init__(self, op: int | None, index: int):
-        self.op, self.index = op, index
-
-
-class _Unknown(Exception):
-    """A recorded op read a tensor its call neither got nor made."""
-
-
-class _Recording:
-    """The leaf ops a decomposed call ran (AtenRecorder._replayed), with the tensors they read
-    as references to the call's arguments or to earlier ops' results, and the call's result
-    so: enough to run the same ops on another call's arguments. Every other argument (sizes,
-    SymInts of the same expressions, dtypes) is kept as it was, and so is whether each op ran
-    under the Python dispatcher."""
-
-    def __init__(self, args: tuple, kwargs: dict):
-        self._sources: dict[int, tuple] = {}  # id(tensor) -> (tensor, its _Reference)
-        for i, t in enumerate(_tensors((args, kwargs))):
-            self._sources.setdefault(id(t), (t, _Reference(None, i)))
-        self.ops: list[tuple] = []  # (func, args, kwargs with _References for tensors, under the Python dispatcher)
-        self.result = None
-        self._complete = True
-
-    def saw(self, func, args: tuple, kwargs: dict) -> None:
-        if self._complete:
-            try:
-                self.ops.append((func, self._referenced(args), self._referenced(kwargs),
-                                 torch._C._dispatch_tls_is_dispatch_key_included(_PYTHON_DISPATCHER)))
-            except _Unknown:
-                self._complete = False
-
-    def made(self, out) -> None:
-        for i, t in enumerate(_tensors(out)):
-            self._sources[id(t)] = (t, _Reference(len(self.ops) - 1, i))
-
-    def finish(self, out) -> bool:
-        """Whether the call can be replayed; its result `out` is kept as references."""
-        if self._complete:
-            try:
-                self.result = self._referenced(out)
-            except _Unknown:
-                self._complete = False
-        return self._complete
-
-    def replay(self, recorder: AtenRecorder, args: tuple, kwargs: dict):
-        inputs, results = _tensors((args, kwargs)), []
-
-        def value(v):
-            if not isinstance(v, _Reference):
-                return v
-            return inputs[v.index] if v.op is None else results[v.op][v.index]
-
-        for func, op_args, op_kwargs, python_dispatcher in self.ops:
-            # (as recorded: some meta kernels take symbolic sizes only under the Python dispatcher)
-            with enable_python_dispatcher() if python_dispatcher else contextlib.nullcontext():
-                out = recorder._leaf(func, pytree.tree_map(value, op_args), pytree.tree_map(value, op_kwargs))
-            results.append(_tensors(out))
-        return pytree.tree_map(value, self.result)
-
-    def _referenced(self, value):
-        def reference(v):
-            if not isinstance(v, torch.Tensor):
-                return v
-            found = self._sources.get(id(v))
-            if found is None or found[0] is not v:
-                raise _Unknown
-            return found[1]
-        return pytree.tree_map(reference, value)
-
-
-def _tensors(value) -> list:
-    return [v for v in pytree.tree_leaves(value) if isinstance(v, torch.Tensor)]
