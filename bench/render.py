@@ -244,7 +244,8 @@ def _per_compiler_table(title: str, columns: list[str], figures: list[str], rows
     for r in rows:
         for compiler, f in r["figures"]["compilers"].items():
             values = ["failed"] + [""] * (len(figures) - 1) if "error" in f else cells(f)
-            out.append("| " + " | ".join([*label(r), NAMES.get(compiler, compiler), *values, short_commit(r)]) + " |")
+            source = r.get("earlier", {}).get(compiler, r)  # (a compiler the latest run left out)
+            out.append("| " + " | ".join([*label(r), NAMES.get(compiler, compiler), *values, short_commit(source)]) + " |")
     commands = sorted({r.get("command", "") for r in rows})
     return out + ["", "Commands: " + "; ".join(f"`{c}`" for c in commands if c), ""]
 
@@ -264,8 +265,10 @@ def distributed_section(directory: Path | None) -> list[str]:
 
 
 def dynamic_sizes_section(directory: Path | None) -> list[str]:
-    """Dynamic shapes over many lengths (bench/dynamic_sizes.py, its model rows)."""
-    rows = _latest_rows("dynamic_sizes", directory)
+    """Dynamic shapes over many lengths (bench/dynamic_sizes.py, its model rows): each row's
+    latest record, and a compiler it left out from the latest record before that has it (its
+    own commit on its line)."""
+    rows = [_with_earlier_compilers(r, directory) for r in _latest_rows("dynamic_sizes", directory)]
     if not rows:
         return []
 
@@ -281,6 +284,22 @@ def dynamic_sizes_section(directory: Path | None) -> list[str]:
         lambda f: [str(f.get("graphs")), str(f.get("symbolic_graphs")), fmt(f.get("weld_compiles"), "d"),
                    f"{f['total_s']:.1f}", fmt(f.get("first_compile_s"), ".2f"), _symbolic_compile(f),
                    fmt(f.get("mean_ms"), ".2f"), fmt(f.get("mean_ratio_to_static"), ".3f"), fmt(f.get("max_diff"), ".1e")])
+
+
+def _with_earlier_compilers(latest: dict, directory: Path | None) -> dict:
+    """`latest` with the compilers of earlier records of its row that it lacks, newest first:
+    under "earlier", the record each came from."""
+    key = json.dumps(latest["row"], sort_keys=True)
+    earlier = sorted((r for r in records.read("dynamic_sizes", directory=directory)
+                      if "row" in r and json.dumps(r["row"], sort_keys=True) == key and r is not latest
+                      and r.get("date", "") <= latest.get("date", "")), key=lambda r: r.get("date", ""), reverse=True)
+    merged = dict(latest, figures=dict(latest["figures"], compilers=dict(latest["figures"]["compilers"])), earlier={})
+    for r in earlier:
+        for name, figures in r["figures"]["compilers"].items():
+            if name not in merged["figures"]["compilers"]:
+                merged["figures"]["compilers"][name] = figures
+                merged["earlier"][name] = r
+    return merged
 
 
 def _symbolic_compile(figures: dict) -> str:

@@ -142,3 +142,26 @@ def test_with_constants_runs_a_script_with_tuning_fields_changed(tmp_path):
         proc = subprocess.run([sys.executable, "bench/with_constants.py", setting, "--", str(script)], cwd=ROOT,
                               capture_output=True, text=True, timeout=240, check=False)
         assert proc.returncode != 0 and error in proc.stderr and "seen" not in proc.stdout, proc.stderr
+
+
+def test_a_compiler_left_out_of_a_rows_latest_run_shows_from_the_run_before(tmp_path):
+    """dynamic_sizes rows: the latest record's compilers, and one it lacks from the record
+    before that has it, each line with the commit it was measured at."""
+    import json
+
+    row = {"model": "gpt2", "label": "GPT-2 b8", "phase": "inference", "device": "cuda", "batch": 8,
+           "dtype": "float32", "lengths": 16, "min_len": 32, "max_len": 512}
+
+    def figures(total):
+        return {"graphs": 2, "symbolic_graphs": 1, "total_s": total, "first_compile_s": 1.0,
+                "dynamic_compile_s": 1.5, "mean_ms": 12.0, "max_diff": 1e-5}
+
+    older = {"row": row, "date": "2026-11-27", "commit": "a" * 40,
+             "figures": {"compilers": {"torchweld": figures(5.0), "torch": figures(40.0)}}}
+    newer = {"row": row, "date": "2026-11-28", "commit": "b" * 40,
+             "figures": {"compilers": {"torchweld": figures(4.0)}}}
+    (tmp_path / "dynamic_sizes.jsonl").write_text("".join(json.dumps(r) + "\n" for r in (older, newer)))
+    lines = [line for line in render.dynamic_sizes_section(tmp_path) if line.startswith("| GPT-2")]
+    assert len(lines) == 2
+    assert "| torchweld |" in lines[0] and "| 4.0 |" in lines[0] and lines[0].endswith("| bbbbbbb |")
+    assert "| torch.compile |" in lines[1] and "| 40.0 |" in lines[1] and lines[1].endswith("| aaaaaaa |")
