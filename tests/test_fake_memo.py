@@ -269,3 +269,28 @@ def test_export_learned_only_leaves_out_what_absorb_gave():
     learned = fake_memo.export(learned_only=True)
     assert len(learned) == 1 and next(iter(learned))[3][1] == (2, 9)
     fake_memo.forget()
+
+
+def test_a_rebuilt_view_leaves_the_mode_unmarked():
+    """A view's rebuild runs the meta kernel through this thread's dispatch keys alone: it does
+    not mark the mode as inside a kernel, which another compile thread using the mode would see
+    (FakeTensorMode asserts that mark and the thread's keys agree)."""
+    class Watched(FakeTensorMode):
+        marks = 0
+
+        @property
+        def in_kernel_invocation(self):
+            return self.__dict__.get("_in_kernel", False)
+
+        @in_kernel_invocation.setter
+        def in_kernel_invocation(self, value):
+            type(self).marks += bool(value)
+            self.__dict__["_in_kernel"] = value
+
+    with Watched() as mode:
+        x = fake(mode, 8, 6)
+        first = fake_memo.run(aten.t.default, (x,), {})  # through FakeTensorMode, which marks it
+        before = Watched.marks
+        repeat = fake_memo.run(aten.t.default, (x,), {})
+        assert Watched.marks == before
+        assert metadata(repeat) == metadata(first) and same_storage(repeat, x)

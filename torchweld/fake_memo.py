@@ -29,10 +29,11 @@ sizes cost most (each size operation is a sympy one: a view ~0.8 ms through the 
 """
 from __future__ import annotations
 
+import contextlib
 import weakref
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor, in_kernel_invocation_manager
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._mode_utils import no_dispatch
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -293,6 +294,16 @@ def _remember(out, mode, args: tuple, kind: int) -> tuple | None:
     return (list if isinstance(out, list) else isinstance(out, tuple), *infos)
 
 
+@contextlib.contextmanager
+def _meta_kernels():
+    """Ops on fake tensors run their meta kernels, as inside FakeTensorMode's dispatch, in this
+    thread alone (its in_kernel_invocation_manager also marks the mode, which a compile's
+    threads share, and asserts the two agree)."""
+    with torch._C._PreserveDispatchKeyGuard():
+        torch._C._set_meta_in_tls_dispatch_include(True)
+        yield
+
+
 def _rebuild(known: tuple, mode, base: FakeTensor | None):
     """New fake tensors of `mode` with the remembered metadata; views of `base`'s storage
     where given.
@@ -309,7 +320,7 @@ def _rebuild(known: tuple, mode, base: FakeTensor | None):
     for size, stride, offset, dtype, device, *elements in infos:
         with no_dispatch(), torch._C._DisablePythonDispatcher():
             if base is not None:
-                with in_kernel_invocation_manager(mode):  # (the meta kernel, not base's fake device's)
+                with _meta_kernels():  # (not base's fake device's kernel)
                     meta = torch.as_strided(base, size, stride, offset)
             elif elements:
                 meta = torch.as_strided(torch.empty(elements, dtype=dtype, device="meta"), size, stride, offset)
