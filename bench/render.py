@@ -246,7 +246,8 @@ def _per_compiler_table(title: str, columns: list[str], figures: list[str], rows
             values = ["failed"] + [""] * (len(figures) - 1) if "error" in f else cells(f)
             source = r.get("earlier", {}).get(compiler, r)  # (a compiler the latest run left out)
             out.append("| " + " | ".join([*label(r), NAMES.get(compiler, compiler), *values, short_commit(source)]) + " |")
-    commands = sorted({r.get("command", "") for r in rows})
+    sources = [*rows, *(e for r in rows for e in r.get("earlier", {}).values())]
+    commands = sorted({r.get("command", "") for r in sources})
     return out + ["", "Commands: " + "; ".join(f"`{c}`" for c in commands if c), ""]
 
 
@@ -291,7 +292,7 @@ def _with_earlier_compilers(latest: dict, directory: Path | None) -> dict:
     under "earlier", the record each came from."""
     key = json.dumps(latest["row"], sort_keys=True)
     earlier = sorted((r for r in records.read("dynamic_sizes", directory=directory)
-                      if "row" in r and json.dumps(r["row"], sort_keys=True) == key and r is not latest
+                      if "row" in r and json.dumps(r["row"], sort_keys=True) == key
                       and r.get("date", "") <= latest.get("date", "")), key=lambda r: r.get("date", ""), reverse=True)
     merged = dict(latest, figures=dict(latest["figures"], compilers=dict(latest["figures"]["compilers"])), earlier={})
     for r in earlier:
