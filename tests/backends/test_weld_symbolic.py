@@ -286,6 +286,40 @@ def test_a_training_step_through_layers_alike_matches_eager_at_every_length(code
     _compiled_once(fn)
 
 
+def grown_from_a_literal(x):
+    """A cache that starts as a literal (`torch.tensor([])`, which capture holds as a constant)
+    grown by cat, and split and unbound again: fake_memo replays the cats beside the constant
+    and the lists of views."""
+    cache = torch.tensor([], device=x.device)
+    for k in range(3):
+        cache = torch.cat([cache, (x * (k + 1)).flatten()])
+    parts = cache.view(3, -1).unbind(0)
+    a, b = cache.split(cache.shape[0] // 3 * 2)
+    return parts[0] + parts[2] * 2, a.sum() - b.sum()
+
+
+@pytest.mark.parametrize("codegen", ["cpp", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA"))])
+def test_a_cache_grown_from_a_literal_matches_eager_at_every_size(codegen):
+    """Inference and a training step: every size's outputs and gradients are eager's."""
+    device = "cuda" if codegen == "cuda" else "cpu"
+    fn = _compiled(grown_from_a_literal, codegen)
+    with torch.no_grad():
+        _run(fn, grown_from_a_literal, lambda n: (torch.randn(n, 5, device=device),), (4, 7, 9, 4))
+    for n in (4, 7, 9, 4):
+        x = torch.randn(n, 5, device=device, requires_grad=True)
+        x2 = x.detach().clone().requires_grad_()
+        out, expected = fn(x), grown_from_a_literal(x2)
+        torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-4)
+        (out[0].square().sum() + out[1]).backward()
+        (expected[0].square().sum() + expected[1]).backward()
+        torch.testing.assert_close(x.grad, x2.grad, atol=1e-5, rtol=1e-4)
+    compiled = [e.namespace["___graph"] for e in fn.cache_entries
+                if isinstance(e.namespace.get("___graph"), CompiledSymbolic)]
+    assert len(compiled) == 2  # inference and training, each once over symbols
+    assert all(c.per_size.compiles == 0 and c.per_size.calls_as_captured == 0 for c in compiled)
+
+
 def test_a_training_graph_over_symbols_reads_the_programs_state_anew():
     """Between calls of one compile over symbols: a weight changed in place, a parameter replaced,
     a module attribute's number and a global changed; each call's output and gradients equal
