@@ -37,6 +37,8 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._mode_utils import no_dispatch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from torchweld.fake_tensors import meta_on_fresh_storage, storage_elements
+
 _DEVICE = torch.ops.prim.device.default
 _FRESH, _VIEW, _IN_PLACE, _VIEWS = 1, 2, 3, 4
 _RETURNS_SELF = ("self",)  # what an in-place op's entry holds: it returned its first argument, unchanged in layout
@@ -289,7 +291,7 @@ def _remember(out, mode, args: tuple, kind: int) -> tuple | None:
             return None
         info = (size, stride, t.storage_offset(), t.dtype, t.fake_device)
         if kind == _FRESH and mode.shape_env is not None:  # over symbols: its storage's elements, for _rebuild
-            info += (t.untyped_storage().nbytes() // t.element_size(),)
+            info += (storage_elements(t),)
         infos.append(info)
     return (list if isinstance(out, list) else isinstance(out, tuple), *infos)
 
@@ -306,15 +308,12 @@ def _meta_kernels():
 
 def _rebuild(known: tuple, mode, base: FakeTensor | None):
     """New fake tensors of `mode` with the remembered metadata; views of `base`'s storage
-    where given.
-
-    Over symbols every size operation is a sympy one, and building a tensor from its sizes and
-    strides computes its storage's size and checks it against them: empty_strided and set_
-    took 0.5-1.2 ms a result in BERT's capture over symbols (~500 results, mostly repeats of
-    its 12 layers). as_strided over a storage already sized computes next to nothing: a view
-    is as_strided of `base` (~60 us there), a fresh result over symbols as_strided of a fresh
-    1-d tensor of its storage's remembered elements (~300-450 us). The Python dispatcher, on
-    in a capture over symbols, is off here (its kernels took ~12% more)."""
+    where given. Over symbols a view is as_strided of `base` and a fresh result is made on a
+    fresh storage of its remembered elements (fake_tensors.meta_on_fresh_storage): empty_strided
+    and set_ computed and checked a storage size in sympy, 0.5-1.2 ms a result in BERT's capture
+    over symbols (~500 results, mostly its 12 layers' repeats), against ~60 us (a view) and
+    ~300 us (fresh). The Python dispatcher, on in a capture over symbols, is off here (its
+    kernels took ~12% more)."""
     container, *infos = known  # list, True (a tuple) or False (one tensor)
     outs = []
     for size, stride, offset, dtype, device, *elements in infos:
@@ -323,7 +322,7 @@ def _rebuild(known: tuple, mode, base: FakeTensor | None):
                 with _meta_kernels():  # (not base's fake device's kernel)
                     meta = torch.as_strided(base, size, stride, offset)
             elif elements:
-                meta = torch.as_strided(torch.empty(elements, dtype=dtype, device="meta"), size, stride, offset)
+                meta = meta_on_fresh_storage(elements[0], size, stride, offset, dtype)
             else:
                 meta = torch.empty_strided(size, stride, dtype=dtype, device="meta")
         outs.append(FakeTensor(mode, meta, device))

@@ -48,6 +48,20 @@ def _is_simple(real: torch.Tensor) -> bool:
     return real.untyped_storage().nbytes() == extent * real.element_size()
 
 
+def storage_elements(t: torch.Tensor) -> object:
+    """The elements of `t`'s storage (a SymInt over symbols): what `meta_on_fresh_storage`
+    takes to make another tensor of its layout."""
+    return t.untyped_storage().nbytes() // t.element_size()
+
+
+def meta_on_fresh_storage(elements: object, size, stride, offset, dtype: torch.dtype) -> torch.Tensor:
+    """A meta tensor of `size`, `stride` and `offset` on a fresh storage of `elements`: over
+    symbols, as_strided of a 1-d tensor computes next to nothing, where empty_strided computes
+    the storage's size from the sizes and strides and checks it, each step a sympy operation
+    (bench/DECISIONS.md#rebuild-as-strided). Call under no_dispatch."""
+    return torch.as_strided(torch.empty((elements,), dtype=dtype, device="meta"), size, stride, offset)
+
+
 def over_symbols(mode: FakeTensorMode, env) -> FakeTensorMode:
     """`mode` running its ops over the symbolic sizes of ShapeEnv `env`, without torch's
     fake-result cache: over symbols, building an entry (which checks it by rebuilding the

@@ -37,7 +37,7 @@ from torchweld import logs
 from torchweld.backends.module_settings import read_settings
 from torchweld.backends.weld_declines import is_symbolic
 from torchweld.capture.symbolic_sizes import SYMBOLIC_TYPES, CaptureShapeEnv, IntSource, SizeSource, python_text
-from torchweld.fake_tensors import over_symbols
+from torchweld.fake_tensors import meta_on_fresh_storage, over_symbols, storage_elements
 
 
 class SymbolicCompileError(Exception):
@@ -139,9 +139,9 @@ class SymbolicCopy:
         with no_dispatch():
             if elements is None:
                 meta = torch.empty_strided(sizes, strides, dtype=value.dtype, device="meta")
-                self._storages[key] = meta.untyped_storage().nbytes() // meta.element_size()
+                self._storages[key] = storage_elements(meta)
             else:
-                meta = torch.as_strided(torch.empty((elements,), dtype=value.dtype, device="meta"), sizes, strides)
+                meta = meta_on_fresh_storage(elements, sizes, strides, 0, value.dtype)
         fake = FakeTensor(self.mode, meta, value.device)
         if value.requires_grad:
             fake.requires_grad_(True)

@@ -17,7 +17,7 @@ from torchweld.compiler import aliasing, ir
 from torchweld.compiler.aten_graph import pure_overload
 from torchweld.compiler.ir import Expr, Layout
 from torchweld.compiler.op_effects import returned_storage
-from torchweld.compiler.symbols import compile_memo, hint, is_symbol_size, size_key, sizes_key
+from torchweld.compiler.symbols import compile_kept, hint, is_symbol_size, size_key
 from torchweld.runtime.seeded_rand import SEED_HIGH, SEED_LOW
 from torchweld.tuning import tuning
 from torchweld.write_refusals import non_overlapping_and_dense
@@ -74,15 +74,9 @@ def dense_like(layout: Layout) -> Layout:
 
 def meta_layout(val: torch.Tensor) -> Layout:
     """Where we store a new buffer: like eager when that is dense, else row-major (over symbols,
-    decided once per layout in a compile: compile_memo)."""
+    decided once per layout in a compile: compile_kept)."""
     shape, stride = tuple(val.shape), tuple(val.stride())
-    memo = compile_memo("dense_layouts")
-    key = sizes_key((shape, stride)) if memo is not None else None
-    dense = memo.get(key) if memo is not None else None
-    if dense is None:
-        dense = non_overlapping_and_dense(shape, stride)
-        if memo is not None:
-            memo[key] = dense
+    dense = compile_kept("dense_layouts", (shape, stride), lambda: non_overlapping_and_dense(shape, stride))
     return Layout(shape, stride) if dense else Layout.contiguous(shape)
 
 

@@ -16,7 +16,7 @@ from torch.utils._sympy.functions import ToFloat
 from torchweld.compiler import ir
 from torchweld.compiler.ir import Expr, Layout, Op
 from torchweld.compiler.lowering import GraphLowering, RuleNode, BufferView, draws_a_seed, meta_layout
-from torchweld.compiler.symbols import compile_memo, fake_mode, is_symbol_size, sizes_key
+from torchweld.compiler.symbols import compile_kept, fake_mode, is_symbol_size
 from torchweld.runtime import pool_offsets, seeded_rand
 from torchweld.tuning import tuning
 
@@ -593,13 +593,9 @@ def replay_layout(layout: Layout | None, view_fn, symbolic: bool = False, key: t
     if layout is None:
         return None
     symbolic = symbolic or any(map(is_symbol_size, (layout.offset, *layout.shape, *layout.stride)))
-    memo = compile_memo("view_layouts") if symbolic and key is not None else None
-    if memo is None:
+    if not symbolic or key is None:
         return _replayed_layout(layout, view_fn, symbolic)
-    memo_key = (layout.key(), sizes_key(key))
-    if memo_key not in memo:
-        memo[memo_key] = _replayed_layout(layout, view_fn, symbolic)
-    return memo[memo_key]
+    return compile_kept("view_layouts", (layout.key(), key), lambda: _replayed_layout(layout, view_fn, symbolic))
 
 
 def _replayed_layout(layout: Layout, view_fn, symbolic: bool) -> Layout | None:
@@ -650,16 +646,10 @@ def reshape_index(out_index: list[Expr], in_shape, out_shape) -> list[Expr]:
 
 def _reshape_groups(in_shape: list, out_shape: list) -> list[tuple[list[int], list[int]]] | None:
     """The groups of input dims and output dims of equal products that a reshape maps onto each
-    other; None for an empty tensor. Over symbols, kept for the compile (compile_memo): every
+    other; None for an empty tensor. Over symbols, kept for the compile (compile_kept): every
     layer of a transformer reshapes alike, and each comparison of sizes is sympy's."""
-    memo = compile_memo("reshape_groups")
-    key = sizes_key((in_shape, out_shape)) if memo is not None else None
-    if memo is not None and key in memo:
-        return memo[key]
-    groups = None if 0 in in_shape or 0 in out_shape else _groups_of_equal_products(in_shape, out_shape)
-    if memo is not None:
-        memo[key] = groups
-    return groups
+    return compile_kept("reshape_groups", (in_shape, out_shape), lambda: None if 0 in in_shape or 0 in out_shape
+                        else _groups_of_equal_products(in_shape, out_shape))
 
 
 def _groups_of_equal_products(in_shape: list, out_shape: list) -> list[tuple[list[int], list[int]]]:

@@ -10,17 +10,20 @@ sizes as arguments (codegen/size_args.py). Code that holds a size as a sympy exp
 the ShapeEnv of the compile running in its thread (`compiling_over`): `decide` (an answer the
 result rests on, guarded), `known` (what the ranges prove, no guard), `hint` (the compiled
 call's value, for choices any answer makes right), `fake_mode` (ops on symbolic fakes),
-`compile_memo` (answers kept for the rest of the compile).
+`compile_memo` and `compile_kept` (answers kept for the rest of the compile).
 """
 from __future__ import annotations
 
 import contextlib
 import threading
 import warnings
+from typing import Callable, TypeVar
 
 import sympy
 import torch
 from torch.utils._sympy.printers import PythonPrinter
+
+T = TypeVar("T")
 
 
 def is_symbol_size(n: object) -> bool:
@@ -109,6 +112,18 @@ def compile_memo(name: str) -> dict | None:
     the twelve layers of a GPT-2 ask each such question twelve times, at ~1 ms a sympy answer."""
     memos = getattr(_compiling, "memos", None)
     return None if memos is None else memos.setdefault(name, {})
+
+
+def compile_kept(name: str, key: object, compute: Callable[[], T]) -> T:
+    """`compute()`, computed once per `key` (sizes in it by their expressions: `sizes_key`) in
+    the compile over symbols running in this thread (`compile_memo(name)`), each time outside one."""
+    memo = compile_memo(name)
+    if memo is None:
+        return compute()
+    key = sizes_key(key)
+    if key not in memo:
+        memo[key] = compute()
+    return memo[key]
 
 
 def symbol_values(env) -> dict:

@@ -21,7 +21,7 @@ from torchweld.compiler.codegen.bindings import fast_callable
 from torchweld.compiler.ir import Layout
 from torchweld.compiler.lowering import BufferView
 from torchweld.compiler.schedule import ExternCall, Free, Kernel, Schedule, in_place_twin
-from torchweld.compiler.symbols import compile_memo, size_key, size_text, sizes_key, sizes_text, symbols_read
+from torchweld.compiler.symbols import compile_kept, size_key, size_text, sizes_text, symbols_read
 from torchweld.runtime.write_back import groups_by_dtype
 
 PRELUDE = '''
@@ -48,13 +48,7 @@ def _take(workspace, shape, stride, dtype, device):
 def _storage_size(layout: Layout) -> object:
     """The elements `layout` spans (symbols.size_key of it, where sizes are symbols; computed
     once per layout in a compile over symbols, each a few sympy operations)."""
-    memo = compile_memo("storage_size")
-    if memo is None:
-        return _span(layout)
-    key = sizes_key((layout.shape, layout.stride, layout.offset))
-    if key not in memo:
-        memo[key] = _span(layout)
-    return memo[key]
+    return compile_kept("storage_size", (layout.shape, layout.stride, layout.offset), lambda: _span(layout))
 
 
 def _span(layout: Layout) -> object:
