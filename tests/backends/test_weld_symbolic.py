@@ -284,15 +284,22 @@ def test_a_training_step_through_layers_alike_matches_eager_at_every_length(code
     device = "cuda" if codegen == "cuda" else "cpu"
     _train_and_compare(model, fn, lambda t: torch.randn(2, t, 16, device=device), (9, 13, 17, 9), atol=1e-4)
     _compiled_once(fn)
+    model.heads = 4  # an attribute the forward reads: guarded, the step compiled again
+    with torch.no_grad():
+        model.out[1].weight.mul_(0.5)  # a weight written in place between calls
+    _train_and_compare(model, fn, lambda t: torch.randn(2, t, 16, device=device), (11, 9, 15), atol=1e-4)
+
+
+LITERAL_SCALE = 1.0
 
 
 def grown_from_a_literal(x):
     """A cache that starts as a literal (`torch.tensor([])`, which capture holds as a constant)
     grown by cat, and split and unbound again: fake_memo replays the cats beside the constant
-    and the lists of views."""
+    and the lists of views. Reads a global, which the test changes between calls."""
     cache = torch.tensor([], device=x.device)
     for k in range(3):
-        cache = torch.cat([cache, (x * (k + 1)).flatten()])
+        cache = torch.cat([cache, (x * (k + LITERAL_SCALE)).flatten()])
     parts = cache.view(3, -1).unbind(0)
     a, b = cache.split(cache.shape[0] // 3 * 2)
     return parts[0] + parts[2] * 2, a.sum() - b.sum()
@@ -318,6 +325,14 @@ def test_a_cache_grown_from_a_literal_matches_eager_at_every_size(codegen):
                 if isinstance(e.namespace.get("___graph"), CompiledSymbolic)]
     assert len(compiled) == 2  # inference and training, each once over symbols
     assert all(c.per_size.compiles == 0 and c.per_size.calls_as_captured == 0 for c in compiled)
+    global LITERAL_SCALE
+    try:
+        for scale in (2.5, 1.0):  # the global changed between calls: each call is eager's
+            LITERAL_SCALE = scale
+            with torch.no_grad():
+                _run(fn, grown_from_a_literal, lambda n: (torch.randn(n, 5, device=device),), (6, 4))
+    finally:
+        LITERAL_SCALE = 1.0
 
 
 def test_a_training_graph_over_symbols_reads_the_programs_state_anew():
