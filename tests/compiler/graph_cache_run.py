@@ -1,7 +1,8 @@
 """One process of tests/compiler/test_graph_cache.py: compile a small model with weld, call it
 three times (inputs changed between calls; `--case state`: then a weight changed in place,
 then a LayerNorm's eps; `--case symbolic`: a function over symbolic sizes, called at --lengths;
-`--case symbolic_train`: a training step over symbolic lengths; `--case passes`: a model weld's FX
+`--case symbolic_train`: a training step over symbolic lengths (`--triton-int32-limit N`: in Triton
+kernels that assume 32-bit indices for at most N elements); `--case passes`: a model weld's FX
 passes rewrite, then a weight changed in place and an attribute its forward reads) against eager, and print as JSON the largest
 difference, whether the graph cache loaded or stored an entry, and the compile phases.
 
@@ -15,7 +16,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-if sys.argv.count("triton") or sys.argv.count("symbolic"):
+if sys.argv.count("triton") or sys.argv.count("symbolic") or sys.argv.count("--triton-int32-limit"):
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import torch  # noqa: E402
@@ -55,6 +56,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--lengths", default="5,9", help="symbolic: the row lengths of the calls")
+    parser.add_argument("--triton-int32-limit", type=int, default=None,
+                        help="symbolic_train: Triton kernels, with 32-bit indices up to this many elements")
     parser.add_argument("--scale", type=float, default=2.0)
     parser.add_argument("--frozen", action="store_true", help="train: the first layer's weight requires no grad")
     parser.add_argument("--other-backward-layouts", action="store_true",
@@ -157,7 +160,13 @@ def main() -> None:
         eager = Positions()
         compiled_model = Positions()
         compiled_model.load_state_dict(eager.state_dict())
-        step = torchweld.compile(compiled_model, dynamic=True)
+        options = None
+        if args.triton_int32_limit is not None:  # (lowered: a guard that small sizes meet and large ones do not)
+            from torchweld.compiler.codegen import triton
+
+            triton.INT32_LIMIT = args.triton_int32_limit
+            options = {"cpu_codegen": "triton"}
+        step = torchweld.compile(compiled_model, dynamic=True, options=options)
         for n in map(int, args.lengths.split(",")):
             x = torch.randn(2, n, 16, dtype=dtype)
             step(x).square().sum().backward()

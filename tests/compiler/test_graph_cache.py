@@ -79,15 +79,34 @@ def test_a_graph_over_symbols_is_loaded_where_its_guards_hold(tmp_path):
         assert result["max_diff"] < 1e-4, result
 
 
-def test_a_training_steps_graphs_over_symbols_are_loaded_at_other_lengths(tmp_path):
-    """A training step compiled over symbols keeps its forward and backward under their symbols:
-    a second process, at other lengths, traces the joint graph again but lowers nothing, and its
-    gradients equal eager's (its backward reads the batch, which no saved tensor holds alone)."""
+def test_a_training_step_over_symbols_is_loaded_whole_at_other_lengths(tmp_path):
+    """A training step compiled over symbols is kept whole under its symbols (its forward, its
+    backward, and the training entry naming them): a second process, at other lengths, neither
+    traces the joint graph nor lowers, and its gradients equal eager's (its backward reads the
+    batch, which no saved tensor holds alone)."""
     cache = str(tmp_path)
     first, _ = run(cache, "--case", "symbolic_train", "--lengths", "5,9")
+    assert len(glob.glob(os.path.join(cache, "graphs", "*.json"))) == 3
     second, _ = run(cache, "--case", "symbolic_train", "--lengths", "12,7,20", "--seed", "1")
-    assert first["lowered"] and second["loaded"] and not second["lowered"], (first, second)
+    assert first["lowered"] and first["traced"], first
+    assert second["loaded"] and not second["lowered"] and not second["traced"], second
     assert first["max_diff"] < 1e-5 and second["max_diff"] < 1e-5, (first, second)
+
+
+def test_a_training_entry_over_symbols_whose_guards_fail_is_traced_again(tmp_path):
+    """What a training step's compile over symbols assumed (here its Triton kernels' 32-bit
+    indices, for at most 1024 elements) is kept with it: a later process that loads it still
+    checks it, at its own lengths; one whose first length breaks it traces and compiles again,
+    and both compute eager's gradients."""
+    cache = str(tmp_path)
+    triton = ("--case", "symbolic_train", "--triton-int32-limit", "1024")
+    first, _ = run(cache, *triton, "--lengths", "5,9")
+    loaded, _ = run(cache, *triton, "--lengths", "12,7,40", "--seed", "1")  # 40: past the guard, per size
+    assert loaded["loaded"] and not loaded["traced"], loaded
+    past_the_guard, _ = run(cache, *triton, "--lengths", "50,9", "--seed", "2")
+    assert past_the_guard["traced"] and past_the_guard["lowered"], past_the_guard
+    for result in (first, loaded, past_the_guard):
+        assert result["max_diff"] < 1e-5, result
 
 
 def test_a_modules_empty_buffer_returned_by_a_loaded_graph_is_that_buffer(tmp_path):

@@ -111,17 +111,20 @@ def compile_training(gm: torch.fx.GraphModule, example_inputs: list, options: di
                           lent_from=num_outputs)
 
     entry = training_cache.load(key) if key is not None else None
-    forward = graph_cache.load_unbound(entry["forward"]) if entry is not None else None
-    if forward is not None:
-        graph = _cached_training_graph(entry, forward, primals, options, trace_and_partition, grad_strides,
-                                       forward_in_cuda_graph if cudagraphs else None,
-                                       backward_in_cuda_graph if cudagraphs else None)
-        return CompiledTrainingGraph(gm, state, input_positions, None, None, graph, exact)
+    if entry is not None:
+        in_cuda_graphs = (forward_in_cuda_graph, backward_in_cuda_graph) if cudagraphs else (None, None)
+        if over_symbols(primals):
+            graph = _loaded_over_symbols(entry, primals, *in_cuda_graphs)
+        else:
+            graph = _cached_training_graph(entry, primals, options, trace_and_partition, grad_strides, *in_cuda_graphs)
+        if graph is not None:
+            return CompiledTrainingGraph(gm, state, input_positions, None, None, graph, exact)
 
     joint, part = trace_and_partition()
     if over_symbols(primals):
         return _compiled_over_symbols(gm, state, input_positions, joint, part, primals, options, grad_strides,
-                                      exact, cudagraphs and forward_in_cuda_graph, cudagraphs and backward_in_cuda_graph)
+                                      exact, cudagraphs and forward_in_cuda_graph, cudagraphs and backward_in_cuda_graph,
+                                      key)
     # The backward compiles in a thread, for the layouts the joint trace gives its inputs, from
     # when the forward's kernels are with the Triton compilers: its Python work overlaps their
     # compiles (not the forward's lowering, under one GIL), and its kernels queue behind them.
@@ -173,16 +176,18 @@ def over_symbols(primals: list) -> bool:
 
 def _compiled_over_symbols(gm, state, input_positions, joint: JointGraph, part: Partition, primals: list,
                            options: dict, grad_strides, exact, forward_in_cuda_graph,
-                           backward_in_cuda_graph) -> CompiledTrainingGraph:
+                           backward_in_cuda_graph, key: str | None) -> CompiledTrainingGraph:
     """A training graph of symbolic sizes: forward and backward compiled here, in this thread,
     whose ShapeEnv (compiler/symbols.py's compiling_over) records what both assume, before the
     caller makes the guard of calls that may run them; a graph weld cannot compile fails the
-    compile over symbols (it goes per size), rather than running its aten ops. Not kept in the
-    graph cache. Under CUDA graphs, each size is a recording of its own (runtime/cudagraphs.py)."""
+    compile over symbols (it goes per size), rather than running its aten ops. Kept as the
+    training entry `key` (training_cache.py). Under CUDA graphs, each size is a recording of its
+    own (runtime/cudagraphs.py)."""
     forward = compile_aten(part.forward, primals, options, "forward", symbolic=True)
     assumed = [n.meta.get("val") for n in part.backward.graph.nodes if n.op == "placeholder"]
     backward = compile_aten(part.backward, assumed, options, "backward", grad_strides(joint.grad_primals),
                             symbolic=True)
+    keys = getattr(forward, "cache_key", None), getattr(backward, "cache_key", None)
     if forward_in_cuda_graph:
         forward = forward_in_cuda_graph(forward, joint.num_outputs)
         backward = backward_in_cuda_graph(backward, part.saved)
@@ -193,6 +198,8 @@ def _compiled_over_symbols(gm, state, input_positions, joint: JointGraph, part: 
                           written_primal_views=joint.written_primal_views,
                           primal_outputs=joint.primal_outputs, primal_views=joint.primal_views,
                           enables_grad=not torch.is_grad_enabled(), numbers=part.numbers)
+    if key is not None and None not in keys:
+        training_cache.store(key, *keys, None, graph)
     return CompiledTrainingGraph(gm, state, input_positions, joint, part, graph, exact)
 
 
@@ -213,11 +220,14 @@ def _grad_and_autocast_as_now() -> Callable[[], contextlib.AbstractContextManage
     return as_then
 
 
-def _cached_training_graph(entry: dict, forward, primals: list, options: dict, trace_and_partition,
-                           grad_strides, forward_in_cuda_graph, backward_in_cuda_graph) -> TrainingGraph:
-    """The TrainingGraph of a training entry (training_cache.py) whose forward is loaded: its
-    backward loaded at the first backward, where its inputs have the layouts the entry's was
-    compiled for; else traced and partitioned again, and compiled for them."""
+def _cached_training_graph(entry: dict, primals: list, options: dict, trace_and_partition, grad_strides,
+                           forward_in_cuda_graph, backward_in_cuda_graph) -> TrainingGraph | None:
+    """The TrainingGraph of a training entry (training_cache.py), None where its forward cannot
+    be loaded: its backward loaded at the first backward, where its inputs have the layouts the
+    entry's was compiled for; else traced and partitioned again, and compiled for them."""
+    forward = graph_cache.load_unbound(entry["forward"])
+    if forward is None:
+        return None
     if forward_in_cuda_graph is not None:
         forward = forward_in_cuda_graph(forward, entry["num_outputs"])
 
@@ -231,13 +241,35 @@ def _cached_training_graph(entry: dict, forward, primals: list, options: dict, t
                 backward = compile_aten(part.backward, example, options, "backward", grad_strides(entry["grad_primals"]))
         return backward if backward_in_cuda_graph is None else backward_in_cuda_graph(backward, entry["saved"])
 
+    return _entry_graph(entry, forward, compile_backward, primals, forward_lends=forward_in_cuda_graph is not None)
+
+
+def _loaded_over_symbols(entry: dict, primals: list, forward_in_cuda_graph,
+                         backward_in_cuda_graph) -> TrainingGraph | None:
+    """The TrainingGraph of a training entry over symbols, both its graphs loaded now (their
+    guards recorded in this compile's ShapeEnv, before the caller makes the guard of calls
+    that may run them); None where either cannot be, or its guards do not hold at this call's
+    sizes (traced again)."""
+    forward = graph_cache.load_unbound(entry["forward"])
+    backward = graph_cache.load_unbound(entry["backward"]) if forward is not None else None
+    if backward is None:
+        return None
+    if forward_in_cuda_graph is not None:
+        forward = forward_in_cuda_graph(forward, entry["num_outputs"])
+        backward = backward_in_cuda_graph(backward, entry["saved"])
+    return _entry_graph(entry, forward, lambda example: backward, primals,
+                        forward_lends=forward_in_cuda_graph is not None)
+
+
+def _entry_graph(entry: dict, forward, compile_backward, primals: list, forward_lends: bool) -> TrainingGraph:
+    """A TrainingGraph from what a training entry holds of the trace and the partition."""
     write_back = WriteBack([primals[i].dtype for i in entry["mutated_primals"]])
     return TrainingGraph(forward, compile_backward, entry["num_outputs"], entry["out_spec"], entry["diff_outputs"],
                          entry["mutated_primals"], entry["grad_primals"], entry["saved"], write_back,
-                         forward_lends=forward_in_cuda_graph is not None,
-                         input_view_outputs=entry["input_view_outputs"],
+                         forward_lends=forward_lends, input_view_outputs=entry["input_view_outputs"],
                          written_primal_views=entry["written_primal_views"], primal_outputs=entry["primal_outputs"],
-                         primal_views=entry["primal_views"], enables_grad=entry["enables_grad"])
+                         primal_views=entry["primal_views"], enables_grad=entry["enables_grad"],
+                         numbers=entry["numbers"])
 
 
 def compile_aten(gm: torch.fx.GraphModule, example_inputs: list, options: dict, what: str,

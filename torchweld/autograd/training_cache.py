@@ -14,6 +14,14 @@ the backward at the first backward, when its inputs have those layouts (else it 
 Written once the first backward has compiled, where both graphs' entries bind no module
 attribute (they take the module's tensors as inputs: graph_cache.load_unbound). Sealed like
 every entry: a damaged one is deleted with a warning, and the step compiled again.
+
+A step compiled over symbolic sizes (backends/weld_symbolic.py) has an entry too, keyed by its
+symbols as graph_cache keys any graph over them. Both its graphs are compiled at once, and
+loaded so: the backward's entry, compiled last, holds every guard the step's compile recorded
+(the trace's and the partition's among them), which the load checks at this call's sizes and
+records for the compile's guard (where they do not hold, the step is traced again). It keeps
+no layouts (a backward over symbols serves every call its guard admits) and names the sizes
+the backward reads from the inputs (`numbers`).
 """
 from __future__ import annotations
 
@@ -22,21 +30,16 @@ import logging
 
 import torch
 import torch.utils._pytree as pytree
-from torch._subclasses.fake_tensor import FakeTensor
-
 from torchweld import disk_cache, timing
 from torchweld.compiler import graph_cache
 
 log = logging.getLogger("torchweld.cache")
 
-FORMAT = "torchweld-training-1"
+FORMAT = "torchweld-training-2"
 
 
 def training_key(gm: torch.fx.GraphModule, example_inputs: list, options: dict, strategy: str) -> str | None:
-    """The key of the training entry of `gm` (the captured graph), or None where it is not kept
-    (a graph over symbolic sizes, whose example inputs are fakes or symbolic ints: shortcut)."""
-    if any(isinstance(x, (FakeTensor, torch.SymInt)) for x in example_inputs):
-        return None
+    """The key of the training entry of `gm` (the captured graph), or None where it is not kept."""
     marked = {**options, "training partition": strategy, "grad enabled": torch.is_grad_enabled()}
     key = graph_cache.graph_key(gm, example_inputs, marked, traced=False, output_strides=None, frees_inputs=False)
     return None if key is None else key.key
@@ -56,9 +59,10 @@ def layouts(tensors: list) -> list:
     return described
 
 
-def store(key: str, forward_key: str, backward_key: str, backward_layouts: list, graph) -> None:
+def store(key: str, forward_key: str, backward_key: str, backward_layouts: list | None, graph) -> None:
     """Write the training entry `key`: the two graphs' entries and what `graph` (an
-    autograd.runtime.TrainingGraph) holds of the trace and the partition."""
+    autograd.runtime.TrainingGraph) holds of the trace and the partition. `backward_layouts`:
+    None over symbols."""
     entry = {
         "format": FORMAT, "forward": forward_key, "backward": backward_key, "backward_layouts": backward_layouts,
         "num_outputs": graph.num_outputs, "out_spec": pytree.treespec_dumps(graph.out_spec),
@@ -67,6 +71,7 @@ def store(key: str, forward_key: str, backward_key: str, backward_layouts: list,
         "input_view_outputs": sorted(graph.input_view_outputs),
         "written_primal_views": _items(graph.written_primal_views), "primal_outputs": _items(graph.primal_outputs),
         "primal_views": _items(graph.primal_views), "enables_grad": graph.enables_grad,
+        "numbers": [list(n) for n in graph.numbers],
     }
     try:
         disk_cache.write_sealed("graphs", f"t{key}.json", key, json.dumps(entry).encode())
@@ -87,6 +92,7 @@ def load(key: str) -> dict | None:
                 raise ValueError(f"its format is {entry.get('format')!r}, not {FORMAT!r}")
             entry["out_spec"] = pytree.treespec_loads(entry["out_spec"])
             entry["saved"] = [tuple(s) for s in entry["saved"]]
+            entry["numbers"] = [tuple(n) for n in entry["numbers"]]
             entry["input_view_outputs"] = frozenset(entry["input_view_outputs"])
             for name in ("written_primal_views", "primal_outputs", "primal_views"):
                 entry[name] = {int(i): _tuple(v) for i, v in entry[name]}

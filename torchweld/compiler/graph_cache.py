@@ -34,8 +34,8 @@ the loaded graph assumes what the compiled one did. Not kept (compiled each time
 graphs compiled with `freeze` (constants computed at compile time) or `max_autotune`
 (choices timed on this machine). A training step's two graphs take the module's tensors as
 inputs (no `attr` recipe): a training entry names them by key (autograd/training_cache.py) and
-loads them without the graphs' text; over symbolic sizes there is no training entry yet
-(shortcut: the joint trace and the partition run again, and find their two graphs' entries).
+loads them without the graphs' text, over symbolic sizes too (the backward's entry, compiled
+last, holds every guard of the step's compile: the trace's, the partition's and both graphs').
 """
 from __future__ import annotations
 
@@ -452,12 +452,15 @@ def _assumed_guards(entry: dict, env) -> list | None:
     None where one does not hold at this call's sizes (compiled again, for them: the entry is
     overwritten). [] for an entry of static sizes."""
     if env is None:
+        if entry.get("guards"):  # (an entry over symbols, named by key outside a compile over them)
+            log.debug("graph cache: an entry over symbols outside a compile over them: compiled again")
+            return None
         return []
     from torch.utils._sympy import functions
 
     names = {k: v for k, v in vars(functions).items() if isinstance(v, type)}
     names |= {str(s): s for s in symbol_values(env)}
-    guards = [sympy.sympify(text, locals=names) for text in entry["guards"]]
+    guards = [sympy.sympify(text, locals=names) for text in entry.get("guards", ())]
     values = {s: sympy.Integer(v) for s, v in symbol_values(env).items()}
     for guard in guards:
         if guard.xreplace(values) is not sympy.true:
@@ -468,8 +471,10 @@ def _assumed_guards(entry: dict, env) -> list | None:
 
 def load_unbound(key: str):
     """The driver.CompiledGraph of the entry `key` names (a CompiledGraph's cache_key), which
-    binds no module attribute; None where there is none or it cannot be used (a warning then)."""
-    return load(GraphKey(key, {}), None)
+    binds no module attribute; None where there is none or it cannot be used (a warning then).
+    Inside a compile over symbols, its guards are checked and recorded in that compile's
+    ShapeEnv, as `load` does with a key's."""
+    return load(GraphKey(key, {}, compiling_env()), None)
 
 
 def _assemble(entry: dict, gm: torch.fx.GraphModule | None):
