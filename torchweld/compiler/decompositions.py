@@ -39,6 +39,26 @@ def log_softmax(x, dim, half_to_float):
     return _TORCH[aten._log_softmax.default](x, dim, half_to_float)
 
 
+def safe_softmax(x, dim, dtype=None):
+    """A softmax whose rows of -inf alone (a query that may attend to nothing) are zeros: what
+    scaled_dot_product_attention's math path runs under a mask. torch's decomposition finds those
+    rows with a reduction of its own, an all() of x == -inf; here they are the rows whose max is
+    -inf, the max the softmax computes anyway (a NaN makes that max NaN, as it makes the softmax
+    NaN, and the row is no masked row for either). That flag, a boolean accumulator beside the
+    max, made BERT's softmax over a symbolic length 1.5x slower on the H200."""
+    if dtype is not None:
+        x = x.to(dtype)
+    if not x.is_floating_point():
+        return NotImplemented
+    result_dtype = x.dtype
+    compute = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+    x = x.contiguous().to(compute)  # (eager's softmax returns a contiguous tensor)
+    row_max = torch.amax(x, dim, keepdim=True)
+    unnormalized = torch.exp(x - row_max)
+    out = unnormalized / torch.sum(unnormalized, dim, keepdim=True)
+    return torch.where(row_max == float("-inf"), 0.0, out).to(result_dtype)
+
+
 def addmm(self, mat1, mat2, *, beta=1, alpha=1):
     if not (self.is_floating_point() and mat1.is_floating_point()) or self.dtype != mat1.dtype:
         return _TORCH[aten.addmm.default](self, mat1, mat2, beta=beta, alpha=alpha)
@@ -187,6 +207,7 @@ OWN = {
     aten.addmm.default: addmm,
     aten._softmax.default: softmax,
     aten._log_softmax.default: log_softmax,
+    aten._safe_softmax.default: safe_softmax,
     aten.native_batch_norm.default: native_batch_norm,
     aten._native_batch_norm_legit_no_training.default: native_batch_norm_no_training,
     aten.cudnn_batch_norm.default: cudnn_batch_norm,
