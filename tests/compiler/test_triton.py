@@ -179,23 +179,6 @@ def test_cat_reads_each_element_from_one_input():
     assert len(loads) == 3 and all("xmask & (" in line for line in loads)
 
 
-def test_cat_pieces_read_without_clamps_where_their_masks_hold():
-    """A cat's piece is read through an index clamped into the piece (what keeps an unmasked
-    read in bounds); under the mask that selects it the clamp decides, and goes: Triton then
-    sees a contiguous index and loads vectors (GPT-2's q, k and v gradients concatenated ran
-    at half Inductor's speed clamped). The pieces here are the attention heads' gradients,
-    transposed back and concatenated along the features, and a pad's edge."""
-    def fn(q, k, v, x):
-        qkv = torch.cat([t.transpose(1, 2).reshape(2, 6, 8) for t in (q, k, v)], -1)
-        return qkv * 2, torch.nn.functional.pad(x, (2, 3)) + 1
-
-    inputs = [torch.randn(2, 2, 6, 4) for _ in range(3)] + [torch.randn(3, 5)]
-    compiled = check(fn, inputs, options=TRITON)
-    loads = [line for line in compiled.kernel_sources["triton"].splitlines() if "tl.load(" in line]
-    assert len(loads) == 4 and all("xmask & (" in line for line in loads), loads
-    assert not [line for line in loads if "tl.minimum" in line or "tl.maximum" in line], loads
-
-
 def test_where_keeps_a_load_its_condition_needs_unmasked():
     compiled = check(lambda a: torch.where(a > 0, a, a * 0.1), [torch.randn(5, 6)], options=TRITON)
     assert compiled.kernel_sources["triton"].count("tl.load(") == 1

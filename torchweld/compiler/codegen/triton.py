@@ -9,7 +9,7 @@ import sympy
 import torch
 
 from torchweld import config
-from torchweld.compiler import index_ranges, ir
+from torchweld.compiler import ir
 from torchweld.compiler.codegen import size_args
 from torchweld.compiler.codegen.common import C_LIKE_OPS, KernelRenderer, Scope
 from torchweld.compiler.ir import Expr, Op
@@ -295,9 +295,8 @@ class _BranchLoads:
         self._below[id(e)] = (e, every, unmasked)  # e kept alive, so its id stays its own
         return every, unmasked
 
-    def add_mask(self, e: Expr, mask: Expr, keep: frozenset, within: dict | None = None) -> Expr:
-        """`e` with every unmasked load whose key is not in `keep` masked by `mask`, its index
-        simplified for the variables' ranges `within` (where `mask` holds: _ranges_where).
+    def add_mask(self, e: Expr, mask: Expr, keep: frozenset) -> Expr:
+        """`e` with every unmasked load whose key is not in `keep` masked by `mask`.
 
         A load keeps the mask of the innermost where it sits in: masks only save reads
         (the where picks the value), and conditions that say their range exactly, as
@@ -312,8 +311,7 @@ class _BranchLoads:
             if self.below(node)[1] <= keep:
                 out = node
             elif node.op is Op.LOAD:
-                index = node.args[0] if within is None else index_ranges.simplify(node.args[0], within)
-                out = Expr(Op.MASKED_LOAD, node.dtype, (index, mask), node.arg)
+                out = Expr(Op.MASKED_LOAD, node.dtype, (node.args[0], mask), node.arg)
             else:
                 args = tuple(visit(a) for a in node.args)
                 out = node if all(x is y for x, y in zip(args, node.args)) else Expr(node.op, node.dtype, args, node.arg)
@@ -323,7 +321,7 @@ class _BranchLoads:
         return visit(e)
 
 
-def _mask_branches(e: Expr, ranges: dict[str, index_ranges.Range]) -> Expr:
+def _mask_branches(e: Expr) -> Expr:
     branch_loads = _BranchLoads()
 
     def leaf(node: Expr):
@@ -335,83 +333,12 @@ def _mask_branches(e: Expr, ranges: dict[str, index_ranges.Range]) -> Expr:
             return None
         in_cond = branch_loads.below(cond)[1]
         # a load the condition or the other branch needs anyway is read unmasked, once
-        a = branch_loads.add_mask(a, cond, in_cond | b_every, _ranges_where(cond, ranges)) if a_every else a
+        a = branch_loads.add_mask(a, cond, in_cond | b_every) if a_every else a
         not_cond = Expr(Op.LOGICAL_NOT, torch.bool, (cond,))
-        b = branch_loads.add_mask(b, not_cond, in_cond | a_every, _ranges_where(not_cond, ranges)) if b_every else b
+        b = branch_loads.add_mask(b, not_cond, in_cond | a_every) if b_every else b
         return Expr(Op.WHERE, node.dtype, (cond, a, b))
 
     return ir.rewrite(e, leaf)
-
-
-# A masked load reads nothing where its mask fails, so its index need only be right where the
-# mask holds: there, the clamps torch.cat's pieces read through (rules.clamp_index, which keep a
-# load in bounds where nothing masks it: the C++ renderer's) decide, and fold away. Clamped,
-# Triton cannot tell that a piece's index runs contiguously and loads it element by element:
-# GPT-2's q/k/v gradients concatenated took 34 us a layer on the H200, Inductor's 18.
-_FLIPPED = {Op.LT: Op.GE, Op.LE: Op.GT, Op.GT: Op.LE, Op.GE: Op.LT, Op.EQ: Op.NE, Op.NE: Op.EQ}
-_MIRRORED = {Op.LT: Op.GT, Op.LE: Op.GE, Op.GT: Op.LT, Op.GE: Op.LE, Op.EQ: Op.EQ, Op.NE: Op.NE}
-
-
-def _ranges_where(cond: Expr, ranges: dict[str, index_ranges.Range]) -> dict | None:
-    """The variables' `ranges` narrowed to where `cond` holds, by its comparisons of a variable
-    with an integer (a conjunction of them, or one negated); None where it narrows none."""
-    narrowed = dict(ranges)
-    for c in _conjuncts(cond):
-        op, negated = c.op, False
-        if op is Op.LOGICAL_NOT:
-            c, negated = c.args[0], True
-            op = c.op
-        if op not in _FLIPPED or not all(a.dtype is ir.INDEX for a in c.args):
-            continue
-        var, op, k = _variable_against_integer(c) or (None, op, None)
-        if var not in narrowed:
-            continue
-        op = _FLIPPED[op] if negated else op
-        lo, hi = narrowed[var]
-        lo, hi = {Op.LT: (lo, min(hi, k - 1)), Op.LE: (lo, min(hi, k)), Op.GT: (max(lo, k + 1), hi),
-                  Op.GE: (max(lo, k), hi), Op.EQ: (max(lo, k), min(hi, k)), Op.NE: (lo, hi)}[op]
-        if lo > hi:  # (never holds: the load never reads; left as it is)
-            return None
-        narrowed[var] = (lo, hi)
-    return narrowed if narrowed != ranges else None
-
-
-def _variable_against_integer(comparison: Expr) -> tuple[str, Op, int] | None:
-    """A comparison of index expressions that compares one variable with an integer (`x1 - 2 >=
-    0`: x1 >= 2) as (variable, op, integer); else None."""
-    a, b = (ir.affine_terms(x) for x in comparison.args)
-    if a is None or b is None:
-        return None
-    coefs = {v: a[0].get(v, 0) - b[0].get(v, 0) for v in set(a[0]) | set(b[0])}
-    coefs = {v: c for v, c in coefs.items() if c}
-    k = a[1] - b[1]  # the comparison is c * var + k op 0
-    if len(coefs) != 1 or type(k) is not int:
-        return None
-    ((var, c),) = coefs.items()
-    if c == 1:
-        return var, comparison.op, -k
-    if c == -1:
-        return var, _MIRRORED[comparison.op], k
-    return None
-
-
-def _conjuncts(e: Expr) -> Iterator[Expr]:
-    if e.op is Op.LOGICAL_AND:
-        for a in e.args:
-            yield from _conjuncts(a)
-    else:
-        yield e
-
-
-def _variable_ranges(kernel: Kernel) -> dict[str, index_ranges.Range]:
-    """Each loop variable's range (x0.., r0.., and xindex, rindex after coalesce_indices) where
-    its size is a number."""
-    ranges = {}
-    for prefix, sizes in (("x", kernel.outer), ("r", kernel.reduced)):
-        ranges |= {f"{prefix}{k}": (0, s - 1) for k, s in enumerate(sizes) if type(s) is int}
-        if all(type(s) is int for s in sizes):
-            ranges[f"{prefix}index"] = (0, math.prod(sizes) - 1)
-    return ranges
 
 
 def _uniform(e: Expr) -> bool:
@@ -425,8 +352,7 @@ def mask_branch_loads(kernel: Kernel) -> Kernel:
     """`kernel` with the loads only one branch of a where needs masked by its condition."""
     if not any(n.op is Op.WHERE for e in kernel_values(kernel) for n in ir.walk(e)):
         return kernel
-    ranges = _variable_ranges(kernel)
-    return map_exprs(kernel, lambda e: _mask_branches(e, ranges))
+    return map_exprs(kernel, _mask_branches)
 
 
 def prepared(kernel: Kernel) -> Kernel:
