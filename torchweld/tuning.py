@@ -61,7 +61,13 @@ class Tuning:
     segments: int = 64  # fixed segments a row shared by threads is cut into, combined in segment order
     threaded_min: int = 1 << 17  # a reduced row of this many elements or more is shared by threads...
     threaded_max_outputs: int = 8  # ...where the reduction has at most this many outputs
-    outer_block: int = 16  # lanes of an outer reduction's simd loop (one AVX-512 register of float)
+    # lanes of an outer reduction's simd loop: the columns one pass over the rows reduces. 16 (one
+    # AVX-512 register of float) read half of each 128-byte row of a 32-channel channels-last
+    # batch norm per pass, in twice the passes: the CNN's training step on the 2-core AMD EPYC
+    # development host ran its C++ kernels in 4.8 ms a step at 16, 2.5 at 64, 3.8 at 128 (its
+    # MLP's 1.63 -> 1.19, the transformer block's 3.73 -> 3.28; bench/investigations/
+    # profile_train_cpu.py under bench/with_constants.py)
+    outer_block: int = 64
     max_pieces: int = 16  # innermost loops a pointwise kernel is split into at most (a cat of 16 inputs)
 
     # -- Triton kernels (compiler/codegen/triton.py, triton_launches.py) --------------------
