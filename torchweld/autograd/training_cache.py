@@ -30,6 +30,7 @@ import logging
 
 import torch
 import torch.utils._pytree as pytree
+
 from torchweld import disk_cache, timing
 from torchweld.compiler import graph_cache
 
