@@ -84,6 +84,8 @@ OPTIONS = {
                              "(passes/fuse_attention.py); default True"),
     "group_query_heads": Option("decoding attention over repeated key/value heads (grouped-query attention) "
                                 "runs over the unrepeated heads (passes/grouped_attention.py); default True"),
+    "empty_concatenations": Option("a concatenation of one tensor and empty 1-d tensors is that tensor, read in "
+                                   "place where nothing can tell (compiler/cat_chains.py); default True"),
     "chain_concatenations": Option("a concatenation that extends an earlier one reads it instead of all its "
                                    "inputs again (compiler/cat_chains.py); default True"),
     "freeze": Option("inference: fold batch norms into convolutions and compute what depends only on "

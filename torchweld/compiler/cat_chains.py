@@ -16,13 +16,34 @@ backward slices one gradient after another instead of summing a slice of every l
 layer's; it works on aten graphs (`aten.cat`) too.
 
     n = chain_concatenations(gm)   # the number of concatenations rewritten, in place
+
+A concatenation of one tensor and legacy empty 1-d tensors (which cat skips) is that tensor:
+transformers' DynamicCache starts each layer's keys and values as `torch.tensor([])` and
+concatenates the step's onto them, and the copy eager makes is contiguous in (batch, heads,
+positions, features), where the tensor itself is a view of the q/k/v projection's rows. Read
+in place, the attention's backward gives their gradients in those rows' layout, which the
+concatenation of the q/k/v gradients then reads in order (GPT-2's bf16 training step on the
+H200: that concatenation 34 us a layer against Inductor's 18, which reads them so). The empty
+tensors still take part in the result's dtype (`torch.tensor([])` is float32: a bf16 key
+becomes float32, as eager's does); the rewrite is `x.to(dtype)` then.
+
+    n = drop_empty_concatenations(gm)   # the number rewritten, in place
+
+It rewrites only where nothing could tell the difference: the result is no output of the graph,
+the graph writes nothing in place, and every user of the result reads values, not strides
+(attention, matmul, another concatenation).
 """
 from __future__ import annotations
+
+import operator
 
 import torch
 
 aten = torch.ops.aten
 CATS = (torch.cat, aten.cat.default)
+# users that read a tensor's values whatever its strides
+_STRIDE_BLIND = frozenset({torch.nn.functional.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention,
+                           torch.matmul, operator.matmul, torch.bmm, torch.cat})
 
 
 def chain_concatenations(gm: torch.fx.GraphModule) -> int:
@@ -68,3 +89,72 @@ def _chainable(node: torch.fx.Node, tensors: list) -> bool:
         if not isinstance(val, torch.Tensor) or val.dtype != out.dtype or val.dim() != out.dim():
             return False
     return True
+
+
+def drop_empty_concatenations(gm: torch.fx.GraphModule) -> int:
+    if _writes_in_place(gm.graph):
+        return 0
+    outputs = set().union(*(_flat_nodes(n.args) for n in gm.graph.nodes if n.op == "output"))
+    rewritten = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not torch.cat or set(node.kwargs) - {"dim"} \
+                or not isinstance(node.args[0], (list, tuple)) or node in outputs:
+            continue
+        out = _value(node)
+        kept = [t for t in node.args[0] if not _legacy_empty(_value(t))]
+        if not isinstance(out, torch.Tensor) or len(kept) != 1 or not isinstance(kept[0], torch.fx.Node):
+            continue
+        if not _reads_values_only(node):
+            continue
+        (x,) = kept
+        if _value(x).dtype == out.dtype:
+            node.replace_all_uses_with(x)
+        else:
+            with gm.graph.inserting_after(node):
+                converted = gm.graph.call_method("to", (x, out.dtype))
+            converted.meta["example_value"] = _value(x).to(out.dtype)
+            node.replace_all_uses_with(converted)
+        empties = [t for t in node.args[0] if t is not x]
+        gm.graph.erase_node(node)
+        for empty in empties:  # (`torch.tensor([])`, read by nothing else now)
+            if isinstance(empty, torch.fx.Node) and empty.op == "call_function" and not empty.users:
+                gm.graph.erase_node(empty)
+        rewritten += 1
+    if rewritten:
+        gm.recompile()
+    return rewritten
+
+
+def _reads_values_only(node: torch.fx.Node) -> bool:
+    """Whether every user of `node` reads its values whatever its strides: a stride-blind op, or a
+    dtype conversion (which keeps the layout) whose users do."""
+    for user in node.users:
+        if user.op == "call_function" and user.target in _STRIDE_BLIND:
+            continue
+        if user.op == "call_method" and user.target == "to" and user.args[0] is node and _reads_values_only(user):
+            continue
+        return False
+    return True
+
+
+def _legacy_empty(value) -> bool:
+    """A 1-d tensor of no elements, which torch.cat skips (but for the result's dtype)."""
+    return isinstance(value, torch.Tensor) and value.dim() == 1 and value.shape[0] == 0
+
+
+def _flat_nodes(args) -> set:
+    found = set()
+    torch.fx.node.map_arg(args, found.add)
+    return found
+
+
+def _writes_in_place(graph: torch.fx.Graph) -> bool:
+    """Whether some node may write a tensor in place (an in-place method or function, an
+    `out=`, an item assignment): then a tensor read in place could change under its reader."""
+    for node in graph.nodes:
+        if node.op not in ("call_function", "call_method"):
+            continue
+        name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
+        if name.endswith("_") and not name.endswith("__") or "out" in node.kwargs or node.target is operator.setitem:
+            return True
+    return False

@@ -47,6 +47,14 @@ def _group_query_heads(gm, options, inference):
     return group_query_heads(gm, split_kernel=inference) if options.get("group_query_heads", True) else gm
 
 
+def _drop_empty_concatenations(gm, options, inference):
+    from torchweld.compiler.cat_chains import drop_empty_concatenations
+
+    if options.get("empty_concatenations", True):
+        drop_empty_concatenations(gm)
+    return gm
+
+
 def _chain_concatenations(gm, options, inference):
     from torchweld.compiler.cat_chains import chain_concatenations
 
@@ -79,6 +87,10 @@ FX_PASSES: tuple[FxPass, ...] = (
            "attention runs over the unrepeated heads, each query head a row (passes/grouped_attention.py), on "
            "CUDA in inference by a kernel split along the cache (runtime/decode_attention.py); "
            "options={'group_query_heads': False}"),
+    FxPass("empty_concatenations", _drop_empty_concatenations,
+           "a concatenation of one tensor and empty 1-d tensors (a transformers DynamicCache's first "
+           "update) is that tensor, read in place where nothing can tell (compiler/cat_chains.py); "
+           "options={'empty_concatenations': False}"),
     FxPass("chain_concatenations", _chain_concatenations,
            "a concatenation that extends an earlier one reads it instead of all its inputs again "
            "(compiler/cat_chains.py); options={'chain_concatenations': False}"),
