@@ -19,13 +19,12 @@ layer's; it works on aten graphs (`aten.cat`) too.
 
 A concatenation of one tensor and legacy empty 1-d tensors (which cat skips) is that tensor:
 transformers' DynamicCache starts each layer's keys and values as `torch.tensor([])` and
-concatenates the step's onto them, and the copy eager makes is contiguous in (batch, heads,
-positions, features), where the tensor itself is a view of the q/k/v projection's rows. Read
-in place, the attention's backward gives their gradients in those rows' layout, which the
-concatenation of the q/k/v gradients then reads in order (GPT-2's bf16 training step on the
-H200: that concatenation 34 us a layer against Inductor's 18, which reads them so). The empty
-tensors still take part in the result's dtype (`torch.tensor([])` is float32: a bf16 key
-becomes float32, as eager's does); the rewrite is `x.to(dtype)` then.
+concatenates the step's onto them, a copy of each, contiguous in (batch, heads, positions,
+features), where the tensor itself is a view of the q/k/v projection's rows that attention
+reads as it is. GPT-2's bf16 autocast training step (b8 s1024, H200): 12 fewer kernels, GPU
+busy time 21.20 -> 21.00 ms a step, peak memory 4566 -> 4261 MiB. The empty tensors still take
+part in the result's dtype (`torch.tensor([])` is float32: a bf16 key becomes float32, as
+eager's does); the rewrite is `x.to(dtype)` then.
 
     n = drop_empty_concatenations(gm)   # the number rewritten, in place
 
