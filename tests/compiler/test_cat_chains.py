@@ -100,6 +100,8 @@ class CachedAttention(torch.nn.Module):
         v = torch.cat([torch.tensor([], device=x.device), v], dim=-2)
         if self.case == "in_place":  # the graph writes a tensor in place: nothing is read in place
             k.mul_(1.5)
+        if self.case == "query":  # attention lays its output out by its query's strides
+            q, k = k.to(q.dtype), q
         out = torch.nn.functional.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), is_causal=True)
         out = out.transpose(1, 2).reshape(b, s, 32)
         if self.case == "returned":  # the cache leaves the graph, in eager's layout
@@ -132,10 +134,11 @@ def test_a_cache_concatenated_onto_an_empty_tensor_is_read_in_place(dtype):
         assert gm(x)[0].dtype == model(x).dtype
 
 
-@pytest.mark.parametrize("case", ["returned", "in_place", "strides"])
+@pytest.mark.parametrize("case", ["returned", "in_place", "strides", "query"])
 def test_a_concatenation_something_could_tell_apart_stays(case):
     """The cache returned (its layout is eager's), a tensor written in place in the graph, a
-    view that needs the concatenation's contiguous layout: each keeps its concatenation."""
+    view that needs the concatenation's contiguous layout, attention's query (whose strides its
+    output's follow): each keeps its concatenation."""
     model = CachedAttention(case)
     gm = captured_graph(model, torch.randn(2, 5, 32))
     assert drop_empty_concatenations(gm) == (0 if case == "in_place" else 1)  # (v is read by attention alone)

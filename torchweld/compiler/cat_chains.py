@@ -29,8 +29,8 @@ eager's does); the rewrite is `x.to(dtype)` then.
     n = drop_empty_concatenations(gm)   # the number rewritten, in place
 
 It rewrites only where nothing could tell the difference: the result is no output of the graph,
-the graph writes nothing in place, and every user of the result reads values, not strides
-(attention, matmul, another concatenation).
+the graph writes nothing in place, and every user of the result gives the same result whatever
+its strides (a matrix product, attention reading it as key or value).
 """
 from __future__ import annotations
 
@@ -40,9 +40,11 @@ import torch
 
 aten = torch.ops.aten
 CATS = (torch.cat, aten.cat.default)
-# users that read a tensor's values whatever its strides
-_STRIDE_BLIND = frozenset({torch.nn.functional.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention,
-                           torch.matmul, operator.matmul, torch.bmm, torch.cat})
+# users whose result is laid out alike whatever the strides of the tensor they read (matrix
+# products return contiguous results; attention lays its output out by its query's, so it reads
+# a key or value in place, not a query)
+_PRODUCTS = frozenset({torch.matmul, operator.matmul, torch.bmm})
+_ATTENTION = frozenset({torch.nn.functional.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention})
 
 
 def chain_concatenations(gm: torch.fx.GraphModule) -> int:
@@ -125,10 +127,13 @@ def drop_empty_concatenations(gm: torch.fx.GraphModule) -> int:
 
 
 def _reads_values_only(node: torch.fx.Node) -> bool:
-    """Whether every user of `node` reads its values whatever its strides: a stride-blind op, or a
-    dtype conversion (which keeps the layout) whose users do."""
+    """Whether every user of `node` gives the same result, strides too, whatever `node`'s strides:
+    a matrix product, attention over it as key or value, or a dtype conversion (which keeps
+    the layout) whose users do."""
     for user in node.users:
-        if user.op == "call_function" and user.target in _STRIDE_BLIND:
+        if user.op == "call_function" and user.target in _PRODUCTS:
+            continue
+        if user.op == "call_function" and user.target in _ATTENTION and node not in (user.args[:1] or [user.kwargs.get("query")]):
             continue
         if user.op == "call_method" and user.target == "to" and user.args[0] is node and _reads_values_only(user):
             continue
