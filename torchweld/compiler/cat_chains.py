@@ -38,6 +38,8 @@ import operator
 
 import torch
 
+from torchweld.node_effects import writes_first_argument
+
 aten = torch.ops.aten
 CATS = (torch.cat, aten.cat.default)
 # users whose result is laid out alike whatever the strides of the tensor they read (matrix
@@ -93,7 +95,7 @@ def _chainable(node: torch.fx.Node, tensors: list) -> bool:
 
 
 def drop_empty_concatenations(gm: torch.fx.GraphModule) -> int:
-    if _writes_in_place(gm.graph):
+    if _writes_in_place(gm):
         return 0
     outputs = set().union(*(_flat_nodes(n.args) for n in gm.graph.nodes if n.op == "output"))
     rewritten = 0
@@ -152,13 +154,16 @@ def _flat_nodes(args) -> set:
     return found
 
 
-def _writes_in_place(graph: torch.fx.Graph) -> bool:
-    """Whether some node may write a tensor in place (an in-place method or function, an
-    `out=`, an item assignment): then a tensor read in place could change under its reader."""
-    for node in graph.nodes:
-        if node.op not in ("call_function", "call_method"):
-            continue
-        name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
-        if name.endswith("_") and not name.endswith("__") or "out" in node.kwargs or node.target is operator.setitem:
+def _writes_in_place(gm: torch.fx.GraphModule) -> bool:
+    """Whether some node may write a tensor in place (node_effects.writes_first_argument: `add_`,
+    `t += u`; an `out=` or `inplace=True`, an item assignment, a module set to work in place):
+    then a tensor read in place could change under its reader."""
+    for node in gm.graph.nodes:
+        if node.op == "call_module":
+            if getattr(gm.get_submodule(node.target), "inplace", False):
+                return True
+        elif node.op in ("call_function", "call_method") and (
+                writes_first_argument(node.target) or node.target is operator.setitem
+                or node.kwargs.get("out") is not None or node.kwargs.get("inplace")):
             return True
     return False
