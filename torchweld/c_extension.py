@@ -26,6 +26,13 @@ from torchweld.disk_cache import LIBRARY_FORMAT, compiler_build, content_hash, l
 
 CFLAGS = ["-O2", "-shared", "-fPIC"]
 
+# Read once, at import, not in a build thread: on Python 3.11 sysconfig fills its tables on
+# first use without a lock, and a thread reading them meanwhile saw EXT_SUFFIX missing (a
+# second guard evaluator built under another name in CI).
+EXTENSION_SUFFIX = importlib.machinery.EXTENSION_SUFFIXES[0]
+_PATHS = sysconfig.get_paths()
+PYTHON_INCLUDE_FOLDERS = tuple(dict.fromkeys((_PATHS["include"], _PATHS["platinclude"])))
+
 T = TypeVar("T")
 
 
@@ -67,8 +74,8 @@ def load_extension(source: Path, module_name: str, folder: str) -> types.ModuleT
     or ImportError where it cannot be built or loaded."""
     stem = module_name.rpartition(".")[2]
     text = source.read_text()
-    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
-    command = [_compiler(), *CFLAGS, *_include_flags()]
+    suffix = EXTENSION_SUFFIX
+    command = [_compiler(), *CFLAGS, *(f"-I{folder}" for folder in PYTHON_INCLUDE_FOLDERS)]
     key = content_hash(text, suffix, *command, LIBRARY_FORMAT)
 
     def build(path: str) -> None:
@@ -89,14 +96,8 @@ def _compiler() -> str:
     return next((cc for cc in ("cc", "gcc", "clang") if shutil.which(cc)), "cc")
 
 
-def _include_flags() -> list[str]:
-    """Where Python.h and pyconfig.h are (one folder, or two on multiarch layouts)."""
-    paths = sysconfig.get_paths()
-    return [f"-I{folder}" for folder in dict.fromkeys((paths["include"], paths["platinclude"]))]
-
-
 def _check_toolchain(compiler: str) -> None:
-    include = sysconfig.get_paths()["include"]
+    include = PYTHON_INCLUDE_FOLDERS[0]
     if shutil.which(compiler) is None:
         raise ExtensionBuildError(f"no C compiler {compiler!r} on PATH (set CC)")
     if not (Path(include) / "Python.h").exists():
