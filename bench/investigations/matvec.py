@@ -1,0 +1,95 @@
+"""How fast runtime/decode_matvec.py's kernel multiplies a decoder's weights by a row (or a few),
+against cuBLAS (`x @ w.t()`, what aten.mm runs), for the 0.85B decoder's products (bench/decode.py):
+each configuration of the kernel, its chosen one (`launch_config`), and the fused shapes
+(q/k/v as one product, gate/up as one). Each call is timed inside a CUDA graph of calls over
+distinct weight copies (more bytes than L2 holds), so that weights come from memory, as in a
+decoding step. Prints us a call and GB/s of weights read.
+
+    python bench/investigations/matvec.py [--sweep]
+
+One H200 run (2026-11-28) found cuBLAS 2-9x faster at 8 rows with a kernel that kept eight
+rows of sums: decode_matvec takes one row only.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from torchweld.runtime import decode_matvec  # noqa: E402
+
+SHAPES = {  # name: (n, k) of w [n, k] (a Linear's weight)
+    "q/o 2048x2048": (2048, 2048), "k/v 512x2048": (512, 2048), "gate/up 5632x2048": (5632, 2048),
+    "down 2048x5632": (2048, 5632), "lm_head 32000x2048": (32000, 2048),
+    "qkv fused 3072x2048": (3072, 2048), "gate+up fused 11264x2048": (11264, 2048),
+}
+
+
+def time_calls(call, copies: int, replays: int = 20) -> float:
+    """us a call of `call(i)` for i over the weight copies, replayed in one CUDA graph."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for i in range(copies):  # warm-up: Triton compiles, cuBLAS picks
+            call(i)
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(copies):
+            call(i)
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3 / (replays * copies)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sweep", action="store_true", help="every configuration, not only the chosen one")
+    args = parser.parse_args()
+    dtype = torch.bfloat16
+    processors = torch.cuda.get_device_properties(0).multi_processor_count
+    print(f"{torch.cuda.get_device_name()}, {processors} multiprocessors, {dtype}")
+    m = 1
+    for name, (n, k) in SHAPES.items():
+        nbytes = n * k * 2
+        copies = max(2, min(64, (512 << 20) // nbytes))
+        weights = [torch.randn(n, k, device="cuda", dtype=dtype) / k ** 0.5 for _ in range(copies)]
+        x = torch.randn(m, k, device="cuda", dtype=dtype)
+        outs = [torch.empty(m, n, device="cuda", dtype=dtype) for _ in range(copies)]
+        ref = (x.float() @ weights[0].float().t())
+        results = {"cublas": time_calls(lambda i: torch.mm(x, weights[i].t(), out=outs[i]), copies)}
+        chosen = decode_matvec.launch_config(n, k, processors)
+        configs = [chosen]
+        if args.sweep:
+            configs += list(itertools.product((1, 2, 4, 8, 16, 32), (128, 256, 512, 1024), (2, 4, 8)))
+        for config in dict.fromkeys(configs):
+            try:
+                results[config] = time_calls(lambda i: decode_matvec.launch(x, weights[i].t(), outs[i], config),
+                                             copies)
+            except Exception as e:  # noqa: BLE001 (a configuration Triton refuses)
+                print(f"  {config}: {type(e).__name__}: {str(e)[:100]}")
+                continue
+            decode_matvec.launch(x, weights[0].t(), outs[0], config)
+            err = (outs[0].float() - ref).abs().max().item()
+            if err > 0.05 * ref.abs().max().item():
+                print(f"  {config}: WRONG, max diff {err}")
+        best = sorted(results.items(), key=lambda kv: kv[1])
+        line = ", ".join(f"{c}: {us:.2f} us {nbytes / us / 1e3:.0f} GB/s" for c, us in best[:4])
+        print(f"{name}: cublas {results['cublas']:.2f} us ({nbytes / results['cublas'] / 1e3:.0f} GB/s), "
+              f"chosen {chosen} {results.get(chosen, float('nan')):.2f} us; best: {line}")
+        del weights, outs
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,102 @@
+"""A row times a matrix on CUDA: `x @ w` for x [1, k] (a decoding step's hidden state at
+batch 1) and w [k, n] a linear layer's weight read across (its transpose, k contiguous in
+memory).
+
+Such a product reads every weight once and does two flops a weight: its time is the weights'
+bytes over the memory bandwidth. On the H200, cuBLAS's kernels took 5.7 us for a 2048 x 512
+weight and 6.0 for 2048 x 2048 (a Llama decoder's key and query projections), this one 3.0
+and 4.6; on the largest (2048 x 5632, the 32000-row output layer) both come near the
+bandwidth, this one 5% ahead (bench/investigations/matvec.py). Each program owns BLOCK_N output columns
+and walks their weights along k in steps of BLOCK_K contiguous elements (coalesced loads of
+weight rows), keeping BLOCK_N float32 sums; `launch_config` picks BLOCK_N so that there are
+about eight programs a multiprocessor. At batch 8 cuBLAS's kernels read the weights once for
+the eight rows and this one did not keep up (2-9x slower): only one row is taken.
+
+Registered as the custom op `torchweld::matvec` (with a Meta kernel), which weld's lowering of
+aten.mm calls (compiler/rules.py) for such products in half precision. Numbers: products and
+sums in float32, rounded once to the result's dtype, as cuBLAS does; the sums run in another
+order than cuBLAS's, so results differ from aten's by a rounding.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+DTYPES = (torch.float16, torch.bfloat16)
+
+
+@functools.cache
+def _kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def matvec_kernel(x, w, out, N, K, sxk, swk, swn, son, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        col_ok = cols < N
+        acc = tl.zeros([BLOCK_N], tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            ks = k0 + tl.arange(0, BLOCK_K)
+            k_ok = ks < K
+            wt = tl.load(w + cols[:, None] * swn + ks[None, :] * swk, mask=col_ok[:, None] & k_ok[None, :],
+                         other=0.0, eviction_policy="evict_first")  # [BLOCK_N, BLOCK_K]
+            xv = tl.load(x + ks * sxk, mask=k_ok, other=0.0)
+            acc += tl.sum(wt.to(tl.float32) * xv.to(tl.float32)[None, :], axis=1)
+        tl.store(out + cols * son, acc.to(out.dtype.element_ty), mask=col_ok)
+
+    return matvec_kernel
+
+
+def supported(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """Whether matvec takes `x @ w`: CUDA, half precision alike, one row, and w read across
+    (k's neighbours next to each other), so that the loads along k coalesce."""
+    return (x.is_cuda and w.is_cuda and x.dim() == 2 and w.dim() == 2 and x.dtype in DTYPES
+            and w.dtype == x.dtype and x.shape[0] == 1 and x.shape[1] == w.shape[0] and w.shape[0] >= 16
+            and w.shape[1] >= 1 and w.stride(0) == 1)
+
+
+def launch_config(n: int, k: int, processors: int) -> tuple[int, int, int]:
+    """(BLOCK_N, BLOCK_K, num_warps). The H200's best per shape (bench/investigations/matvec.py):
+    1024 weights of a row a step, two warps, and 1 to 4 columns a program, the most that still
+    give each multiprocessor ~8 programs (fewer programs left it idle waiting on memory)."""
+    block_n = 4
+    while block_n > 1 and -(-n // block_n) < 8 * processors:
+        block_n //= 2
+    return block_n, max(16, min(1024, 1 << (k - 1).bit_length())), 2
+
+
+@functools.cache
+def _multiprocessors(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def launch(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, config: tuple[int, int, int]) -> None:
+    """Run the kernel for out = x @ w (x [1, k]) with `config` (BLOCK_N, BLOCK_K, num_warps)."""
+    block_n, block_k, warps = config
+    k, n = w.shape
+    _kernel()[(-(-n // block_n),)](x, w, out, n, k, x.stride(1), *w.stride(), out.stride(1),
+                                   BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps)
+
+
+def _matvec(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    if not supported(x, w):  # what the lowering saw on fakes, not met by the tensors: aten's product
+        return torch.mm(x, w)
+    out = x.new_empty((1, w.shape[1]))
+    index = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    launch(x, w, out, launch_config(w.shape[1], w.shape[0], _multiprocessors(index)))
+    return out
+
+
+def _matvec_meta(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return x.new_empty((x.shape[0], w.shape[1]))
+
+
+_LIBRARY = torch.library.Library("torchweld", "FRAGMENT")
+_LIBRARY.define("matvec(Tensor x, Tensor w) -> Tensor")
+_LIBRARY.impl("matvec", _matvec, "CompositeExplicitAutograd")
+# A Meta kernel, which fake tensors run too (torch.library.register_fake looks up its caller's
+# source, slowly where many modules are loaded: see embedding_backward.py)
+_LIBRARY.impl("matvec", _matvec_meta, "Meta")
+
+matvec = torch.ops.torchweld.matvec.default
