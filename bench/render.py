@@ -203,26 +203,29 @@ def render_results(directory: Path | None = None) -> str:
 
 
 def decode_section(directory: Path | None) -> list[str]:
-    """LLM decoding (bench/decode.py): the latest record's rows, a compiler and batch size each."""
-    latest = None
+    """LLM decoding (bench/decode.py): the latest record of each GPU (or the CPU), its rows a
+    compiler and batch size each."""
+    latest: dict[str, dict] = {}
     for r in records.read("decode", directory=directory):
-        if latest is None or r.get("date", "") >= latest.get("date", ""):
-            latest = r
-    if latest is None:
-        return []
-    options = latest.get("options", {})
-    out = [f"## LLM decoding: {options.get('preset', '?')} Llama-style decoder, {options.get('dtype', '?')}, "
-           f"mode {options.get('mode', '?')} ({short_gpu(latest.get('gpu')) or 'CPU'}, {short_commit(latest)})", "",
-           "| compiler | batch | ms / token | tokens / s | x eager | of bandwidth floor | first calls s | max diff |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for row in latest["figures"]["rows"]:
-        if "error" in row:
-            out.append(f"| {NAMES.get(row['compiler'], row['compiler'])} | {row['batch']} | failed | | | | | |")
-            continue
-        out.append(f"| {NAMES.get(row['compiler'], row['compiler'])} | {row['batch']} | {row['ms']:.3f} | "
-                   f"{row['tokens_per_s']:.0f} | {fmt(row.get('speedup'), '.2f', 'x')} | {row['of_floor']:.0%} | "
-                   f"{row['first_s']:.1f} | {fmt(row.get('max_diff'), '.1e')} |")
-    return out + ["", f"Command: `{latest.get('command', '')}`", ""]
+        where_run = short_gpu(r.get("gpu")) or "CPU"
+        if where_run not in latest or r.get("date", "") >= latest[where_run].get("date", ""):
+            latest[where_run] = r
+    out = []
+    for where_run, record in latest.items():
+        options = record.get("options", {})
+        out += [f"## LLM decoding: {options.get('preset', '?')} Llama-style decoder, {options.get('dtype', '?')}, "
+                f"mode {options.get('mode', '?')} ({where_run}, {short_commit(record)})", "",
+                "| compiler | batch | ms / token | tokens / s | x eager | of bandwidth floor | first calls s | max diff |",
+                "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        for row in record["figures"]["rows"]:
+            if "error" in row:
+                out.append(f"| {NAMES.get(row['compiler'], row['compiler'])} | {row['batch']} | failed | | | | | |")
+                continue
+            out.append(f"| {NAMES.get(row['compiler'], row['compiler'])} | {row['batch']} | {row['ms']:.3f} | "
+                       f"{row['tokens_per_s']:.0f} | {fmt(row.get('speedup'), '.2f', 'x')} | {row['of_floor']:.0%} | "
+                       f"{row['first_s']:.1f} | {fmt(row.get('max_diff'), '.1e')} |")
+        out += ["", f"Command: `{record.get('command', '')}`", ""]
+    return out
 
 
 def _latest_rows(suite: str, directory: Path | None) -> list[dict]:
