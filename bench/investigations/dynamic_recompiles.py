@@ -11,7 +11,8 @@ show what the compile over symbols after the second length costs.
 --training: each call is a training step (dropout off; forward, a mean-square loss of the first
 output, backward), so the compile over symbols is the joint graph's and its partition's.
 --profile I runs the I-th length's first call (0-based; 1 is where dynamic=None compiles over
-symbols) under cProfile and prints its --top functions by cumulative and by own time.
+symbols) under cProfile and prints its --top functions by cumulative and by own time;
+--callers REGEX then lists who called the functions it names.
 """
 import argparse
 import contextlib
@@ -39,6 +40,7 @@ def main() -> None:
     parser.add_argument("--profile", type=int, default=None, help="profile this length's first call (0-based)")
     parser.add_argument("--top", type=int, default=40)
     parser.add_argument("--training", action="store_true")
+    parser.add_argument("--callers", help="with --profile: who calls the functions this regex names")
     args = parser.parse_args()
     case = BENCHMARKS[args.model].make(args.device, args.quick)
     model = case.model.train(args.training)
@@ -71,6 +73,8 @@ def main() -> None:
                 profiler.disable()
                 for order in ("cumulative", "tottime"):
                     pstats.Stats(profiler, stream=sys.stdout).sort_stats(order).print_stats(args.top)
+                if args.callers:
+                    pstats.Stats(profiler, stream=sys.stdout).sort_stats("cumulative").print_callers(args.callers)
             spent = {k: round(v - phases.get(k, 0.0), 3) for k, v in torchweld.compile_times().items()
                      if v - phases.get(k, 0.0) >= 0.01}
             print(f"length {n}: {len(graphs) - before} new graphs, first call {seconds:.2f} s; {spent}", flush=True)

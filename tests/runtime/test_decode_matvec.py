@@ -5,12 +5,10 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch._subclasses.fake_tensor import FakeTensorMode
 
 import torchweld
 from tests.conftest import INTERPRETED
-from torchweld.compiler.aten_graph import to_aten_graph
-from torchweld.compiler.lowering import GraphLowering
+from tests.lowering import lowered_externs
 from torchweld.runtime import decode_matvec
 
 # (n, k): columns not a multiple of the block, k shorter than a step, k not a multiple of it
@@ -52,14 +50,11 @@ def _externs_lowered(device: str, dtype=torch.bfloat16, rows=1, linear=True) -> 
     def fn(x, weight):
         return (F.linear(x, weight) if linear else x @ weight).relu()
 
-    gm = torch.fx.symbolic_trace(fn)
-    with FakeTensorMode():
+    def make_args():
         weight = torch.randn(*((32, 64) if linear else (64, 32)), dtype=dtype, device=device)
-        args = [torch.randn(rows, 1, 64, dtype=dtype, device=device), weight]
-        aten_graph = to_aten_graph(gm, args)
-        lowering = GraphLowering(aten_graph.gm, check=lambda buf: None, bias_in_kernel=lambda d: True,
-                                 split_reductions=lambda d: True)
-        return lowering.run(args, None).externs
+        return [torch.randn(rows, 1, 64, dtype=dtype, device=device), weight]
+
+    return lowered_externs(fn, make_args)
 
 
 def test_weld_chooses_it_for_one_half_precision_row_on_cuda_only():

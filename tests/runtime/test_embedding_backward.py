@@ -3,11 +3,9 @@ weld lowering chooses it: float32 CUDA gradients only."""
 import pytest
 import torch
 import torch.nn as nn
-from torch._subclasses.fake_tensor import FakeTensorMode
 
 import torchweld
-from torchweld.compiler.aten_graph import to_aten_graph
-from torchweld.compiler.lowering import GraphLowering
+from tests.lowering import lowered_externs
 from torchweld.runtime.embedding_backward import atomics_fit, embedding_dense_backward
 
 aten = torch.ops.aten
@@ -47,13 +45,8 @@ def _externs_lowered_on(device: str, dtype=torch.float32, scale_grad_by_freq=Fal
     def fn(grad, indices):
         return aten.embedding_dense_backward(grad, indices, 10, -1, scale_grad_by_freq) * 2
 
-    gm = torch.fx.symbolic_trace(fn)
-    with FakeTensorMode():
-        args = [torch.randn(4, 5, 8, dtype=dtype, device=device), torch.randint(0, 10, (4, 5), device=device)]
-        aten_graph = to_aten_graph(gm, args)
-        lowering = GraphLowering(aten_graph.gm, check=lambda buf: None, bias_in_kernel=lambda d: True,
-                                 split_reductions=lambda d: True)
-        return lowering.run(args, None).externs
+    return lowered_externs(fn, lambda: [torch.randn(4, 5, 8, dtype=dtype, device=device),
+                                        torch.randint(0, 10, (4, 5), device=device)])
 
 
 def test_weld_chooses_atomic_adds_for_float32_cuda_gradients_only():
