@@ -1,6 +1,6 @@
 """torchweld::matvec (one row times a weight on CUDA, runtime/decode_matvec.py) against aten's
 product, in Triton's interpreter on the CPU and on CUDA, and where weld's lowering of aten.mm
-chooses it: one row, half precision, a weight read across, CUDA."""
+chooses it: one row, half precision, a weight read across, CUDA, under CUDA graphs."""
 import pytest
 import torch
 import torch.nn as nn
@@ -46,7 +46,7 @@ def test_tensors_it_does_not_take_go_to_atens_product():
     torch.testing.assert_close(decode_matvec.matvec(two_rows, weight.t()), two_rows @ weight.t())
 
 
-def _externs_lowered(device: str, dtype=torch.bfloat16, rows=1, linear=True) -> list[str]:
+def _externs_lowered(device: str, dtype=torch.bfloat16, rows=1, linear=True, cuda_graphs=True) -> list[str]:
     def fn(x, weight):
         return (F.linear(x, weight) if linear else x @ weight).relu()
 
@@ -54,11 +54,12 @@ def _externs_lowered(device: str, dtype=torch.bfloat16, rows=1, linear=True) -> 
         weight = torch.randn(*((32, 64) if linear else (64, 32)), dtype=dtype, device=device)
         return [torch.randn(rows, 1, 64, dtype=dtype, device=device), weight]
 
-    return lowered_externs(fn, make_args)
+    return lowered_externs(fn, make_args, cuda_graphs)
 
 
-def test_weld_chooses_it_for_one_half_precision_row_on_cuda_only():
+def test_weld_chooses_it_for_one_half_precision_row_on_cuda_graphs_only():
     assert _externs_lowered("cuda") == ["torchweld.matvec.default"]
+    assert _externs_lowered("cuda", cuda_graphs=False) == ["aten.mm.default"]  # launched from Python at each call
     assert _externs_lowered("cuda", torch.float16) == ["torchweld.matvec.default"]
     assert _externs_lowered("cpu") == ["aten.mm.default"]
     assert _externs_lowered("cuda", torch.float32) == ["aten.mm.default"]
@@ -89,3 +90,10 @@ def test_weld_on_cuda_equals_eager_at_batch_one_and_two(mode):
         model.head.weight.mul_(-1)  # a weight changed in place: read again, not kept
         x = torch.randn(1, 1, 64, device="cuda", dtype=torch.bfloat16)
         torch.testing.assert_close(compiled(x).float(), model(x).float(), atol=3e-2, rtol=3e-2)
+
+
+def test_weights_of_2_to_the_31_elements_are_not_taken():
+    """The kernel's offsets are 32-bit: a 270000-word output layer of width 8192 goes to aten."""
+    x = torch.empty(1, 8192, dtype=torch.bfloat16, device="meta")
+    assert not decode_matvec.offsets_fit(x, torch.empty(270000, 8192, dtype=torch.bfloat16, device="meta").t())
+    assert decode_matvec.offsets_fit(x, torch.empty(32000, 8192, dtype=torch.bfloat16, device="meta").t())

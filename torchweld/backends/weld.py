@@ -323,8 +323,10 @@ def autotune_enabled(mode: str | None, options: dict | None) -> bool:
 
 
 def compile_options(mode: str | None, options: dict | None) -> dict:
-    """The options compile_graph sees: the user's, with "max_autotune" settled from the mode."""
-    return {**(options or {}), "max_autotune": autotune_enabled(mode, options)}
+    """The options compile_graph sees: the user's, with "max_autotune" and "cudagraphs" settled
+    from the mode."""
+    return {**(options or {}), "max_autotune": autotune_enabled(mode, options),
+            "cudagraphs": cudagraphs_enabled(mode, options)}
 
 
 def cudagraph_wrapper(mode: str | None, options: dict | None, gm: torch.fx.GraphModule | None = None):

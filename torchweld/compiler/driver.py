@@ -159,7 +159,8 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list, options: dict 
         aten_gm, hoisted = hoist_constants(aten.gm) if options.get("freeze") else (aten.gm, None)
     triton = lambda device: uses_triton(device, options)  # noqa: E731
     lowering = GraphLowering(aten_gm, check=lambda buf: _check(buf, options), bias_in_kernel=triton,
-                             split_reductions=lambda device: triton(device) and options.get("split_reductions", True))
+                             split_reductions=lambda device: triton(device) and options.get("split_reductions", True),
+                             cuda_graphs=bool(options.get("cudagraphs")))
     with timing.phase("weld.lower"), autocast_off():  # the trace wrote autocast's casts
         lowered = lowering.run(list(example_inputs), output_strides)
     for line in lowered.externs:

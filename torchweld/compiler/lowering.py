@@ -119,8 +119,11 @@ class GraphLowering:
     target's renderer cannot render a new buffer, which turns its node extern."""
 
     def __init__(self, gm: torch.fx.GraphModule, check=lambda buf: None, bias_in_kernel=lambda device: False,
-                 split_reductions=lambda device: False):
+                 split_reductions=lambda device: False, cuda_graphs: bool = False):
         self.gm = gm
+        # whether CUDA graphs will replay the compiled graph (mode="reduce-overhead"): a kernel
+        # launched from Python (Triton's launcher) then costs the host nothing at each call
+        self.cuda_graphs = cuda_graphs
         self.check = check
         self.seeds: dict[torch.device, list] = {}  # device -> [seeds buffer, their views (an unbind), seeds handed out]
         # whether a reduction with few outputs and long rows on `device` runs in two steps

@@ -930,9 +930,11 @@ def convolution(L, node, x, weight, bias, *args):
 def mm(L, node, a, b):
     """On CUDA in half precision, one row times a weight read across (a decoding step's linear
     layer at batch 1) runs as runtime/decode_matvec.py's kernel: cuBLAS's took 5.7 against
-    3.0 us for a Llama's 2048 x 512 key projection on the H200, 6.0 against 4.6 for 2048 x 2048."""
+    3.0 us for a Llama's 2048 x 512 key projection on the H200, 6.0 against 4.6 for 2048 x 2048.
+    Only under CUDA graphs: launched from Python through Triton's launcher, each call would
+    cost the host more than aten's, in a step whose host is the bottleneck without them."""
     val, a_val, b_val = out_val(node), node.args[0].meta.get("val"), node.args[1].meta.get("val")
-    if (val.device.type != "cuda" or val.dtype not in (torch.float16, torch.bfloat16)
+    if (not L.cuda_graphs or val.device.type != "cuda" or val.dtype not in (torch.float16, torch.bfloat16)
             or not isinstance(a_val, torch.Tensor) or not isinstance(b_val, torch.Tensor)
             or not _is_number(a_val.shape[0], 1) or not _is_number(b_val.stride(0), 1)):
         raise NotImplementedError("aten's own kernel")

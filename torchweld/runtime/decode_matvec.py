@@ -5,15 +5,16 @@ memory).
 Such a product reads every weight once and does two flops a weight: its time is the weights'
 bytes over the memory bandwidth. On the H200, cuBLAS's kernels took 5.7 us for a 2048 x 512
 weight and 6.0 for 2048 x 2048 (a Llama decoder's key and query projections), this one 3.0
-and 4.6; on the largest (2048 x 5632, the 32000-row output layer) both come near the
-bandwidth, this one 5% ahead (bench/investigations/matvec.py). Each program owns BLOCK_N output columns
-and walks their weights along k in steps of BLOCK_K contiguous elements (coalesced loads of
-weight rows), keeping BLOCK_N float32 sums; `launch_config` picks BLOCK_N so that there are
+and 4.6; on the largest (5632 x 2048, the 32000-row output layer) both come near the
+bandwidth, this one 5-6% ahead (bench/investigations/matvec.py). Each program owns BLOCK_N
+output columns and walks their weights along k in steps of BLOCK_K contiguous elements
+(coalesced loads of weight rows), keeping BLOCK_N float32 sums; `launch_config` picks BLOCK_N so that there are
 about eight programs a multiprocessor. At batch 8 cuBLAS's kernels read the weights once for
 the eight rows and this one did not keep up (2-9x slower): only one row is taken.
 
 Registered as the custom op `torchweld::matvec` (with a Meta kernel), which weld's lowering of
-aten.mm calls (compiler/rules.py) for such products in half precision. Numbers: products and
+aten.mm calls (compiler/rules.py) for such products in half precision in graphs that CUDA
+graphs replay (launched from Python, Triton's launcher costs the host more than aten's call). Numbers: products and
 sums in float32, rounded once to the result's dtype, as cuBLAS does; the sums run in another
 order than cuBLAS's, so results differ from aten's by a rounding.
 """
@@ -49,11 +50,19 @@ def _kernel():
 
 
 def supported(x: torch.Tensor, w: torch.Tensor) -> bool:
-    """Whether matvec takes `x @ w`: CUDA, half precision alike, one row, and w read across
-    (k's neighbours next to each other), so that the loads along k coalesce."""
+    """Whether matvec takes `x @ w`: CUDA, half precision alike, one row, w read across (k's
+    neighbours next to each other, so that the loads along k coalesce), and every offset the
+    kernel computes within 32 bits (Triton's integer arithmetic here)."""
     return (x.is_cuda and w.is_cuda and x.dim() == 2 and w.dim() == 2 and x.dtype in DTYPES
             and w.dtype == x.dtype and x.shape[0] == 1 and x.shape[1] == w.shape[0] and w.shape[0] >= 16
-            and w.shape[1] >= 1 and w.stride(0) == 1)
+            and w.shape[1] >= 1 and w.stride(0) == 1 and offsets_fit(x, w))
+
+
+def offsets_fit(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """Whether the largest element offset the kernel reads at, in x or w, fits in a signed
+    32-bit integer (the masked lanes past the ends read nothing)."""
+    largest = max((w.shape[0] - 1) * w.stride(0) + (w.shape[1] - 1) * w.stride(1), (x.shape[1] - 1) * x.stride(1))
+    return largest < 2 ** 31
 
 
 def launch_config(n: int, k: int, processors: int) -> tuple[int, int, int]:
