@@ -1,7 +1,8 @@
-"""How fast runtime/decode_matvec.py's kernel multiplies a decoder's weights by a row (or a few),
+"""How fast runtime/decode_matvec.py's kernel multiplies a decoder's weights by a row,
 against cuBLAS (`x @ w.t()`, what aten.mm runs), for the 0.85B decoder's products (bench/decode.py):
 each configuration of the kernel, its chosen one (`launch_config`), and the fused shapes
-(q/k/v as one product, gate/up as one). Each call is timed inside a CUDA graph of calls over
+(q/k/v as one product, gate/up as one), and a SwiGLU gate's three kernels against
+gated_matvec's one. Each call is timed inside a CUDA graph of calls over
 distinct weight copies (more bytes than L2 holds), so that weights come from memory, as in a
 decoding step. Prints us a call and GB/s of weights read.
 
@@ -89,6 +90,35 @@ def main() -> None:
         print(f"{name}: cublas {results['cublas']:.2f} us ({nbytes / results['cublas'] / 1e3:.0f} GB/s), "
               f"chosen {chosen} {results.get(chosen, float('nan')):.2f} us; best: {line}")
         del weights, outs
+    gated(processors, dtype, args.sweep)
+
+
+def gated(processors: int, dtype: torch.dtype, sweep: bool, n: int = 5632, k: int = 2048) -> None:
+    """silu(x @ w_gate.T) * (x @ w_up.T): cuBLAS's two products and aten's pointwise kernels,
+    decode_matvec's two products and aten's, and gated_matvec's one kernel."""
+    import torch.nn.functional as F
+
+    copies = max(2, min(64, (512 << 20) // (2 * n * k * 2)))
+    pairs = [(torch.randn(n, k, device="cuda", dtype=dtype) / k ** 0.5, torch.randn(n, k, device="cuda", dtype=dtype))
+             for _ in range(copies)]
+    x = torch.randn(1, k, device="cuda", dtype=dtype)
+    outs = [torch.empty(1, n, device="cuda", dtype=dtype) for _ in range(copies)]
+
+    def matvecs(i):
+        g, u = (decode_matvec.matvec(x, w.t()) for w in pairs[i])
+        torch.mul(F.silu(g), u, out=outs[i])
+
+    results = {"cublas x2 + pointwise": time_calls(lambda i: torch.mul(F.silu(x @ pairs[i][0].t()),
+                                                                         x @ pairs[i][1].t(), out=outs[i]), copies),
+               "matvec x2 + pointwise": time_calls(matvecs, copies)}
+    chosen = decode_matvec.gated_launch_config(n, k, processors)
+    configs = [chosen] + ([(bn, bk, nw) for bn in (1, 2, 4, 8) for bk in (512, 1024) for nw in (2, 4)] if sweep else [])
+    for config in dict.fromkeys(configs):
+        results[f"gated {config}"] = time_calls(
+            lambda i: decode_matvec.launch_gated(x, *pairs[i], outs[i], config), copies)
+    nbytes = 2 * n * k * 2
+    print(f"gate+up {n}x{k} (chosen {chosen}): " + ", ".join(
+        f"{name}: {us:.2f} us {nbytes / us / 1e3:.0f} GB/s" for name, us in sorted(results.items(), key=lambda kv: kv[1])))
 
 
 if __name__ == "__main__":

@@ -84,6 +84,9 @@ OPTIONS = {
                              "(passes/fuse_attention.py); default True"),
     "group_query_heads": Option("decoding attention over repeated key/value heads (grouped-query attention) "
                                 "runs over the unrepeated heads (passes/grouped_attention.py); default True"),
+    "gated_matvec": Option("under CUDA graphs, a one-row SwiGLU gate silu(linear(x, w_gate)) * linear(x, w_up) in "
+                           "half precision is one kernel (passes/gated_matvec.py); default False (not yet "
+                           "measured on a GPU)"),
     "empty_concatenations": Option("a concatenation of one tensor and empty 1-d tensors is that tensor, read in "
                                    "place where nothing can tell (compiler/cat_chains.py); default True"),
     "chain_concatenations": Option("a concatenation that extends an earlier one reads it instead of all its "
@@ -179,7 +182,8 @@ def _weld(gm: torch.fx.GraphModule, example_inputs: list, mode, options: dict, s
 
     try:
         compiled = compile_graph(gm, list(example_inputs), compile_options(mode, options),
-                                 prepare=lambda captured: prepare(captured, options, inference=True))
+                                 prepare=lambda captured: prepare(captured, compile_options(mode, options),
+                                                                  inference=True))
     except (LoweringError, CppCompileError) as e:
         if symbolic:
             raise SymbolicCompileError(str(e)) from e

@@ -47,6 +47,14 @@ def _group_query_heads(gm, options, inference):
     return group_query_heads(gm, split_kernel=inference) if options.get("group_query_heads", True) else gm
 
 
+def _fuse_gated_products(gm, options, inference):
+    from torchweld.passes.gated_matvec import fuse_gated_products
+    from torchweld.tuning import tuning
+
+    wanted = inference and options.get("cudagraphs") and options.get("gated_matvec", tuning.gated_matvec)
+    return fuse_gated_products(gm) if wanted else gm
+
+
 def _drop_empty_concatenations(gm, options, inference):
     from torchweld.compiler.cat_chains import drop_empty_concatenations
 
@@ -87,6 +95,10 @@ FX_PASSES: tuple[FxPass, ...] = (
            "attention runs over the unrepeated heads, each query head a row (passes/grouped_attention.py), on "
            "CUDA in inference by a kernel split along the cache (runtime/decode_attention.py); "
            "options={'group_query_heads': False}"),
+    FxPass("gated_matvec", _fuse_gated_products,
+           "in inference under CUDA graphs, a SwiGLU gate of one row on CUDA in half precision, "
+           "silu(linear(x, w_gate)) * linear(x, w_up), is one kernel (passes/gated_matvec.py); "
+           "options={'gated_matvec': True} (off by default: not measured on a GPU yet)"),
     FxPass("empty_concatenations", _drop_empty_concatenations,
            "a concatenation of one tensor and empty 1-d tensors (a transformers DynamicCache's first "
            "update) is that tensor, read in place where nothing can tell (compiler/cat_chains.py); "

@@ -17,6 +17,12 @@ aten.mm calls (compiler/rules.py) for such products in half precision in graphs 
 graphs replay (launched from Python, Triton's launcher costs the host more than aten's call). Numbers: products and
 sums in float32, rounded once to the result's dtype, as cuBLAS does; the sums run in another
 order than cuBLAS's, so results differ from aten's by a rounding.
+
+`torchweld::gated_matvec(x, w_gate, w_up)` is a SwiGLU feed-forward's first half at one row,
+`silu(x @ w_gate.T) * (x @ w_up.T)` (w_gate, w_up [n, k] as nn.Linear keeps them), in one
+kernel: each program walks the same columns of both weights, and the product of the two
+(each rounded to the dtype, silu's result too, as eager's three kernels round) is stored
+instead of two products and a pointwise kernel (passes/gated_matvec.py puts it in graphs).
 """
 from __future__ import annotations
 
@@ -46,7 +52,30 @@ def _kernel():
             acc += tl.sum(wt.to(tl.float32) * xv.to(tl.float32)[None, :], axis=1)
         tl.store(out + cols * son, acc.to(out.dtype.element_ty), mask=col_ok)
 
-    return matvec_kernel
+    @triton.jit
+    def gated_kernel(x, wg, wu, out, N, K, sxk, sgn, sgk, sun, suk, son,
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        col_ok = cols < N
+        acc_g = tl.zeros([BLOCK_N], tl.float32)
+        acc_u = tl.zeros([BLOCK_N], tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            ks = k0 + tl.arange(0, BLOCK_K)
+            k_ok = ks < K
+            both = col_ok[:, None] & k_ok[None, :]
+            xv = tl.load(x + ks * sxk, mask=k_ok, other=0.0).to(tl.float32)[None, :]
+            g = tl.load(wg + cols[:, None] * sgn + ks[None, :] * sgk, mask=both, other=0.0,
+                        eviction_policy="evict_first")
+            acc_g += tl.sum(g.to(tl.float32) * xv, axis=1)
+            u = tl.load(wu + cols[:, None] * sun + ks[None, :] * suk, mask=both, other=0.0,
+                        eviction_policy="evict_first")
+            acc_u += tl.sum(u.to(tl.float32) * xv, axis=1)
+        dtype = out.dtype.element_ty
+        gate = acc_g.to(dtype).to(tl.float32)
+        silu = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
+        tl.store(out + cols * son, (silu * acc_u.to(dtype).to(tl.float32)).to(dtype), mask=col_ok)
+
+    return matvec_kernel, gated_kernel
 
 
 def supported(x: torch.Tensor, w: torch.Tensor) -> bool:
@@ -84,7 +113,7 @@ def launch(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, config: tuple[in
     """Run the kernel for out = x @ w (x [1, k]) with `config` (BLOCK_N, BLOCK_K, num_warps)."""
     block_n, block_k, warps = config
     k, n = w.shape
-    _kernel()[(-(-n // block_n),)](x, w, out, n, k, x.stride(1), *w.stride(), out.stride(1),
+    _kernel()[0][(-(-n // block_n),)](x, w, out, n, k, x.stride(1), *w.stride(), out.stride(1),
                                    BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps)
 
 
@@ -101,11 +130,51 @@ def _matvec_meta(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return x.new_empty((x.shape[0], w.shape[1]))
 
 
+def gated_supported(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> bool:
+    """Whether gated_matvec's kernel takes these: matvec's conditions for both weights (given
+    as nn.Linear keeps them, [n, k]), of one shape."""
+    return (w_gate.dim() == 2 and w_gate.shape == w_up.shape
+            and supported(x, w_gate.t()) and supported(x, w_up.t()))
+
+
+def launch_gated(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, out: torch.Tensor,
+                 config: tuple[int, int, int]) -> None:
+    """Run the kernel for out = silu(x @ w_gate.T) * (x @ w_up.T) (x [1, k]) with `config`."""
+    block_n, block_k, warps = config
+    n, k = w_gate.shape
+    _kernel()[1][(-(-n // block_n),)](x, w_gate, w_up, out, n, k, x.stride(1), *w_gate.stride(), *w_up.stride(),
+                                      out.stride(1), BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps)
+
+
+def _gated_matvec(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> torch.Tensor:
+    if not gated_supported(x, w_gate, w_up):  # eager's three kernels
+        return torch.nn.functional.silu(x @ w_gate.t()) * (x @ w_up.t())
+    out = x.new_empty((1, w_gate.shape[0]))
+    index = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    launch_gated(x, w_gate, w_up, out, gated_launch_config(*w_gate.shape, _multiprocessors(index)))
+    return out
+
+
+def gated_launch_config(n: int, k: int, processors: int) -> tuple[int, int, int]:
+    """gated_matvec's (BLOCK_N, BLOCK_K, num_warps): as many weight rows a program (BLOCK_N of
+    each weight) as launch_config gives the two weights stacked into one of 2n rows."""
+    block_n, block_k, warps = launch_config(2 * n, k, processors)
+    return max(1, block_n // 2), block_k, warps
+
+
+def _gated_matvec_meta(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> torch.Tensor:
+    return x.new_empty((x.shape[0], w_gate.shape[0]))
+
+
 _LIBRARY = torch.library.Library("torchweld", "FRAGMENT")
 _LIBRARY.define("matvec(Tensor x, Tensor w) -> Tensor")
 _LIBRARY.impl("matvec", _matvec, "CompositeExplicitAutograd")
 # A Meta kernel, which fake tensors run too (torch.library.register_fake looks up its caller's
 # source, slowly where many modules are loaded: see embedding_backward.py)
 _LIBRARY.impl("matvec", _matvec_meta, "Meta")
+_LIBRARY.define("gated_matvec(Tensor x, Tensor w_gate, Tensor w_up) -> Tensor")
+_LIBRARY.impl("gated_matvec", _gated_matvec, "CompositeExplicitAutograd")
+_LIBRARY.impl("gated_matvec", _gated_matvec_meta, "Meta")
 
 matvec = torch.ops.torchweld.matvec.default
+gated_matvec = torch.ops.torchweld.gated_matvec.default
