@@ -13,9 +13,15 @@ bandwidth floor reached (weights' bytes + the KV cache's bytes read per step ove
 memory bandwidth, --bandwidth GB/s, 3350 for the H100 SXM), and the largest difference of
 the first step's logits from eager's. Records go to bench/records/decode.jsonl.
 
-The model (`Transformer`) is the shape of gpt-fast's: RMSNorm, rotary positions as a real
-cos/sin table, grouped-query attention through scaled_dot_product_attention over the whole
-cache with a boolean mask row, SwiGLU, the cache written with index_copy_.
+The model (`Transformer`, --model gpt-fast) is the shape of gpt-fast's: RMSNorm, rotary
+positions as a real cos/sin table, grouped-query attention through scaled_dot_product_attention
+over the whole cache with a boolean mask row, SwiGLU, the cache written with index_copy_, the
+query, key and value projections one weight. --model transformers: transformers'
+LlamaForCausalLM of the same shape (separate q/k/v projections, its rotary embedding computed
+each step, repeat_kv, its causal mask) generating with its StaticCache (`TransformersDecoder`),
+the cache made by an eager step before the compiled ones.
+
+    python bench/decode.py --device cuda --batch 1 --model transformers
 """
 from __future__ import annotations
 
@@ -186,6 +192,43 @@ def decode_step(model, token, input_pos):
     return logits.argmax(-1, keepdim=True).to(token.dtype), logits
 
 
+class TransformersDecoder(nn.Module):
+    """transformers' LlamaForCausalLM of `shape` with a StaticCache, called as Transformer is:
+    (token ids [B, 1], position [1]) -> float logits [B, 1, vocab]."""
+
+    def __init__(self, shape: Shape, device: str, dtype):
+        super().__init__()
+        import transformers
+
+        config = transformers.LlamaConfig(
+            vocab_size=shape.vocab, hidden_size=shape.dim, intermediate_size=shape.hidden,
+            num_hidden_layers=shape.layers, num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads,
+            max_position_embeddings=shape.max_seq, initializer_range=0.02)
+        with torch.device(device):
+            self.model = transformers.LlamaForCausalLM(config)
+        self.model.to(dtype).eval()
+        self.cache = transformers.StaticCache(config=config, max_cache_len=shape.max_seq)
+
+    def forward(self, idx, input_pos):
+        positions = input_pos[None].expand(idx.shape[0], -1)
+        return self.model(input_ids=idx, position_ids=positions, cache_position=input_pos,
+                          past_key_values=self.cache, use_cache=True).logits.float()
+
+    def cache_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for layer in self.cache.layers for t in (layer.keys, layer.values))
+
+
+def build_model(kind: str, shape: Shape, batch: int, device: str, dtype) -> nn.Module:
+    """--model's decoder with its caches made for `batch` sequences."""
+    if kind == "gpt-fast":
+        return build(shape, batch, device, dtype)
+    torch.manual_seed(0)
+    model = TransformersDecoder(shape, device, dtype)
+    with torch.no_grad():  # the StaticCache makes its tensors at its first update: an eager step
+        model(torch.zeros(batch, 1, dtype=torch.long, device=device), torch.tensor([0], device=device))
+    return model
+
+
 def build(shape: Shape, batch: int, device: str, dtype) -> Transformer:
     torch.manual_seed(0)
     with torch.device(device):
@@ -202,7 +245,9 @@ def weight_bytes(model: nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
-def cache_bytes(model: Transformer) -> int:
+def cache_bytes(model: nn.Module) -> int:
+    if isinstance(model, TransformersDecoder):
+        return model.cache_bytes()
     return sum(b.numel() * b.element_size() for layer in model.layers for b in layer.attention.cache.buffers())
 
 
@@ -227,7 +272,7 @@ def run_worker(job: dict) -> dict:
     shape = PRESETS[job["preset"]]
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    model = build(shape, job["batch"], device, dtype)
+    model = build_model(job.get("model", "gpt-fast"), shape, job["batch"], device, dtype)
     step = compiled_step(job["compiler"], job["mode"])
     prompt_len = min(64, shape.max_seq // 4)
     token = torch.randint(0, shape.vocab, (job["batch"], 1), device=device)
@@ -310,6 +355,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--preset", default="0.85b", choices=sorted(PRESETS))
+    parser.add_argument("--model", default="gpt-fast", choices=("gpt-fast", "transformers"))
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--batch", default="1,8", help="comma-separated batch sizes")
     parser.add_argument("--compilers", default=",".join(COMPILERS))
@@ -338,11 +384,13 @@ def main() -> None:
             eager_ms = None
             for compiler in options.compilers.split(","):
                 job = {"compiler": compiler, "batch": batch, "device": options.device, "dtype": options.dtype,
-                       "preset": options.preset, "mode": options.mode, "tokens": options.tokens,
+                       "preset": options.preset, "model": options.model, "mode": options.mode,
+                       "tokens": options.tokens,
                        "repeat": options.repeat, "profile": compiler in profiled,
                        "profile_tokens": options.profile_tokens, "out": str(workdir / f"{compiler}-{batch}.pt")}
                 result = spawn(job, workdir)
                 row = {"compiler": compiler, "batch": batch, "mode": options.mode, "preset": options.preset,
+                       "model": options.model,
                        "dtype": options.dtype, **result}
                 if "error" not in result:
                     logits = torch.load(job["out"])

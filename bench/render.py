@@ -203,17 +203,18 @@ def render_results(directory: Path | None = None) -> str:
 
 
 def decode_section(directory: Path | None) -> list[str]:
-    """LLM decoding (bench/decode.py): the latest record of each GPU (or the CPU), its rows a
-    compiler and batch size each."""
-    latest: dict[str, dict] = {}
+    """LLM decoding (bench/decode.py): the latest record of each GPU (or the CPU) and model,
+    its rows a compiler and batch size each."""
+    latest: dict[tuple, dict] = {}
     for r in records.read("decode", directory=directory):
-        where_run = short_gpu(r.get("gpu")) or "CPU"
-        if where_run not in latest or r.get("date", "") >= latest[where_run].get("date", ""):
-            latest[where_run] = r
+        key = (short_gpu(r.get("gpu")) or "CPU", r.get("options", {}).get("model", "gpt-fast"))
+        if key not in latest or r.get("date", "") >= latest[key].get("date", ""):
+            latest[key] = r
     out = []
-    for where_run, record in latest.items():
+    for (where_run, model), record in latest.items():
         options = record.get("options", {})
-        out += [f"## LLM decoding: {options.get('preset', '?')} Llama-style decoder, {options.get('dtype', '?')}, "
+        name = "transformers' LlamaForCausalLM (StaticCache)" if model == "transformers" else "Llama-style decoder"
+        out += [f"## LLM decoding: {options.get('preset', '?')} {name}, {options.get('dtype', '?')}, "
                 f"mode {options.get('mode', '?')} ({where_run}, {short_commit(record)})", "",
                 "| compiler | batch | ms / token | tokens / s | x eager | of bandwidth floor | first calls s | max diff |",
                 "|---|---:|---:|---:|---:|---:|---:|---:|"]

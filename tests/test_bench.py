@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from bench import render
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -85,13 +87,17 @@ def test_the_repositorys_own_records_render():
     assert "## Other suites" in page
 
 
-def test_decode_benchmark_records_tokens_per_second_and_render_shows_them(tmp_path):
-    """bench/decode.py on the CPU with its tiny decoder: eager and torchweld in fresh processes,
-    a record with ms a token and the logits' difference, rendered as RESULTS.md's decoding table."""
+@pytest.mark.parametrize("model, title", [("gpt-fast", "tiny Llama-style decoder"),
+                                          ("transformers", "tiny transformers' LlamaForCausalLM (StaticCache)")])
+def test_decode_benchmark_records_tokens_per_second_and_render_shows_them(tmp_path, model, title):
+    """bench/decode.py on the CPU with its tiny decoder (gpt-fast's, or transformers' Llama with
+    its StaticCache): eager and torchweld in fresh processes, a record with ms a token and the
+    logits' difference, rendered as RESULTS.md's decoding table."""
     import os
 
     env = {**os.environ, "TORCHWELD_BENCH_RECORDS": str(tmp_path)}
     proc = subprocess.run([sys.executable, "bench/decode.py", "--device", "cpu", "--preset", "tiny", "--batch", "1",
+                           "--model", model,
                            "--compilers", "eager,torchweld", "--mode", "default", "--tokens", "3", "--repeat", "1"],
                           cwd=ROOT, capture_output=True, text=True, timeout=240, env=env)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
@@ -100,7 +106,7 @@ def test_decode_benchmark_records_tokens_per_second_and_render_shows_them(tmp_pa
     assert "error" not in weld, weld
     assert weld["compiler"] == "torchweld" and weld["ms"] > 0 and weld["max_diff"] < 1e-2
     page = run("bench/render.py", "--records-dir", str(tmp_path), "--stdout").stdout
-    assert "## LLM decoding: tiny Llama-style decoder, bfloat16" in page
+    assert f"## LLM decoding: {title}, bfloat16" in page
     assert any(line.startswith("| torchweld | 1 |") for line in page.splitlines())
 
 
