@@ -256,7 +256,7 @@ def cache_bytes(model: nn.Module) -> int:
 # =============================================================================
 
 
-def compiled_step(compiler: str, mode: str):
+def compiled_step(compiler: str, mode: str, weld_options: dict | None = None):
     mode = None if mode == "default" else mode
     if compiler == "eager":
         return decode_step
@@ -264,7 +264,7 @@ def compiled_step(compiler: str, mode: str):
         return torch.compile(decode_step, mode=mode, fullgraph=True)
     import torchweld
 
-    return torchweld.compile(decode_step, backend="weld", mode=mode, fullgraph=True)
+    return torchweld.compile(decode_step, backend="weld", mode=mode, fullgraph=True, options=weld_options or None)
 
 
 def run_worker(job: dict) -> dict:
@@ -273,7 +273,7 @@ def run_worker(job: dict) -> dict:
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     model = build_model(job.get("model", "gpt-fast"), shape, job["batch"], device, dtype)
-    step = compiled_step(job["compiler"], job["mode"])
+    step = compiled_step(job["compiler"], job["mode"], job.get("weld_options"))
     prompt_len = min(64, shape.max_seq // 4)
     token = torch.randint(0, shape.vocab, (job["batch"], 1), device=device)
     pos = torch.tensor([prompt_len], device=device)
@@ -356,6 +356,8 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--preset", default="0.85b", choices=sorted(PRESETS))
     parser.add_argument("--model", default="gpt-fast", choices=("gpt-fast", "transformers"))
+    parser.add_argument("--weld-options", type=json.loads, default={},
+                        help="torchweld's options as JSON, for an A/B ('{\"gated_matvec\": true}')")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--batch", default="1,8", help="comma-separated batch sizes")
     parser.add_argument("--compilers", default=",".join(COMPILERS))
@@ -385,6 +387,7 @@ def main() -> None:
             for compiler in options.compilers.split(","):
                 job = {"compiler": compiler, "batch": batch, "device": options.device, "dtype": options.dtype,
                        "preset": options.preset, "model": options.model, "mode": options.mode,
+                       "weld_options": options.weld_options,
                        "tokens": options.tokens,
                        "repeat": options.repeat, "profile": compiler in profiled,
                        "profile_tokens": options.profile_tokens, "out": str(workdir / f"{compiler}-{batch}.pt")}

@@ -2,7 +2,7 @@
 against cuBLAS (`x @ w.t()`, what aten.mm runs), for the 0.85B decoder's products (bench/decode.py):
 each configuration of the kernel, its chosen one (`launch_config`), and the fused shapes
 (q/k/v as one product, gate/up as one), and a SwiGLU gate's three kernels against
-gated_matvec's one. Each call is timed inside a CUDA graph of calls over
+gated_matvec's one, and q/k/v apart against grouped_matvec. Each call is timed inside a CUDA graph of calls over
 distinct weight copies (more bytes than L2 holds), so that weights come from memory, as in a
 decoding step. Prints us a call and GB/s of weights read.
 
@@ -91,6 +91,32 @@ def main() -> None:
               f"chosen {chosen} {results.get(chosen, float('nan')):.2f} us; best: {line}")
         del weights, outs
     gated(processors, dtype, args.sweep)
+    grouped(processors, dtype)
+
+
+def grouped(processors: int, dtype: torch.dtype, k: int = 2048, ns: tuple = (2048, 512, 512)) -> None:
+    """transformers' q/k/v projections of one row: cuBLAS's three products, decode_matvec's
+    three, and grouped_matvec's one kernel."""
+    copies = max(2, min(64, (512 << 20) // (sum(ns) * k * 2)))
+    groups = [[torch.randn(n, k, device="cuda", dtype=dtype) for n in ns] for _ in range(copies)]
+    x = torch.randn(1, k, device="cuda", dtype=dtype)
+    outs = [[torch.empty(1, n, device="cuda", dtype=dtype) for n in ns] for _ in range(copies)]
+
+    def apart(i, product):  # product(w, out) writes x @ w.T into out
+        for w, out in zip(groups[i], outs[i]):
+            product(w, out)
+
+    def matvec(w, out):
+        decode_matvec.launch(x, w.t(), out, decode_matvec.launch_config(w.shape[0], k, processors))
+
+    config = decode_matvec.launch_config(sum(ns), k, processors)
+    results = {"cublas x3": time_calls(lambda i: apart(i, lambda w, out: torch.mm(x, w.t(), out=out)), copies),
+               "matvec x3": time_calls(lambda i: apart(i, matvec), copies),
+               f"grouped {config}": time_calls(lambda i: decode_matvec.launch_grouped(x, groups[i], outs[i], config),
+                                               copies)}
+    nbytes = sum(ns) * k * 2
+    print(f"q/k/v {ns}x{k}: " + ", ".join(f"{name}: {us:.2f} us {nbytes / us / 1e3:.0f} GB/s"
+                                          for name, us in sorted(results.items(), key=lambda kv: kv[1])))
 
 
 def gated(processors: int, dtype: torch.dtype, sweep: bool, n: int = 5632, k: int = 2048) -> None:

@@ -9,8 +9,9 @@ from torchweld.compiler.pipeline import ATEN_PASSES, FX_PASSES
 
 
 def test_the_passes_are_listed_in_their_order():
-    assert [p.name for p in FX_PASSES] == ["fuse_attention", "group_query_heads", "gated_matvec", "empty_concatenations",
-                                           "chain_concatenations", "fuse_conv_bn", "channels_last"]
+    assert [p.name for p in FX_PASSES] == ["fuse_attention", "group_query_heads", "gated_matvec", "grouped_matvec",
+                                           "empty_concatenations", "chain_concatenations", "fuse_conv_bn",
+                                           "channels_last"]
     assert [name for name, _ in ATEN_PASSES] == ["common_subexpressions"]
     assert all(p.doc for p in FX_PASSES)
 

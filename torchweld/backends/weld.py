@@ -85,8 +85,11 @@ OPTIONS = {
     "group_query_heads": Option("decoding attention over repeated key/value heads (grouped-query attention) "
                                 "runs over the unrepeated heads (passes/grouped_attention.py); default True"),
     "gated_matvec": Option("under CUDA graphs, a one-row SwiGLU gate silu(linear(x, w_gate)) * linear(x, w_up) in "
-                           "half precision is one kernel (passes/gated_matvec.py); default False (not yet "
+                           "half precision is one kernel (passes/decode_products.py); default False (not yet "
                            "measured on a GPU)"),
+    "grouped_matvec": Option("under CUDA graphs, one-row linear layers without bias that read one input (q/k/v "
+                             "projections) in half precision are one kernel (passes/decode_products.py); "
+                             "default False (not yet measured on a GPU)"),
     "empty_concatenations": Option("a concatenation of one tensor and empty 1-d tensors is that tensor, read in "
                                    "place where nothing can tell (compiler/cat_chains.py); default True"),
     "chain_concatenations": Option("a concatenation that extends an earlier one reads it instead of all its "

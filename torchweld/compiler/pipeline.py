@@ -48,11 +48,19 @@ def _group_query_heads(gm, options, inference):
 
 
 def _fuse_gated_products(gm, options, inference):
-    from torchweld.passes.gated_matvec import fuse_gated_products
+    from torchweld.passes.decode_products import fuse_gated_products
     from torchweld.tuning import tuning
 
     wanted = inference and options.get("cudagraphs") and options.get("gated_matvec", tuning.gated_matvec)
     return fuse_gated_products(gm) if wanted else gm
+
+
+def _group_shared_input_products(gm, options, inference):
+    from torchweld.passes.decode_products import group_shared_input_products
+    from torchweld.tuning import tuning
+
+    wanted = inference and options.get("cudagraphs") and options.get("grouped_matvec", tuning.grouped_matvec)
+    return group_shared_input_products(gm) if wanted else gm
 
 
 def _drop_empty_concatenations(gm, options, inference):
@@ -97,8 +105,12 @@ FX_PASSES: tuple[FxPass, ...] = (
            "options={'group_query_heads': False}"),
     FxPass("gated_matvec", _fuse_gated_products,
            "in inference under CUDA graphs, a SwiGLU gate of one row on CUDA in half precision, "
-           "silu(linear(x, w_gate)) * linear(x, w_up), is one kernel (passes/gated_matvec.py); "
+           "silu(linear(x, w_gate)) * linear(x, w_up), is one kernel (passes/decode_products.py); "
            "options={'gated_matvec': True} (off by default: not measured on a GPU yet)"),
+    FxPass("grouped_matvec", _group_shared_input_products,
+           "in inference under CUDA graphs, the one-row linear layers without bias that read one input on "
+           "CUDA in half precision (transformers' q/k/v projections) are one kernel "
+           "(passes/decode_products.py); options={'grouped_matvec': True} (off by default: not measured yet)"),
     FxPass("empty_concatenations", _drop_empty_concatenations,
            "a concatenation of one tensor and empty 1-d tensors (a transformers DynamicCache's first "
            "update) is that tensor, read in place where nothing can tell (compiler/cat_chains.py); "

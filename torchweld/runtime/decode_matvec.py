@@ -22,11 +22,12 @@ order than cuBLAS's, so results differ from aten's by a rounding.
 `silu(x @ w_gate.T) * (x @ w_up.T)` (w_gate, w_up [n, k] as nn.Linear keeps them), in one
 kernel: each program walks the same columns of both weights, and the product of the two
 (each rounded to the dtype, silu's result too, as eager's three kernels round) is stored
-instead of two products and a pointwise kernel (passes/gated_matvec.py puts it in graphs).
+instead of two products and a pointwise kernel (passes/decode_products.py puts it in graphs).
 """
 from __future__ import annotations
 
 import functools
+import types
 
 import torch
 
@@ -34,7 +35,7 @@ DTYPES = (torch.float16, torch.bfloat16)
 
 
 @functools.cache
-def _kernel():
+def _kernels() -> types.SimpleNamespace:
     import triton
     import triton.language as tl
 
@@ -75,7 +76,31 @@ def _kernel():
         silu = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
         tl.store(out + cols * son, (silu * acc_u.to(dtype).to(tl.float32)).to(dtype), mask=col_ok)
 
-    return matvec_kernel, gated_kernel
+    @triton.jit
+    def grouped_kernel(x, w0, w1, w2, w3, o0, o1, o2, o3, n0, n1, n2, n3, s0, s1, s2, s3, end0, end1, end2, K, sxk,
+                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        pid = tl.program_id(0)  # programs [0, end0) take w0's columns, [end0, end1) w1's, ...
+        if pid < end0:
+            w, out, n, sn, first = w0, o0, n0, s0, 0
+        elif pid < end1:
+            w, out, n, sn, first = w1, o1, n1, s1, end0
+        elif pid < end2:
+            w, out, n, sn, first = w2, o2, n2, s2, end1
+        else:
+            w, out, n, sn, first = w3, o3, n3, s3, end2
+        cols = (pid - first) * BLOCK_N + tl.arange(0, BLOCK_N)
+        col_ok = cols < n
+        acc = tl.zeros([BLOCK_N], tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            ks = k0 + tl.arange(0, BLOCK_K)
+            k_ok = ks < K
+            wt = tl.load(w + cols[:, None] * sn + ks[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0,
+                         eviction_policy="evict_first")
+            xv = tl.load(x + ks * sxk, mask=k_ok, other=0.0)
+            acc += tl.sum(wt.to(tl.float32) * xv.to(tl.float32)[None, :], axis=1)
+        tl.store(out + cols, acc.to(out.dtype.element_ty), mask=col_ok)
+
+    return types.SimpleNamespace(matvec=matvec_kernel, gated=gated_kernel, grouped=grouped_kernel)
 
 
 def supported(x: torch.Tensor, w: torch.Tensor) -> bool:
@@ -113,7 +138,7 @@ def launch(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, config: tuple[in
     """Run the kernel for out = x @ w (x [1, k]) with `config` (BLOCK_N, BLOCK_K, num_warps)."""
     block_n, block_k, warps = config
     k, n = w.shape
-    _kernel()[0][(-(-n // block_n),)](x, w, out, n, k, x.stride(1), *w.stride(), out.stride(1),
+    _kernels().matvec[(-(-n // block_n),)](x, w, out, n, k, x.stride(1), *w.stride(), out.stride(1),
                                    BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps)
 
 
@@ -142,8 +167,9 @@ def launch_gated(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, out:
     """Run the kernel for out = silu(x @ w_gate.T) * (x @ w_up.T) (x [1, k]) with `config`."""
     block_n, block_k, warps = config
     n, k = w_gate.shape
-    _kernel()[1][(-(-n // block_n),)](x, w_gate, w_up, out, n, k, x.stride(1), *w_gate.stride(), *w_up.stride(),
-                                      out.stride(1), BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps)
+    _kernels().gated[(-(-n // block_n),)](x, w_gate, w_up, out, n, k, x.stride(1), *w_gate.stride(),
+                                          *w_up.stride(), out.stride(1), BLOCK_N=block_n, BLOCK_K=block_k,
+                                          num_warps=warps)
 
 
 def _gated_matvec(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> torch.Tensor:
@@ -166,6 +192,46 @@ def _gated_matvec_meta(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor
     return x.new_empty((x.shape[0], w_gate.shape[0]))
 
 
+MAX_GROUP = 4  # weights one grouped_matvec takes
+
+
+def grouped_supported(x: torch.Tensor, weights: list[torch.Tensor]) -> bool:
+    """Whether grouped_matvec's kernel takes these: 2 to MAX_GROUP weights ([n_i, k] as
+    nn.Linear keeps them, each row contiguous), each as matvec would take it."""
+    return (2 <= len(weights) <= MAX_GROUP and all(w.dim() == 2 and w.stride(1) == 1 for w in weights)
+            and all(supported(x, w.t()) for w in weights))
+
+
+def launch_grouped(x: torch.Tensor, weights: list[torch.Tensor], outs: list[torch.Tensor],
+                   config: tuple[int, int, int]) -> None:
+    """Run the kernel for outs[i] = x @ weights[i].T (x [1, k]; outs contiguous) with `config`."""
+    block_n, block_k, warps = config
+    ends, total = [], 0
+    for w in weights:
+        total += -(-w.shape[0] // block_n)
+        ends.append(total)
+    pad = MAX_GROUP - len(weights)
+    ws, os_ = weights + [weights[0]] * pad, outs + [outs[0]] * pad
+    ns, strides = [w.shape[0] for w in ws], [w.stride(0) for w in ws]
+    bounds = (ends + [total] * pad)[:MAX_GROUP - 1]
+    _kernels().grouped[(total,)](x, *ws, *os_, *ns, *strides, *bounds, x.shape[1], x.stride(1),
+                                 BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps)
+
+
+def _grouped_matvec(x: torch.Tensor, weights: list[torch.Tensor]) -> list[torch.Tensor]:
+    if not grouped_supported(x, weights):  # eager's products, one each
+        return [x @ w.t() for w in weights]
+    outs = [x.new_empty((1, w.shape[0])) for w in weights]
+    index = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    rows = sum(w.shape[0] for w in weights)
+    launch_grouped(x, weights, outs, launch_config(rows, x.shape[1], _multiprocessors(index)))
+    return outs
+
+
+def _grouped_matvec_meta(x: torch.Tensor, weights: list[torch.Tensor]) -> list[torch.Tensor]:
+    return [x.new_empty((x.shape[0], w.shape[0])) for w in weights]
+
+
 _LIBRARY = torch.library.Library("torchweld", "FRAGMENT")
 _LIBRARY.define("matvec(Tensor x, Tensor w) -> Tensor")
 _LIBRARY.impl("matvec", _matvec, "CompositeExplicitAutograd")
@@ -175,6 +241,10 @@ _LIBRARY.impl("matvec", _matvec_meta, "Meta")
 _LIBRARY.define("gated_matvec(Tensor x, Tensor w_gate, Tensor w_up) -> Tensor")
 _LIBRARY.impl("gated_matvec", _gated_matvec, "CompositeExplicitAutograd")
 _LIBRARY.impl("gated_matvec", _gated_matvec_meta, "Meta")
+_LIBRARY.define("grouped_matvec(Tensor x, Tensor[] weights) -> Tensor[]")
+_LIBRARY.impl("grouped_matvec", _grouped_matvec, "CompositeExplicitAutograd")
+_LIBRARY.impl("grouped_matvec", _grouped_matvec_meta, "Meta")
 
 matvec = torch.ops.torchweld.matvec.default
 gated_matvec = torch.ops.torchweld.gated_matvec.default
+grouped_matvec = torch.ops.torchweld.grouped_matvec.default

@@ -1,4 +1,5 @@
-"""A SwiGLU feed-forward's gate and up projections of one row as one kernel.
+"""A decoding step's matrix-vector products that read one row, fewer launches: a SwiGLU gate
+as one kernel, and the products of one row by several weights as one kernel.
 
 Llama's feed-forward (gpt-fast's `w2(silu(w1(x)) * w3(x))`, transformers' LlamaMLP
 `down_proj(act_fn(gate_proj(x)) * up_proj(x))`) multiplies the same row by two weights, then
@@ -13,6 +14,11 @@ w_gate, w_up)` (runtime/decode_matvec.py): a kernel that walks both weights' col
 and stores the gated product. Only on CUDA in half precision, in inference graphs that CUDA
 graphs replay (launched from Python, Triton's launcher would cost the host more than it saves),
 and where the two products and silu's result are read by nothing else.
+
+transformers' Llama projects the same row to queries, keys and values by three weights (gpt-fast
+keeps them as one). `group_shared_input_products` makes two to four such bias-free linear
+layers of one row one `torchweld::grouped_matvec(x row, [weights])`, a kernel whose programs
+take the columns of one weight each, the products returned as they were. Same conditions.
 """
 from __future__ import annotations
 
@@ -22,6 +28,8 @@ import operator
 import torch
 import torch.nn.functional as F
 from torch.fx import GraphModule, Node
+
+MAX_GROUP = 4  # weights one grouped_matvec takes (runtime/decode_matvec.py's MAX_GROUP)
 
 MULS = (operator.mul, torch.mul, "mul")
 SILUS = (F.silu, torch.nn.functional.silu, torch.ops.aten.silu.default)
@@ -57,6 +65,59 @@ def fuse_gated_products(gm: GraphModule) -> GraphModule:
     return gm
 
 
+def group_shared_input_products(gm: GraphModule) -> GraphModule:
+    """`gm` with the one-row bias-free linear layers that read the same row (see the module's
+    docstring) grouped, up to MAX_GROUP a call, each group one grouped_matvec call (in place;
+    returned for chaining)."""
+    groups = []
+    for x in gm.graph.nodes:
+        linears = [(user, _linear(gm, user)[1]) for user in x.users if _reads_row(gm, user, x)]
+        linears = [(user, weight) for user, weight in linears if _fits(gm, x, [weight], _example(user))]
+        groups += [(x, linears[i:i + MAX_GROUP]) for i in range(0, len(linears), MAX_GROUP) if len(linears) - i >= 2]
+    if not groups:
+        return gm
+    from torchweld.runtime import decode_matvec  # defines the op (reads its source): only where used
+
+    graph = gm.graph
+    position = _position(graph)
+    for x, group in groups:
+        first = min((user for user, _ in group), key=position)
+        for _, weight in group:  # an attribute read after the first layer: read before it
+            if isinstance(weight, Node) and weight.op == "get_attr" and position(weight) > position(first):
+                first.prepend(weight)
+        with graph.inserting_before(first):
+            row = graph.call_method("reshape", (x, (1, _example(x).shape[-1])))
+            row.meta["example_value"] = _example(x).reshape(1, -1)
+            weights = [_weight_node(gm, weight) for _, weight in group]
+            call = graph.call_function(decode_matvec.grouped_matvec, (row, weights))
+            call.meta["example_value"] = [_example(user).new_empty((1, _example(user).shape[-1])) for user, _ in group]
+            for i, (user, _) in enumerate(group):
+                product = graph.call_function(operator.getitem, (call, i))
+                product.meta["example_value"] = call.meta["example_value"][i]
+                result = graph.call_method("reshape", (product, tuple(_example(user).shape)))
+                result.meta.update({k: v for k, v in user.meta.items() if k != "example_value"})
+                result.meta["example_value"] = _example(user).new_empty(_example(user).shape)
+                user.replace_all_uses_with(result)
+        for user, _ in group:
+            graph.erase_node(user)
+    graph.lint()
+    gm.recompile()
+    return gm
+
+
+def _reads_row(gm: GraphModule, node: Node, x: Node) -> bool:
+    """Whether `node` is a bias-free linear layer of input `x` whose weight is a module's
+    parameter or an input or attribute of the graph (which the group can read before `node`)."""
+    linear = _linear(gm, node)
+    return (linear is not None and linear[0] is x
+            and (isinstance(linear[1], str) or linear[1].op in ("placeholder", "get_attr")))
+
+
+def _position(graph):
+    order = {node: i for i, node in enumerate(graph.nodes)}
+    return order.__getitem__
+
+
 def _match(gm: GraphModule, node: Node):
     """(x, (gate weight, up weight), the nodes the rewrite leaves unread) of a one-row
     `silu(linear(x, w_gate)) * linear(x, w_up)` at `node`, or None."""
@@ -73,7 +134,8 @@ def _match(gm: GraphModule, node: Node):
         if not all(len(n.users) == 1 for n in (act, gate, up)) or gate is up:
             continue
         x = gate_linear[0]
-        if not _fits(gm, x, gate_linear[1], up_linear[1], _example(node)):
+        if not _fits(gm, x, [gate_linear[1], up_linear[1]], _example(node)) \
+                or _weight_example(gm, gate_linear[1]).shape != _weight_example(gm, up_linear[1]).shape:
             continue
         return x, (gate_linear[1], up_linear[1]), (act, gate, up)
     return None
@@ -131,17 +193,17 @@ def _weight_example(gm: GraphModule, weight) -> torch.Tensor | None:
     return _example(weight)
 
 
-def _fits(gm: GraphModule, x: Node, gate_weight, up_weight, out: torch.Tensor | None) -> bool:
-    """One row of half precision on CUDA, two weights of one shape and dtype, every size a number."""
-    xe, ge, ue = _example(x), _weight_example(gm, gate_weight), _weight_example(gm, up_weight)
-    if xe is None or ge is None or ue is None or out is None or xe.dim() < 1 or ge.dim() != 2:
+def _fits(gm: GraphModule, x: Node, weights: list, out: torch.Tensor | None) -> bool:
+    """x one row of half precision on CUDA, `weights` 2-d of its dtype and width, every size a number."""
+    xe, examples = _example(x), [_weight_example(gm, w) for w in weights]
+    if xe is None or out is None or xe.dim() < 1 or any(e is None or e.dim() != 2 for e in examples):
         return False
-    sizes = [*xe.shape, *ge.shape, *ue.shape, *out.shape]
+    sizes = [*xe.shape, *out.shape, *(s for e in examples for s in e.shape)]
     if not all(isinstance(s, int) for s in sizes):
         return False  # symbolic sizes would go into the new nodes' arguments as numbers
-    return (all(map(on_kernel_device, (xe, ge, ue))) and xe.dtype in (torch.float16, torch.bfloat16)
-            and ge.dtype == ue.dtype == xe.dtype and math.prod(xe.shape[:-1]) == 1
-            and tuple(ge.shape) == tuple(ue.shape) and ge.shape[1] == xe.shape[-1])
+    return (all(map(on_kernel_device, (xe, *examples))) and xe.dtype in (torch.float16, torch.bfloat16)
+            and math.prod(xe.shape[:-1]) == 1 and all(e.dtype == xe.dtype and e.shape[1] == xe.shape[-1]
+                                                         for e in examples))
 
 
 def on_kernel_device(t: torch.Tensor) -> bool:
