@@ -143,8 +143,9 @@ def gated(processors: int, dtype: torch.dtype, sweep: bool, n: int = 5632, k: in
         results[f"gated {config}"] = time_calls(
             lambda i: decode_matvec.launch_gated(x, *pairs[i], outs[i], config), copies)
     nbytes = 2 * n * k * 2
-    print(f"gate+up {n}x{k} (chosen {chosen}): " + ", ".join(
-        f"{name}: {us:.2f} us {nbytes / us / 1e3:.0f} GB/s" for name, us in sorted(results.items(), key=lambda kv: kv[1])))
+    ranked = sorted(results.items(), key=lambda kv: kv[1])
+    print(f"gate+up {n}x{k} (chosen {chosen}): "
+          + ", ".join(f"{name}: {us:.2f} us {nbytes / us / 1e3:.0f} GB/s" for name, us in ranked))
 
 
 if __name__ == "__main__":

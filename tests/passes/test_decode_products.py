@@ -97,7 +97,7 @@ def test_cpu_tensors_are_left_alone():
 class Projections(nn.Module):  # transformers' attention: three weights of one input, a fourth reads another
     def __init__(self, functional=False):
         super().__init__()
-        self.q, self.k, self.v = nn.Linear(64, 64, bias=False), nn.Linear(64, 16, bias=False), nn.Linear(64, 16, bias=False)
+        self.q, self.k, self.v = (nn.Linear(64, n, bias=False) for n in (64, 16, 16))
         self.o = nn.Linear(64, 64, bias=False)
         self.functional = functional
 

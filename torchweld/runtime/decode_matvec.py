@@ -8,21 +8,25 @@ weight and 6.0 for 2048 x 2048 (a Llama decoder's key and query projections), th
 and 4.6; on the largest (5632 x 2048, the 32000-row output layer) both come near the
 bandwidth, this one 5-6% ahead (bench/investigations/matvec.py). Each program owns BLOCK_N
 output columns and walks their weights along k in steps of BLOCK_K contiguous elements
-(coalesced loads of weight rows), keeping BLOCK_N float32 sums; `launch_config` picks BLOCK_N so that there are
-about eight programs a multiprocessor. At batch 8 cuBLAS's kernels read the weights once for
-the eight rows and this one did not keep up (2-9x slower): only one row is taken.
+(coalesced loads of weight rows), keeping BLOCK_N float32 sums; `launch_config` picks
+BLOCK_N so that there are about eight programs a multiprocessor. At batch 8 cuBLAS's kernels
+read the weights once for the eight rows and this one did not keep up (2-9x slower): only
+one row is taken.
 
 Registered as the custom op `torchweld::matvec` (with a Meta kernel), which weld's lowering of
 aten.mm calls (compiler/rules.py) for such products in half precision in graphs that CUDA
-graphs replay (launched from Python, Triton's launcher costs the host more than aten's call). Numbers: products and
-sums in float32, rounded once to the result's dtype, as cuBLAS does; the sums run in another
-order than cuBLAS's, so results differ from aten's by a rounding.
+graphs replay (launched from Python, Triton's launcher costs the host more than aten's
+call). Numbers: products and sums in float32, rounded once to the result's dtype, as cuBLAS
+does; the sums run in another order than cuBLAS's, so results differ from aten's by a
+rounding.
 
 `torchweld::gated_matvec(x, w_gate, w_up)` is a SwiGLU feed-forward's first half at one row,
 `silu(x @ w_gate.T) * (x @ w_up.T)` (w_gate, w_up [n, k] as nn.Linear keeps them), in one
 kernel: each program walks the same columns of both weights, and the product of the two
 (each rounded to the dtype, silu's result too, as eager's three kernels round) is stored
-instead of two products and a pointwise kernel (passes/decode_products.py puts it in graphs).
+instead of two products and a pointwise kernel. `torchweld::grouped_matvec(x, [w_1, ..])`
+multiplies the row by two to four weights ([n_i, k]) in one kernel, each program taking one
+weight's columns. passes/decode_products.py puts both in graphs (where options ask for them).
 """
 from __future__ import annotations
 
@@ -129,6 +133,11 @@ def launch_config(n: int, k: int, processors: int) -> tuple[int, int, int]:
     return block_n, max(16, min(1024, 1 << (k - 1).bit_length())), 2
 
 
+def _processors(x: torch.Tensor) -> int:
+    """The multiprocessors of x's GPU."""
+    return _multiprocessors(x.device.index if x.device.index is not None else torch.cuda.current_device())
+
+
 @functools.cache
 def _multiprocessors(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
@@ -139,15 +148,14 @@ def launch(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, config: tuple[in
     block_n, block_k, warps = config
     k, n = w.shape
     _kernels().matvec[(-(-n // block_n),)](x, w, out, n, k, x.stride(1), *w.stride(), out.stride(1),
-                                   BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps)
+                                           BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps)
 
 
 def _matvec(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     if not supported(x, w):  # what the lowering saw on fakes, not met by the tensors: aten's product
         return torch.mm(x, w)
     out = x.new_empty((1, w.shape[1]))
-    index = x.device.index if x.device.index is not None else torch.cuda.current_device()
-    launch(x, w, out, launch_config(w.shape[1], w.shape[0], _multiprocessors(index)))
+    launch(x, w, out, launch_config(w.shape[1], w.shape[0], _processors(x)))
     return out
 
 
@@ -176,8 +184,7 @@ def _gated_matvec(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> 
     if not gated_supported(x, w_gate, w_up):  # eager's three kernels
         return torch.nn.functional.silu(x @ w_gate.t()) * (x @ w_up.t())
     out = x.new_empty((1, w_gate.shape[0]))
-    index = x.device.index if x.device.index is not None else torch.cuda.current_device()
-    launch_gated(x, w_gate, w_up, out, gated_launch_config(*w_gate.shape, _multiprocessors(index)))
+    launch_gated(x, w_gate, w_up, out, gated_launch_config(*w_gate.shape, _processors(x)))
     return out
 
 
@@ -222,9 +229,7 @@ def _grouped_matvec(x: torch.Tensor, weights: list[torch.Tensor]) -> list[torch.
     if not grouped_supported(x, weights):  # eager's products, one each
         return [x @ w.t() for w in weights]
     outs = [x.new_empty((1, w.shape[0])) for w in weights]
-    index = x.device.index if x.device.index is not None else torch.cuda.current_device()
-    rows = sum(w.shape[0] for w in weights)
-    launch_grouped(x, weights, outs, launch_config(rows, x.shape[1], _multiprocessors(index)))
+    launch_grouped(x, weights, outs, launch_config(sum(w.shape[0] for w in weights), x.shape[1], _processors(x)))
     return outs
 
 
