@@ -41,7 +41,7 @@ from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from bench.runner import COMPILERS, empty_caches, sync, worker_env  # noqa: E402
+from bench.runner import COMPILERS, apply_tuning_changes, empty_caches, sync, worker_env  # noqa: E402
 
 
 @dataclasses.dataclass(frozen=True)
@@ -371,6 +371,7 @@ def main() -> None:
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     options = parser.parse_args()
     if options.worker:
+        apply_tuning_changes()
         job = json.loads(Path(options.worker).read_text())
         print(json.dumps(run_worker(job)))
         return

@@ -468,6 +468,7 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.rank_job:
+        runner.apply_tuning_changes()
         rank_main(json.loads(args.rank_job))
     from bench import records
 

@@ -78,6 +78,20 @@ def worker_env(caches: dict[str, str] | None) -> dict[str, str]:
     return env
 
 
+TUNING_VARIABLE = "TORCHWELD_BENCH_TUNING"  # bench/with_constants.py's changes, as JSON, for workers
+
+
+def apply_tuning_changes() -> None:
+    """In a worker: the fields of torchweld's tuning that bench/with_constants.py changed in the
+    process that started it (TORCHWELD_BENCH_TUNING), changed here too."""
+    text = os.environ.get(TUNING_VARIABLE)
+    if text:
+        from torchweld.tuning import tuning
+
+        for name, value in json.loads(text).items():
+            setattr(tuning, name, value)
+
+
 def worker_command(script: str, job: dict, flag: str = "--worker") -> list[str]:
     """The command line that runs `job` in `script`, passed as JSON after `flag`."""
     return [sys.executable, str(Path(script).resolve()), flag, json.dumps(job)]
@@ -90,6 +104,7 @@ def result_line(result: dict) -> str:
 def answer_job(run_worker, job: str) -> int:
     """A worker's part: run_worker(the JSON `job`), its figures printed on the RESULT line; the
     worker's exit status, 0 (a failure raises)."""
+    apply_tuning_changes()
     print(result_line(run_worker(json.loads(job))), flush=True)
     return 0
 

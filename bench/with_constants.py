@@ -4,13 +4,15 @@
         -- bench/investigations/profile_train_gpu.py --model GPT-2 --skip-eager
 
 Each `name=value` sets that field of `torchweld.tuning.tuning` (torchweld/tuning.py lists them,
-with what each means) before the script runs, in this process (not in processes the script
-starts); the value is parsed as the field's type. The script then runs as `__main__` with the
+with what each means) before the script runs, in this process and in the benchmark workers it
+starts (bench/runner.py hands the changes to them in TORCHWELD_BENCH_TUNING); the value is
+parsed as the field's type. The script then runs as `__main__` with the
 arguments after `--`.
 """
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import runpy
 import sys
@@ -51,9 +53,11 @@ def main() -> None:
         sys.exit(__doc__)
     from torchweld.tuning import tuning
 
-    for name, value in tuning_changes(settings).items():
+    changes = tuning_changes(settings)
+    for name, value in changes.items():
         setattr(tuning, name, value)
         print(f"tuning.{name} = {value!r}", flush=True)
+    os.environ["TORCHWELD_BENCH_TUNING"] = json.dumps(changes)  # bench/runner.py's TUNING_VARIABLE
     sys.path.insert(0, os.path.dirname(os.path.abspath(script_argv[0])))
     sys.argv = script_argv
     runpy.run_path(script_argv[0], run_name="__main__")

@@ -171,3 +171,15 @@ def test_a_compiler_left_out_of_a_rows_latest_run_shows_from_the_run_before(tmp_
     assert len(lines) == 2
     assert "| torchweld |" in lines[0] and "| 4.0 |" in lines[0] and lines[0].endswith("| bbbbbbb |")
     assert "| torch.compile |" in lines[1] and "| 40.0 |" in lines[1] and lines[1].endswith("| aaaaaaa |")
+
+
+def test_with_constants_changes_reach_the_benchmark_workers(monkeypatch):
+    """bench/with_constants.py hands its tuning changes to workers in TORCHWELD_BENCH_TUNING,
+    which a worker applies (bench/runner.py) before it compiles."""
+    from bench import runner
+    from torchweld.tuning import tuning
+
+    monkeypatch.setenv(runner.TUNING_VARIABLE, json.dumps({"gated_matvec": True, "block_s": 32}))
+    with tuning.patch(gated_matvec=False, block_s=64):
+        runner.apply_tuning_changes()
+        assert tuning.gated_matvec is True and tuning.block_s == 32

@@ -106,6 +106,11 @@ class Tuning:
     # kernel (passes/decode_products.py). Off until measured: the micro-benchmark had q/k/v as one
     # weight 5.6 us against 4.6 + 3.0 + 3.0 apart.
     grouped_matvec: bool = False
+    # Inference traces over symbolic sizes record scaled_dot_product_attention on CUDA as one
+    # opaque op that calls it (runtime/opaque_attention.py) instead of its math path's matmuls
+    # and softmax (BERT's mask). Off until timed on a GPU: its compile over symbols and its
+    # steady state against the math path's.
+    opaque_attention_over_symbols: bool = False
     # Each read is unrolled into the kernel (an int8 offset would hold 127): beyond it the pool
     # keeps aten's indices and aten's backward (pool_offsets.py).
     max_window: int = 16  # positions a max-pool window may have for weld's kernels

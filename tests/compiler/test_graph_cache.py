@@ -209,10 +209,10 @@ def test_torchwelds_own_operators_are_found_in_a_new_process():
     backward); a new process has them once the module defining each is imported: the GPU
     run's backward was compiled again at every warm start before."""
     code = ("from torchweld.compiler import graph_cache\n"
-            "for op in ('embedding_dense_backward', 'seeded_rand', 'decode_attention', 'matvec'):\n"
+            "for op in ('embedding_dense_backward', 'seeded_rand', 'decode_attention', 'matvec', 'attention'):\n"
             "    print(graph_cache._resolve(f'op:torchweld.{op}.default'))\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0 and proc.stdout.count("torchweld.") == 4, proc.stderr[-2000:]
+    assert proc.returncode == 0 and proc.stdout.count("torchweld.") == 5, proc.stderr[-2000:]
 
 
 def test_freeze_and_max_autotune_are_not_kept(monkeypatch):

@@ -34,6 +34,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from torchweld import fake_memo
 from torchweld.compiler.graph_modules import graph_module
+from torchweld.tuning import tuning
 
 aten = torch.ops.aten
 
@@ -91,11 +92,17 @@ class _CompositesOverSymbols(TorchFunctionMode):
       - under torch 2.13, `F.pad` (transformers' causal LM loss pads its labels): constant_pad_nd.
     The Python dispatcher takes the Python meta and matmul kernels torch registers for symbolic
     sizes instead, which decide on sizes through the ShapeEnv (guards). Other ops trace as
-    without symbols."""
+    without symbols. Attention in inference may be recorded as one opaque op instead
+    (runtime/opaque_attention.py, where tuning.opaque_attention_over_symbols asks)."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if func not in _PYTHON_KERNELS_OVER_SYMBOLS:
             return func(*args, **(kwargs or {}))
+        if func is F.scaled_dot_product_attention and tuning.opaque_attention_over_symbols:
+            from torchweld.runtime import opaque_attention
+
+            if opaque_attention.applies(args, kwargs or {}):
+                return opaque_attention.call(args, kwargs or {})
         with enable_python_dispatcher():
             return func(*args, **(kwargs or {}))
 
