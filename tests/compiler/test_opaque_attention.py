@@ -81,3 +81,25 @@ def test_training_keeps_atens_decomposition(opaque, caplog):
             for got, want in zip(grads, (q2.grad, k2.grad, v2.grad)):
                 torch.testing.assert_close(got, want)
     assert "torchweld.attention" not in caplog.text
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_bert_on_cuda_over_lengths_equals_eager(monkeypatch, caplog, dtype):
+    """On CUDA, where the op replaces the math path's decomposition of BERT's masked attention."""
+    transformers = pytest.importorskip("transformers")
+    monkeypatch.setattr(tuning, "opaque_attention_over_symbols", True)
+    config = transformers.BertConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                                     num_hidden_layers=2, vocab_size=500)
+    torch.manual_seed(0)
+    model = transformers.BertModel(config).eval().cuda().to(dtype)
+    compiled = torchweld.compile(model, backend="weld")
+    tol = {} if dtype == torch.float32 else {"atol": 3e-2, "rtol": 3e-2}
+    with caplog.at_level(logging.DEBUG, logger="torchweld.weld"), torch.no_grad():
+        for n in (12, 20, 33, 7, 20):
+            ids = torch.randint(0, 500, (2, n), device="cuda")
+            mask = torch.ones(2, n, dtype=torch.long, device="cuda")
+            mask[1, n // 2:] = 0
+            got = compiled(input_ids=ids, attention_mask=mask).last_hidden_state
+            torch.testing.assert_close(got, model(input_ids=ids, attention_mask=mask).last_hidden_state, **tol)
+    assert "extern call: torchweld.attention.default" in caplog.text
