@@ -16,10 +16,10 @@ from torchweld.runtime import decode_matvec
 
 
 class GptFast(nn.Module):
-    def __init__(self, bias=False):
+    def __init__(self, bias=False, hidden=96):
         super().__init__()
-        self.w1, self.w3 = nn.Linear(64, 96, bias=bias), nn.Linear(64, 96, bias=False)
-        self.w2 = nn.Linear(96, 64, bias=False)
+        self.w1, self.w3 = nn.Linear(64, hidden, bias=bias), nn.Linear(64, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, 64, bias=False)
 
     def forward(self, x):
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
@@ -95,10 +95,10 @@ def test_cpu_tensors_are_left_alone():
 
 
 class Projections(nn.Module):  # transformers' attention: three weights of one input, a fourth reads another
-    def __init__(self, functional=False):
+    def __init__(self, functional=False, heads=4):
         super().__init__()
-        self.q, self.k, self.v = (nn.Linear(64, n, bias=False) for n in (64, 16, 16))
-        self.o = nn.Linear(64, 64, bias=False)
+        self.q, self.k, self.v = (nn.Linear(64, n, bias=False) for n in (16 * heads, 16, 16))
+        self.o = nn.Linear(16 * heads, 64, bias=False)
         self.functional = functional
 
     def forward(self, x):
@@ -165,11 +165,12 @@ def test_grouped_kernel_in_tritons_interpreter():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("model", [GptFast, Projections])
+@pytest.mark.parametrize("make", [lambda: GptFast(hidden=512), lambda: Projections(heads=24)])
 @pytest.mark.parametrize("options", [{"gated_matvec": True}, {"grouped_matvec": True},
                                      {"gated_matvec": True, "grouped_matvec": True}])
-def test_weld_under_cuda_graphs_equals_eager(model, options):
-    model = model().cuda().to(torch.bfloat16)
+def test_weld_under_cuda_graphs_equals_eager(make, options):
+    """Widths of at least decode_matvec.MIN_COLUMNS, so that the kernels run."""
+    model = make().cuda().to(torch.bfloat16)
     compiled = torchweld.compile(model, backend="weld", mode="reduce-overhead", options=options)
     with torch.no_grad():
         for _ in range(4):

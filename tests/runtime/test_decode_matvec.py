@@ -70,8 +70,8 @@ def test_weld_chooses_it_for_one_half_precision_row_on_cuda_graphs_only():
 class Decoder(nn.Module):
     def __init__(self):
         super().__init__()
-        self.up = nn.Linear(64, 160, bias=False)
-        self.down = nn.Linear(160, 64, bias=True)
+        self.up = nn.Linear(64, 512, bias=False)  # at least decode_matvec.MIN_COLUMNS outputs
+        self.down = nn.Linear(512, 64, bias=True)
         self.head = nn.Linear(64, 1000, bias=False)
 
     def forward(self, x):
