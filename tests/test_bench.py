@@ -179,7 +179,7 @@ def test_with_constants_changes_reach_the_benchmark_workers(monkeypatch):
     from bench import runner
     from torchweld.tuning import tuning
 
-    monkeypatch.setenv(runner.TUNING_VARIABLE, json.dumps({"gated_matvec": True, "block_s": 32}))
-    with tuning.patch(gated_matvec=False, block_s=64):
+    monkeypatch.setenv(runner.TUNING_VARIABLE, json.dumps({"opaque_attention_over_symbols": True, "block_s": 32}))
+    with tuning.patch(opaque_attention_over_symbols=False, block_s=64):
         runner.apply_tuning_changes()
-        assert tuning.gated_matvec is True and tuning.block_s == 32
+        assert tuning.opaque_attention_over_symbols is True and tuning.block_s == 32

@@ -98,14 +98,6 @@ class Tuning:
 
     # -- runtime (torchweld/runtime/) -------------------------------------------------------
     block_s: int = 64  # cache positions a step of a decode_attention split reads (decode_attention.py)
-    # A one-row SwiGLU gate as one kernel (passes/decode_products.py). Off until measured on a GPU:
-    # the H200 micro-benchmark had the two weights as one product 14.4 us against 2 x 7.9, and
-    # the pointwise kernel after them goes too, but this kernel itself has not been timed.
-    gated_matvec: bool = False
-    # One-row bias-free linear layers of one input (transformers' q/k/v projections) as one
-    # kernel (passes/decode_products.py). Off until measured: the micro-benchmark had q/k/v as one
-    # weight 5.6 us against 4.6 + 3.0 + 3.0 apart.
-    grouped_matvec: bool = False
     # Inference traces over symbolic sizes record scaled_dot_product_attention on CUDA as one
     # opaque op that calls it (runtime/opaque_attention.py) instead of its math path's matmuls
     # and softmax (BERT's mask). Off until timed on a GPU: its compile over symbols and its

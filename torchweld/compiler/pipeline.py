@@ -47,19 +47,20 @@ def _group_query_heads(gm, options, inference):
     return group_query_heads(gm, split_kernel=inference) if options.get("group_query_heads", True) else gm
 
 
+# The two one-row product rewrites are off by default: built and tested, not yet timed on a GPU
+# (the H200 micro-benchmark had gate and up as one weight 14.4 us against 2 x 7.9, and q/k/v as
+# one 5.6 against 4.6 + 3.0 + 3.0, but not these kernels; bench/investigations/matvec.py times them).
 def _fuse_gated_products(gm, options, inference):
     from torchweld.passes.decode_products import fuse_gated_products
-    from torchweld.tuning import tuning
 
-    wanted = inference and options.get("cudagraphs") and options.get("gated_matvec", tuning.gated_matvec)
+    wanted = inference and options.get("cudagraphs") and options.get("gated_matvec", False)
     return fuse_gated_products(gm) if wanted else gm
 
 
 def _group_shared_input_products(gm, options, inference):
     from torchweld.passes.decode_products import group_shared_input_products
-    from torchweld.tuning import tuning
 
-    wanted = inference and options.get("cudagraphs") and options.get("grouped_matvec", tuning.grouped_matvec)
+    wanted = inference and options.get("cudagraphs") and options.get("grouped_matvec", False)
     return group_shared_input_products(gm) if wanted else gm
 
 
