@@ -71,6 +71,25 @@ def test_a_one_row_gate_is_rewritten_and_computes_as_eager(cls, dtype, monkeypat
     torch.testing.assert_close(out, model(x))
 
 
+def test_the_rewritten_gate_reads_weights_changed_in_place(monkeypatch):
+    monkeypatch.setattr(decode_products, "on_kernel_device", lambda t: True)
+    model = GptFast().to(torch.bfloat16)
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(decode_products.fuse_gated_products(gm))
+        return gm.forward
+
+    compiled = torchweld.compile(model, backend=backend)
+    with torch.no_grad():
+        for step in range(3):
+            x = torch.randn(1, 1, 64, dtype=torch.bfloat16)
+            torch.testing.assert_close(compiled(x), model(x))
+            model.w3.weight.mul_(-0.5)  # the up projection's weight, between calls
+            model.w1.weight.add_(0.01)
+    assert len(graphs) == 1 and any(n.target is decode_matvec.gated_matvec for n in graphs[0].graph.nodes)
+
+
 @pytest.mark.parametrize("case", ["two rows", "bias", "float32", "gate read twice"])
 def test_what_is_left_alone(case, monkeypatch):
     model = {"bias": GptFast(bias=True), "gate read twice": GateReadTwice()}.get(case, GptFast())
