@@ -29,12 +29,20 @@ def test_the_op_is_sdpa_laid_out_position_major(mask):
     assert out.transpose(1, 2).reshape(2, 7, 32).data_ptr() == out.data_ptr()  # a view
 
 
-def test_what_it_leaves_to_atens_trace():
+def test_what_it_leaves_to_atens_trace(monkeypatch):
     q = torch.randn(1, 2, 3, 4)
     assert opaque_attention.bind((q, q, q), {"dropout_p": 0.0, "is_causal": True}) is not None
     assert opaque_attention.bind((q, q, q), {"bogus": 1}) is None
     assert not opaque_attention.applies((q, q, q), {})  # the CPU
-    assert not opaque_attention.applies((q.cuda() if torch.cuda.is_available() else q, q, q), {"dropout_p": 0.1})
+    monkeypatch.setattr(opaque_attention, "on_attention_device", lambda t: True)
+    assert opaque_attention.applies((q, q, q), {"is_causal": True, "scale": 0.5})
+    assert not opaque_attention.applies((q, q, q), {"dropout_p": 0.1})
+    assert not opaque_attention.applies((q, q, q), {"scale": torch.tensor(0.5)})
+    assert not opaque_attention.applies((q[0], q[0], q[0]), {})  # 3-d
+    grad_q = q.clone().requires_grad_()
+    assert not opaque_attention.applies((grad_q, q, q), {})  # training: aten's differentiable path
+    with torch.no_grad():
+        assert opaque_attention.applies((grad_q, q, q), {})
 
 
 def test_bert_over_lengths_equals_eager_with_the_op_in_the_symbolic_graph(opaque, caplog):
@@ -44,13 +52,15 @@ def test_bert_over_lengths_equals_eager_with_the_op_in_the_symbolic_graph(opaque
     torch.manual_seed(0)
     model = transformers.BertModel(config).eval()
     compiled = torchweld.compile(model, backend="weld")
+    query = model.encoder.layer[0].attention.self.query
     with caplog.at_level(logging.DEBUG, logger="torchweld.weld"), torch.no_grad():
-        for n in (12, 20, 33, 7):
+        for n in (12, 20, 33, 7, 20):
             ids = torch.randint(0, 500, (2, n))
             mask = torch.ones(2, n, dtype=torch.long)
             mask[1, n // 2:] = 0  # a padded row: the mask is broadcast over heads
             got = compiled(input_ids=ids, attention_mask=mask).last_hidden_state
             torch.testing.assert_close(got, model(input_ids=ids, attention_mask=mask).last_hidden_state)
+            query.weight.mul_(1.1)  # the attention's inputs change between calls
     assert "extern call: torchweld.attention.default" in caplog.text
 
 

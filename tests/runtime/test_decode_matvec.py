@@ -46,12 +46,13 @@ def test_tensors_it_does_not_take_go_to_atens_product():
     torch.testing.assert_close(decode_matvec.matvec(two_rows, weight.t()), two_rows @ weight.t())
 
 
-def _externs_lowered(device: str, dtype=torch.bfloat16, rows=1, linear=True, cuda_graphs=True) -> list[str]:
+def _externs_lowered(device: str, dtype=torch.bfloat16, rows=1, linear=True, cuda_graphs=True,
+                     columns=decode_matvec.MIN_COLUMNS) -> list[str]:
     def fn(x, weight):
         return (F.linear(x, weight) if linear else x @ weight).relu()
 
     def make_args():
-        weight = torch.randn(*((32, 64) if linear else (64, 32)), dtype=dtype, device=device)
+        weight = torch.randn(*((columns, 64) if linear else (64, columns)), dtype=dtype, device=device)
         return [torch.randn(rows, 1, 64, dtype=dtype, device=device), weight]
 
     return lowered_externs(fn, make_args, cuda_graphs)
@@ -64,6 +65,7 @@ def test_weld_chooses_it_for_one_half_precision_row_on_cuda_graphs_only():
     assert _externs_lowered("cpu") == ["aten.mm.default"]
     assert _externs_lowered("cuda", torch.float32) == ["aten.mm.default"]
     assert _externs_lowered("cuda", rows=2) == ["aten.mm.default"]
+    assert _externs_lowered("cuda", columns=decode_matvec.MIN_COLUMNS - 1) == ["aten.mm.default"]  # too narrow
     assert _externs_lowered("cuda", linear=False) == ["aten.mm.default"]  # a weight read along its rows
 
 

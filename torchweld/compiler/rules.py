@@ -940,6 +940,8 @@ def mm(L, node, a, b):
         raise NotImplementedError("aten's own kernel")
     from torchweld.runtime import decode_matvec  # registers the op, once: CUDA only
 
+    if isinstance(b_val.shape[1], int) and b_val.shape[1] < decode_matvec.MIN_COLUMNS:
+        raise NotImplementedError("aten's own kernel: too few columns")
     return L.extern(decode_matvec.matvec, (a, b), {}, node)
 
 

@@ -29,7 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch.fx import GraphModule, Node
 
-MAX_GROUP = 4  # weights one grouped_matvec takes (runtime/decode_matvec.py's MAX_GROUP)
+from torchweld.runtime import decode_matvec
+from torchweld.runtime.decode_matvec import MAX_GROUP
 
 MULS = (operator.mul, torch.mul, "mul")
 SILUS = (F.silu, torch.nn.functional.silu, torch.ops.aten.silu.default)
@@ -42,8 +43,6 @@ def fuse_gated_products(gm: GraphModule) -> GraphModule:
     matches = [(node, match) for node in list(gm.graph.nodes) if (match := _match(gm, node)) is not None]
     if not matches:
         return gm
-    from torchweld.runtime import decode_matvec  # defines the op (reads its source): only where used
-
     graph = gm.graph
     for node, (x, (gate_weight, up_weight), dead) in matches:
         shape = tuple(_example(node).shape)
@@ -76,8 +75,6 @@ def group_shared_input_products(gm: GraphModule) -> GraphModule:
         groups += [(x, linears[i:i + MAX_GROUP]) for i in range(0, len(linears), MAX_GROUP) if len(linears) - i >= 2]
     if not groups:
         return gm
-    from torchweld.runtime import decode_matvec  # defines the op (reads its source): only where used
-
     graph = gm.graph
     position = _position(graph)
     for x, group in groups:

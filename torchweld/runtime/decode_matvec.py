@@ -27,11 +27,11 @@ kernel: each program walks the same columns of both weights, and the product of 
 instead of two products and a pointwise kernel. `torchweld::grouped_matvec(x, [w_1, ..])`
 multiplies the row by two to four weights ([n_i, k]) in one kernel, each program taking one
 weight's columns. passes/decode_products.py puts both in graphs (where options ask for them).
+The Triton kernels are in decode_matvec_kernels.py.
 """
 from __future__ import annotations
 
 import functools
-import types
 
 import torch
 
@@ -41,73 +41,10 @@ DTYPES = (torch.float16, torch.bfloat16)
 MIN_COLUMNS = 256
 
 
-@functools.cache
-def _kernels() -> types.SimpleNamespace:
-    import triton
-    import triton.language as tl
+def _kernels():
+    from torchweld.runtime import decode_matvec_kernels  # imports Triton: only where a kernel runs
 
-    @triton.jit
-    def matvec_kernel(x, w, out, N, K, sxk, swk, swn, son, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-        cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-        col_ok = cols < N
-        acc = tl.zeros([BLOCK_N], tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            ks = k0 + tl.arange(0, BLOCK_K)
-            k_ok = ks < K
-            wt = tl.load(w + cols[:, None] * swn + ks[None, :] * swk, mask=col_ok[:, None] & k_ok[None, :],
-                         other=0.0, eviction_policy="evict_first")  # [BLOCK_N, BLOCK_K]
-            xv = tl.load(x + ks * sxk, mask=k_ok, other=0.0)
-            acc += tl.sum(wt.to(tl.float32) * xv.to(tl.float32)[None, :], axis=1)
-        tl.store(out + cols * son, acc.to(out.dtype.element_ty), mask=col_ok)
-
-    @triton.jit
-    def gated_kernel(x, wg, wu, out, N, K, sxk, sgn, sgk, sun, suk, son,
-                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-        cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-        col_ok = cols < N
-        acc_g = tl.zeros([BLOCK_N], tl.float32)
-        acc_u = tl.zeros([BLOCK_N], tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            ks = k0 + tl.arange(0, BLOCK_K)
-            k_ok = ks < K
-            both = col_ok[:, None] & k_ok[None, :]
-            xv = tl.load(x + ks * sxk, mask=k_ok, other=0.0).to(tl.float32)[None, :]
-            g = tl.load(wg + cols[:, None] * sgn + ks[None, :] * sgk, mask=both, other=0.0,
-                        eviction_policy="evict_first")
-            acc_g += tl.sum(g.to(tl.float32) * xv, axis=1)
-            u = tl.load(wu + cols[:, None] * sun + ks[None, :] * suk, mask=both, other=0.0,
-                        eviction_policy="evict_first")
-            acc_u += tl.sum(u.to(tl.float32) * xv, axis=1)
-        dtype = out.dtype.element_ty
-        gate = acc_g.to(dtype).to(tl.float32)
-        silu = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
-        tl.store(out + cols * son, (silu * acc_u.to(dtype).to(tl.float32)).to(dtype), mask=col_ok)
-
-    @triton.jit
-    def grouped_kernel(x, w0, w1, w2, w3, o0, o1, o2, o3, n0, n1, n2, n3, s0, s1, s2, s3, end0, end1, end2, K, sxk,
-                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-        pid = tl.program_id(0)  # programs [0, end0) take w0's columns, [end0, end1) w1's, ...
-        if pid < end0:
-            w, out, n, sn, first = w0, o0, n0, s0, 0
-        elif pid < end1:
-            w, out, n, sn, first = w1, o1, n1, s1, end0
-        elif pid < end2:
-            w, out, n, sn, first = w2, o2, n2, s2, end1
-        else:
-            w, out, n, sn, first = w3, o3, n3, s3, end2
-        cols = (pid - first) * BLOCK_N + tl.arange(0, BLOCK_N)
-        col_ok = cols < n
-        acc = tl.zeros([BLOCK_N], tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            ks = k0 + tl.arange(0, BLOCK_K)
-            k_ok = ks < K
-            wt = tl.load(w + cols[:, None] * sn + ks[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0,
-                         eviction_policy="evict_first")
-            xv = tl.load(x + ks * sxk, mask=k_ok, other=0.0)
-            acc += tl.sum(wt.to(tl.float32) * xv.to(tl.float32)[None, :], axis=1)
-        tl.store(out + cols, acc.to(out.dtype.element_ty), mask=col_ok)
-
-    return types.SimpleNamespace(matvec=matvec_kernel, gated=gated_kernel, grouped=grouped_kernel)
+    return decode_matvec_kernels
 
 
 def supported(x: torch.Tensor, w: torch.Tensor) -> bool:
@@ -150,8 +87,9 @@ def launch(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, config: tuple[in
     """Run the kernel for out = x @ w (x [1, k]) with `config` (BLOCK_N, BLOCK_K, num_warps)."""
     block_n, block_k, warps = config
     k, n = w.shape
-    _kernels().matvec[(-(-n // block_n),)](x, w, out, n, k, x.stride(1), *w.stride(), out.stride(1),
-                                           BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps)
+    kernel = _kernels().matvec_kernel
+    kernel[(-(-n // block_n),)](x, w, out, n, k, x.stride(1), *w.stride(), out.stride(1),
+                                BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps)
 
 
 def _matvec(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -178,9 +116,9 @@ def launch_gated(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, out:
     """Run the kernel for out = silu(x @ w_gate.T) * (x @ w_up.T) (x [1, k]) with `config`."""
     block_n, block_k, warps = config
     n, k = w_gate.shape
-    _kernels().gated[(-(-n // block_n),)](x, w_gate, w_up, out, n, k, x.stride(1), *w_gate.stride(),
-                                          *w_up.stride(), out.stride(1), BLOCK_N=block_n, BLOCK_K=block_k,
-                                          num_warps=warps)
+    kernel = _kernels().gated_kernel
+    kernel[(-(-n // block_n),)](x, w_gate, w_up, out, n, k, x.stride(1), *w_gate.stride(), *w_up.stride(),
+                                out.stride(1), BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps)
 
 
 def _gated_matvec(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> torch.Tensor:
@@ -202,7 +140,7 @@ def _gated_matvec_meta(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor
     return x.new_empty((x.shape[0], w_gate.shape[0]))
 
 
-MAX_GROUP = 4  # weights one grouped_matvec takes
+MAX_GROUP = 4  # weights one grouped_matvec takes (grouped_kernel's pointers)
 
 
 def grouped_supported(x: torch.Tensor, weights: list[torch.Tensor]) -> bool:
@@ -224,8 +162,9 @@ def launch_grouped(x: torch.Tensor, weights: list[torch.Tensor], outs: list[torc
     ws, os_ = weights + [weights[0]] * pad, outs + [outs[0]] * pad
     ns, strides = [w.shape[0] for w in ws], [w.stride(0) for w in ws]
     bounds = (ends + [total] * pad)[:MAX_GROUP - 1]
-    _kernels().grouped[(total,)](x, *ws, *os_, *ns, *strides, *bounds, x.shape[1], x.stride(1),
-                                 BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps)
+    kernel = _kernels().grouped_kernel
+    kernel[(total,)](x, *ws, *os_, *ns, *strides, *bounds, x.shape[1], x.stride(1),
+                     BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps)
 
 
 def _grouped_matvec(x: torch.Tensor, weights: list[torch.Tensor]) -> list[torch.Tensor]:
